@@ -1,0 +1,53 @@
+"""The ``axgrid`` command: ``launch`` ranks locally, ``describe`` a grid's layout, run the ``demo``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .layout import GridShape, Layout
+
+
+def _describe(args: argparse.Namespace) -> int:
+    shape = GridShape.parse(args.grid, args.world)
+    layout = Layout(shape, args.order)
+    per_node = args.gpus_per_node or shape.size
+    print(f"grid {shape} (Gx x Gy x Gz x Gdata), order {args.order!r}, {shape.size} ranks, "
+          f"{per_node} per node ({-(-shape.size // per_node)} node(s))")
+    print("\n".join(layout.describe([r // per_node for r in range(shape.size)])))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="axgrid", description="4D hybrid tensor parallelism on a virtual grid")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("launch", help="start N ranks of a command on this machine")
+    p.add_argument("-n", "--ranks", type=int, required=True)
+    p.add_argument("--no-mpi", action="store_true", help="use the plain process launcher even if mpiexec exists")
+    p.add_argument("--timeout", type=float, default=None, help="end the whole job after this many seconds")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    d = sub.add_parser("describe", help="print which ranks form each group of a grid")
+    d.add_argument("grid", help="e.g. 2x2x2x1")
+    d.add_argument("--world", type=int, default=None, help="world size (to infer Gdata from a 3-size grid)")
+    d.add_argument("--order", default="xyzd")
+    d.add_argument("--gpus-per-node", type=int, default=None)
+    m = sub.add_parser("demo", help="the main job: train an MLP stack 3D-parallel, check it against serial")
+    m.add_argument("-n", "--ranks", type=int, default=8)
+    m.add_argument("rest", nargs=argparse.REMAINDER, help="options for python -m axgrid.demo")
+    args = ap.parse_args(argv)
+    if args.command == "launch":
+        from .launcher import launch
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return launch(args.ranks, cmd, use_mpi=False if args.no_mpi else None, timeout_s=args.timeout)
+    if args.command == "describe":
+        return _describe(args)
+    if args.command == "demo":
+        from .launcher import launch
+        rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+        return launch(args.ranks, [sys.executable, "-m", "axgrid.demo", *rest])
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

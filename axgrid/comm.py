@@ -1,0 +1,258 @@
+"""The one communication entry point: every collective of the runtime goes through a ``Communicator``.
+
+It knows the process group of each grid dimension, records every call in a ``Ledger`` (calls, bytes, ring
+wire bytes and optionally time, per dimension and operation), and handles the backend traps once:
+
+- gloo silently corrupts ``all_reduce``/``broadcast`` on non-contiguous views -> we reduce a contiguous copy;
+- gloo's ``all_gather_into_tensor`` wants a flat output -> we gather flat and reshape;
+- uneven ``all_gather`` raises -> ``all_gather_uneven`` pads to the largest part and trims;
+- gloo sums bf16 in bf16 -> low-precision reductions are summed in fp32 (``RuntimeConfig.reduce_in_fp32``);
+- a backend without ``reduce_scatter_tensor`` gets it from an all-reduce, still asynchronous, and the ledger
+  counts the all-reduce's bytes (what really moved).
+
+A collective over a group of one rank is not posted and not recorded.
+``Ledger`` bytes are the size of the collective's full buffer (the all-reduced tensor, the all-gather's output,
+the reduce-scatter's input); ``wire_bytes`` are what each rank sends in a ring algorithm.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+# Newer torch renamed the single-tensor collectives; use whichever this torch has.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@dataclass
+class LedgerEntry:
+    calls: int = 0
+    bytes: int = 0
+    wire_bytes: float = 0.0
+    seconds: float = 0.0       # post -> completion (timed runs only)
+    wait_seconds: float = 0.0  # time spent blocked waiting (the part not hidden under compute)
+
+
+@dataclass
+class Ledger:
+    """Per (grid dimension, operation): how many collectives, how many bytes, how long."""
+
+    entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=dict)
+
+    def record(self, dim: str, op: str, nbytes: int, group_size: int) -> LedgerEntry:
+        e = self.entries.setdefault((dim, op), LedgerEntry())
+        e.calls += 1
+        e.bytes += nbytes
+        p = group_size
+        e.wire_bytes += (2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p) * nbytes
+        return e
+
+    def reset(self) -> None:
+        self.entries.clear()
+
+    def snapshot(self) -> dict[tuple[str, str], LedgerEntry]:
+        return {k: LedgerEntry(**vars(v)) for k, v in self.entries.items()}
+
+    def bytes_by_dim(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (dim, _), e in self.entries.items():
+            out[dim] = out.get(dim, 0) + e.bytes
+        return out
+
+    def table(self) -> str:
+        """A readable table, one row per (dimension, operation)."""
+        rows = [f"{'dim':<4} {'operation':<15} {'calls':>7} {'bytes':>14} {'wire bytes/rank':>16} {'time s':>9}"]
+        for (dim, op) in sorted(self.entries):
+            e = self.entries[(dim, op)]
+            rows.append(f"{dim:<4} {op:<15} {e.calls:>7} {e.bytes:>14,} {int(e.wire_bytes):>16,} {e.seconds:>9.4f}")
+        return "\n".join(rows)
+
+
+class Pending:
+    """A collective in flight. ``wait()`` blocks until it is done and returns its result tensor."""
+
+    def __init__(self, work: Optional[dist.Work], finish: Callable[[], torch.Tensor],
+                 entry: Optional[LedgerEntry] = None, timed: bool = False, tracer=None, label: str = "") -> None:
+        self._work, self._finish, self._entry = work, finish, entry
+        self._timed, self._tracer, self._label = timed, tracer, label
+        self._t0 = time.perf_counter()
+        self._result: Optional[torch.Tensor] = None
+        self.done = False
+
+    def wait(self) -> torch.Tensor:
+        if not self.done:
+            t_wait = time.perf_counter()
+            if self._work is not None:
+                self._work.wait()
+                if self._timed and torch.cuda.is_available():
+                    torch.cuda.synchronize()
+            t_end = time.perf_counter()
+            if self._entry is not None and self._timed:
+                self._entry.seconds += t_end - self._t0
+                self._entry.wait_seconds += t_end - t_wait
+            if self._tracer is not None and self._work is not None:
+                self._tracer.span(self._label, "comm", self._t0, t_end)
+                self._tracer.span("wait " + self._label, "wait", t_wait, t_end)
+            self._result = self._finish()
+            self.done = True
+            self._work = self._finish = None  # type: ignore[assignment]
+        assert self._result is not None
+        return self._result
+
+
+def _done(t: torch.Tensor) -> Pending:
+    p = Pending(None, lambda: t)
+    p.wait()
+    return p
+
+
+class Communicator:
+    """Collectives along the grid's dimensions. ``dim`` names a group: "x", "y", "z", "d", "xy", "xyz"."""
+
+    def __init__(self, groups: dict[str, Optional[dist.ProcessGroup]], sizes: dict[str, int],
+                 indices: dict[str, int], backend: str, reduce_in_fp32: Optional[bool] = None,
+                 record_timing: bool = False, native_reduce_scatter: Optional[bool] = None, tracer=None) -> None:
+        self.groups, self.sizes, self.indices = groups, sizes, indices
+        self.backend = backend
+        self.reduce_in_fp32 = (backend == "gloo") if reduce_in_fp32 is None else reduce_in_fp32
+        self.native_reduce_scatter = (backend in ("gloo", "nccl")) if native_reduce_scatter is None \
+            else native_reduce_scatter
+        self.record_timing = record_timing
+        self.tracer = tracer
+        self.ledger = Ledger()
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def size(self, dim: str) -> int:
+        return self.sizes[dim]
+
+    def _check(self, dim: str) -> None:
+        if dim not in self.sizes:
+            raise ValueError(f"unknown grid dimension {dim!r}; choose one of {sorted(self.sizes)}")
+
+    def _buffer(self, t: torch.Tensor, reduce: bool) -> torch.Tensor:
+        """A contiguous buffer the backend can work on (fp32 for low-precision sums when configured)."""
+        if reduce and self.reduce_in_fp32 and t.dtype in LOW_PRECISION:
+            return t.float().contiguous()
+        return t.contiguous()
+
+    def _post(self, dim: str, op: str, nbytes: int, launch: Callable[[], Optional[dist.Work]],
+              finish: Callable[[], torch.Tensor], async_op: bool) -> torch.Tensor | Pending:
+        entry = self.ledger.record(dim, op, nbytes, self.sizes[dim])
+        timed = self.record_timing or self.tracer is not None
+        if timed and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        pending = Pending(None, finish, entry, timed, self.tracer, f"{op}_{dim}")
+        pending._t0 = time.perf_counter()
+        pending._work = launch()
+        return pending if async_op else pending.wait()
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def all_reduce(self, t: torch.Tensor, dim: str, *, average: bool = False,
+                   async_op: bool = False) -> torch.Tensor | Pending:
+        """Sum (or mean) of ``t`` over the group along ``dim``. ``t`` itself may be overwritten."""
+        self._check(dim)
+        p = self.sizes[dim]
+        if p == 1:
+            return _done(t) if async_op else t
+        buf = self._buffer(t, reduce=True)
+
+        def finish() -> torch.Tensor:
+            if average:
+                buf.div_(p)
+            return buf if buf.dtype == t.dtype else buf.to(t.dtype)
+
+        return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
+                          lambda: dist.all_reduce(buf, group=self.groups[dim], async_op=True), finish, async_op)
+
+    def all_gather(self, t: torch.Tensor, dim: str, *, async_op: bool = False) -> torch.Tensor | Pending:
+        """Every member's ``t`` stacked in group order: ``[p, *t.shape]``."""
+        self._check(dim)
+        p = self.sizes[dim]
+        if p == 1:
+            out = t.unsqueeze(0)
+            return _done(out) if async_op else out
+        src = t.contiguous().reshape(-1)
+        out = torch.empty(p * src.numel(), dtype=t.dtype, device=t.device)
+        return self._post(dim, "all_gather", out.numel() * out.element_size(),
+                          lambda: _all_gather_single(out, src, group=self.groups[dim], async_op=True),
+                          lambda: out.view(p, *t.shape), async_op)
+
+    def all_gather_uneven(self, t: torch.Tensor, dim: str, sizes: Sequence[int], *,
+                          async_op: bool = False) -> torch.Tensor | Pending:
+        """Concatenate along tensor dim 0 parts whose first sizes are ``sizes`` (one per member, in order).
+
+        Parts are padded to the largest, gathered, and trimmed: ``[sum(sizes), *t.shape[1:]]``.
+        """
+        p = self.sizes[dim]
+        if len(sizes) != p or t.shape[0] != sizes[self.indices[dim]]:
+            raise ValueError(f"all_gather_uneven over {dim}: sizes {list(sizes)} do not match group size {p} "
+                             f"and this rank's part of {t.shape[0]} rows")
+        big = max(sizes)
+        if all(s == big for s in sizes):
+            padded = t
+        else:
+            padded = torch.zeros((big, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            padded[: t.shape[0]] = t
+        res = self.all_gather(padded, dim, async_op=True)
+        assert isinstance(res, Pending)
+
+        def finish() -> torch.Tensor:
+            stacked = res.wait()
+            return torch.cat([stacked[i, : sizes[i]] for i in range(p)], dim=0)
+
+        pending = Pending(None, finish)
+        return pending if async_op else pending.wait()
+
+    def reduce_scatter(self, t: torch.Tensor, dim: str, *, average: bool = False,
+                       async_op: bool = False) -> torch.Tensor | Pending:
+        """Sum over the group of ``t`` (``[p*s, ...]``), of which this rank keeps its chunk ``[s, ...]``."""
+        self._check(dim)
+        p = self.sizes[dim]
+        if t.shape[0] % p:
+            raise ValueError(f"reduce_scatter over {dim}: first size {t.shape[0]} is not divisible by the group "
+                             f"size {p}; pad it first")
+        if p == 1:
+            out = t / p if average else t
+            return _done(out) if async_op else out
+        buf = self._buffer(t, reduce=True)
+        chunk = t.shape[0] // p
+        idx = self.indices[dim]
+        group = self.groups[dim]
+        if self.native_reduce_scatter:
+            out = torch.empty((chunk, *t.shape[1:]), dtype=buf.dtype, device=t.device)
+            flat_in, flat_out = buf.reshape(-1), out.reshape(-1)
+
+            def finish() -> torch.Tensor:
+                if average:
+                    out.div_(p)
+                return out if out.dtype == t.dtype else out.to(t.dtype)
+
+            return self._post(dim, "reduce_scatter", buf.numel() * buf.element_size(),
+                              lambda: _reduce_scatter_single(flat_out, flat_in, group=group, async_op=True),
+                              finish, async_op)
+
+        def finish_ar() -> torch.Tensor:  # backend without reduce_scatter: all-reduce, keep our chunk
+            mine = buf[idx * chunk:(idx + 1) * chunk].clone()
+            if average:
+                mine.div_(p)
+            return mine if mine.dtype == t.dtype else mine.to(t.dtype)
+
+        return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
+                          lambda: dist.all_reduce(buf, group=group, async_op=True), finish_ar, async_op)
+
+    def broadcast(self, t: torch.Tensor, dim: str, src_index: int = 0) -> torch.Tensor:
+        """Member ``src_index``'s ``t`` on every member of the group along ``dim``."""
+        self._check(dim)
+        if self.sizes[dim] == 1:
+            return t
+        buf = t.contiguous()
+        src = dist.get_global_rank(self.groups[dim], src_index)
+        return self._post(dim, "broadcast", buf.numel() * buf.element_size(),
+                          lambda: dist.broadcast(buf, src=src, group=self.groups[dim], async_op=True),
+                          lambda: buf, False)

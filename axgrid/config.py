@@ -1,0 +1,67 @@
+"""Configuration objects of the runtime. Behaviour is switched here, never by module-level flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+#: ``gemm(a, b, role) -> a @ b`` for 2-D tensors; ``role`` is "forward", "input_grad" or "weight_grad".
+GemmFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class OverlapConfig:
+    """Which collectives run asynchronously under compute. Results are identical with any combination.
+
+    - ``oar``: in backward, the input-gradient all-reduce runs under the weight-gradient GEMM.
+    - ``ors``: the weight-gradient reduce-scatter over z runs under the backward of earlier layers.
+    - ``oag``: the next layer's weight all-gather over z is prefetched in forward execution order.
+    - ``odp``: the data-parallel all-reduce over d is bucketed and runs under the backward.
+    - ``keep_gathered_weights``: keep the forward's gathered weights for backward (one all-gather fewer,
+      more memory).
+    """
+
+    oar: bool = False
+    ors: bool = False
+    oag: bool = False
+    odp: bool = False
+    keep_gathered_weights: bool = False
+
+    @staticmethod
+    def parse(spec: str) -> "OverlapConfig":
+        """``"oar,ors"`` / ``"all"`` / ``"none"`` -> OverlapConfig."""
+        names = {"oar", "ors", "oag", "odp"}
+        spec = spec.strip().lower()
+        if spec in ("", "none", "off"):
+            return OverlapConfig()
+        if spec == "all":
+            return OverlapConfig(True, True, True, True)
+        chosen = {s.strip() for s in spec.split(",") if s.strip()}
+        unknown = chosen - names - {"keep"}
+        if unknown:
+            raise ValueError(f"unknown overlap switch(es) {sorted(unknown)}; choose from oar, ors, oag, odp, keep, "
+                             f"all, none")
+        return OverlapConfig(**{n: n in chosen for n in names}, keep_gathered_weights="keep" in chosen)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything that changes how the runtime behaves, held by the Grid.
+
+    ``timeout_s``: limit for every collective (a lost rank ends the job with an error, not a hang).
+    ``reduce_in_fp32``: sum bf16/fp16 tensors in fp32 (None: True on gloo, which otherwise sums in bf16,
+    False on NCCL/RCCL). ``gemm``: the GEMM used by parallel layers (e.g. a ``kernels.GemmTuner``);
+    None means ``torch.matmul``. ``record_timing``: time every collective in the ledger (synchronises
+    the device on GPU). ``trace``: keep a per-rank timeline of compute and collectives.
+    ``bucket_bytes``: size of the data-parallel gradient buckets.
+    """
+
+    timeout_s: float = 600.0
+    reduce_in_fp32: Optional[bool] = None
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    gemm: Optional[GemmFn] = None
+    record_timing: bool = False
+    trace: bool = False
+    bucket_bytes: int = 25 * 2**20
+    seed: Optional[int] = None

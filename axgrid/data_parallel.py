@@ -1,0 +1,100 @@
+"""Data parallelism over d, and a global gradient norm that counts every parameter element once.
+
+Each parameter may carry ``axgrid_replicated``: the grid letters it is replicated over (``"d"`` for a
+weight shard, ``"xzd"`` for a normal layer's bias). Parameters without it (dense modules left in a
+parallelized model) are replicated over the whole grid: ``"xyzd"``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+from .grid import Grid
+
+
+def replicated_over(p: torch.Tensor) -> str:
+    return getattr(p, "axgrid_replicated", "xyzd")
+
+
+def _params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tensor]:
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    return [p for p in params if p.requires_grad]
+
+
+def finish_gradients(grid: Grid) -> None:
+    """Complete every gradient collective still in flight (ORS / ODP) and write the results to ``.grad``."""
+    if grid.pending_grads is not None:
+        grid.pending_grads.finish()
+
+
+def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> None:
+    """Average ``.grad`` over the data-parallel dimension d, in buckets of ``grid.config.bucket_bytes``.
+
+    Call once per optimizer step, after the last micro-batch's backward. Completes pending overlapped
+    gradient collectives first. With the ODP overlap on, gradients already synchronised during backward
+    are not reduced again.
+    """
+    finish_gradients(grid)
+    if grid.size("d") == 1:
+        return
+    todo = [p for p in _params(params) if p.grad is not None and not getattr(p, "axgrid_synced", False)]
+    for p in _params(params):
+        if hasattr(p, "axgrid_synced"):
+            p.axgrid_synced = False
+    limit = grid.config.bucket_bytes
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for p in todo + [None]:  # type: ignore[list-item]
+        if p is not None and (not bucket or (size + p.grad.numel() * p.grad.element_size() <= limit
+                                             and p.grad.dtype == bucket[0].grad.dtype)):
+            bucket.append(p)
+            size += p.grad.numel() * p.grad.element_size()
+            continue
+        if bucket:
+            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+            flat = grid.comm.all_reduce(flat, "d", average=True)
+            off = 0
+            for q in bucket:
+                q.grad.copy_(flat[off: off + q.grad.numel()].view_as(q.grad))
+                off += q.grad.numel()
+        bucket, size = ([p], p.grad.numel() * p.grad.element_size()) if p is not None else ([], 0)
+
+
+def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm_type: float = 2.0) -> torch.Tensor:
+    """Global norm of all gradients, each element counted once however it is sharded or replicated.
+
+    A rank contributes a parameter only if its coordinate is 0 along every grid letter the parameter is
+    replicated over (so replicas are skipped), then the tensor-parallel block sums. Gradients are assumed
+    synchronised over d (call :func:`sync_gradients` first).
+    """
+    ps = [p for p in _params(params) if p.grad is not None]
+    device = ps[0].grad.device if ps else grid.device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for p in ps:
+        if any(grid.coord[c] != 0 for c in replicated_over(p) if c != "d"):
+            continue
+        g = p.grad.detach().double()
+        total = torch.maximum(total, g.abs().max()) if math.isinf(norm_type) else total + (g.abs() ** norm_type).sum()
+    if grid.size("xyz") > 1:
+        if math.isinf(norm_type):
+            stacked = grid.comm.all_gather(total.reshape(1), "xyz")
+            total = stacked.max()
+        else:
+            total = grid.comm.all_reduce(total.reshape(1), "xyz")[0]
+    return total if math.isinf(norm_type) else total ** (1.0 / norm_type)
+
+
+def clip_grad_norm_(params: Iterable[torch.Tensor] | torch.nn.Module, max_norm: float, grid: Grid,
+                    norm_type: float = 2.0) -> torch.Tensor:
+    """Scale all gradients so their global norm is at most ``max_norm``; returns the norm before clipping."""
+    ps = _params(params)
+    norm = grad_norm(ps, grid, norm_type)
+    coef = max_norm / (float(norm) + 1e-6)
+    if coef < 1.0:
+        for p in ps:
+            if p.grad is not None:
+                p.grad.detach().mul_(coef)
+    return norm.to(torch.float32)

@@ -1,0 +1,201 @@
+"""Where every rank sits on the virtual Gx x Gy x Gz x Gd grid. Pure arithmetic: no torch.distributed.
+
+This is the one place that knows the rank layout. With the default order ``"xyzd"`` (x fastest)::
+
+    x = r % Gx    y = (r // Gx) % Gy    z = (r // (Gx*Gy)) % Gz    d = r // (Gx*Gy*Gz)
+
+so an x-group is Gx consecutive ranks (inside one node first). Any permutation of the letters
+x, y, z, d is a valid order; the first letter varies fastest.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+DIMS = "xyzd"
+
+
+class GridError(ValueError):
+    """A grid that cannot be built: bad shape, order, or a world size it does not divide."""
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """The four extents of the grid: Gx, Gy, Gz (tensor parallel) and Gd (data parallel)."""
+
+    gx: int
+    gy: int
+    gz: int
+    gd: int
+
+    def __post_init__(self) -> None:
+        for name, v in zip(("gx", "gy", "gz", "gdata"), self.as_tuple()):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise GridError(f"grid size {name}={v!r} is invalid: every grid size must be an integer >= 1")
+
+    @staticmethod
+    def parse(spec: Union[str, Sequence[int], "GridShape"], world_size: int | None = None) -> "GridShape":
+        """Read a grid from ``"2x2x2x1"``, ``"2x2x2"`` (Gd inferred), a tuple, or a GridShape.
+
+        With three sizes Gd is ``world_size // (Gx*Gy*Gz)``; ``world_size`` is then required.
+        """
+        if isinstance(spec, GridShape):
+            shape = spec
+        else:
+            if isinstance(spec, str):
+                parts = spec.lower().replace("×", "x").split("x")
+                try:
+                    sizes = [int(p) for p in parts]
+                except ValueError:
+                    raise GridError(f"grid {spec!r} is not of the form GXxGYxGZxGD, e.g. '2x2x2x1'") from None
+            else:
+                sizes = list(spec)
+            if len(sizes) == 3:
+                sizes.append(None)  # type: ignore[arg-type]
+            if len(sizes) != 4:
+                raise GridError(f"grid {spec!r} must name 3 or 4 sizes (GXxGYxGZ[xGD]), got {len(sizes)}")
+            if sizes[3] is None:
+                if world_size is None:
+                    raise GridError(f"grid {spec!r} leaves Gdata out, so the world size is needed to infer it")
+                tp = sizes[0] * sizes[1] * sizes[2]
+                if tp < 1 or world_size % tp:
+                    raise GridError(f"grid {spec!r}: Gx*Gy*Gz={tp} does not divide the world size {world_size}; "
+                                    f"choose sizes whose product divides {world_size}")
+                sizes[3] = world_size // tp
+            shape = GridShape(*sizes)
+        if world_size is not None and shape.size != world_size:
+            raise GridError(f"grid {shape} has {shape.size} ranks but the world size is {world_size}; "
+                            f"choose Gx*Gy*Gz*Gdata = {world_size} (or leave Gdata out to infer it)")
+        return shape
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.gx, self.gy, self.gz, self.gd)
+
+    def extent(self, dim: str) -> int:
+        """Size of one dimension ``"x"``, ``"y"``, ``"z"`` or ``"d"`` (or product of several, e.g. ``"xyz"``)."""
+        return math.prod(self.as_tuple()[DIMS.index(c)] for c in dim)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.as_tuple())
+
+    def __str__(self) -> str:
+        return "x".join(str(v) for v in self.as_tuple())
+
+
+@dataclass(frozen=True)
+class Coord:
+    x: int
+    y: int
+    z: int
+    d: int
+
+    def __getitem__(self, dim: str) -> int:
+        return getattr(self, dim)
+
+
+def check_order(order: str) -> str:
+    if not isinstance(order, str) or sorted(order) != sorted(DIMS):
+        raise GridError(f"order={order!r} must be a permutation of the letters 'xyzd' (fastest-varying first), "
+                        f"e.g. 'xyzd' (default) or 'yxzd'")
+    return order
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Rank <-> coordinates for one grid shape and rank order."""
+
+    shape: GridShape
+    order: str = "xyzd"
+
+    def __post_init__(self) -> None:
+        check_order(self.order)
+
+    def _strides(self) -> dict[str, int]:
+        strides, s = {}, 1
+        for c in self.order:
+            strides[c] = s
+            s *= self.shape.extent(c)
+        return strides
+
+    def stride(self, dim: str) -> int:
+        """Distance in rank numbers between neighbours along ``dim``."""
+        return self._strides()[dim]
+
+    def coord(self, rank: int) -> Coord:
+        if not 0 <= rank < self.shape.size:
+            raise GridError(f"rank {rank} is outside the grid {self.shape} (0..{self.shape.size - 1})")
+        st = self._strides()
+        return Coord(**{c: (rank // st[c]) % self.shape.extent(c) for c in DIMS})
+
+    def rank(self, coord: Coord) -> int:
+        st = self._strides()
+        return sum(coord[c] * st[c] for c in DIMS)
+
+    def groups(self, dims: str) -> list[list[int]]:
+        """Every group of ranks that differ only in the letters of ``dims`` (e.g. ``"x"`` or ``"xyz"``).
+
+        Groups are listed in a deterministic order (the same on every rank) and each group's ranks are
+        ordered by their coordinate along ``dims`` (first letter fastest), so a member's index in its
+        group is its position along that dimension.
+        """
+        other = [c for c in DIMS if c not in dims]
+        inner = [c for c in dims]
+        out = []
+        for fixed in itertools.product(*(range(self.shape.extent(c)) for c in reversed(other))):
+            fixed_map = dict(zip(reversed(other), fixed))
+            members = []
+            for var in itertools.product(*(range(self.shape.extent(c)) for c in reversed(inner))):
+                m = dict(fixed_map, **dict(zip(reversed(inner), var)))
+                members.append(self.rank(Coord(**m)))
+            out.append(members)
+        return out
+
+    def describe(self, nodes: Sequence[int], dims_list: Sequence[str] = ("x", "y", "z", "d", "xy", "xyz"),
+                 show: int = 16) -> list[str]:
+        """One line per group kind: its ranks, stride, and how many of its groups stay inside one node.
+
+        ``nodes[r]`` is the node index of rank r.
+        """
+        lines = []
+        for dims in dims_list:
+            size = self.shape.extent(dims)
+            if size == 1:
+                lines.append(f"  {dims:<4} size 1: no communication")
+                continue
+            groups = self.groups(dims)
+            intra = sum(len({nodes[r] for r in g}) == 1 for g in groups)
+            shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:show])
+            more = f" ... (+{len(groups) - show} more)" if len(groups) > show else ""
+            lines.append(f"  {dims:<4} size {size}, stride {self.stride(dims[0])}: {shown}{more}  "
+                         f"({intra}/{len(groups)} inside one node)")
+        return lines
+
+    def group_of(self, rank: int, dims: str) -> list[int]:
+        """The group along ``dims`` that contains ``rank``."""
+        for g in self.groups(dims):
+            if rank in g:
+                return g
+        raise AssertionError("unreachable")
+
+    def index_in(self, rank: int, dims: str) -> int:
+        """Position of ``rank`` inside its group along ``dims`` (first letter fastest)."""
+        c = self.coord(rank)
+        idx, mul = 0, 1
+        for letter in dims:
+            idx += c[letter] * mul
+            mul *= self.shape.extent(letter)
+        return idx
+
+
+def all_shapes(world_size: int) -> Iterable[GridShape]:
+    """Every (Gx, Gy, Gz, Gd) whose product is ``world_size``, all divisors included."""
+    divs = [v for v in range(1, world_size + 1) if world_size % v == 0]
+    for gx in divs:
+        for gy in divs:
+            for gz in divs:
+                rest = world_size // (gx * gy * gz) if world_size % (gx * gy * gz) == 0 else 0
+                if rest:
+                    yield GridShape(gx, gy, gz, rest)

@@ -1,0 +1,68 @@
+"""Initialisation that needs no communication and no full matrix: every element's value is a hash of
+(seed, stream, global index). A rank computes its own shard only, and the result equals slicing the serial
+initialisation ``reference_linear(...)`` on any grid (so the same seed gives the same model on every grid).
+
+Values follow ``nn.Linear``'s default distribution: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    """(h * c) mod 2**32 for int64 tensors of values below 2**32, with no int64 overflow."""
+    lo = h * (c & 0xFFFF)
+    hi = ((h * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _M32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """Murmur3's 32-bit finaliser: a bijective mix of 32-bit values."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def hashed_uniform(seed: int, stream: int, index: torch.Tensor) -> torch.Tensor:
+    """U(0, 1) values (float64, 24-bit resolution) for global element indices ``index`` (int64, any shape)."""
+    key = _fmix32(torch.tensor(((seed & _M32) ^ (stream * 0x9E3779B1)) & _M32, dtype=torch.int64))
+    hi = _fmix32((index >> 32) ^ key)
+    h = _fmix32((index & _M32) ^ hi)
+    h = _fmix32(h ^ key)
+    return ((h >> 8).double() + 0.5) / float(1 << 24)
+
+
+def uniform_block(seed: int, stream: int, n_cols: int, rows: range, cols: range, bound: float,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Block ``[len(rows), len(cols)]`` of the matrix whose element (i, j) is U(-bound, bound) drawn from
+    index ``i * n_cols + j``."""
+    r = torch.arange(rows.start, rows.stop, dtype=torch.int64).unsqueeze(1)
+    c = torch.arange(cols.start, cols.stop, dtype=torch.int64).unsqueeze(0)
+    u = hashed_uniform(seed, stream, r * n_cols + c)
+    return ((2 * u - 1) * bound).to(dtype)
+
+
+WEIGHT_STREAM, BIAS_STREAM = 1, 2
+
+
+def linear_bound(in_features: int) -> float:
+    return 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
+
+
+def reference_linear(in_features: int, out_features: int, bias: bool, seed: int,
+                     dtype: torch.dtype = torch.float32) -> nn.Linear:
+    """The serial ``nn.Linear`` that a parallel ``axgrid.nn.Linear`` with this seed equals, slice for slice."""
+    lin = nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
+    b = linear_bound(in_features)
+    with torch.no_grad():
+        lin.weight.copy_(uniform_block(seed, WEIGHT_STREAM, in_features, range(out_features), range(in_features), b))
+        if bias:
+            lin.bias.copy_(uniform_block(seed, BIAS_STREAM, out_features, range(1), range(out_features), b)[0])
+    return lin

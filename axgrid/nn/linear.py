@@ -1,0 +1,281 @@
+"""``axgrid.nn.Linear``: Agarwal's 3D parallel matrix multiplication for one fully connected layer.
+
+``Y = X W^T + b`` with X ``[m, k]``, W ``[n, k]``. For a normal layer (``transpose=False``), with
+``m' = m / (Gd*Gz)`` this rank's tokens:
+
+=========  ==========================================================================
+X_loc      ``[m', k/Gx]``: tokens over (d, z), features over x, replicated over y
+W block    ``[n/Gy, k/Gx]``: rows over y, columns over x; flattened, padded to a multiple of Gz, and
+           split over z -- this rank stores ``weight`` = ``[ceil(n*k/(Gx*Gy*Gz))]`` (1-D)
+b          ``[n/Gy]``: features over y, replicated over x and z
+Y_loc      ``[m', n/Gy]``: tokens over (d, z), features over y, replicated over x
+=========  ==========================================================================
+
+Forward ``W_blk = AG_z(W_shard)``, ``Y = AR_x(X_loc W_blk^T) + b``. Backward ``dX = AR_y(dY W_blk)``,
+``dW_blk = dY^T X_loc``, ``dW_shard = RS_z(dW_blk)``, ``db = AR_z(sum_tokens dY)``; the data-parallel mean over d
+is done once per step by :func:`axgrid.sync_gradients`. A transposed layer swaps the roles of x and y, so a
+normal layer's output layout is a transposed layer's input layout (and the other way round).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+from torch import nn
+
+from ..grid import Grid, current_grid
+from ..redistribute import gather_tokens_features, shard_tokens_features, token_split
+from . import init as _init
+
+Layout = Literal["replicated", "sharded"]
+
+
+@dataclass(frozen=True)
+class LinearSharding:
+    """Which part of the dense layer one rank holds. Pure arithmetic from the grid coordinates."""
+
+    in_features: int
+    out_features: int
+    in_dim: str         # grid dimension splitting in_features ("x" normal, "y" transposed)
+    out_dim: str        # grid dimension splitting out_features
+    n_blk: int          # out_features / G_out
+    k_blk: int          # in_features / G_in
+    row0: int           # first row (output feature) of this rank's block
+    col0: int           # first column (input feature) of this rank's block
+    gz: int
+    z: int
+
+    @property
+    def block_numel(self) -> int:
+        return self.n_blk * self.k_blk
+
+    @property
+    def shard_numel(self) -> int:
+        return math.ceil(self.block_numel / self.gz)
+
+    @property
+    def padded_numel(self) -> int:
+        return self.shard_numel * self.gz
+
+    @property
+    def shard_start(self) -> int:
+        """Offset of this rank's shard in the flattened (row-major) block."""
+        return self.z * self.shard_numel
+
+    @staticmethod
+    def of(grid: Grid, in_features: int, out_features: int, transpose: bool) -> "LinearSharding":
+        in_dim, out_dim = ("y", "x") if transpose else ("x", "y")
+        g_in, g_out = grid.size(in_dim), grid.size(out_dim)
+        for name, f, g, d in (("in_features", in_features, g_in, in_dim), ("out_features", out_features, g_out,
+                                                                           out_dim)):
+            if f % g:
+                kind = "transposed" if transpose else "normal"
+                raise ValueError(f"{name}={f} is not divisible by G{d}={g} (grid {grid.shape}, {kind} layer); "
+                                 f"choose {name} divisible by {g}, another grid, or transpose={not transpose}")
+        n_blk, k_blk = out_features // g_out, in_features // g_in
+        return LinearSharding(in_features, out_features, in_dim, out_dim, n_blk, k_blk,
+                              grid.index(out_dim) * n_blk, grid.index(in_dim) * k_blk, grid.size("z"),
+                              grid.index("z"))
+
+
+def _default_gemm(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
+    return a @ b
+
+
+class _LinearFunction(torch.autograd.Function):
+    """The 3D matmul on this rank's pieces: ``x_loc [m', k_blk]`` -> ``y_loc [m', n_blk]``."""
+
+    @staticmethod
+    def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
+                layer: "Linear") -> torch.Tensor:
+        grid, sh = layer.grid, layer.sharding
+        gemm = grid.config.gemm or _default_gemm
+        w_blk = layer.gathered_weight(weight)                       # [n_blk, k_blk]
+        y = gemm(x_loc, w_blk.t(), "forward")                      # [m', n_blk], partial over in_dim
+        y = grid.comm.all_reduce(y, sh.in_dim)
+        if bias is not None:
+            y = y + bias
+        keep = grid.config.overlap.keep_gathered_weights
+        ctx.layer = layer
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x_loc, w_blk if keep else weight)
+        ctx.keep = keep
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        layer: Linear = ctx.layer
+        grid, sh = layer.grid, layer.sharding
+        gemm = grid.config.gemm or _default_gemm
+        ov = grid.config.overlap
+        x_loc, saved = ctx.saved_tensors
+        w_blk = saved if ctx.keep else layer.gather_weight(saved)
+        dy = dy.contiguous()
+        dx = gemm(dy, w_blk, "input_grad")                          # [m', k_blk], partial over out_dim
+        dx_pending = grid.comm.all_reduce(dx, sh.out_dim, async_op=True) if ov.oar else None
+        if dx_pending is None:
+            dx = grid.comm.all_reduce(dx, sh.out_dim)
+        dw_blk = gemm(dy.t(), x_loc, "weight_grad")                 # [n_blk, k_blk]
+        flat = dw_blk.reshape(-1)
+        if sh.padded_numel != sh.block_numel:
+            flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
+        db = dy.sum(0) if ctx.has_bias else None
+        if ov.ors and layer.grid.pending_grads is not None:
+            layer.grid.pending_grads.reduce_scatter(layer.weight, flat)
+            dw_shard = None
+            if db is not None:
+                layer.grid.pending_grads.all_reduce(layer.bias, db, "z")
+                db = None
+        else:
+            dw_shard = grid.comm.reduce_scatter(flat, "z")
+            if db is not None:
+                db = grid.comm.all_reduce(db, "z")
+        if dx_pending is not None:
+            dx = dx_pending.wait()
+        return dx, dw_shard, db, None
+
+
+class Linear(nn.Module):
+    """A drop-in parallel ``nn.Linear`` on the grid (see the module docstring for the sharding).
+
+    ``input_layout``/``output_layout``: ``"replicated"`` (default) takes and returns what an ``nn.Linear`` would
+    on this rank -- ``[..., in_features]`` -> ``[..., out_features]``, replicated over the tensor-parallel block --
+    and redistributes internally. ``"sharded"`` takes/returns the layer layout (``[..., k_blk]`` /
+    ``[..., n_blk]``, tokens already split over (d, z)): use it between a normal and a transposed layer,
+    whose layouts match, to skip the redistribution.
+
+    Initialisation is :mod:`axgrid.nn.init`'s hashed scheme: each rank computes its own shard, and the layer
+    equals ``init.reference_linear(in, out, bias, seed)`` sliced. ``seed`` defaults to one drawn from the
+    grid's seed and the layer's construction order (identical on every rank).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, transpose: bool = False, *,
+                 grid: Optional[Grid] = None, input_layout: Layout = "replicated",
+                 output_layout: Layout = "replicated", seed: Optional[int] = None,
+                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        for name, v in (("input_layout", input_layout), ("output_layout", output_layout)):
+            if v not in ("replicated", "sharded"):
+                raise ValueError(f"{name}={v!r} must be 'replicated' or 'sharded'")
+        self.grid = grid or current_grid()
+        self.in_features, self.out_features, self.transpose = in_features, out_features, transpose
+        self.input_layout, self.output_layout = input_layout, output_layout
+        self.sharding = LinearSharding.of(self.grid, in_features, out_features, transpose)
+        self.seed = self.grid.next_layer_seed() if seed is None else seed
+        dtype = dtype or torch.get_default_dtype()
+        device = device or self.grid.device
+        self.weight = nn.Parameter(torch.empty(self.sharding.shard_numel, dtype=dtype, device=device))
+        self.weight.axgrid_replicated = "d"            # distinct over x, y, z
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.sharding.n_blk, dtype=dtype, device=device))
+            self.bias.axgrid_replicated = self.sharding.in_dim + "zd"
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    # -- parameters -----------------------------------------------------------------------------------
+    def reset_parameters(self) -> None:
+        """Fill this rank's shards from the hashed initialisation (no communication, no full matrix)."""
+        sh, b = self.sharding, _init.linear_bound(self.in_features)
+        with torch.no_grad():
+            self.weight.copy_(self._shard_from(lambda rows, cols: _init.uniform_block(
+                self.seed, _init.WEIGHT_STREAM, self.in_features, rows, cols, b, torch.float64)))
+            if self.bias is not None:
+                self.bias.copy_(_init.uniform_block(self.seed, _init.BIAS_STREAM, self.out_features, range(1),
+                                                    range(sh.row0, sh.row0 + sh.n_blk), b, torch.float64)[0])
+
+    def _shard_from(self, block_of) -> torch.Tensor:
+        """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix."""
+        sh = self.sharding
+        start, stop = sh.shard_start, min(sh.shard_start + sh.shard_numel, sh.block_numel)
+        out = torch.zeros(sh.shard_numel, dtype=torch.float64)
+        if stop > start:
+            r0, r1 = start // sh.k_blk, (stop - 1) // sh.k_blk + 1  # block rows touched by the shard
+            rows = block_of(range(sh.row0 + r0, sh.row0 + r1), range(sh.col0, sh.col0 + sh.k_blk))
+            flat = rows.reshape(-1)
+            off = start - r0 * sh.k_blk
+            out[: stop - start] = flat[off: off + stop - start]
+        return out
+
+    def load_dense_(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> "Linear":
+        """Copy this rank's pieces from a dense ``weight [out, in]`` (and ``bias [out]``) held on this rank."""
+        sh = self.sharding
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"dense weight has shape {tuple(weight.shape)}, expected "
+                             f"({self.out_features}, {self.in_features})")
+        w = weight.detach().to("cpu", torch.float64)
+        with torch.no_grad():
+            self.weight.copy_(self._shard_from(lambda rows, cols: w[rows.start:rows.stop, cols.start:cols.stop]))
+            if self.bias is not None:
+                if bias is None:
+                    raise ValueError("this layer has a bias but no dense bias was given")
+                self.bias.copy_(bias.detach()[sh.row0: sh.row0 + sh.n_blk])
+        return self
+
+    @classmethod
+    def from_dense(cls, dense: nn.Linear, grid: Optional[Grid] = None, transpose: bool = False,
+                   **kwargs) -> "Linear":
+        """A parallel copy of ``dense`` (held in full on every rank)."""
+        layer = cls(dense.in_features, dense.out_features, bias=dense.bias is not None, transpose=transpose,
+                    grid=grid, dtype=dense.weight.dtype, **kwargs)
+        return layer.load_dense_(dense.weight, dense.bias)
+
+    def to_dense(self) -> nn.Linear:
+        """The whole layer as an ``nn.Linear`` on every rank (collective over the tensor-parallel block)."""
+        sh, comm = self.sharding, self.grid.comm
+        with torch.no_grad():
+            blk = self.gather_weight(self.weight.detach())                  # [n_blk, k_blk]
+            cols = comm.all_gather(blk, sh.in_dim)                           # [G_in, n_blk, k_blk]
+            rows = torch.cat(list(cols.unbind(0)), dim=1)                    # [n_blk, k]
+            full = torch.cat(list(comm.all_gather(rows, sh.out_dim).unbind(0)), dim=0)  # [n, k]
+            dense = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                              dtype=full.dtype, device=full.device)
+            dense.weight.copy_(full)
+            if self.bias is not None:
+                dense.bias.copy_(torch.cat(list(comm.all_gather(self.bias.detach(), sh.out_dim).unbind(0))))
+        return dense
+
+    # -- weight gathering (prefetch hooks in here) -------------------------------------------------------
+    def gather_weight(self, shard: torch.Tensor) -> torch.Tensor:
+        """``AG_z(shard)`` -> the block ``[n_blk, k_blk]``."""
+        sh = self.sharding
+        full = self.grid.comm.all_gather(shard, "z").reshape(-1)
+        return full[: sh.block_numel].view(sh.n_blk, sh.k_blk)
+
+    def gathered_weight(self, shard: torch.Tensor) -> torch.Tensor:
+        """The block for this forward: a prefetched one (OAG) when ready, else gathered now."""
+        prefetcher = getattr(self.grid, "prefetcher", None)
+        if prefetcher is not None:
+            return prefetcher.weight_for(self, shard)
+        return self.gather_weight(shard)
+
+    # -- forward ---------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sh = self.sharding
+        if self.input_layout == "replicated":
+            if x.shape[-1] != self.in_features:
+                raise ValueError(f"input has {x.shape[-1]} features, layer expects in_features={self.in_features}")
+            lead = x.shape[:-1]
+            x2 = x.reshape(-1, self.in_features)
+            m = x2.shape[0]
+            x_loc = shard_tokens_features(x2, self.grid, sh.in_dim)
+        else:
+            if x.shape[-1] != sh.k_blk:
+                raise ValueError(f"sharded input has {x.shape[-1]} features, this rank's part is "
+                                 f"in_features/G{sh.in_dim} = {sh.k_blk}")
+            lead = x.shape[:-1]
+            x_loc = x.reshape(-1, sh.k_blk)
+        y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self)
+        if self.output_layout == "sharded":
+            return y_loc.reshape(*(lead if self.input_layout == "sharded" else (y_loc.shape[0],)), sh.n_blk)
+        if self.input_layout == "sharded":
+            m = y_loc.shape[0] * self.grid.size("z")
+        y = gather_tokens_features(y_loc, self.grid, sh.out_dim, m)
+        return y.reshape(*lead, self.out_features) if self.input_layout == "replicated" else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"transpose={self.transpose}, grid={self.grid.shape}, input={self.input_layout}, "
+                f"output={self.output_layout}")

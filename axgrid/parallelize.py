@@ -1,0 +1,118 @@
+"""Swap the ``nn.Linear`` modules of an existing model for parallel ones.
+
+The plan says, per Linear (by qualified name), whether it is transposed and which of its sides stay in the
+layer layout. The safe default is "drop-in everywhere": every Linear takes and returns replicated tensors,
+which is correct whatever runs between layers. :func:`pair` marks a normal -> transposed pair (MLP up/down,
+QKV/out-projection) whose in-between computation is per-token and per-feature (elementwise), so the pair
+skips the redistribution between them. ``auto_pair=True`` pairs automatically inside ``nn.Sequential``
+containers where only stateless elementwise activations separate two Linear layers.
+
+A Linear whose features do not divide the grid stays dense, with a warning; it is never silently wrong.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .grid import Grid
+from .nn.linear import Linear
+
+#: Modules that act on each element alone and are deterministic, so sharded tokens/features pass through.
+ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.LeakyReLU, nn.ELU, nn.Mish,
+               nn.Softplus, nn.Hardtanh, nn.ReLU6)
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    transpose: bool = False
+    input_layout: str = "replicated"
+    output_layout: str = "replicated"
+
+
+Plan = dict[str, LinearPlan]
+
+
+def pair(up: str, down: str) -> Plan:
+    """Plan entries for a normal layer ``up`` whose output feeds (through elementwise ops) the transposed ``down``."""
+    return {up: LinearPlan(False, "replicated", "sharded"), down: LinearPlan(True, "sharded", "replicated")}
+
+
+def _divisible(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Optional[str]:
+    gi, go = (grid.size("y"), grid.size("x")) if p.transpose else (grid.size("x"), grid.size("y"))
+    if lin.in_features % gi or lin.out_features % go:
+        return (f"in_features={lin.in_features}/out_features={lin.out_features} not divisible by the grid's "
+                f"{'Gy,Gx' if p.transpose else 'Gx,Gy'}=({gi},{go})")
+    return None
+
+
+def auto_plan(model: nn.Module, grid: Grid) -> Plan:
+    """Pairs found in ``nn.Sequential`` containers: Linear, elementwise ops..., Linear (both divisible)."""
+    plan: Plan = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Sequential):
+            continue
+        children = list(mod.named_children())
+        i = 0
+        while i < len(children):
+            cname, c = children[i]
+            if type(c) is nn.Linear:
+                j = i + 1
+                while j < len(children) and isinstance(children[j][1], ELEMENTWISE):
+                    j += 1
+                if j < len(children) and type(children[j][1]) is nn.Linear:
+                    up = f"{name}.{cname}" if name else cname
+                    down = f"{name}.{children[j][0]}" if name else children[j][0]
+                    cand = pair(up, down)
+                    if all(_divisible(m, grid, cand[k]) is None for k, m in
+                           ((up, c), (down, children[j][1]))):
+                        plan.update(cand)
+                        i = j + 1
+                        continue
+            i += 1
+    return plan
+
+
+def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_pair: bool = True) -> nn.Module:
+    """Replace ``model``'s ``nn.Linear`` modules (in place) by ``axgrid.nn.Linear`` with the same weights.
+
+    ``plan`` maps qualified module names to :class:`LinearPlan`; names not in it are drop-in
+    (replicated in and out, normal). With ``auto_pair`` the pairs of :func:`auto_plan` are added for names the
+    plan does not mention. Returns the model.
+    """
+    full: Plan = dict(auto_plan(model, grid)) if auto_pair else {}
+    full.update(plan or {})
+    linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    unknown = set(plan or {}) - set(linears)
+    if unknown:
+        raise ValueError(f"plan names {sorted(unknown)} that are not nn.Linear modules of the model; "
+                         f"its Linear modules are {sorted(linears)}")
+    dense_left = set()
+    for name, lin in linears.items():
+        p = full.get(name, LinearPlan())
+        why = _divisible(lin, grid, p)
+        if why:
+            warnings.warn(f"axgrid.parallelize: {name} left dense: {why}", stacklevel=2)
+            dense_left.add(name)
+    # a pair whose partner stays dense must fall back to drop-in on both sides
+    for name in list(full):
+        p = full[name]
+        if name in dense_left:
+            continue
+        if p.input_layout == "sharded" or p.output_layout == "sharded":
+            partners = [n for n, q in full.items() if n != name and (q.input_layout == "sharded") != (
+                p.input_layout == "sharded")]
+            if any(n in dense_left for n in partners):
+                full[name] = LinearPlan(p.transpose)
+    for name, lin in linears.items():
+        if name in dense_left:
+            continue
+        p = full.get(name, LinearPlan())
+        new = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
+                                output_layout=p.output_layout)
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        setattr(parent, name.rsplit(".", 1)[-1], new)
+    return model

@@ -1,0 +1,6 @@
+"""``python -m kernels ...`` (see kernels.cli)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,26 @@
+"""perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training.
+
+Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
+
+    TransformerSpec, Options, Problem, MODELS, get_model, model_flops     inputs
+    Machine, load_machine, list_machines                                    machine library
+    enumerate_grids, Grids                                                  search space
+    FCLayer, transformer_layers, collective_bytes, collective_calls,
+    collective_events, ring_time                                            collectives (ledger-exact volumes)
+    evaluate, rank, Ranking, Row                                            the model and the ranking
+"""
+from .comm import FCLayer, collective_bytes, collective_calls, collective_events, ring_time
+from .errors import MachineFileError, NoFeasibleConfig, PerfModelError
+from .layers import transformer_layers
+from .machines import Machine, list_machines, load_machine
+from .model import Evaluation, evaluate
+from .rank import Ranking, Row, rank
+from .space import Grids, enumerate_grids
+from .spec import MODELS, Options, Problem, TransformerSpec, get_model, model_flops
+
+__all__ = [
+    "FCLayer", "collective_bytes", "collective_calls", "collective_events", "ring_time",
+    "MachineFileError", "NoFeasibleConfig", "PerfModelError", "transformer_layers",
+    "Machine", "list_machines", "load_machine", "Evaluation", "evaluate", "Ranking", "Row", "rank",
+    "Grids", "enumerate_grids", "MODELS", "Options", "Problem", "TransformerSpec", "get_model", "model_flops",
+]

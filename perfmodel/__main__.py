@@ -1,0 +1,6 @@
+"""``python -m perfmodel``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

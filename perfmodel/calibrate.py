@@ -1,0 +1,201 @@
+"""Calibration: fit α, β per placement class and a GEMM efficiency curve from measured samples, and write a
+machine file. The fitting is pure numpy/scipy; measuring needs the ``axgrid`` runtime and plugs in through
+``measure_with_runtime`` (or any other source of samples: ``calibrate(comm_samples, gemm_samples, ...)``).
+
+Sample formats (also the JSON read by ``load_samples``):
+  comm: {"op": "all_reduce"|"all_gather"|"reduce_scatter", "group_size": p, "stride": s, "bytes": S,
+         "seconds": t, "concurrent": rings sharing the node's NICs (default 1)}
+        S is the ledger's buffer size (all-reduced tensor / AG output / RS input).
+  gemm: {"m": m, "n": n, "k": k, "seconds": t, "dtype": "fp32"}
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+from .errors import PerfModelError
+from .machines import GemmRecord, Machine, Placement, machine_to_toml
+
+
+@dataclass(frozen=True)
+class CommSample:
+    op: str
+    group_size: int
+    stride: int
+    bytes: int
+    seconds: float
+    concurrent: int = 1
+
+
+@dataclass(frozen=True)
+class GemmSample:
+    m: int
+    n: int
+    k: int
+    seconds: float
+    dtype: str = "fp32"
+
+
+def placement_class(group_size: int, stride: int, gpus_per_node: int) -> str:
+    """"intra" when the whole ring sits in one node (same rule as the model), else "inter"."""
+    span = group_size * stride
+    return "intra" if span <= gpus_per_node and gpus_per_node % span == 0 else "inter"
+
+
+def _coeffs(s: CommSample) -> tuple[float, float]:
+    """t = c_alpha·α + c_beta·(1/β): ring all-reduce 2(p−1), 2(p−1)/p·S; AG/RS (p−1), (p−1)/p·S."""
+    p = s.group_size
+    f = 2.0 if s.op == "all_reduce" else 1.0
+    if s.op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        raise PerfModelError(f"unknown collective {s.op!r} in calibration sample")
+    return f * (p - 1), f * (p - 1) / p * s.bytes * s.concurrent
+
+
+def fit_alpha_beta(samples: Iterable[CommSample]) -> Placement:
+    """Least-squares α [s] and β [bytes/s] (relative residuals, positive by construction) from ≥ 2 samples
+    over groups of size > 1."""
+    ss = [s for s in samples if s.group_size > 1 and s.seconds > 0]
+    if len(ss) < 2:
+        raise PerfModelError(f"need at least 2 samples with group size > 1 to fit α, β (got {len(ss)})")
+    A = np.array([_coeffs(s) for s in ss])
+    t = np.array([s.seconds for s in ss])
+    x0, _ = nnls(A / t[:, None], np.ones_like(t))  # relative-error linear fit as a start
+    x0 = np.maximum(x0, [1e-9, 1e-13])
+
+    def res(logx: np.ndarray) -> np.ndarray:
+        return (A @ np.exp(logx) - t) / t
+
+    fit = least_squares(res, np.log(x0), method="lm" if len(ss) > 2 else "trf")
+    alpha, inv_beta = np.exp(fit.x)
+    return Placement(alpha=float(alpha), beta=float(1.0 / inv_beta))
+
+
+def fit_placements(samples: Iterable[CommSample], gpus_per_node: int) -> dict[str, Placement]:
+    """α, β per placement class present in the samples (classes with < 2 usable samples are skipped)."""
+    by: dict[str, list[CommSample]] = {}
+    for s in samples:
+        by.setdefault(placement_class(s.group_size, s.stride, gpus_per_node), []).append(s)
+    return {cls: fit_alpha_beta(ss) for cls, ss in by.items() if len([x for x in ss if x.group_size > 1]) >= 2}
+
+
+def fit_gemm_curve(samples: Iterable[GemmSample], peak: float) -> tuple[float, float]:
+    """Fit eff(m,n,k) = eff_max · d/(d + dim_half), d = min(m,n,k), to measured times at ``peak`` FLOP/s;
+    returns (eff_max in (0, 1], dim_half > 0)."""
+    ss = [s for s in samples if s.seconds > 0]
+    if len(ss) < 2:
+        raise PerfModelError(f"need at least 2 GEMM samples to fit the efficiency curve (got {len(ss)})")
+    d = np.array([min(s.m, s.n, s.k) for s in ss], float)
+    eff = np.array([2.0 * s.m * s.n * s.k / s.seconds / peak for s in ss])
+
+    def res(x: np.ndarray) -> np.ndarray:
+        e_max, log_half = x
+        pred = e_max * d / (d + np.exp(log_half))
+        return (pred - eff) / eff  # relative error of the rate = relative error of the time, to first order
+
+    x0 = np.array([min(1.0, eff.max() * 1.1), np.log(max(float(np.median(d)) / 4, 1.0))])
+    fit = least_squares(res, x0, bounds=([1e-6, -10.0], [1.0, 20.0]))
+    return float(fit.x[0]), float(np.exp(fit.x[1]))
+
+
+def calibrate(comm_samples: list[CommSample], gemm_samples: list[GemmSample], base: Machine,
+              name: str = "local", out: str | Path | None = None, peak: float | None = None) -> Machine:
+    """Fit everything and return (and write to ``out`` as TOML, if given) a machine derived from ``base``.
+
+    ``peak``: the dense peak FLOP/s to express efficiencies against (default: base's peak for the samples'
+    dtype). Fitted placement classes override the base's spec-sheet bandwidths; the measured GEMMs are kept as
+    a table."""
+    placement = dict(base.placement)
+    placement.update(fit_placements(comm_samples, base.gpus_per_node))
+    kw: dict = {"name": name, "placement": placement}
+    if gemm_samples:
+        dtype = gemm_samples[0].dtype
+        pk = peak or base.peak_flops(dtype)
+        kw["gemm_eff_max"], kw["gemm_dim_half"] = fit_gemm_curve(gemm_samples, pk)
+        kw["gemm_table"] = tuple(GemmRecord(s.m, s.n, s.k, s.dtype, 2.0 * s.m * s.n * s.k / s.seconds)
+                                 for s in gemm_samples if s.seconds > 0)
+    if "intra" in placement:
+        kw["intra_node_latency"], kw["intra_node_bandwidth"] = placement["intra"].alpha, placement["intra"].beta
+    if "inter" in placement:
+        kw["inter_node_latency"] = placement["inter"].alpha
+        kw["inter_node_bandwidth_per_nic"] = placement["inter"].beta / base.nics_per_node
+    m = replace(base, **kw)
+    if out is not None:
+        write_machine(m, out, comment=f"written by perfmodel calibrate from {len(comm_samples)} collective and "
+                                      f"{len(gemm_samples)} GEMM samples (base: {base.name})")
+    return m
+
+
+def write_machine(m: Machine, path: str | Path, comment: str = "") -> Path:
+    """Write ``m`` as a machine TOML (atomically: temp file + rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(machine_to_toml(m, comment))
+    os.replace(tmp, p)
+    return p
+
+
+def local_base(nranks: int, peak_flops: float, memory_bytes: int | None = None) -> Machine:
+    """A starting machine for this host: one 'node' of ``nranks`` ranks; bandwidths are placeholders that the
+    fit replaces (intra), inter-node copies intra (there is no second node to measure)."""
+    mem = memory_bytes or int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(nranks, 1))
+    return Machine(name="local", gpus_per_node=nranks, peak_flops_bf16=peak_flops, peak_flops_fp32=peak_flops,
+                   memory_bytes=mem, intra_node_bandwidth=1e9, intra_node_latency=1e-4,
+                   inter_node_bandwidth_per_nic=1e9, inter_node_latency=1e-4, nics_per_node=1,
+                   description=f"this host, {nranks} gloo ranks (calibrated)", gpu="cpu rank")
+
+
+def load_samples(path: str | Path) -> tuple[list[CommSample], list[GemmSample]]:
+    """Read {"comm": [...], "gemm": [...]} JSON (formats in the module docstring)."""
+    doc = json.loads(Path(path).read_text())
+    try:
+        comm = [CommSample(**{k: v for k, v in d.items() if k in CommSample.__dataclass_fields__})
+                for d in doc.get("comm", [])]
+        gemm = [GemmSample(**{k: v for k, v in d.items() if k in GemmSample.__dataclass_fields__})
+                for d in doc.get("gemm", [])]
+    except TypeError as e:
+        raise PerfModelError(f"{path}: bad sample: {e}") from None
+    return comm, gemm
+
+
+def save_samples(path: str | Path, comm: list[CommSample], gemm: list[GemmSample]) -> None:
+    Path(path).write_text(json.dumps({"comm": [asdict(c) for c in comm], "gemm": [asdict(g) for g in gemm]},
+                                     indent=1))
+
+
+def runtime_available() -> bool:
+    """True when the axgrid runtime (and torch) can be imported."""
+    try:
+        import importlib.util
+        return importlib.util.find_spec("axgrid") is not None and importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+NEEDS_RUNTIME = ("measuring needs the axgrid runtime (torch + axgrid importable: `pip install -e .` in the repo); "
+                 "perfmodel alone can only fit samples you already have: "
+                 "`python -m perfmodel calibrate --samples FILE.json --out machines/local.toml`")
+
+
+def measure_with_runtime(nranks: int, sizes_bytes: list[int], gemm_shapes: list[tuple[int, int, int]]
+                         ) -> tuple[list[CommSample], list[GemmSample]]:
+    """Measure collectives (every group size and stride of the grids of ``nranks``, each size in
+    ``sizes_bytes``) and GEMMs through the runtime. Plug point for the runtime: ``axgrid.calibration.measure``
+    must return the two sample lists in the formats above."""
+    if not runtime_available():
+        raise PerfModelError(NEEDS_RUNTIME)
+    import importlib
+    try:
+        mod = importlib.import_module("axgrid.calibration")
+    except ImportError as e:
+        raise PerfModelError(f"axgrid is importable but provides no axgrid.calibration.measure yet ({e}); "
+                             + NEEDS_RUNTIME) from None
+    comm, gemm = mod.measure(nranks=nranks, sizes_bytes=sizes_bytes, gemm_shapes=gemm_shapes)
+    return [c if isinstance(c, CommSample) else CommSample(**c) for c in comm], \
+           [g if isinstance(g, GemmSample) else GemmSample(**g) for g in gemm]

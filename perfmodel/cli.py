@@ -1,0 +1,204 @@
+"""Command line: ``python -m perfmodel {rank, machines, calibrate, validate}``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from .errors import PerfModelError
+from .machines import list_machines, load_gemm_table, load_machine
+from .rank import Ranking, rank
+from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
+
+
+def _add_problem_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="named model (gpt-tiny … gpt-1t); or give --layers/--hidden/--heads")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--seq", type=int, help="sequence length (overrides the named model's)")
+    p.add_argument("--vocab", type=int, help="vocabulary size (overrides the named model's)")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--machine", required=True, help="machine name or path to a .toml")
+    p.add_argument("--batch", type=int, required=True, help="global batch in sequences")
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES))
+    p.add_argument("--microbatches", type=int, help="fixed micro-batch count (default: fewest that fit)")
+    for name in ("oar", "ors", "oag", "odp"):
+        p.add_argument(f"--no-{name}", action="store_true", help=f"turn the {name.upper()} overlap off")
+    p.add_argument("--no-recompute", action="store_true", help="no activation recompute")
+    p.add_argument("--keep-gathered", action="store_true", help="keep gathered weights from forward to backward")
+    p.add_argument("--order", default="xyzd", help="rank order, fastest first (default xyzd)")
+    p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m kernels export-efficiency FILE)")
+
+
+def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
+    if a.model:
+        spec = get_model(a.model)
+    elif a.layers and a.hidden and a.heads:
+        spec = TransformerSpec("custom", a.layers, a.hidden, a.heads)
+    else:
+        raise PerfModelError("give --model NAME or all of --layers, --hidden, --heads")
+    if a.seq or a.vocab:
+        spec = replace(spec, seq=a.seq or spec.seq, vocab=a.vocab or spec.vocab)
+    opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
+                  overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
+                  microbatches=a.microbatches, order=a.order)
+    machine = load_machine(a.machine)
+    if a.gemm_table:
+        machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))
+    return Problem(spec, a.batch, a.gpus, a.dtype, opt), machine
+
+
+def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    p, m = rk.problem, rk.machine
+    t = Table(title=f"{p.model.name} ({p.model.params / 1e9:.1f}B params), batch {p.batch}×{p.model.seq}, "
+                    f"{p.gpus} × {m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}")
+    for c in ("rank", "Gx×Gy×Gz×Gd", "s/batch", "TFLOP/s/GPU", "% peak", "GiB/GPU", "mb", "compute s",
+              "x s", "y s", "z s", "d s"):
+        t.add_column(c, justify="right")
+    for r in rk.top(top):
+        t.add_row(str(r.rank), r.grid_str, f"{r.time_s:.3f}", f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
+                  f"{r.memory_bytes / 2**30:.1f}", str(r.microbatches), f"{r.compute_s:.3f}",
+                  *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"))
+    con = Console(width=max(120, Console().width))
+    con.print(t)
+    n_bad = len(rk.rows) - len(rk.feasible)
+    con.print(f"{len(rk.feasible)} feasible of {len(rk.rows)} factorisations; {n_bad} rejected. "
+              f"Exposed communication per grid dimension after overlap (x/y/z/d s).")
+    mt = Table(title="Megatron-style 1D tensor parallel (TP t inside a node × DP, distributed optimizer, "
+                     "same overlaps; no pipeline)")
+    for c in ("TP×DP", "s/batch", "TFLOP/s/GPU", "% peak", "GiB/GPU", "note"):
+        mt.add_column(c, justify="right")
+    for r in rk.megatron:
+        mt.add_row(f"{r.grid[1]}×{r.grid[3]}", f"{r.time_s:.3f}" if r.feasible else "-",
+                   f"{r.tflops_per_gpu:.1f}" if r.feasible else "-", f"{r.pct_peak:.1f}" if r.feasible else "-",
+                   f"{r.memory_bytes / 2**30:.1f}", r.reason or "")
+    con.print(mt)
+    if rk.feasible and rk.megatron and rk.megatron[0].feasible:
+        con.print(f"best 4D grid is {rk.megatron[0].time_s / rk.best.time_s:.2f}× the speed of the best 1D TP layout")
+    if show_infeasible:
+        bad = [r for r in rk.rows if not r.feasible][:show_infeasible]
+        for r in bad:
+            con.print(f"  rejected {r.grid_str}: {r.reason}")
+
+
+def cmd_rank(a: argparse.Namespace) -> int:
+    prob, machine = problem_from_args(a)
+    rk = rank(prob, machine)
+    if a.csv:
+        rk.to_csv(a.csv)
+    if a.json:
+        rk.to_json(a.json)
+    if a.explain:
+        from .explain import explain
+        if not 1 <= a.explain <= len(rk.feasible):
+            raise PerfModelError(f"--explain N needs 1 ≤ N ≤ {len(rk.feasible)} (feasible rows)")
+        print(explain(rk, rk.feasible[a.explain - 1]))
+    else:
+        print_ranking(rk, a.top, a.show_infeasible)
+    if a.emit_slurm:
+        from .slurm import emit_slurm
+        for f in emit_slurm(rk, a.emit_slurm, a.top):
+            print(f"wrote {f}")
+    return 0
+
+
+def cmd_machines(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="machines")
+    for c in ("name", "GPU", "GPUs/node", "bf16 TFLOP/s", "fp32 TFLOP/s", "GiB", "intra GB/s", "NICs×GB/s",
+              "calibrated", "file"):
+        t.add_column(c)
+    for m in list_machines():
+        t.add_row(m.name, m.gpu, str(m.gpus_per_node), f"{m.peak_flops_bf16 / 1e12:g}",
+                  f"{m.peak_flops_fp32 / 1e12:g}", f"{m.memory_bytes / 2**30:g}", f"{m.intra_node_bandwidth / 1e9:g}",
+                  f"{m.nics_per_node}×{m.inter_node_bandwidth_per_nic / 1e9:g}",
+                  ",".join(m.placement) or "-", m.source)
+    Console(width=160).print(t)
+    return 0
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from . import calibrate as cal
+
+    if a.samples:
+        comm, gemm = cal.load_samples(a.samples)
+    else:
+        sizes = [2**k for k in range(12, 25, 3)]
+        shapes = [(s, s, s) for s in (64, 128, 256, 512, 1024)]
+        comm, gemm = cal.measure_with_runtime(a.ranks, sizes, shapes)
+        if a.save_samples:
+            cal.save_samples(a.save_samples, comm, gemm)
+    peak = a.peak or max((2.0 * g.m * g.n * g.k / g.seconds for g in gemm), default=1e11)
+    base = load_machine(a.base) if a.base else cal.local_base(a.ranks, peak)
+    m = cal.calibrate(comm, gemm, base, name=a.name, out=a.out, peak=peak)
+    for cls, pl in m.placement.items():
+        print(f"{cls}: alpha {pl.alpha * 1e6:.1f} us, beta {pl.beta / 1e9:.3f} GB/s")
+    print(f"GEMM curve: eff_max {m.gemm_eff_max:.3f}, dim_half {m.gemm_dim_half:.1f} (peak {peak / 1e9:.1f} GFLOP/s)")
+    print(f"wrote {a.out}")
+    return 0
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    from . import validate as val
+
+    prob, machine = problem_from_args(a)
+    rk = rank(prob, machine)
+    if a.measured:
+        measured = val.read_measured(a.measured)
+    else:
+        rows = val.select_configs(rk, a.top, a.sample, a.seed)
+        measured = val.measure_with_runtime(rk, rows, a.steps)
+    res = val.validate_measured(rk, measured, a.out_dir)
+    print(f"n={res['n']}  Spearman rho={res['spearman']:.3f}  Kendall tau={res['kendall']:.3f}  "
+          f"top-1 regret={res['top1_regret']:.3f}  MAPE={res['mape']:.1f}%  (CSV/plot in {a.out_dir})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m perfmodel", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rank", help="rank every grid configuration")
+    _add_problem_args(r)
+    r.add_argument("--top", type=int, default=10)
+    r.add_argument("--csv")
+    r.add_argument("--json")
+    r.add_argument("--explain", type=int, metavar="N", help="print the breakdown of rank N")
+    r.add_argument("--emit-slurm", metavar="DIR", help="write an sbatch script per top-k configuration")
+    r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
+    r.set_defaults(fn=cmd_rank)
+    m = sub.add_parser("machines", help="list the machine library")
+    m.set_defaults(fn=cmd_machines)
+    c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve on this machine (needs axgrid to measure)")
+    c.add_argument("--out", default="machines/local.toml")
+    c.add_argument("--name", default="local")
+    c.add_argument("--ranks", type=int, default=4)
+    c.add_argument("--samples", help="fit these samples (JSON) instead of measuring")
+    c.add_argument("--save-samples", help="also write the measured samples (JSON)")
+    c.add_argument("--base", help="machine to start from (default: this host, one node of --ranks ranks)")
+    c.add_argument("--peak", type=float, help="peak FLOP/s to express GEMM efficiency against")
+    c.set_defaults(fn=cmd_calibrate)
+    v = sub.add_parser("validate", help="compare predicted and measured step times (needs axgrid to measure)")
+    _add_problem_args(v)
+    v.add_argument("--measured", help="CSV grid,seconds of measured runs (skips running them)")
+    v.add_argument("--top", type=int, default=8)
+    v.add_argument("--sample", type=int, default=8)
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--steps", type=int, default=3)
+    v.add_argument("--out-dir", default="runs/validate")
+    v.set_defaults(fn=cmd_validate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except PerfModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,199 @@
+"""Collectives: what each FC layer posts (in elements, as the runtime's ledger counts them), where each ring
+sits (placement → α, β), and α-β ring costs. Everything is vectorised over N grid configurations.
+
+Ledger convention: one entry per posted call, size = the full buffer: the all-reduced tensor, the all-gather
+OUTPUT, the reduce-scatter INPUT. A collective over a group of size 1 is not posted.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from .errors import PerfModelError
+from .machines import Machine
+
+DIMS = ("x", "y", "z", "d")
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+class FCLayer(NamedTuple):
+    """An FC layer W [n, k] (n = out_features, k = in_features); transposed swaps the roles of x and y."""
+
+    n: int
+    k: int
+    transposed: bool = False
+    bias: bool = True
+    name: str = ""
+    recompute: bool = True  # part of a block whose forward is recomputed in backward (the LM head is not)
+
+
+def as_layer(t: FCLayer | tuple) -> FCLayer:
+    return t if isinstance(t, FCLayer) else FCLayer(*t)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class LayerVolumes:
+    """Per-call element counts for one FC layer on N grids (int64 arrays [N]).
+
+    fwd_ar_dim / bwd_ar_dim: "x"/"y" (normal) or "y"/"x" (transposed).
+    block: the local weight block n_loc·k_loc; padded: block rounded up to a multiple of Gz (AG/RS buffer);
+    shard: padded/Gz (AR_d of the weight); bias_loc: n_loc (AR_z in backward, AR_d per step) or 0 without bias.
+    """
+
+    fwd_ar_dim: str
+    bwd_ar_dim: str
+    fwd_ar: np.ndarray
+    bwd_ar: np.ndarray
+    n_loc: np.ndarray
+    k_loc: np.ndarray
+    block: np.ndarray
+    padded: np.ndarray
+    shard: np.ndarray
+    bias_loc: np.ndarray
+
+
+def layer_volumes(layer: FCLayer, gx, gy, gz, mprime) -> LayerVolumes:
+    """Elements per call for layer W [n, k] with m' tokens per GPU per micro-batch (arrays or scalars).
+
+    Normal: W block [n/Gy, k/Gx]; forward AR_x(m'·n/Gy); backward AR_y(m'·k/Gx). Transposed: block
+    [n/Gx, k/Gy]; forward AR_y(m'·n/Gx); backward AR_x(m'·k/Gy). n and k that do not divide are padded up.
+    """
+    gx, gy, gz, mprime = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, mprime))
+    split_out, split_in = (gx, gy) if layer.transposed else (gy, gx)
+    n_loc = _ceil_div(np.int64(layer.n), split_out)
+    k_loc = _ceil_div(np.int64(layer.k), split_in)
+    block = n_loc * k_loc
+    padded = _ceil_div(block, gz) * gz
+    return LayerVolumes(
+        fwd_ar_dim="y" if layer.transposed else "x",
+        bwd_ar_dim="x" if layer.transposed else "y",
+        fwd_ar=mprime * n_loc,
+        bwd_ar=mprime * k_loc,
+        n_loc=n_loc,
+        k_loc=k_loc,
+        block=block,
+        padded=padded,
+        shard=padded // gz,
+        bias_loc=n_loc if layer.bias else np.zeros_like(n_loc),
+    )
+
+
+def collective_events(
+    layers: Iterable[FCLayer | tuple],
+    grid: tuple[int, int, int, int],
+    tokens_per_microbatch_global: int,
+    n_microbatches: int,
+    dtype_bytes: int,
+    keep_gathered: bool = False,
+    recompute: bool = False,
+    grad_dtype_bytes: int | None = None,
+) -> list[tuple[str, str, int]]:
+    """Every collective one training step posts, in order, as (dim, op, bytes): per micro-batch the forward
+    (AG_z, forward AR) over layers in order, then the backward in reverse order (AG_z unless keep_gathered;
+    the forward AR again when recompute (for layers with .recompute); backward AR; RS_z of dW; AR_z of the bias gradient); then once per
+    step AR_d of each weight shard and bias. ``grad_dtype_bytes`` (default dtype_bytes) sizes RS_z/AR_z/AR_d."""
+    layers = [as_layer(t) for t in layers]
+    gx, gy, gz, gd = (int(v) for v in grid)
+    if min(gx, gy, gz, gd) <= 0:
+        raise PerfModelError(f"grid sizes must be positive, got {grid}")
+    if tokens_per_microbatch_global % (gd * gz):
+        raise PerfModelError(f"tokens per micro-batch {tokens_per_microbatch_global} not divisible by Gd*Gz={gd * gz}")
+    mprime = tokens_per_microbatch_global // (gd * gz)
+    size = {"x": gx, "y": gy, "z": gz, "d": gd}
+    b, gb = dtype_bytes, grad_dtype_bytes or dtype_bytes
+    vols = [layer_volumes(L, gx, gy, gz, mprime) for L in layers]
+    ev: list[tuple[str, str, int]] = []
+
+    def post(dim: str, op: str, elems, nbytes: int) -> None:
+        if size[dim] > 1 and int(elems) > 0:
+            ev.append((dim, op, int(elems) * nbytes))
+
+    for _ in range(n_microbatches):
+        for v in vols:
+            post("z", "all_gather", v.padded, b)
+            post(v.fwd_ar_dim, "all_reduce", v.fwd_ar, b)
+        for L, v in reversed(list(zip(layers, vols))):
+            if not keep_gathered:
+                post("z", "all_gather", v.padded, b)
+            if recompute and L.recompute:
+                post(v.fwd_ar_dim, "all_reduce", v.fwd_ar, b)
+            post(v.bwd_ar_dim, "all_reduce", v.bwd_ar, b)
+            post("z", "reduce_scatter", v.padded, gb)
+            post("z", "all_reduce", v.bias_loc, gb)
+    for v in vols:
+        post("d", "all_reduce", v.shard, gb)
+        post("d", "all_reduce", v.bias_loc, gb)
+    return ev
+
+
+def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
+                     keep_gathered: bool = False, recompute: bool = False,
+                     grad_dtype_bytes: int | None = None) -> dict[tuple[str, str], int]:
+    """Total bytes per (dim, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
+    Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
+    out: Counter = Counter()
+    for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
+                                         dtype_bytes, keep_gathered, recompute, grad_dtype_bytes):
+        out[(dim, op)] += nb
+    return dict(out)
+
+
+def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
+                     keep_gathered: bool = False, recompute: bool = False,
+                     grad_dtype_bytes: int | None = None) -> dict[tuple[str, str], int]:
+    """Number of posted calls per (dim, op) for one step (same arguments as ``collective_bytes``)."""
+    return dict(Counter((d, o) for d, o, _ in collective_events(
+        layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
+        grad_dtype_bytes)))
+
+
+# ---------------------------------------------------------------- placement and ring costs
+
+
+def dim_strides(gx, gy, gz, gd, order: str = "xyzd") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """dim → (group size p, stride in rank order), for the rank order given fastest-first."""
+    size = {"x": np.asarray(gx), "y": np.asarray(gy), "z": np.asarray(gz), "d": np.asarray(gd)}
+    out, stride = {}, np.ones_like(size["x"])
+    for dim in order:
+        out[dim] = (size[dim], stride)
+        stride = stride * size[dim]
+    return out
+
+
+def ring_alpha_beta(p, stride, machine: Machine) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """α [s], β [bytes/s] and an intra-node mask for rings of p members spaced ``stride`` ranks apart, when all
+    groups of that dimension run at once (they do: every rank posts the same collective).
+
+    A group fits a node when p·stride ≤ gpus_per_node and divides it: intra-node α, β. Otherwise each node holds
+    q = clip(gpus_per_node // stride, 1, p) members of a ring, so gpus_per_node / q rings leave every node at once
+    and share its NICs: β = min(β_intra, β_inter_node · q / gpus_per_node)."""
+    p = np.asarray(p, dtype=np.int64)
+    stride = np.asarray(stride, dtype=np.int64)
+    g = machine.gpus_per_node
+    span = p * stride
+    intra = (span <= g) & (g % np.maximum(span, 1) == 0)
+    ia, ib = machine.placement_of("intra").alpha, machine.placement_of("intra").beta
+    ea, eb = machine.placement_of("inter").alpha, machine.placement_of("inter").beta
+    q = np.clip(g // np.maximum(stride, 1), 1, np.maximum(p, 1)).astype(float)
+    beta_inter = np.minimum(ib, eb * q / g)
+    alpha = np.where(intra, ia, ea)
+    beta = np.where(intra, ib, beta_inter)
+    return alpha, beta, intra
+
+
+def ring_time(op: str, p, nbytes, alpha, beta) -> np.ndarray:
+    """Ring cost in seconds on a buffer of ``nbytes`` (all-reduce tensor / AG output / RS input):
+    all-reduce 2(p−1)/p·S/β + 2(p−1)α; all-gather and reduce-scatter (p−1)/p·S/β + (p−1)α. p = 1 costs 0."""
+    p = np.asarray(p, dtype=float)
+    f = 2.0 if op == "all_reduce" else 1.0
+    if op not in OPS:
+        raise PerfModelError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
+    t = f * (p - 1) / np.maximum(p, 1) * np.asarray(nbytes, dtype=float) / beta + f * (p - 1) * alpha
+    return np.where(np.asarray(nbytes) > 0, t, 0.0)

@@ -1,0 +1,240 @@
+"""Machine descriptions: TOML files under perfmodel/machines/ (or any path), read with tomllib.
+
+Schema (units: FLOP/s, bytes, bytes/s, seconds). Required top-level keys are in ``REQUIRED``.
+Optional ``[fitted]`` table, written by calibration:
+
+    [fitted.placement.intra]   alpha = <s>, beta = <bytes/s>      # a ring inside one node
+    [fitted.placement.inter]   alpha = <s>, beta = <bytes/s>      # a ring across nodes, one ring per node
+    [fitted.gemm_curve]        eff_max = <0..1>, dim_half = <elements>
+    gemm_table = "file.json"   # or an inline array of {m, n, k, dtype, flops_per_s}; a path is relative to the TOML
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import MachineFileError
+
+MACHINE_DIR = Path(__file__).resolve().parent / "machines"
+
+REQUIRED: dict[str, type] = {
+    "name": str,
+    "gpus_per_node": int,
+    "peak_flops_bf16": float,
+    "peak_flops_fp32": float,
+    "memory_bytes": int,
+    "intra_node_bandwidth": float,
+    "intra_node_latency": float,
+    "inter_node_bandwidth_per_nic": float,
+    "inter_node_latency": float,
+    "nics_per_node": int,
+}
+PLACEMENT_CLASSES = ("intra", "inter")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """α (seconds per ring step) and β (bytes/s a ring moves) of one placement class."""
+
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class GemmRecord:
+    """One measured GEMM: C[m,n] = A[m,k]·B[k,n] in ``dtype`` ran at ``flops_per_s`` (2·m·n·k / seconds)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine. Bandwidths are per direction; intra_node_bandwidth is what one GPU can push into a ring
+    inside its node; inter-node bandwidth is per NIC, ``nics_per_node`` NICs per node."""
+
+    name: str
+    gpus_per_node: int
+    peak_flops_bf16: float
+    peak_flops_fp32: float
+    memory_bytes: int
+    intra_node_bandwidth: float
+    intra_node_latency: float
+    inter_node_bandwidth_per_nic: float
+    inter_node_latency: float
+    nics_per_node: int
+    description: str = ""
+    gpu: str = ""
+    placement: dict[str, Placement] = field(default_factory=dict)
+    gemm_eff_max: float = 0.75
+    gemm_dim_half: float = 96.0
+    gemm_table: tuple[GemmRecord, ...] = ()
+    source: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s per GPU for a dtype (fp16 uses the bf16 figure: same tensor-core rate)."""
+        return self.peak_flops_fp32 if dtype == "fp32" else self.peak_flops_bf16
+
+    def placement_of(self, cls: str) -> Placement:
+        """α, β of a placement class: fitted values if calibrated, else from the spec sheet."""
+        if cls in self.placement:
+            return self.placement[cls]
+        if cls == "intra":
+            return Placement(self.intra_node_latency, self.intra_node_bandwidth)
+        return Placement(self.inter_node_latency, self.inter_node_bandwidth_per_nic * self.nics_per_node)
+
+    def scaled(self, flops: float = 1.0, bandwidth: float = 1.0, memory: float = 1.0) -> "Machine":
+        """A copy with FLOP/s, all bandwidths, or memory multiplied (for what-if studies and tests)."""
+        return replace(
+            self,
+            peak_flops_bf16=self.peak_flops_bf16 * flops,
+            peak_flops_fp32=self.peak_flops_fp32 * flops,
+            intra_node_bandwidth=self.intra_node_bandwidth * bandwidth,
+            inter_node_bandwidth_per_nic=self.inter_node_bandwidth_per_nic * bandwidth,
+            placement={k: Placement(p.alpha, p.beta * bandwidth) for k, p in self.placement.items()},
+            gemm_table=tuple(replace(g, flops_per_s=g.flops_per_s * flops) for g in self.gemm_table),
+            memory_bytes=int(self.memory_bytes * memory),
+        )
+
+
+def _check(where: str, key: str, value: Any, typ: type) -> Any:
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, typ) or isinstance(value, bool):
+        raise MachineFileError(f"{where}: field {key!r} must be {typ.__name__}, got {value!r}")
+    if typ in (int, float) and value <= 0:
+        raise MachineFileError(f"{where}: field {key!r} must be > 0, got {value!r}")
+    return value
+
+
+def load_gemm_table(path: str | Path) -> tuple[GemmRecord, ...]:
+    """Read a JSON list of {m, n, k, dtype, flops_per_s} (``python -m kernels export-efficiency FILE``)."""
+    p = Path(path)
+    try:
+        rows = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MachineFileError(f"{p}: cannot read GEMM efficiency table: {e}") from None
+    return _gemm_rows(str(p), rows)
+
+
+def _gemm_rows(where: str, rows: Any) -> tuple[GemmRecord, ...]:
+    if not isinstance(rows, list):
+        raise MachineFileError(f"{where}: GEMM table must be a list of {{m, n, k, dtype, flops_per_s}}")
+    out = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise MachineFileError(f"{where}: GEMM table entry {i} is not a table/object")
+        w = f"{where}: GEMM table entry {i}"
+        for key in ("m", "n", "k", "dtype", "flops_per_s"):
+            if key not in r:
+                raise MachineFileError(f"{w}: missing field {key!r}")
+        out.append(GemmRecord(_check(w, "m", r["m"], int), _check(w, "n", r["n"], int), _check(w, "k", r["k"], int),
+                              _check(w, "dtype", r["dtype"], str), _check(w, "flops_per_s", r["flops_per_s"], float)))
+    return tuple(out)
+
+
+def parse_machine(data: dict[str, Any], where: str) -> Machine:
+    """Validate a parsed TOML table; ``where`` (the file name) prefixes every error."""
+    kw: dict[str, Any] = {}
+    for key, typ in REQUIRED.items():
+        if key not in data:
+            raise MachineFileError(f"{where}: missing required field {key!r}")
+        kw[key] = _check(where, key, data[key], typ)
+    for key in ("description", "gpu"):
+        if key in data:
+            kw[key] = _check(where, key, data[key], str)
+    fitted = data.get("fitted", {})
+    if not isinstance(fitted, dict):
+        raise MachineFileError(f"{where}: field 'fitted' must be a table")
+    placement = {}
+    for cls, tab in fitted.get("placement", {}).items():
+        if cls not in PLACEMENT_CLASSES:
+            raise MachineFileError(f"{where}: field 'fitted.placement.{cls}': unknown class (known: intra, inter)")
+        for key in ("alpha", "beta"):
+            if key not in tab:
+                raise MachineFileError(f"{where}: missing field 'fitted.placement.{cls}.{key}'")
+        placement[cls] = Placement(_check(where, f"fitted.placement.{cls}.alpha", tab["alpha"], float),
+                                   _check(where, f"fitted.placement.{cls}.beta", tab["beta"], float))
+    kw["placement"] = placement
+    curve = fitted.get("gemm_curve", {})
+    if curve:
+        for key in ("eff_max", "dim_half"):
+            if key not in curve:
+                raise MachineFileError(f"{where}: missing field 'fitted.gemm_curve.{key}'")
+        kw["gemm_eff_max"] = _check(where, "fitted.gemm_curve.eff_max", curve["eff_max"], float)
+        kw["gemm_dim_half"] = _check(where, "fitted.gemm_curve.dim_half", curve["dim_half"], float)
+        if kw["gemm_eff_max"] > 1:
+            raise MachineFileError(f"{where}: field 'fitted.gemm_curve.eff_max' must be <= 1")
+    table = fitted.get("gemm_table")
+    if isinstance(table, str):
+        base = Path(where).parent if where else Path(".")
+        kw["gemm_table"] = load_gemm_table(base / table)
+    elif table is not None:
+        kw["gemm_table"] = _gemm_rows(f"{where}: field 'fitted.gemm_table'", table)
+    return Machine(source=where, **kw)
+
+
+def known_machine_files(extra_dirs: tuple[Path, ...] = ()) -> dict[str, Path]:
+    """Machine name → file, from the package's machines/ folder then ./machines/ (later ones override)."""
+    out: dict[str, Path] = {}
+    for d in (MACHINE_DIR, Path("machines"), *extra_dirs):
+        if d.is_dir():
+            for f in sorted(d.glob("*.toml")):
+                out[f.stem] = f
+    return out
+
+
+def load_machine(name_or_path: str | Path) -> Machine:
+    """Load a machine by name (perfmodel/machines/NAME.toml or ./machines/NAME.toml) or by file path."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.is_file():
+        if not p.is_file():
+            raise MachineFileError(f"{p}: machine file not found")
+        path = p
+    else:
+        files = known_machine_files()
+        if str(name_or_path) not in files:
+            raise MachineFileError(f"unknown machine {str(name_or_path)!r}; known machines: {', '.join(files)}")
+        path = files[str(name_or_path)]
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise MachineFileError(f"{path}: malformed TOML: {e}") from None
+    return parse_machine(data, str(path))
+
+
+def list_machines() -> list[Machine]:
+    """All machines that load (a broken file raises, naming file and field)."""
+    return [load_machine(p) for p in known_machine_files().values()]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def machine_to_toml(m: Machine, comment: str = "") -> str:
+    """Serialise a machine (with its fitted fields) to TOML that ``load_machine`` reads back."""
+    lines = [f"# {c}" for c in comment.splitlines()] if comment else []
+    for key in REQUIRED:
+        lines.append(f"{key} = {_fmt(getattr(m, key))}")
+    lines += [f"description = {_fmt(m.description)}", f"gpu = {_fmt(m.gpu)}", ""]
+    for cls, pl in m.placement.items():
+        lines += [f"[fitted.placement.{cls}]", f"alpha = {pl.alpha!r}", f"beta = {pl.beta!r}", ""]
+    lines += ["[fitted.gemm_curve]", f"eff_max = {m.gemm_eff_max!r}", f"dim_half = {m.gemm_dim_half!r}", ""]
+    if m.gemm_table:
+        lines.append("[fitted]")
+        rows = ", ".join(
+            f'{{m = {g.m}, n = {g.n}, k = {g.k}, dtype = "{g.dtype}", flops_per_s = {g.flops_per_s!r}}}'
+            for g in m.gemm_table)
+        lines.append(f"gemm_table = [{rows}]")
+    return "\n".join(lines) + "\n"

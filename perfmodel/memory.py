@@ -1,0 +1,78 @@
+"""Per-GPU memory in bytes, vectorised over grids and micro-batch sizes.
+
+static:  every weight shard (padded block / Gz) × (param + grad + optimizer bytes); biases (split over x or y,
+         replicated over z) and layer norms likewise; embeddings (V·h + S·h) sharded over Gx·Gy·Gz.
+         Optimizer = AdamW: fp32 master + 2 fp32 moments (12 B) for bf16/fp16; 2 moments (8 B) for fp32.
+         zero1_over_d divides the optimizer bytes by Gd (Megatron's distributed optimizer).
+buffers: gathered weight blocks: current + (prefetched, OAG) in forward; gathered W + full dW (+ one in flight,
+         ORS) in backward; with recompute the 4 gathered blocks of the block being recomputed; with
+         keep_gathered every layer's gathered block.
+activations (flash-style attention, no S×S tensor stored), per token per block with m' tokens per GPU:
+         4h/Gx (block input, LN1 out, residual, LN2 out) + 12h/Gy (QKV out 3h, attention out h, MLP-up out 4h,
+         GELU out 4h); with recompute only the block input h/Gx per block plus one block's full set;
+         plus logits m'·V/Gy·(b + 4) and 2 activation-gradient buffers m'·4h/Gy·b.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .comm import layer_volumes
+from .layers import block_layers, head_layer
+from .spec import Options, TransformerSpec
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU by component (float arrays [N])."""
+
+    static: np.ndarray
+    buffers: np.ndarray
+    activations: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.static + self.buffers + self.activations
+
+
+def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
+    """(param + grad bytes, optimizer bytes) per stored parameter element."""
+    return 2 * dtype_bytes, (8 if fp32 else 12)
+
+
+def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
+                   opt: Options) -> Memory:
+    """Memory per GPU with ``mprime`` tokens per GPU per micro-batch (all arguments broadcast)."""
+    gx, gy, gz, gd = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd))
+    mp = np.asarray(mprime, dtype=float)
+    h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
+    b = dtype_bytes
+    pg, optb = bytes_per_param(b, fp32)
+    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in block_layers(spec)]
+    head = layer_volumes(head_layer(spec), gx, gy, gz, 1)
+    shard = L * sum(v.shard for v in vols) + head.shard + _ceil(V * h + S * h, gx * gy * gz)
+    small = L * (sum(v.bias_loc for v in vols) + 4 * h)  # biases + layer norms, replicated over z
+    elems = (shard + small).astype(float)
+    opt_div = gd if opt.zero1_over_d else 1
+    static = elems * pg + elems * optb / opt_div
+
+    max_block = np.maximum.reduce([v.padded for v in vols] + [head.padded]).astype(float)
+    n_buf = 2 + int(opt.overlap_ag) + int(opt.overlap_rs)
+    buffers = max_block * b * n_buf
+    if opt.keep_gathered:
+        buffers = buffers + (L * sum(v.padded for v in vols) + head.padded) * float(b)
+    elif opt.recompute:
+        buffers = buffers + sum(v.padded for v in vols) * float(b)
+
+    full_block = 4.0 * h / gx + 12.0 * h / gy
+    if opt.recompute:
+        act = mp * b * (L * h / gx + full_block)
+    else:
+        act = mp * b * L * full_block
+    act = act + mp * _ceil(V, gy) * (b + 4) + 2 * mp * 4.0 * h / gy * b
+    return Memory(static, np.broadcast_to(buffers, act.shape).astype(float), act)
+
+
+def _ceil(a, b):
+    return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))

@@ -1,0 +1,227 @@
+"""The performance model: time, memory and feasibility of N grid configurations at once (numpy arrays [N]).
+
+Time per batch = microbatches × (forward + backward) + exposed data-parallel all-reduce.
+Forward of layer j: GEMM (+ attention after QKV); AG_z(j) is hidden under layer j−1's forward when OAG is on
+(the first layer's is exposed); the output all-reduce is blocking. Backward (reverse order): AG_z again unless
+keep_gathered (blocking); with recompute the whole block's forward (and its output all-reduces) is redone before
+MLP-down's backward; the input-gradient all-reduce hides under the dW GEMM when OAR is on; RS_z(j) hides under
+the rest of the backward compute of the next layer processed when ORS is on (the last one is exposed); the bias
+AR_z is blocking. Each window of compute hides at most one collective, so the model is monotone: more
+bandwidth or more FLOP/s never predicts a slower step. AR_d (once per step, bucketed) hides under the slack left
+in the last micro-batch's backward windows, but at least one bucket (1/(4L+1) of it) is exposed.
+Not modelled: element-wise kernels, the optimizer step, contention between different dimensions' rings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .comm import DIMS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
+from .compute import gemm_rate, gemm_time
+from .layers import block_layers, head_layer
+from .machines import Machine
+from .memory import Memory, memory_per_gpu
+from .space import Grids, describe, divisibility
+from .spec import Problem, model_flops
+
+
+@dataclass
+class Evaluation:
+    """Per-configuration results (arrays [N]); ``reasons[i]`` is "" for a feasible configuration."""
+
+    grids: Grids
+    feasible: np.ndarray
+    reasons: list[str]
+    microbatches: np.ndarray
+    time: np.ndarray
+    compute: np.ndarray
+    exposed: dict[str, np.ndarray]
+    raw: dict[str, np.ndarray]
+    step_bytes: dict[str, np.ndarray]
+    memory: Memory
+    memory_limit: float
+    flops: float
+    peak: float
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def tflops_per_gpu(self) -> np.ndarray:
+        n = int(self.grids.gx[0] * self.grids.gy[0] * self.grids.gz[0] * self.grids.gd[0]) if len(self.grids) else 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.time > 0, self.flops / self.time / n / 1e12, 0.0)
+
+    @property
+    def pct_peak(self) -> np.ndarray:
+        return 100.0 * self.tflops_per_gpu * 1e12 / self.peak
+
+
+def _pos(a):
+    return np.maximum(a, 0.0)
+
+
+def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.ndarray, np.ndarray]:
+    """Per grid: the fewest micro-batches (from the options) that divide the local batch and fit in memory;
+    returns (choice, valid) where valid is False when no choice divides (then choice = the first candidate)."""
+    opt, spec = prob.options, prob.model
+    choices = [opt.microbatches] if opt.microbatches is not None else list(opt.microbatch_choices)
+    limit = opt.memory_usable * machine.memory_bytes
+    chosen = np.zeros(len(g), dtype=np.int64)
+    valid = np.zeros(len(g), dtype=bool)
+    fallback = np.zeros(len(g), dtype=np.int64)
+    for c in choices:
+        ok = (prob.batch % (g.gd * c) == 0) & (((prob.batch // c) * spec.seq) % (g.gd * g.gz) == 0)
+        if prob.batch % c:
+            ok[:] = False
+        mprime = np.where(ok, (prob.batch // c) * spec.seq / (g.gd * g.gz), 1.0)
+        mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, prob.dtype_bytes, prob.dtype == "fp32", opt)
+        fits = ok & (mem.total <= limit)
+        pick = fits & (chosen == 0)
+        chosen[pick] = c
+        first_ok = ok & (fallback == 0)
+        fallback[first_ok] = c
+        valid |= ok
+    # configs where nothing fits: report with the largest dividing choice (least memory)
+    last = np.zeros(len(g), dtype=np.int64)
+    for c in choices:
+        ok = (prob.batch % (g.gd * c) == 0) & (((prob.batch // c) * spec.seq) % (g.gd * g.gz) == 0)
+        if prob.batch % c == 0:
+            last[ok] = c
+    chosen = np.where(chosen > 0, chosen, np.where(last > 0, last, choices[0]))
+    return chosen, valid
+
+
+def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
+    """Model every configuration in ``grids`` for ``prob`` on ``machine``."""
+    spec, opt, dt = prob.model, prob.options, prob.dtype
+    b = prob.dtype_bytes
+    g = grids
+    L, h, S = spec.layers, spec.hidden, spec.seq
+    mb, mb_valid = _choose_microbatches(prob, machine, g)
+    mprime = (prob.batch // mb) * S / (g.gd * g.gz)  # float tokens per GPU per micro-batch
+    mp_int = np.maximum(np.floor(mprime), 1).astype(np.int64)
+
+    geo = dim_strides(g.gx, g.gy, g.gz, g.gd, opt.order)
+    ab = {dim: ring_alpha_beta(p, s, machine) for dim, (p, s) in geo.items()}
+
+    def cost(op: str, dim: str, nbytes):
+        a, be, _ = ab[dim]
+        return ring_time(op, geo[dim][0], nbytes, a, be)
+
+    # per layer type (QKV, out, up, down, head) collective and GEMM times per micro-batch
+    layers = block_layers(spec) + [head_layer(spec)]
+    reps = [L, L, L, L, 1]
+    V = [layer_volumes(layer, g.gx, g.gy, g.gz, mp_int) for layer in layers]
+    F = [gemm_time(mprime, v.n_loc, v.k_loc, machine, dt) for v in V]
+    DX = [gemm_time(mprime, v.k_loc, v.n_loc, machine, dt) for v in V]
+    DW = [gemm_time(v.n_loc, v.k_loc, mprime, machine, dt) for v in V]
+    dh = h // spec.heads
+    att = 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, dh, machine, dt)  # forward attention, replicated over x
+    AG = [cost("all_gather", "z", v.padded * b) for v in V]
+    RS = [cost("reduce_scatter", "z", v.padded * b) for v in V]
+    ARF = [cost("all_reduce", v.fwd_ar_dim, v.fwd_ar * b) for v in V]
+    ARB = [cost("all_reduce", v.bwd_ar_dim, v.bwd_ar * b) for v in V]
+    BZ = [cost("all_reduce", "z", v.bias_loc * b) for v in V]
+    ARD = [cost("all_reduce", "d", v.shard * b) + cost("all_reduce", "d", v.bias_loc * b) for v in V]
+    q, o, u, dn, hd = range(5)
+
+    zeros = np.zeros(len(g))
+    exposed = {d: zeros.copy() for d in DIMS}
+    raw = {d: zeros.copy() for d in DIMS}
+
+    # ---- forward
+    f_win = [F[q] + att, F[o], F[u], F[dn], F[hd]]
+    compute_fwd = sum(r * w for r, w in zip(reps, f_win))
+    if opt.overlap_ag:
+        ag_fwd = ((L - 1) * _pos(AG[q] - f_win[dn]) + AG[q] + L * _pos(AG[o] - f_win[q])
+                  + L * _pos(AG[u] - f_win[o]) + L * _pos(AG[dn] - f_win[u]) + _pos(AG[hd] - f_win[dn]))
+    else:
+        ag_fwd = sum(r * a for r, a in zip(reps, AG))
+    exposed["z"] += ag_fwd
+    raw["z"] += sum(r * a for r, a in zip(reps, AG))
+    for i, layer_v in enumerate(V):
+        t = reps[i] * ARF[i] * (2 if (opt.recompute and layers[i].recompute) else 1)
+        exposed[layer_v.fwd_ar_dim] += t
+        raw[layer_v.fwd_ar_dim] += t
+
+    # ---- backward
+    recomp = (F[q] + att + F[o] + F[u] + F[dn]) if opt.recompute else zeros
+    r_win = [DX[q] + 2 * att, DX[o], DX[u], DX[dn] + recomp, DX[hd]]
+    compute_bwd = sum(r * (w + dw) for r, w, dw in zip(reps, r_win, DW))
+    if not opt.keep_gathered:
+        t = sum(r * a for r, a in zip(reps, AG))
+        exposed["z"] += t
+        raw["z"] += t
+    slack = zeros.copy()
+    for i, layer_v in enumerate(V):
+        arb = ARB[i]
+        raw[layer_v.bwd_ar_dim] += reps[i] * arb
+        if opt.overlap_ar:
+            exposed[layer_v.bwd_ar_dim] += reps[i] * _pos(arb - DW[i])
+            slack += reps[i] * _pos(DW[i] - arb)
+        else:
+            exposed[layer_v.bwd_ar_dim] += reps[i] * arb
+            slack += reps[i] * DW[i]
+        exposed["z"] += reps[i] * BZ[i]
+        raw["z"] += reps[i] * (BZ[i] + RS[i])
+    if opt.overlap_rs:
+        # RS(j) hides under the rest-window of the next layer processed: head→down, down→up, up→out, out→qkv,
+        # qkv(block b)→down(block b−1); block 0's QKV has nothing left to hide under.
+        exposed["z"] += (_pos(RS[hd] - r_win[dn]) + L * _pos(RS[dn] - r_win[u]) + L * _pos(RS[u] - r_win[o])
+                         + L * _pos(RS[o] - r_win[q]) + (L - 1) * _pos(RS[q] - r_win[dn]) + RS[q])
+        slack += (r_win[hd] + _pos(r_win[dn] - RS[hd]) + (L - 1) * _pos(r_win[dn] - RS[q])
+                  + L * _pos(r_win[u] - RS[dn]) + L * _pos(r_win[o] - RS[u]) + L * _pos(r_win[q] - RS[o]))
+    else:
+        exposed["z"] += sum(r * a for r, a in zip(reps, RS))
+        slack += sum(r * w for r, w in zip(reps, r_win))
+
+    # ---- data parallel, once per step
+    ard = sum(r * a for r, a in zip(reps, ARD))
+    raw["d"] += ard
+    exposed["d"] += np.maximum(ard / (4 * L + 1), ard - slack) if opt.overlap_dp else ard
+
+    compute = mb * (compute_fwd + compute_bwd)
+    for d in ("x", "y", "z"):
+        exposed[d] = exposed[d] * mb
+        raw[d] = raw[d] * mb
+    time = compute + sum(exposed.values())
+
+    # bytes per dimension per step (the ledger's totals)
+    step_bytes = {d: zeros.copy() for d in DIMS}
+    size = {"x": g.gx, "y": g.gy, "z": g.gz, "d": g.gd}
+    on = {d: (size[d] > 1).astype(float) for d in DIMS}
+    for i, v in enumerate(V):
+        n_fwd = 1 + int(opt.recompute and layers[i].recompute)
+        step_bytes[v.fwd_ar_dim] += reps[i] * mb * n_fwd * v.fwd_ar * b * on[v.fwd_ar_dim]
+        step_bytes[v.bwd_ar_dim] += reps[i] * mb * v.bwd_ar * b * on[v.bwd_ar_dim]
+        n_ag = 1 + int(not opt.keep_gathered)
+        step_bytes["z"] += reps[i] * mb * ((n_ag + 1) * v.padded + v.bias_loc) * b * on["z"]
+        step_bytes["d"] += reps[i] * (v.shard + v.bias_loc) * b * on["d"]
+
+    # ---- feasibility
+    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt)
+    limit = opt.memory_usable * machine.memory_bytes
+    bad = divisibility(spec, prob.batch, g, opt.microbatches)
+    bad["microbatches"] = ~mb_valid
+    over = mem.total > limit
+    infeasible = over.copy()
+    for v in bad.values():
+        infeasible |= v
+    reasons = [""] * len(g)
+    tuples = None
+    for i in np.nonzero(infeasible)[0].tolist():
+        tuples = tuples or g.tuples()
+        why = [describe(k, spec, prob.batch, tuples[i], opt.microbatches) for k, v in bad.items()
+               if v[i] and k != "microbatches"]
+        if bad["microbatches"][i] and not why:
+            why.append(f"no micro-batch count in {list(opt.microbatch_choices)} splits the batch evenly")
+        if not why and over[i]:
+            why.append(f"memory {mem.total[i] / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable "
+                       f"(with {int(mb[i])} micro-batches)")
+        reasons[i] = "; ".join(why)
+    return Evaluation(
+        grids=g, feasible=~infeasible, reasons=reasons, microbatches=mb, time=np.where(infeasible, np.inf, time),
+        compute=compute, exposed=exposed, raw=raw, step_bytes=step_bytes, memory=mem, memory_limit=limit,
+        flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(dt),
+        extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd, "attention": mb * 3 * L * att},
+    )

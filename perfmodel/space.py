@@ -1,0 +1,103 @@
+"""The search space: every (Gx, Gy, Gz, Gd) with Gx·Gy·Gz·Gd = GPUs, and the model's divisibility rules.
+
+Rules (checked vectorised, one boolean array per rule so every rejection carries a reason):
+  hidden and 4·hidden divisible by Gx and Gy (both FC orientations split h and 4h over x and y);
+  heads divisible by Gy (QKV is a normal layer: its 3h output features, i.e. whole heads, are split over y);
+  global batch divisible by Gd, and batch·seq tokens by Gd·Gz (tokens are split over (d, z)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import PerfModelError
+from .spec import TransformerSpec
+
+
+def divisors(n: int) -> np.ndarray:
+    """Sorted positive divisors of n, as int64."""
+    if n <= 0:
+        raise PerfModelError(f"need a positive number, got {n}")
+    small = [i for i in range(1, int(n**0.5) + 1) if n % i == 0]
+    return np.array(sorted(set(small + [n // i for i in small])), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Grids:
+    """N grid configurations as int64 arrays of shape [N]."""
+
+    gx: np.ndarray
+    gy: np.ndarray
+    gz: np.ndarray
+    gd: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.gx.shape[0])
+
+    def tuples(self) -> list[tuple[int, int, int, int]]:
+        return list(zip(self.gx.tolist(), self.gy.tolist(), self.gz.tolist(), self.gd.tolist()))
+
+    @staticmethod
+    def of(tuples: list[tuple[int, int, int, int]]) -> "Grids":
+        a = np.asarray(tuples, dtype=np.int64).reshape(-1, 4)
+        return Grids(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy())
+
+    def take(self, idx: np.ndarray) -> "Grids":
+        return Grids(self.gx[idx], self.gy[idx], self.gz[idx], self.gd[idx])
+
+
+def enumerate_grids(gpus: int) -> Grids:
+    """All ordered 4-way factorisations of ``gpus`` (x, y, z, d), lexicographic order."""
+    d = divisors(gpus)
+    gx, gy = np.meshgrid(d, d, indexing="ij")
+    gx, gy = gx.ravel(), gy.ravel()
+    ok = gpus % (gx * gy) == 0
+    gx, gy = gx[ok], gy[ok]
+    rest = gpus // (gx * gy)
+    # z: every divisor of rest; do it with one broadcast over d (rest's divisors are divisors of gpus).
+    gz = np.broadcast_to(d, (gx.size, d.size))
+    ok = rest[:, None] % gz == 0
+    rows, cols = np.nonzero(ok)
+    gx, gy, gzv = gx[rows], gy[rows], d[cols]
+    gd = gpus // (gx * gy * gzv)
+    return Grids(gx, gy, gzv, gd)
+
+
+RULES = (
+    "hidden % Gx",
+    "hidden % Gy",
+    "heads % Gy",
+    "batch % Gd",
+    "tokens % (Gd*Gz)",
+    "batch/Gd % microbatches",
+)
+
+
+def divisibility(spec: TransformerSpec, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
+    """Rule name → bool array [N], True where the rule is VIOLATED."""
+    h, S = spec.hidden, spec.seq
+    tokens = batch * S
+    out = {
+        "hidden % Gx": (h % grids.gx != 0) | ((4 * h) % grids.gx != 0),
+        "hidden % Gy": (h % grids.gy != 0) | ((4 * h) % grids.gy != 0),
+        "heads % Gy": spec.heads % grids.gy != 0,
+        "batch % Gd": batch % grids.gd != 0,
+        "tokens % (Gd*Gz)": tokens % (grids.gd * grids.gz) != 0,
+    }
+    if microbatches is not None:
+        out["batch/Gd % microbatches"] = (batch % grids.gd != 0) | ((batch // grids.gd) % microbatches != 0)
+    return out
+
+
+def describe(rule: str, spec: TransformerSpec, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
+    """A readable reason for one violated rule on one grid."""
+    gx, gy, gz, gd = g
+    return {
+        "hidden % Gx": f"hidden {spec.hidden} not divisible by Gx={gx}",
+        "hidden % Gy": f"hidden {spec.hidden} not divisible by Gy={gy}",
+        "heads % Gy": f"heads {spec.heads} not divisible by Gy={gy}",
+        "batch % Gd": f"batch {batch} not divisible by Gd={gd}",
+        "tokens % (Gd*Gz)": f"tokens {batch * spec.seq} not divisible by Gd*Gz={gd * gz}",
+        "batch/Gd % microbatches": f"local batch {batch}/{gd} not divisible by {mb} micro-batches",
+    }[rule]

@@ -1,0 +1,22 @@
+"""axgrid: 4D hybrid (Gx x Gy x Gz x Gdata) tensor-parallel training of transformers."""
+from setuptools import find_packages, setup
+
+setup(
+    name="axgrid",
+    version="0.1.0",
+    description="Agarwal 3D tensor parallelism + data parallelism on a virtual 4D process grid",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["axgrid", "axgrid.*", "kernels", "kernels.*", "perfmodel", "perfmodel.*",
+                                    "experiments", "experiments.*"]),
+    package_data={"perfmodel": ["machines/*.toml"], "experiments": ["data/*.txt", "*.sh", "*.sbatch"]},
+    install_requires=["torch>=2.3", "numpy", "scipy", "tqdm", "rich"],
+    extras_require={
+        "mpi": ["mpi4py>=3.1", "mpich"],
+        "gpu": ["cupy-cuda12x"],
+        "plot": ["matplotlib"],
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
+    },
+    entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},
+)
