@@ -131,7 +131,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
                         "grid.destroy() first to build another")
     owns_world = not dist.is_initialized()
     if owns_world:
-        launch = detect_launch()
+        launch = detect_launch(use_mpi=False)   # no MPI rendezvous (a collective) before the checks below
     else:
         launch = _launch_from_world()
     if isinstance(gx, (str, GridShape)) or not isinstance(gx, int):
@@ -143,6 +143,8 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         shape = GridShape.parse(sizes if gdata is None else sizes + [gdata], launch.world_size)
     layout = Layout(shape, order)
     if owns_world:
+        if launch.launcher in ("mpich", "openmpi"):
+            launch = detect_launch()            # now agree on the rendezvous address through mpi4py
         used = init_distributed(launch, backend, config.timeout_s)
     else:
         used = dist.get_backend()

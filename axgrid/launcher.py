@@ -79,7 +79,7 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
     with tempfile.TemporaryDirectory(prefix="axgrid-launch-") as tmp:
         if mpiexec:
             wrap = [sys.executable, "-m", "axgrid.launcher", "--wrap", tmp, "--"]
-            procs = [subprocess.Popen([mpiexec, "-n", str(n), "-prepend-rank", *wrap, *cmd], env=env,
+            procs = [subprocess.Popen([mpiexec, "-n", str(n), *wrap, *cmd], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)]
             prefixes = [""]
         else:
@@ -126,17 +126,22 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
 
 
 def _wrap(tmp: str, cmd: Sequence[str]) -> int:
-    """Run one rank's command under mpiexec; on failure leave a mark so the launcher ends the job."""
+    """Run one rank's command under mpiexec: prefix its output lines with the rank (whole lines, one write
+    each), and on failure leave a mark so the launcher ends the job."""
+    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "x"))
     pass_fds = tuple(int(os.environ[k]) for k in ("PMI_FD",) if os.environ.get(k, "").isdigit())
-    proc = subprocess.Popen(list(cmd), pass_fds=pass_fds)
+    proc = subprocess.Popen(list(cmd), pass_fds=pass_fds, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{rank}] ", sys.stdout, threading.Lock()),
+                            daemon=True)
+    pump.start()
     try:
         code = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         code = proc.wait()
+    pump.join(timeout=5)
     if code != 0:
-        rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "x"))
         with open(os.path.join(tmp, f"fail-{rank}"), "w") as f:
             f.write(str(code if code > 0 else 128 - code))
     return code

@@ -31,6 +31,7 @@ class LinearPlan:
     transpose: bool = False
     input_layout: str = "replicated"
     output_layout: str = "replicated"
+    after: Optional[str] = None   # for a sharded-input layer: the layer whose sharded output it consumes
 
 
 Plan = dict[str, LinearPlan]
@@ -38,7 +39,7 @@ Plan = dict[str, LinearPlan]
 
 def pair(up: str, down: str) -> Plan:
     """Plan entries for a normal layer ``up`` whose output feeds (through elementwise ops) the transposed ``down``."""
-    return {up: LinearPlan(False, "replicated", "sharded"), down: LinearPlan(True, "sharded", "replicated")}
+    return {up: LinearPlan(False, "replicated", "sharded"), down: LinearPlan(True, "sharded", "replicated", after=up)}
 
 
 def _divisible(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Optional[str]:
@@ -97,22 +98,23 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
         if why:
             warnings.warn(f"axgrid.parallelize: {name} left dense: {why}", stacklevel=2)
             dense_left.add(name)
-    # a pair whose partner stays dense must fall back to drop-in on both sides
-    for name in list(full):
-        p = full[name]
-        if name in dense_left:
-            continue
-        if p.input_layout == "sharded" or p.output_layout == "sharded":
-            partners = [n for n, q in full.items() if n != name and (q.input_layout == "sharded") != (
-                p.input_layout == "sharded")]
-            if any(n in dense_left for n in partners):
-                full[name] = LinearPlan(p.transpose)
+    # a pair whose partner stays dense (or is missing) falls back to drop-in on both sides
+    for name, p in list(full.items()):
+        if p.after is not None and (p.after in dense_left or name in dense_left or p.after not in linears):
+            full[name] = LinearPlan(p.transpose)
+            if p.after in full:
+                full[p.after] = LinearPlan(full[p.after].transpose)
+    made: dict[str, Linear] = {}
     for name, lin in linears.items():
         if name in dense_left:
             continue
         p = full.get(name, LinearPlan())
-        new = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
-                                output_layout=p.output_layout)
+        made[name] = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
+                                       output_layout=p.output_layout)
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        setattr(parent, name.rsplit(".", 1)[-1], new)
+        setattr(parent, name.rsplit(".", 1)[-1], made[name])
+    for name, layer in made.items():
+        p = full.get(name, LinearPlan())
+        if p.after is not None:
+            layer.pair_after(made[p.after])
     return model

@@ -24,9 +24,27 @@ class Agreement:
 
 
 def agree_on(decide: Callable[[], T], agreement: Agreement) -> T:
-    """Run ``decide`` on the source rank only and return its result on every rank of the group."""
-    value = decide() if agreement.rank == agreement.src else None
+    """Run ``decide`` on the source rank only and return its result on every rank of the group.
+
+    If ``decide`` raises on the source rank, the others are told (instead of waiting forever) and
+    raise too.
+    """
+    if agreement.rank != agreement.src:
+        value = agreement.broadcast_object(None, agreement.src)
+        if isinstance(value, _Failed):
+            raise RuntimeError(f"GEMM decision failed on source rank {agreement.src}: {value.reason}")
+        return value
+    try:
+        value = decide()
+    except BaseException as exc:
+        agreement.broadcast_object(_Failed(repr(exc)), agreement.src)
+        raise
     return agreement.broadcast_object(value, agreement.src)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    reason: str
 
 
 def torch_group_agreement(group: Any) -> Agreement:

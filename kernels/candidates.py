@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .signature import GemmSignature
+from .signature import ROLE_INPUT_LAYOUTS, GemmSignature
 
 LAYOUTS: tuple[str, ...] = ("NN", "NT", "TN", "TT")
 ORDERS: tuple[str, ...] = ("AB", "BtAt")
@@ -68,11 +68,17 @@ def cupy_usable(sig: GemmSignature) -> bool:
     return cupy_version() is not None and torch.cuda.is_available()
 
 
-def candidates_for(sig: GemmSignature) -> list[Candidate]:
-    """All candidates for ``sig``, the default (plain torch.matmul) first."""
+def candidates_for(sig: GemmSignature, distinct: bool = True) -> list[Candidate]:
+    """Candidates for ``sig``, the default (plain torch.matmul) first.
+
+    With ``distinct``, the torch candidate that is the default's own computation for the role's usual
+    operand layouts (no copy, order A·B) is left out: timing it against the default only adds noise.
+    """
     backends = ["torch"] + (["cupy"] if cupy_usable(sig) else [])
-    return [Candidate(DEFAULT)] + [Candidate(be, lay, order)
-                                   for be in backends for lay in LAYOUTS for order in ORDERS]
+    same_as_default = Candidate("torch", "".join(ROLE_INPUT_LAYOUTS[sig.role]), "AB")
+    return [Candidate(DEFAULT)] + [c for c in (Candidate(be, lay, order)
+                                               for be in backends for lay in LAYOUTS for order in ORDERS)
+                                   if not (distinct and c == same_as_default)]
 
 
 def _as_layout(x: torch.Tensor, layout: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,7 @@ class GemmTuner:
       candidate (every rank must then make the same sequence of first calls).
     """
 
-    def __init__(self, mode: str = "on-first-use", cache_path: str | None = None, margin: float = 0.03,
+    def __init__(self, mode: str = "on-first-use", cache_path: str | os.PathLike | None = None, margin: float = 0.03,
                  max_tune_seconds: float = 5.0, warmup: int = 5, repeats: int = 20, group: Any = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown GemmTuner mode {mode!r}; use one of {MODES}")

@@ -118,7 +118,7 @@ def cmd_machines(a: argparse.Namespace) -> int:
         t.add_row(m.name, m.gpu, str(m.gpus_per_node), f"{m.peak_flops_bf16 / 1e12:g}",
                   f"{m.peak_flops_fp32 / 1e12:g}", f"{m.memory_bytes / 2**30:g}", f"{m.intra_node_bandwidth / 1e9:g}",
                   f"{m.nics_per_node}×{m.inter_node_bandwidth_per_nic / 1e9:g}",
-                  ",".join(m.placement) or "-", m.source)
+                  ",".join(m.placement) or "-", m.source.split("/")[-1])
     Console(width=160).print(t)
     return 0
 

@@ -97,8 +97,9 @@ def collective_events(
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes): per micro-batch the forward
     (AG_z, forward AR) over layers in order, then the backward in reverse order (AG_z unless keep_gathered;
-    the forward AR again when recompute (for layers with .recompute); backward AR; RS_z of dW; AR_z of the bias gradient); then once per
-    step AR_d of each weight shard and bias. ``grad_dtype_bytes`` (default dtype_bytes) sizes RS_z/AR_z/AR_d."""
+    the forward AR again when recompute, for layers with .recompute; backward AR; RS_z of dW; AR_z of the bias
+    gradient); then once per step AR_d of each weight shard and bias.
+    ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d."""
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
@@ -190,7 +191,8 @@ def ring_alpha_beta(p, stride, machine: Machine) -> tuple[np.ndarray, np.ndarray
 
 def ring_time(op: str, p, nbytes, alpha, beta) -> np.ndarray:
     """Ring cost in seconds on a buffer of ``nbytes`` (all-reduce tensor / AG output / RS input):
-    all-reduce 2(p−1)/p·S/β + 2(p−1)α; all-gather and reduce-scatter (p−1)/p·S/β + (p−1)α. p = 1 costs 0."""
+    all-reduce 2(p−1)/p·S/β + 2(p−1)α; all-gather and reduce-scatter (p−1)/p·S/β + (p−1)α.
+    p = 1 costs 0."""
     p = np.asarray(p, dtype=float)
     f = 2.0 if op == "all_reduce" else 1.0
     if op not in OPS:

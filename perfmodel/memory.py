@@ -30,10 +30,7 @@ class Memory:
     static: np.ndarray
     buffers: np.ndarray
     activations: np.ndarray
-
-    @property
-    def total(self) -> np.ndarray:
-        return self.static + self.buffers + self.activations
+    total: np.ndarray
 
 
 def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
@@ -71,7 +68,9 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     else:
         act = mp * b * L * full_block
     act = act + mp * _ceil(V, gy) * (b + 4) + 2 * mp * 4.0 * h / gy * b
-    return Memory(static, np.broadcast_to(buffers, act.shape).astype(float), act)
+    buffers = np.broadcast_to(buffers, act.shape).astype(float)
+    static = np.broadcast_to(static, act.shape).astype(float)
+    return Memory(static, buffers, act, static + buffers + act)
 
 
 def _ceil(a, b):

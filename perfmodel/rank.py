@@ -89,19 +89,24 @@ class Ranking:
 
 
 def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
-    tf, pp, tuples = ev.tflops_per_gpu, ev.pct_peak, ev.grids.tuples()
-    mem = ev.memory
+    tuples = ev.grids.tuples()
+    L = {k: np.asarray(v)[order].tolist() for k, v in {
+        "tf": ev.tflops_per_gpu, "pp": ev.pct_peak, "ok": ev.feasible, "time": ev.time, "mem": ev.memory.total,
+        "mb": ev.microbatches, "comp": ev.compute, "static": ev.memory.static, "buf": ev.memory.buffers,
+        "act": ev.memory.activations}.items()}
+    ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in DIMS}
+    rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in DIMS}
+    sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in DIMS}
     out = []
     for pos, i in enumerate(order.tolist()):
-        ok = bool(ev.feasible[i])
+        ok = L["ok"][pos]
         out.append(Row(
             rank=pos + 1 if (ranked and ok) else None, grid=tuples[i], feasible=ok, reason=ev.reasons[i],
-            time_s=float(ev.time[i]), tflops_per_gpu=float(tf[i]) if ok else 0.0, pct_peak=float(pp[i]) if ok else 0.0,
-            memory_bytes=float(mem.total[i]), microbatches=int(ev.microbatches[i]), compute_s=float(ev.compute[i]),
-            exposed_s={d: float(ev.exposed[d][i]) for d in DIMS}, raw_comm_s={d: float(ev.raw[d][i]) for d in DIMS},
-            step_bytes={d: float(ev.step_bytes[d][i]) for d in DIMS},
-            memory_parts={"static": float(mem.static[i]), "buffers": float(mem.buffers[i]),
-                          "activations": float(mem.activations[i])}))
+            time_s=L["time"][pos], tflops_per_gpu=L["tf"][pos] if ok else 0.0, pct_peak=L["pp"][pos] if ok else 0.0,
+            memory_bytes=L["mem"][pos], microbatches=L["mb"][pos], compute_s=L["comp"][pos],
+            exposed_s={d: ex[d][pos] for d in DIMS}, raw_comm_s={d: rw[d][pos] for d in DIMS},
+            step_bytes={d: sb[d][pos] for d in DIMS},
+            memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]}))
     return out
 
 

@@ -23,12 +23,14 @@ def test_all_candidates_agree_fp32(m, n, k, role):
     a, b = _operands(sig)
     ref = (a.double() @ b.double()).float()
     names = set()
-    for cand in candidates_for(sig):
+    for cand in candidates_for(sig, distinct=False):
         out = run(cand, a, b)
         names.add(cand.name)
         assert out.shape == (m, n) and out.is_contiguous() and out.dtype == torch.float32
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
     assert len(names) == 9 and DEFAULT in names
+    tuned = {c.name for c in candidates_for(sig)}
+    assert len(tuned) == 8 and f"torch:{''.join(ROLE_INPUT_LAYOUTS[role])}:AB" not in tuned
 
 
 @pytest.mark.parametrize("role", list(ROLE_INPUT_LAYOUTS))
@@ -36,7 +38,7 @@ def test_all_candidates_agree_bf16(role):
     sig = GemmSignature.make(33, 17, 48, "bf16", "cpu", role)
     a, b = _operands(sig)
     ref = a.double() @ b.double()
-    for cand in candidates_for(sig):
+    for cand in candidates_for(sig, distinct=False):
         out = run(cand, a, b)
         assert out.dtype == torch.bfloat16 and out.is_contiguous()
         torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=5e-2 * 48 ** 0.5)

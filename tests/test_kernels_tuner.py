@@ -64,6 +64,24 @@ def test_agreement_source_decides_others_adopt(tmp_path):
     assert not (tmp_path / "b.json").exists()
 
 
+def test_agreement_failure_reaches_other_ranks():
+    from kernels import agree_on
+    box = []
+
+    def bcast(obj, src):
+        if obj is not None:
+            box.append(obj)
+        return box[-1]
+
+    def boom():
+        raise OSError("disk on fire")
+
+    with pytest.raises(OSError):
+        agree_on(boom, Agreement(0, bcast))
+    with pytest.raises(RuntimeError, match="failed on source rank 0: OSError"):
+        agree_on(boom, Agreement(1, bcast))
+
+
 def test_torch_distributed_group(tmp_path):
     import torch.distributed as dist
     if dist.is_initialized():
@@ -116,3 +134,40 @@ def test_cli_tune_show_export(tmp_path, capsys):
     assert {"m", "n", "k", "dtype", "role", "device", "flops_per_s"} <= set(records[0])
     assert all(r["flops_per_s"] > 0 for r in records)
     assert main(["tune", "--model", "gpt-tiny", "--grid", "3x1x1x1", "--cache", cache]) == 2
+
+
+def _gloo_rank(rank: int, store: str, tmp: str, out) -> None:
+    import torch.distributed as dist
+
+    from kernels.tuner import GemmTuner as Tuner
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        t = Tuner("cache-only", cache_path=f"{tmp}/rank{rank}.json", group=dist.group.WORLD)
+        a, b = torch.randn(12, 8), torch.randn(10, 8).t()
+        ok = torch.allclose(t(a, b, "forward"), a @ b, rtol=1e-5, atol=1e-5)
+        out.put((rank, t.choice(12, 10, 8, "fp32", "cpu", "forward"), dict(t.stats.calls), ok))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_follow_rank0(tmp_path):
+    import multiprocessing as mp
+
+    from kernels.validators import current_validators
+    sig = GemmSignature.make(12, 10, 8, "fp32", "cpu", "forward")
+    valid = {**current_validators("cpu"), "cpu_threads": 1}
+    GemmCache(tmp_path / "rank1.json").put(sig, {"winner": "torch:TT:BtAt", "validators": valid, "times_s": {}})
+    assert GemmTuner("cache-only", cache_path=tmp_path / "rank1.json").choice(12, 10, 8, "fp32", "cpu",
+                                                                            "forward") == "torch:TT:BtAt"
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, str(tmp_path / "store"), str(tmp_path), out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    # rank 0 has no entry -> default; rank 1's own cache says TT:BtAt but it must follow rank 0
+    assert results == [(0, "default", {"default": 1}, True), (1, "default", {"default": 1}, True)]

@@ -253,27 +253,37 @@ class Linear(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., in_features]`` (replicated input) or ``[..., k_blk]`` (sharded input) -> see the class doc."""
         sh = self.sharding
+        lead = x.shape[:-1]
         if self.input_layout == "replicated":
             if x.shape[-1] != self.in_features:
                 raise ValueError(f"input has {x.shape[-1]} features, layer expects in_features={self.in_features}")
-            lead = x.shape[:-1]
             x2 = x.reshape(-1, self.in_features)
-            m = x2.shape[0]
+            self._tokens = (lead, x2.shape[0])   # for a paired layer that gathers our tokens back
             x_loc = shard_tokens_features(x2, self.grid, sh.in_dim)
         else:
             if x.shape[-1] != sh.k_blk:
                 raise ValueError(f"sharded input has {x.shape[-1]} features, this rank's part is "
                                  f"in_features/G{sh.in_dim} = {sh.k_blk}")
-            lead = x.shape[:-1]
             x_loc = x.reshape(-1, sh.k_blk)
         y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self)
         if self.output_layout == "sharded":
-            return y_loc.reshape(*(lead if self.input_layout == "sharded" else (y_loc.shape[0],)), sh.n_blk)
-        if self.input_layout == "sharded":
-            m = y_loc.shape[0] * self.grid.size("z")
-        y = gather_tokens_features(y_loc, self.grid, sh.out_dim, m)
-        return y.reshape(*lead, self.out_features) if self.input_layout == "replicated" else y
+            return y_loc.reshape(*lead, sh.n_blk) if self.input_layout == "sharded" else y_loc
+        if self.input_layout == "replicated":
+            return gather_tokens_features(y_loc, self.grid, sh.out_dim, x2.shape[0]).reshape(*lead, self.out_features)
+        source = self.__dict__.get("tokens_from")  # the replicated-input layer this one is paired with
+        if source is not None and getattr(source, "_tokens", None) is not None:
+            lead, m = source._tokens
+        else:
+            lead, m = (y_loc.shape[0] * self.grid.size("z"),), None
+        return gather_tokens_features(y_loc, self.grid, sh.out_dim, m).reshape(*lead, self.out_features)
+
+    def pair_after(self, source: "Linear") -> "Linear":
+        """Declare that this layer's sharded input comes (through per-token elementwise ops) from ``source``'s
+        sharded output, so this layer's replicated output takes back ``source``'s leading dims and token count."""
+        self.__dict__["tokens_from"] = source   # a plain reference, not a submodule
+        return self
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

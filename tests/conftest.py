@@ -1,0 +1,43 @@
+"""Shared fixtures: real gloo ranks from a forkserver pool (see axgrid.testing)."""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from axgrid.testing import RankPool
+
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: Seconds every collective in a test may take before it fails (2 cores, up to 8 ranks).
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("AXGRID_TEST_TIMEOUT", "60"))
+
+
+class Ranks:
+    """``ranks(n, fn, *args)``: run ``fn`` on ``n`` gloo ranks; pools are reused (at most two kept alive)."""
+
+    def __init__(self) -> None:
+        self.pools: "OrderedDict[int, RankPool]" = OrderedDict()
+
+    def __call__(self, n: int, fn, *args, **kwargs):
+        pool = self.pools.pop(n, None) or RankPool(n, timeout_s=COLLECTIVE_TIMEOUT_S)
+        self.pools[n] = pool
+        while len(self.pools) > 2:
+            _, old = self.pools.popitem(last=False)
+            old.close()
+        return pool.run(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+        self.pools.clear()
+
+
+@pytest.fixture(scope="session")
+def ranks():
+    r = Ranks()
+    yield r
+    r.close()

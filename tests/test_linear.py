@@ -1,0 +1,80 @@
+"""axgrid.nn.Linear equals a serial nn.Linear -- output, input gradient, weight gradient, bias gradient -- on every
+grid of 1 to 8 ranks (non-powers of two included), normal and transposed, with data parallelism."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import axgrid
+from axgrid.layout import all_shapes
+from axgrid.nn.init import reference_linear
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def rank_check_all_grids(world: int, a: int, b: int, m: int, bias: bool, seed: int) -> int:
+    """On every grid of ``world`` ranks and both orientations: compare with serial. Returns grids checked."""
+    checked = 0
+    for shape in all_shapes(world):
+        grid = axgrid.init(shape, timeout_s=60)
+        try:
+            gx, gy, gd = shape.gx, shape.gy, shape.gd
+            k, n = gx * gy * a, gx * gy * b          # divisible by Gx and Gy in either orientation
+            for transpose in (False, True):
+                layer = axgrid.nn.Linear(k, n, bias=bias, transpose=transpose, seed=seed)
+                ref = reference_linear(k, n, bias, seed)
+                gen = torch.Generator().manual_seed(seed + 1)
+                x_all = torch.randn(gd * m, 3, k, generator=gen)        # [batch, seq, k]: leading dims kept
+                dy_all = torch.randn(gd * m, 3, n, generator=gen)
+                d = grid.coord.d
+                x = x_all[d * m:(d + 1) * m].clone().requires_grad_()
+                y = layer(x)
+                (y * dy_all[d * m:(d + 1) * m]).sum().backward()
+                axgrid.sync_gradients(layer, grid)
+                xr = x_all.clone().requires_grad_()
+                (ref(xr) * dy_all).sum().backward()
+                torch.testing.assert_close(y, ref(x_all)[d * m:(d + 1) * m], **TOL)
+                torch.testing.assert_close(x.grad, xr.grad[d * m:(d + 1) * m], **TOL)
+                sh = layer.sharding
+                want_w = layer._shard_from(lambda r, c: ref.weight.grad.double()[r.start:r.stop, c.start:c.stop])
+                torch.testing.assert_close(layer.weight.grad, (want_w / gd).float(), **TOL)
+                if bias:
+                    torch.testing.assert_close(layer.bias.grad, ref.bias.grad[sh.row0:sh.row0 + sh.n_blk] / gd, **TOL)
+                # the initialisation equals slicing the serial one, and to_dense() gives it back
+                dense = layer.to_dense()
+                torch.testing.assert_close(dense.weight, ref.weight, rtol=0, atol=0)
+                if bias:
+                    torch.testing.assert_close(dense.bias, ref.bias, rtol=0, atol=0)
+            checked += 1
+        except AssertionError as e:
+            raise AssertionError(f"grid {shape} (a={a}, b={b}, m={m}, bias={bias}): {e}") from None
+        finally:
+            grid.destroy()
+    return checked
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+@given(a=st.integers(1, 3), b=st.integers(1, 3), m=st.integers(1, 5), bias=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_grid_matches_serial(ranks, world, a, b, m, bias, seed):
+    checked = ranks(world, rank_check_all_grids, world, a, b, m, bias, seed)
+    assert checked == [len(list(all_shapes(world)))] * world
+
+
+def rank_from_dense_roundtrip(spec: str) -> bool:
+    grid = axgrid.init(spec, timeout_s=60)
+    try:
+        torch.manual_seed(5)  # the same dense layer on every rank
+        dense = torch.nn.Linear(12, 18)
+        par = axgrid.nn.Linear.from_dense(dense, grid, transpose=True)
+        x = torch.randn(7, 12)
+        torch.testing.assert_close(par(x), dense(x), **TOL)
+        back = par.to_dense()
+        assert torch.equal(back.weight, dense.weight) and torch.equal(back.bias, dense.bias)
+        return True
+    finally:
+        grid.destroy()
+
+
+def test_from_dense_to_dense(ranks):
+    assert all(ranks(6, rank_from_dense_roundtrip, "3x2x1x1"))
+    assert all(ranks(6, rank_from_dense_roundtrip, "1x3x2x1"))

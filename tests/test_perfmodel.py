@@ -1,0 +1,154 @@
+"""Hand-computed cases for perfmodel's formulas (no torch needed)."""
+import numpy as np
+import pytest
+
+import perfmodel as pm
+from perfmodel.comm import FCLayer, dim_strides, ring_alpha_beta, ring_time
+from perfmodel.memory import memory_per_gpu
+from perfmodel.space import enumerate_grids
+
+
+def test_ring_costs_by_hand():
+    # all-reduce p=4, S=1000 B, α=1 µs, β=1000 B/s: 2·3/4·1 s + 2·3·1 µs
+    assert ring_time("all_reduce", 4, 1000, 1e-6, 1e3) == pytest.approx(1.5 + 6e-6)
+    assert ring_time("all_gather", 4, 1000, 1e-6, 1e3) == pytest.approx(0.75 + 3e-6)
+    assert ring_time("reduce_scatter", 2, 1000, 1e-6, 1e3) == pytest.approx(0.5 + 1e-6)
+    assert ring_time("all_reduce", 1, 1000, 1e-6, 1e3) == 0.0
+    with pytest.raises(pm.PerfModelError):
+        ring_time("broadcast", 2, 1, 1, 1)
+
+
+def test_normal_layer_volumes_2x3x2x1():
+    # W [n=6, k=4] normal, bias; grid 2x3x2x1; 8 tokens per micro-batch → m' = 8/(Gd·Gz) = 4.
+    # block = (6/3)·(4/2) = 4 (divisible by Gz=2). bf16 = 2 bytes.
+    layers = [FCLayer(6, 4, False, True)]
+    b = pm.collective_bytes(layers, (2, 3, 2, 1), 8, 1, 2)
+    assert b == {("z", "all_gather"): 2 * 4 * 2,       # forward + backward AG_z(4)
+                 ("x", "all_reduce"): 4 * 2 * 2,       # AR_x(m'·n/Gy = 8)
+                 ("y", "all_reduce"): 4 * 2 * 2,       # AR_y(m'·k/Gx = 8)
+                 ("z", "reduce_scatter"): 4 * 2,       # RS_z(4)
+                 ("z", "all_reduce"): 2 * 2}           # bias AR_z(n/Gy = 2); Gd = 1: no AR_d
+    c = pm.collective_calls(layers, (2, 3, 2, 1), 8, 1, 2)
+    assert c == {("z", "all_gather"): 2, ("x", "all_reduce"): 1, ("y", "all_reduce"): 1,
+                 ("z", "reduce_scatter"): 1, ("z", "all_reduce"): 1}
+
+
+def test_transposed_layer_swaps_x_and_y():
+    # W [n=4, k=6] transposed on 2x3x2x1: block (4/Gx=2)·(6/Gy=2) = 4; fwd AR_y(m'·n/Gx = 8), bwd AR_x(m'·k/Gy = 8).
+    layers = [FCLayer(4, 6, True, True)]
+    b = pm.collective_bytes(layers, (2, 3, 2, 1), 8, 1, 1)
+    assert b == {("z", "all_gather"): 8, ("y", "all_reduce"): 8, ("x", "all_reduce"): 8,
+                 ("z", "reduce_scatter"): 4, ("z", "all_reduce"): 2}   # bias AR_z(n/Gx = 2)
+
+
+def test_padding_to_multiple_of_gz_and_data_parallel():
+    # W [3, 2] normal on 2x3x2x2: block (3/3)·(2/2) = 1 → padded to 2 for Gz=2; shard = 1.
+    # 16 tokens per micro-batch → m' = 16/(2·2) = 4; 3 micro-batches; 4-byte elements.
+    layers = [FCLayer(3, 2, False, True)]
+    b = pm.collective_bytes(layers, (2, 3, 2, 2), 16, 3, 4)
+    assert b[("z", "all_gather")] == 3 * 2 * 2 * 4
+    assert b[("z", "reduce_scatter")] == 3 * 2 * 4
+    assert b[("x", "all_reduce")] == 3 * 4 * 1 * 4      # AR_x(m'·n/Gy = 4)
+    assert b[("y", "all_reduce")] == 3 * 4 * 1 * 4      # AR_y(m'·k/Gx = 4)
+    assert b[("z", "all_reduce")] == 3 * 1 * 4          # bias n/Gy = 1
+    assert b[("d", "all_reduce")] == (1 + 1) * 4        # weight shard 1 + bias 1, once per step
+    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4)[("d", "all_reduce")] == 2
+
+
+def test_keep_gathered_and_recompute_change_counts():
+    layers = [FCLayer(6, 4, False, False)]
+    base = pm.collective_calls(layers, (2, 3, 2, 1), 8, 2, 2)
+    kept = pm.collective_calls(layers, (2, 3, 2, 1), 8, 2, 2, keep_gathered=True)
+    rec = pm.collective_calls(layers, (2, 3, 2, 1), 8, 2, 2, recompute=True)
+    assert base[("z", "all_gather")] == 4 and kept[("z", "all_gather")] == 2
+    assert rec[("x", "all_reduce")] == 2 * base[("x", "all_reduce")]
+    assert ("z", "all_reduce") not in base  # no bias
+
+
+def test_group_of_one_posts_nothing():
+    assert pm.collective_bytes([FCLayer(8, 8)], (1, 1, 1, 1), 4, 1, 2) == {}
+
+
+def test_tokens_must_split():
+    with pytest.raises(pm.PerfModelError, match="Gd\\*Gz"):
+        pm.collective_bytes([FCLayer(8, 8)], (1, 1, 2, 2), 6, 1, 2)
+
+
+def test_placement_bandwidth_perlmutter():
+    m = pm.load_machine("perlmutter")
+    a, b, intra = ring_alpha_beta(np.array([4, 8, 8, 4, 2]), np.array([1, 1, 4, 2, 2]), m)
+    assert intra.tolist() == [True, False, False, False, True]
+    assert b[0] == 200e9                # inside a node: NVLink
+    assert b[1] == pytest.approx(100e9)  # 4 members per node, 1 ring leaves each node: all 4 NICs
+    assert b[2] == pytest.approx(25e9)   # 1 member per node: 4 rings share the NICs
+    assert b[3] == pytest.approx(50e9)   # p=4, stride 2: 2 members per node, 2 rings share the node's NICs
+    assert b[4] == 200e9                 # p=2, stride 2: ranks 0 and 2 share a node
+    assert a[0] == m.intra_node_latency and a[1] == m.inter_node_latency
+
+
+def test_strides_follow_rank_order():
+    s = dim_strides(2, 3, 4, 5)
+    assert {d: int(v[1]) for d, v in s.items()} == {"x": 1, "y": 2, "z": 6, "d": 24}
+    s = dim_strides(2, 3, 4, 5, order="zyxd")
+    assert {d: int(v[1]) for d, v in s.items()} == {"z": 1, "y": 4, "x": 12, "d": 24}
+
+
+def test_flops_formulas():
+    spec = pm.get_model("gpt-tiny")  # L=2, h=64, S=64, V=256
+    assert pm.model_flops(spec, 1, True) == pytest.approx(96 * 64 * 2 * 64**2 * (1 + 64 / 384 + 256 / (16 * 2 * 64)))
+    T, L, h, S, V = 64, 2, 64, 64, 256
+    fwd = 24 * T * L * h * h + 4 * T * S * h * L + 2 * T * h * V   # GEMMs + attention + head, forward only
+    assert pm.model_flops(spec, 1, False) == pytest.approx(3 * fwd)
+    assert pm.model_flops(spec, 1, True) == pytest.approx(3 * fwd + 24 * T * L * h * h + 4 * T * S * h * L)
+
+
+def test_memory_by_hand():
+    spec = pm.get_model("gpt-tiny")
+    opt = pm.Options(recompute=False, overlap_ag=False, overlap_rs=False)
+    mem = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt)
+    # every parameter but the final layer norm: 2+2 bytes param/grad + 12 bytes AdamW (master + 2 moments)
+    assert float(mem.static) == pytest.approx((spec.params - 2 * spec.hidden) * 16)
+    assert float(mem.activations) == 64 * 2 * 2 * (4 * 64 + 12 * 64) + 64 * 256 * 6 + 2 * 64 * 256 * 2
+    # 2 buffers of the biggest gathered block (head 256×64) without OAG/ORS
+    assert float(mem.buffers) == 2 * 256 * 64 * 2
+    # z shards the weights: static shrinks with Gz
+    assert float(memory_per_gpu(spec, 1, 1, 2, 1, 64, 2, False, opt).static) < float(mem.static) * 0.6
+    rec = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt.with_(recompute=True))
+    assert float(rec.activations) < float(mem.activations)
+
+
+def test_enumeration_all_divisors():
+    g = enumerate_grids(12)
+    t = g.tuples()
+    assert len(t) == len(set(t)) == 40          # ordered 4-way factorisations of 2²·3: C(5,3)·C(4,3) = 10·4
+    assert all(a * b * c * d == 12 for a, b, c, d in t)
+    assert (3, 1, 4, 1) in t and (1, 1, 1, 12) in t
+
+
+def test_model_bytes_equal_ledger_formula():
+    spec = pm.get_model("gpt-tiny")
+    for grid, mb in [((2, 2, 2, 2), 2), ((1, 4, 2, 1), 1), ((2, 1, 1, 4), 4)]:
+        for keep, rec in [(False, True), (True, False)]:
+            opt = pm.Options(microbatches=mb, keep_gathered=keep, recompute=rec)
+            prob = pm.Problem(spec, 8, 16, "bf16", opt)
+            ev = pm.evaluate(prob, pm.load_machine("perlmutter"), pm.Grids.of([grid]))
+            led = pm.collective_bytes(pm.transformer_layers(spec), grid, 8 * spec.seq // mb, mb, 2,
+                                      keep_gathered=keep, recompute=rec)
+            for d in "xyzd":
+                assert ev.step_bytes[d][0] == sum(v for (dd, _), v in led.items() if dd == d), (grid, d)
+
+
+def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
+    spec = pm.get_model("gpt-mini")
+    m = pm.load_machine("perlmutter")
+    g = enumerate_grids(16)
+    ev = pm.evaluate(pm.Problem(spec, 32, 16), m, g)
+    ok = ev.feasible
+    assert ok.any()
+    tot = ev.compute + sum(ev.exposed[d] for d in "xyzd")
+    assert np.allclose(ev.time[ok], tot[ok])
+    off = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=False)
+    ev0 = pm.evaluate(pm.Problem(spec, 32, 16, options=off), m, g)
+    for d in "xyzd":
+        assert np.allclose(ev0.exposed[d], ev0.raw[d])
+    assert np.all(ev.time[ok] <= ev0.time[ok] + 1e-12)
