@@ -78,3 +78,24 @@ def rank_from_dense_roundtrip(spec: str) -> bool:
 def test_from_dense_to_dense(ranks):
     assert all(ranks(6, rank_from_dense_roundtrip, "3x2x1x1"))
     assert all(ranks(6, rank_from_dense_roundtrip, "1x3x2x1"))
+
+
+def rank_tiles(spec: str) -> bool:
+    """Each parameter's TileSpec cuts exactly its data out of the dense layer."""
+    grid = axgrid.init(spec, timeout_s=60)
+    try:
+        for transpose in (False, True):
+            layer = axgrid.nn.Linear(6, 12, transpose=transpose, seed=11)
+            ref = reference_linear(6, 12, True, 11)
+            for p, dense in ((layer.weight, ref.weight), (layer.bias, ref.bias)):
+                t = p.axgrid_tile
+                assert t.dense_shape == tuple(dense.shape)
+                assert torch.equal(t.part_of(dense.detach()[t.slices()]), p.detach())
+        return True
+    finally:
+        grid.destroy()
+
+
+def test_tile_specs_describe_the_shards(ranks):
+    assert all(ranks(6, rank_tiles, "1x2x3x1"))
+    assert all(ranks(6, rank_tiles, "3x2x1x1"))

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from ..grid import Grid, current_grid
-from ..redistribute import gather_tokens_features, shard_tokens_features, token_split
+from ..redistribute import gather_tokens_features, shard_tokens_features
+from ..sharding import TileSpec
 from . import init as _init
 
 Layout = Literal["replicated", "sharded"]
@@ -167,10 +168,14 @@ class Linear(nn.Module):
         dtype = dtype or torch.get_default_dtype()
         device = device or self.grid.device
         self.weight = nn.Parameter(torch.empty(self.sharding.shard_numel, dtype=dtype, device=device))
+        sh = self.sharding
         self.weight.axgrid_replicated = "d"            # distinct over x, y, z
+        self.weight.axgrid_tile = TileSpec((out_features, in_features), (sh.row0, sh.col0), (sh.n_blk, sh.k_blk),
+                                           "z", sh.gz, sh.z)
         if bias:
             self.bias = nn.Parameter(torch.empty(self.sharding.n_blk, dtype=dtype, device=device))
             self.bias.axgrid_replicated = self.sharding.in_dim + "zd"
+            self.bias.axgrid_tile = TileSpec((out_features,), (sh.row0,), (sh.n_blk,))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
