@@ -246,6 +246,17 @@ class Communicator:
         return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
                           lambda: dist.all_reduce(buf, group=group, async_op=True), finish_ar, async_op)
 
+    def broadcast_object(self, obj: object, dim: str, src_index: int = 0) -> object:
+        """Member ``src_index``'s picklable ``obj`` on every member of the group along ``dim`` (ledger op
+        ``broadcast_object``, bytes unknown before pickling: counted as 0)."""
+        self._check(dim)
+        if self.sizes[dim] == 1:
+            return obj
+        self.ledger.record(dim, "broadcast_object", 0, self.sizes[dim])
+        box = [obj]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.groups[dim], src_index), group=self.groups[dim])
+        return box[0]
+
     def broadcast(self, t: torch.Tensor, dim: str, src_index: int = 0) -> torch.Tensor:
         """Member ``src_index``'s ``t`` on every member of the group along ``dim``."""
         self._check(dim)

@@ -55,6 +55,10 @@ class RuntimeConfig:
     None means ``torch.matmul``. ``record_timing``: time every collective in the ledger (synchronises
     the device on GPU). ``trace``: keep a per-rank timeline of compute and collectives.
     ``bucket_bytes``: size of the data-parallel gradient buckets.
+    ``gemm_tuning``: "off", "on-first-use" or "cache-only": run the layers' three GEMMs through a
+    ``kernels.GemmTuner`` built by the grid, whose decisions every rank of an x-y group shares (rank 0 of the
+    group decides, so replicas never diverge). ``gemm_cache``: its cache file (None: $AXGRID_GEMM_CACHE or
+    the user cache directory). An explicit ``gemm`` callable wins over both.
     """
 
     timeout_s: float = 600.0
@@ -65,3 +69,11 @@ class RuntimeConfig:
     trace: bool = False
     bucket_bytes: int = 25 * 2**20
     seed: Optional[int] = None
+    gemm_tuning: str = "off"
+    gemm_cache: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.gemm_tuning not in ("off", "on-first-use", "cache-only"):
+            raise ValueError(f"gemm_tuning={self.gemm_tuning!r}: choose 'off', 'on-first-use' or 'cache-only'")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0 seconds")

@@ -40,10 +40,8 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     finish_gradients(grid)
     if grid.size("d") == 1:
         return
-    todo = [p for p in _params(params) if p.grad is not None and not getattr(p, "axgrid_synced", False)]
-    for p in _params(params):
-        if hasattr(p, "axgrid_synced"):
-            p.axgrid_synced = False
+    done = grid.pending_grads.synced if grid.pending_grads is not None else set()
+    todo = [p for p in _params(params) if p.grad is not None and id(p) not in done]
     limit = grid.config.bucket_bytes
     bucket: list[torch.Tensor] = []
     size = 0

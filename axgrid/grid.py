@@ -51,7 +51,29 @@ class Grid:
                                  {d: layout.index_in(self.rank, d) for d in GROUP_DIMS}, backend,
                                  reduce_in_fp32=config.reduce_in_fp32, record_timing=config.record_timing,
                                  tracer=self.tracer)
-        self.pending_grads = None  # set by axgrid.overlap when ORS/ODP are on
+        self.gemm = config.gemm or (self._gemm_tuner() if config.gemm_tuning != "off" else None)
+        from .overlap import GradientPipeline, WeightPrefetcher
+        ov = config.overlap
+        self.prefetcher = WeightPrefetcher(self) if ov.oag and self.shape.gz > 1 else None
+        self.pending_grads = GradientPipeline(self, ov.ors, ov.odp) if (ov.ors or ov.odp) else None
+
+    def _gemm_tuner(self):
+        """A kernels.GemmTuner whose decisions rank 0 of each x-y group makes for the whole group."""
+        import kernels
+        agreement = kernels.Agreement(self.index("xy"), lambda obj, src: self.comm.broadcast_object(obj, "xy", src))
+        return kernels.GemmTuner(self.config.gemm_tuning, cache_path=self.config.gemm_cache, group=agreement)
+
+    def no_sync(self):
+        """Context manager for all but the last micro-batch of a step: the overlapped data-parallel
+        reduction (ODP) is skipped, gradients just accumulate. A no-op without ODP."""
+        from contextlib import nullcontext
+        return self.pending_grads.no_sync() if self.pending_grads is not None else nullcontext()
+
+    def watch(self, model: "torch.nn.Module") -> None:
+        """ODP: reduce every parameter of ``model`` over d as soon as its gradient is final during backward
+        (parallel layers register themselves; this adds the rest, e.g. LayerNorm and embeddings)."""
+        if self.pending_grads is not None:
+            self.pending_grads.watch(model.parameters())
 
     # -- queries --------------------------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..grid import Grid
 from ..nn.init import reference_linear
@@ -22,13 +23,13 @@ class MLPStack(nn.Module):
     """``depth`` blocks of width ``hidden`` with inner width ``ffn`` (default 4*hidden).
 
     ``grid=None`` builds the serial model; a grid builds the parallel one. The same ``seed`` gives the same
-    weights either way.
+    weights either way. ``recompute`` recomputes each block's activations in backward.
     """
 
     def __init__(self, hidden: int, depth: int, ffn: Optional[int] = None, grid: Optional[Grid] = None,
-                 seed: int = 0, bias: bool = True) -> None:
+                 seed: int = 0, bias: bool = True, recompute: bool = False) -> None:
         super().__init__()
-        self.grid, self.hidden = grid, hidden
+        self.grid, self.hidden, self.recompute = grid, hidden, recompute
         ffn = ffn or 4 * hidden
         ups, downs = [], []
         for i in range(depth):
@@ -50,7 +51,13 @@ class MLPStack(nn.Module):
         if self.grid is not None:
             x = shard_tokens_features(x, self.grid, "x")          # [m/Gz, hidden/Gx]
         for up, down in zip(self.ups, self.downs):
-            x = x + down(self.act(up(x)))
+            if self.recompute and torch.is_grad_enabled():
+                x = x + checkpoint(self._block, x, up, down, use_reentrant=False)
+            else:
+                x = x + self._block(x, up, down)
         if self.grid is not None:
             x = gather_tokens_features(x, self.grid, "x", m)
         return x
+
+    def _block(self, x: torch.Tensor, up: nn.Module, down: nn.Module) -> torch.Tensor:
+        return down(self.act(up(x)))

@@ -25,6 +25,7 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
+from ..comm import Pending
 from ..grid import Grid, current_grid
 from ..redistribute import gather_tokens_features, shard_tokens_features
 from ..sharding import TileSpec
@@ -81,8 +82,13 @@ class LinearSharding:
                               grid.index("z"))
 
 
-def _default_gemm(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
-    return a @ b
+def _gemm(grid: Grid, a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
+    """``a @ b`` through the configured GEMM (e.g. a kernels.GemmTuner), traced when tracing is on."""
+    fn = grid.gemm
+    if grid.tracer is None:
+        return fn(a, b, role) if fn is not None else a @ b
+    with grid.tracer.compute(f"gemm {role} {tuple(a.shape)}x{tuple(b.shape)}"):
+        return fn(a, b, role) if fn is not None else a @ b
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -92,9 +98,8 @@ class _LinearFunction(torch.autograd.Function):
     def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
                 layer: "Linear") -> torch.Tensor:
         grid, sh = layer.grid, layer.sharding
-        gemm = grid.config.gemm or _default_gemm
         w_blk = layer.gathered_weight(weight)                       # [n_blk, k_blk]
-        y = gemm(x_loc, w_blk.t(), "forward")                      # [m', n_blk], partial over in_dim
+        y = _gemm(grid, x_loc, w_blk.t(), "forward")                    # [m', n_blk], partial over in_dim
         y = grid.comm.all_reduce(y, sh.in_dim)
         if bias is not None:
             y = y + bias
@@ -109,21 +114,22 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
         layer: Linear = ctx.layer
         grid, sh = layer.grid, layer.sharding
-        gemm = grid.config.gemm or _default_gemm
         ov = grid.config.overlap
+        if grid.prefetcher is not None:
+            grid.prefetcher.note_backward()
         x_loc, saved = ctx.saved_tensors
         w_blk = saved if ctx.keep else layer.gather_weight(saved)
         dy = dy.contiguous()
-        dx = gemm(dy, w_blk, "input_grad")                          # [m', k_blk], partial over out_dim
+        dx = _gemm(grid, dy, w_blk, "input_grad")                      # [m', k_blk], partial over out_dim
         dx_pending = grid.comm.all_reduce(dx, sh.out_dim, async_op=True) if ov.oar else None
         if dx_pending is None:
             dx = grid.comm.all_reduce(dx, sh.out_dim)
-        dw_blk = gemm(dy.t(), x_loc, "weight_grad")                 # [n_blk, k_blk]
+        dw_blk = _gemm(grid, dy.t(), x_loc, "weight_grad")              # [n_blk, k_blk]
         flat = dw_blk.reshape(-1)
         if sh.padded_numel != sh.block_numel:
             flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
         db = dy.sum(0) if ctx.has_bias else None
-        if ov.ors and layer.grid.pending_grads is not None:
+        if ov.ors:
             layer.grid.pending_grads.reduce_scatter(layer.weight, flat)
             dw_shard = None
             if db is not None:
@@ -179,6 +185,8 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        if self.grid.pending_grads is not None:
+            self.grid.pending_grads.watch(self.parameters())
 
     # -- parameters -----------------------------------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -249,11 +257,16 @@ class Linear(nn.Module):
         full = self.grid.comm.all_gather(shard, "z").reshape(-1)
         return full[: sh.block_numel].view(sh.n_blk, sh.k_blk)
 
+    def gather_weight_async(self) -> "Pending":
+        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block."""
+        sh = self.sharding
+        pending = self.grid.comm.all_gather(self.weight.detach(), "z", async_op=True)
+        return Pending(None, lambda: pending.wait().reshape(-1)[: sh.block_numel].view(sh.n_blk, sh.k_blk))
+
     def gathered_weight(self, shard: torch.Tensor) -> torch.Tensor:
         """The block for this forward: a prefetched one (OAG) when ready, else gathered now."""
-        prefetcher = getattr(self.grid, "prefetcher", None)
-        if prefetcher is not None:
-            return prefetcher.weight_for(self, shard)
+        if self.grid.prefetcher is not None:
+            return self.grid.prefetcher.weight_for(self, shard)
         return self.gather_weight(shard)
 
     # -- forward ---------------------------------------------------------------------------------------

@@ -1,0 +1,209 @@
+"""Overlap of non-blocking collectives with compute: the machinery behind ``OverlapConfig``'s switches.
+
+- :class:`WeightPrefetcher` (OAG): records the order in which parallel layers run forward -- once for the
+  forward pass and once for the recompute forwards inside backward -- and from then on, when a layer starts,
+  posts the all-gather of the layer that ran after it last time. A prefetch that does not match the layer that
+  actually runs is waited for and dropped (all ranks run the same sequence, so collectives stay in step).
+- :class:`GradientPipeline` (ORS, ODP): weight-gradient reduce-scatters over z (and the bias all-reduces over z)
+  are posted asynchronously and completed one layer later, under the backward of earlier layers; with ODP the
+  finished gradients are bucketed and all-reduced over d asynchronously during the backward. Everything still
+  in flight is completed by a callback at the end of the backward pass, so ``.grad`` is complete whenever
+  ``loss.backward()`` returns: nothing to forget before the optimizer step.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Optional
+
+import torch
+
+from .comm import Pending
+
+if TYPE_CHECKING:
+    from .grid import Grid
+    from .nn.linear import Linear
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward pass on this thread (e.g. a recompute forward)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class WeightPrefetcher:
+    """OAG: prefetch the next layer's weight all-gather over z in execution order."""
+
+    def __init__(self, grid: "Grid") -> None:
+        self.grid = grid
+        self.next_of: dict[str, dict[int, "Linear"]] = {"fwd": {}, "bwd": {}}
+        self.recording = {"fwd": True, "bwd": True}
+        self.last: dict[str, Optional[int]] = {"fwd": None, "bwd": None}
+        self.layers: dict[int, "Linear"] = {}
+        self.pending: Optional[tuple[int, int, Pending]] = None   # (layer id, weight version, gather)
+        self.hits = self.misses = 0
+        self.callback_queued = False
+
+    def _mode(self) -> str:
+        return "bwd" if in_backward() else "fwd"
+
+    def weight_for(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
+        """The gathered block for ``layer`` (prefetched when it was), and the next layer's gather posted."""
+        mode = self._mode()
+        if mode == "bwd":
+            self.note_backward()
+        key = id(layer)
+        self.layers[key] = layer
+        if self.recording[mode] and self.last[mode] is not None and self.last[mode] != key:
+            prev = self.next_of[mode]
+            if self.last[mode] in prev and prev[self.last[mode]] is not layer:
+                self.recording[mode] = False     # a second pass began: the order is complete
+            else:
+                prev[self.last[mode]] = layer
+        self.last[mode] = key
+        block = None
+        if self.pending is not None:
+            pkey, version, pend = self.pending
+            self.pending = None
+            got = pend.wait()
+            if pkey == key and version == layer.weight._version:   # same layer, weights not changed since
+                block = got
+                self.hits += 1
+            else:
+                self.misses += 1
+        if block is None:
+            block = layer.gather_weight(shard)
+        nxt = None if self.recording[mode] else self.next_of[mode].get(key)
+        if nxt is not None and nxt.grid.size("z") > 1:
+            self.pending = (id(nxt), nxt.weight._version, nxt.gather_weight_async())
+        return block
+
+    def note_backward(self) -> None:
+        """Called from inside a backward pass: the forward order is complete; reset at the pass's end."""
+        self.recording["fwd"] = False
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
+
+    def end_of_backward(self) -> None:
+        self.callback_queued = False
+        self.recording["bwd"] = False
+        self.recording["fwd"] = False
+        self.last = {"fwd": None, "bwd": None}
+        self.drop()
+
+    def drop(self) -> None:
+        """Complete and forget an outstanding prefetch (e.g. before weights change)."""
+        if self.pending is not None:
+            self.pending[2].wait()
+            self.pending = None
+            self.misses += 1
+
+
+class GradientPipeline:
+    """ORS and ODP: gradient collectives in flight during the backward, completed at its end."""
+
+    def __init__(self, grid: "Grid", ors: bool, odp: bool) -> None:
+        self.grid, self.ors, self.odp = grid, ors, odp
+        self.inflight: list[tuple[torch.nn.Parameter, Pending]] = []
+        self.bucket: list[torch.nn.Parameter] = []
+        self.bucket_bytes = 0
+        self.dp_inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
+        self.callback_queued = False
+        self.sync_enabled = True
+        self.hooked: set[int] = set()
+        self.synced: set[int] = set()   # ids of parameters reduced over d by the latest backward
+
+    # -- registration ----------------------------------------------------------------------------------
+    def watch(self, params: Iterator[torch.nn.Parameter]) -> None:
+        """ODP: have each parameter's finished gradient enter the data-parallel buckets during backward."""
+        if not self.odp or self.grid.size("d") == 1:
+            return
+        for p in params:
+            if p.requires_grad and id(p) not in self.hooked:
+                self.hooked.add(id(p))
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _queue_callback(self) -> None:
+        if not self.callback_queued:           # the first gradient event of a new backward pass
+            self.callback_queued = True
+            self.synced.clear()
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+
+    # -- ORS -------------------------------------------------------------------------------------------
+    def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> None:
+        """Post ``RS_z(flat)`` for ``param``'s gradient; complete the previous one (it ran under our GEMMs)."""
+        self._queue_callback()
+        self._post(param, self.grid.comm.reduce_scatter(flat, "z", async_op=True))
+
+    def all_reduce(self, param: torch.nn.Parameter, grad: torch.Tensor, dim: str) -> None:
+        self._queue_callback()
+        self._post(param, self.grid.comm.all_reduce(grad, dim, async_op=True))
+
+    def _post(self, param: torch.nn.Parameter, pending: Pending) -> None:
+        self.inflight.append((param, pending))
+        while len(self.inflight) > 2:           # a window of two layers' gradients in flight
+            self._complete(*self.inflight.pop(0))
+
+    def _complete(self, param: torch.nn.Parameter, pending: Pending) -> None:
+        g = pending.wait()
+        if param.grad is None:
+            param.grad = g.view_as(param).clone()
+        else:
+            param.grad.add_(g.view_as(param))
+        self._grad_ready(param)
+
+    # -- ODP -------------------------------------------------------------------------------------------
+    def _grad_ready(self, param: torch.nn.Parameter) -> None:
+        if not self.odp or not self.sync_enabled or self.grid.size("d") == 1:
+            return
+        self._queue_callback()
+        if self.bucket and param.grad.dtype != self.bucket[0].grad.dtype:
+            self._flush()
+        self.bucket.append(param)
+        self.bucket_bytes += param.grad.numel() * param.grad.element_size()
+        if self.bucket_bytes >= self.grid.config.bucket_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.bucket:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.bucket])
+        self.dp_inflight.append((self.bucket, self.grid.comm.all_reduce(flat, "d", average=True, async_op=True)))
+        self.bucket, self.bucket_bytes = [], 0
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside skip the data-parallel reduction (gradient accumulation)."""
+        old, self.sync_enabled = self.sync_enabled, False
+        try:
+            yield
+        finally:
+            self.sync_enabled = old
+
+    # -- completion ------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Complete every collective in flight and write the results to ``.grad``. Idempotent."""
+        self.callback_queued = False
+        while self.inflight:
+            self._complete(*self.inflight.pop(0))
+        self._flush()
+        for params, pending in self.dp_inflight:
+            flat = pending.wait()
+            off = 0
+            for p in params:
+                p.grad.copy_(flat[off: off + p.grad.numel()].view_as(p.grad))
+                self.synced.add(id(p))
+                off += p.grad.numel()
+        self.dp_inflight.clear()
+
+    def empty(self) -> bool:
+        return not (self.inflight or self.bucket or self.dp_inflight)
+
+
+def kept_weight_bytes(model: torch.nn.Module) -> int:
+    """Extra memory ``keep_gathered_weights`` holds per micro-batch: each layer's gathered block minus its shard."""
+    from .nn.linear import Linear
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Linear) and m.grid.size("z") > 1:
+            total += (m.sharding.block_numel - m.sharding.shard_numel) * m.weight.element_size()
+    return total
