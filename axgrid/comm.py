@@ -85,9 +85,11 @@ class Pending:
         self._result: Optional[torch.Tensor] = None
         self.done = False
 
-    def wait(self) -> torch.Tensor:
+    def wait(self, blocked_since: Optional[float] = None) -> torch.Tensor:
+        """Block until done; return the result. ``blocked_since``: when the caller began blocking on it
+        (a synchronous collective blocks from its post)."""
         if not self.done:
-            t_wait = time.perf_counter()
+            t_wait = time.perf_counter() if blocked_since is None else blocked_since
             if self._work is not None:
                 self._work.wait()
                 if self._timed and torch.cuda.is_available():
@@ -150,7 +152,7 @@ class Communicator:
         pending = Pending(None, finish, entry, timed, self.tracer, f"{op}_{dim}")
         pending._t0 = time.perf_counter()
         pending._work = launch()
-        return pending if async_op else pending.wait()
+        return pending if async_op else pending.wait(blocked_since=pending._t0)
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, dim: str, *, average: bool = False,
