@@ -144,11 +144,11 @@ class GradientPipeline:
             self._complete(*self.inflight.pop(0))
 
     def _complete(self, param: torch.nn.Parameter, pending: Pending) -> None:
-        g = pending.wait()
+        g = pending.wait().view_as(param).to(param.dtype)
         if param.grad is None:
-            param.grad = g.view_as(param).clone()
+            param.grad = g.clone()
         else:
-            param.grad.add_(g.view_as(param))
+            param.grad.add_(g)
         self._grad_ready(param)
 
     # -- ODP -------------------------------------------------------------------------------------------

@@ -16,10 +16,11 @@ from typing import Mapping, Sequence
 
 # layers, hidden, heads (GPT table of the AxoNN papers, plus tiny CPU sizes)
 MODELS: dict[str, tuple[int, int, int]] = {
-    "gpt-tiny": (2, 64, 4), "gpt-mini": (4, 256, 8),
+    "gpt-tiny": (2, 64, 4), "gpt-mini": (4, 128, 4),
     "gpt-5b": (24, 4096, 32), "gpt-10b": (32, 5120, 40), "gpt-20b": (32, 7168, 56),
     "gpt-40b": (38, 9216, 72), "gpt-60b": (56, 9216, 72), "gpt-80b": (42, 12288, 96),
     "gpt-160b": (84, 12288, 96), "gpt-320b": (96, 16384, 128), "gpt-640b": (192, 16384, 128),
+    "gpt-1t": (128, 25600, 160),
 }
 
 

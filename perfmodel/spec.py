@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from .errors import PerfModelError
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: The runtime's default data-parallel gradient bucket (``axgrid.RuntimeConfig.bucket_bytes``, 25 MiB).
+DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ MODELS: dict[str, TransformerSpec] = {
     s.name: s
     for s in (
         TransformerSpec("gpt-tiny", 2, 64, 4, seq=64, vocab=256),
-        TransformerSpec("gpt-mini", 4, 256, 8, seq=128, vocab=1024),
+        TransformerSpec("gpt-mini", 4, 128, 4, seq=128, vocab=256),
         TransformerSpec("gpt-5b", 24, 4096, 32),
         TransformerSpec("gpt-10b", 32, 5120, 40),
         TransformerSpec("gpt-20b", 32, 7168, 56),
@@ -81,6 +83,9 @@ class Options:
     order: rank order, fastest-varying dimension first (default "xyzd").
     memory_usable: fraction of GPU memory the model may plan for (rest: allocator, workspace, framework).
     zero1_over_d: shard optimizer states over the data dimension too (used to price Megatron's distributed optimizer).
+    bucket_bytes: size of the data-parallel gradient buckets (the runtime's ``RuntimeConfig.bucket_bytes``,
+        default 25 MiB): the gradients are all-reduced over d one bucket per call, so each bucket pays the
+        ring latency 2(Gd−1)·α once.
     """
 
     overlap_ar: bool = True
@@ -94,12 +99,15 @@ class Options:
     order: str = "xyzd"
     memory_usable: float = 0.9
     zero1_over_d: bool = False
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def __post_init__(self) -> None:
         if sorted(self.order) != sorted("xyzd"):
             raise PerfModelError(f"order must be a permutation of 'xyzd', got {self.order!r}")
         if self.microbatches is not None and self.microbatches <= 0:
             raise PerfModelError(f"microbatches must be positive, got {self.microbatches}")
+        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes <= 0:
+            raise PerfModelError(f"bucket_bytes must be a positive int, got {self.bucket_bytes!r}")
         if not 0 < self.memory_usable <= 1:
             raise PerfModelError(f"memory_usable must be in (0, 1], got {self.memory_usable}")
 

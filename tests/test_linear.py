@@ -99,3 +99,33 @@ def rank_tiles(spec: str) -> bool:
 def test_tile_specs_describe_the_shards(ranks):
     assert all(ranks(6, rank_tiles, "1x2x3x1"))
     assert all(ranks(6, rank_tiles, "3x2x1x1"))
+
+
+def rank_autocast(spec: str, tuning: str, cache: str) -> float:
+    """Under bf16 autocast the layer computes like a serial nn.Linear under autocast (bf16 tolerance),
+    in forward and backward, with plain matmul and through the GEMM tuner; gradients keep the parameters' dtype."""
+    cfg = axgrid.RuntimeConfig(timeout_s=60, gemm_tuning=tuning, gemm_cache=cache,
+                               overlap=axgrid.OverlapConfig(ors=True))
+    grid = axgrid.init(spec, config=cfg)
+    try:
+        layer = axgrid.nn.Linear(16, 32, seed=2)
+        ref = reference_linear(16, 32, True, 2)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+        xp, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yp, yr = layer(xp), ref(xr)
+            yp.float().pow(2).sum().backward()
+            yr.float().pow(2).sum().backward()
+        assert yp.dtype == yr.dtype
+        assert layer.weight.grad.dtype == torch.float32 and layer.bias.grad.dtype == torch.float32
+        torch.testing.assert_close(yp.float(), yr.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(xp.grad, xr.grad, rtol=5e-2, atol=5e-2)
+        return float((xp.grad - xr.grad).abs().max())
+    finally:
+        grid.destroy()
+
+
+@pytest.mark.parametrize("tuning", ["off", "on-first-use"])
+def test_bf16_autocast(ranks, tmp_path, tuning):
+    errs = ranks(4, rank_autocast, "2x2x1x1", tuning, str(tmp_path / "g.json"))
+    assert all(e < 5e-2 for e in errs)

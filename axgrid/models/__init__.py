@@ -1,4 +1,6 @@
 """Models built from axgrid layers."""
+from .flops import gpt_flops_per_iteration, gpt_parameters
+from .gpt import GPT, GPTConfig
 from .mlp import MLPStack
 
-__all__ = ["MLPStack"]
+__all__ = ["MLPStack", "GPT", "GPTConfig", "gpt_flops_per_iteration", "gpt_parameters"]

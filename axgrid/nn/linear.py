@@ -85,6 +85,9 @@ class LinearSharding:
 def _gemm(grid: Grid, a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
     """``a @ b`` through the configured GEMM (e.g. a kernels.GemmTuner), traced when tracing is on."""
     fn = grid.gemm
+    if fn is not None and torch.is_autocast_enabled(a.device.type):
+        dt = torch.get_autocast_dtype(a.device.type)   # what matmul would compute in under autocast
+        a, b = a.to(dt), b.to(dt)
     if grid.tracer is None:
         return fn(a, b, role) if fn is not None else a @ b
     with grid.tracer.compute(f"gemm {role} {tuple(a.shape)}x{tuple(b.shape)}"):
@@ -102,16 +105,24 @@ class _LinearFunction(torch.autograd.Function):
         y = _gemm(grid, x_loc, w_blk.t(), "forward")                    # [m', n_blk], partial over in_dim
         y = grid.comm.all_reduce(y, sh.in_dim)
         if bias is not None:
-            y = y + bias
+            y = y + bias.to(y.dtype)        # under autocast, like F.linear: the output keeps the GEMM's dtype
         keep = grid.config.overlap.keep_gathered_weights
         ctx.layer = layer
         ctx.has_bias = bias is not None
+        dev = x_loc.device.type
+        ctx.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         ctx.save_for_backward(x_loc, w_blk if keep else weight)
         ctx.keep = keep
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
+        dev, enabled, dtype = ctx.autocast
+        with torch.autocast(dev, dtype=dtype, enabled=enabled):   # the forward's precision, in backward too
+            return _LinearFunction._backward(ctx, dy)
+
+    @staticmethod
+    def _backward(ctx, dy: torch.Tensor):
         layer: Linear = ctx.layer
         grid, sh = layer.grid, layer.sharding
         ov = grid.config.overlap

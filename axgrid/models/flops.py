@@ -1,0 +1,34 @@
+"""The one place that counts a GPT's floating-point work (the AxoNN papers' formula) and its parameters.
+
+Per training iteration (forward + backward), batch ``B`` sequences of ``S`` tokens, ``L`` layers, hidden ``h``,
+vocabulary ``V``, MLP width ``4h``, a multiply-add counted as 2 FLOPs:
+
+- with full activation recompute (the forward runs twice):  ``96·B·S·L·h²·(1 + S/(6h) + V/(16·L·h))``
+- without recompute:                                          ``72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))``
+
+``24·B·S·L·h²`` is one forward of the four FC layers (2·12h² per token and layer), ``S/(6h)`` adds the two
+attention GEMMs (``QKᵀ`` and ``A·V``), the last term is the logit GEMM (``2·B·S·h·V`` per forward, never
+recomputed, hence the different denominators). Backward costs twice the forward; recompute adds one more
+forward of the blocks. TFLOP/s computed with the formula that matches the run (96 with recompute) therefore
+count the recomputed forward as work done, as the papers do.
+"""
+from __future__ import annotations
+
+
+def gpt_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool) -> float:
+    """FLOPs of one training iteration over ``batch`` sequences (see the module docstring)."""
+    b, s, l, h, v = float(batch), float(seq), float(layers), float(hidden), float(vocab)
+    if recompute:
+        return 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
+    return 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h))
+
+
+def gpt_parameters(layers: int, hidden: int, seq: int, vocab: int, ffn: int | None = None, bias: bool = True,
+                   tied_head: bool = False) -> int:
+    """Dense parameter count of :class:`axgrid.models.GPT` (embeddings, blocks, final norm, head)."""
+    h, f = hidden, ffn or 4 * hidden
+    per_block = 3 * h * h + h * h + f * h + h * f + 4 * h            # QKV, out, up, down weights; 2 layer norms
+    if bias:
+        per_block += 3 * h + h + f + h
+    head = 0 if tied_head else vocab * h
+    return vocab * h + seq * h + layers * per_block + 2 * h + head

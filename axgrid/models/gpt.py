@@ -1,0 +1,310 @@
+"""A GPT (pre-norm decoder-only transformer) whose every FC layer is Agarwal's 3D parallel matmul on the grid.
+
+``GPT(config, grid)`` builds the parallel model; ``GPT(config, None)`` builds the serial reference with identical
+weights (every parameter is a hashed function of ``(config.seed, parameter name, global index)``, so any grid and
+the serial model hold the same dense values).
+
+Data. ``model(tokens, targets)`` takes this data-parallel rank's sequences ``[B_d, S]`` (the same on every rank of
+its x·y·z block; rank ``d`` of ``Gd`` usually holds sequences ``[d·B/Gd, (d+1)·B/Gd)`` of the global batch).
+Attention needs whole sequences on one rank, so the z split is by sequence: z-rank ``z`` keeps sequences
+``[z·b, (z+1)·b)`` with ``b = B_d / Gz`` (``B_d`` must be divisible by ``Gz``; checked before any collective).
+
+Layout of one rank (``m' = b·S`` tokens, ``h`` hidden, ``H`` heads, ``V`` vocabulary, ``f`` MLP width):
+
+=====================  ===============================  ============================================================
+step                   tensor on this rank               communication
+=====================  ===============================  ============================================================
+token + pos embedding  ``[m', h/Gx]`` (repl. over y)     none (tables hold all rows, features over x)
+LayerNorm              ``[m', h/Gx]``                    fwd 2 AR_x of ``[m']``; bwd AR_x ``[m',2]``, AR_z of w, b
+QKV (normal)           ``[m', 3h/Gy]`` = heads over y    the Linear's (AG_z W, AR_x; bwd AR_y, RS_z)
+attention              ``H/Gy`` local heads, whole seqs  none
+out-proj (transposed)  ``[m', h/Gx]``                    the Linear's (AR_y fwd; AR_x bwd)
+residual               ``[m', h/Gx]`` (repl. over y)     none
+MLP up (normal), GELU  ``[m', f/Gy]``                    the Linear's
+MLP down (transposed)  ``[m', h/Gx]``                    the Linear's
+final LayerNorm        ``[m', h/Gx]``                    as above
+LM head (normal)       ``[m', V/Gy]`` (repl. over x)     the Linear's: weight ``[V, h]`` split like any FC layer
+cross entropy          ``[m']``                          AG_y of ``[m']`` (max), AR_y of ``[m', 2]``; none in bwd
+loss                   scalar                            AR_z of one number (forward only)
+=====================  ===============================  ============================================================
+
+The head is a separate (untied) ``[V, h]`` weight: a normal ``axgrid.nn.Linear`` whose output features are the
+vocabulary split over y, so no rank holds full logits and the head's weight is sharded over x, y and z like
+every other FC layer (a tied head would need the embedding table in the FC layout or an ``[m', V]`` all-reduce).
+The QKV weight's rows are ordered head by head (``[q_j; k_j; v_j]`` for head j), so splitting its rows over y
+gives each y-rank whole heads. Dropout is not used (deterministic, and off in large pre-training runs).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..grid import Grid
+from ..nn.embedding import Embedding
+from ..nn.init import reference_linear
+from ..nn.layernorm import LayerNorm
+from ..nn.linear import Linear
+from ..nn.vocab_parallel import vocab_parallel_cross_entropy
+from .flops import gpt_flops_per_iteration, gpt_parameters
+
+#: GPT-2/NeoX's ~50,257 tokens padded to a multiple of 1024 (51200 = 2^11·5^2: divisible by every power-of-two
+#: Gy up to 2048, and by 5, 10, 20, ...); the same vocabulary perfmodel prices.
+GPT2_PADDED_VOCAB = 51200
+
+#: layers, hidden, heads, seq, vocab of the named sizes (AxoNN papers' GPT table, plus tiny CPU sizes).
+NAMED_SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "gpt-tiny": (2, 64, 4, 64, 256),       # byte-level, for CPU runs
+    "gpt-mini": (4, 128, 4, 128, 256),     # byte-level, for CPU runs
+    "gpt-5b": (24, 4096, 32, 2048, GPT2_PADDED_VOCAB),
+    "gpt-10b": (32, 5120, 40, 2048, GPT2_PADDED_VOCAB),
+    "gpt-20b": (32, 7168, 56, 2048, GPT2_PADDED_VOCAB),
+    "gpt-40b": (38, 9216, 72, 2048, GPT2_PADDED_VOCAB),
+    "gpt-60b": (56, 9216, 72, 2048, GPT2_PADDED_VOCAB),
+    "gpt-80b": (42, 12288, 96, 2048, GPT2_PADDED_VOCAB),
+    "gpt-160b": (84, 12288, 96, 2048, GPT2_PADDED_VOCAB),
+    "gpt-320b": (96, 16384, 128, 2048, GPT2_PADDED_VOCAB),
+    "gpt-640b": (192, 16384, 128, 2048, GPT2_PADDED_VOCAB),
+    "gpt-1t": (128, 25600, 160, 2048, GPT2_PADDED_VOCAB),   # the Megatron-LM 1T shape (~1.01e12 parameters)
+}
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and options of a :class:`GPT`.
+
+    ``layers``, ``hidden``, ``heads``, ``seq`` (maximum sequence length: rows of the position table), ``vocab``;
+    ``ffn`` the MLP width (default ``4·hidden``); ``bias`` on every FC layer but the head; ``recompute``: run each
+    block under ``torch.utils.checkpoint`` (activations recomputed in backward); ``eps`` of the layer norms;
+    ``seed`` of the hashed initialisation; ``emb_std`` of the embedding tables; ``name`` for logs.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: Optional[int] = None
+    bias: bool = True
+    recompute: bool = False
+    eps: float = 1e-5
+    seed: int = 0
+    emb_std: float = 0.02
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for f in ("layers", "hidden", "heads", "seq", "vocab"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"GPTConfig.{f}={v!r} must be an integer >= 1")
+        if self.ffn is None:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+        elif self.ffn < 1:
+            raise ValueError(f"GPTConfig.ffn={self.ffn!r} must be >= 1 (or None for 4*hidden)")
+        if self.hidden % self.heads:
+            raise ValueError(f"GPTConfig: hidden={self.hidden} is not divisible by heads={self.heads}; choose "
+                             f"heads dividing hidden (head size = hidden / heads)")
+
+    @staticmethod
+    def names() -> list[str]:
+        return list(NAMED_SIZES)
+
+    @staticmethod
+    def named(name: str, **overrides: Any) -> "GPTConfig":
+        """The named size (``gpt-tiny``, ``gpt-mini``, ``gpt-5b`` ... ``gpt-640b``), with fields overridden."""
+        key = name.lower()
+        if key not in NAMED_SIZES:
+            raise ValueError(f"unknown GPT size {name!r}; choose one of {', '.join(NAMED_SIZES)}")
+        layers, hidden, heads, seq, vocab = NAMED_SIZES[key]
+        known = {f.name for f in fields(GPTConfig)}
+        bad = set(overrides) - known
+        if bad:
+            raise ValueError(f"unknown GPTConfig field(s) {sorted(bad)}; fields are {sorted(known)}")
+        base = GPTConfig(layers, hidden, heads, seq, vocab, name=key)
+        return replace(base, **overrides) if overrides else base
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def parameters(self) -> int:
+        """Dense parameter count."""
+        return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, self.ffn, self.bias)
+
+    def flops_per_iteration(self, batch: int, seq: Optional[int] = None, recompute: Optional[bool] = None) -> float:
+        """FLOPs of one training iteration on ``batch`` sequences (see :mod:`axgrid.models.flops`)."""
+        return gpt_flops_per_iteration(batch, seq or self.seq, self.layers, self.hidden, self.vocab,
+                                       self.recompute if recompute is None else recompute)
+
+    def check_grid(self, grid: Grid) -> None:
+        """Raise a ValueError naming the value and the fix when this model does not fit ``grid``."""
+        gx, gy = grid.size("x"), grid.size("y")
+        checks = [("hidden", self.hidden, gx, "x"), ("hidden", self.hidden, gy, "y"), ("heads", self.heads, gy, "y"),
+                  ("ffn", self.ffn, gx, "x"), ("ffn", self.ffn, gy, "y"), ("vocab", self.vocab, gy, "y")]
+        for what, value, g, dim in checks:
+            if value % g:
+                raise ValueError(f"GPT {self.name}: {what}={value} is not divisible by G{dim}={g} of grid "
+                                 f"{grid.shape}; choose a grid whose G{dim} divides {value} (or change {what})")
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The initialisation seed of the parameter (module) ``name``: the same on every rank, grid and serial."""
+    h = hashlib.sha256(f"axgrid-gpt:{seed}:{name}".encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def _fc(cfg: GPTConfig, grid: Optional[Grid], name: str, fan_in: int, fan_out: int, transpose: bool,
+        bias: bool) -> nn.Module:
+    """A dense ``nn.Linear`` (serial) or a sharded-layout ``axgrid.nn.Linear`` with the same values."""
+    seed = param_seed(cfg.seed, name)
+    if grid is None:
+        return reference_linear(fan_in, fan_out, bias, seed)
+    return Linear(fan_in, fan_out, bias, transpose=transpose, grid=grid, seed=seed, input_layout="sharded",
+                  output_layout="sharded")
+
+
+class _SumOverZ(torch.autograd.Function):
+    """Sum a scalar over z in forward; identity in backward (each z-rank's part of the sum is its own)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, grid: Grid) -> torch.Tensor:  # type: ignore[override]
+        return grid.comm.all_reduce(t.detach().reshape(1).clone(), "z")[0]
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        return g, None
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + proj(attn(qkv(ln1(x))))``, then ``x + down(gelu(up(ln2(x))))``.
+
+    Forward: ``x [b·S, h_loc]`` (rows sequence-major) -> same shape; ``h_loc = h/Gx`` on a grid, ``h`` serial.
+    """
+
+    def __init__(self, cfg: GPTConfig, grid: Optional[Grid], prefix: str) -> None:
+        super().__init__()
+        h, f = cfg.hidden, cfg.ffn
+        assert f is not None
+        self.heads_local = cfg.heads // (grid.size("y") if grid is not None else 1)
+        self.head_dim = cfg.head_dim
+        self.ln1 = LayerNorm(h, grid, eps=cfg.eps)
+        self.qkv = _fc(cfg, grid, prefix + "qkv", h, 3 * h, False, cfg.bias)
+        self.proj = _fc(cfg, grid, prefix + "proj", h, h, True, cfg.bias)
+        self.ln2 = LayerNorm(h, grid, eps=cfg.eps)
+        self.up = _fc(cfg, grid, prefix + "up", h, f, False, cfg.bias)
+        self.down = _fc(cfg, grid, prefix + "down", f, h, True, cfg.bias)
+
+    def forward(self, x: torch.Tensor, b: int, s: int) -> torch.Tensor:
+        hl, dh = self.heads_local, self.head_dim
+        qkv = self.qkv(self.ln1(x)).view(b, s, hl, 3, dh)             # [b, S, H_loc, 3, d]
+        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, H_loc, S, d] each
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, H_loc, S, d]
+        att = att.transpose(1, 2).reshape(b * s, hl * dh)              # [m', h/Gy]
+        x = x + self.proj(att)
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """A GPT on the grid (``grid``) or serial (``grid=None``) with the same weights; see the module docstring.
+
+    ``forward(tokens [B_d, S], targets [B_d, S] | None, loss_mask [B_d, S] | None, normalizer=None)``:
+
+    - without ``targets``: this rank's logits ``[B_d/Gz, S, V/Gy]`` (serial: ``[B, S, V]``);
+    - with ``targets``: the scalar loss ``sum(per-token CE · loss_mask) / normalizer`` over all ``B_d`` sequences
+      (summed over z), the same on every rank of the x·y·z block. ``normalizer`` defaults to the number of kept
+      tokens of ``tokens`` (a mean); pass a global count (e.g. kept tokens of the whole step / Gd) to average over
+      data-parallel ranks and micro-batches correctly after :func:`axgrid.sync_gradients` (which means over d).
+    """
+
+    def __init__(self, config: GPTConfig, grid: Optional[Grid] = None) -> None:
+        super().__init__()
+        if grid is not None:
+            config.check_grid(grid)
+        self.config, self.grid = config, grid
+        cfg = config
+        self.wte = Embedding(cfg.vocab, cfg.hidden, grid, seed=param_seed(cfg.seed, "wte"), std=cfg.emb_std)
+        self.wpe = Embedding(cfg.seq, cfg.hidden, grid, seed=param_seed(cfg.seed, "wpe"), std=cfg.emb_std)
+        self.blocks = nn.ModuleList(Block(cfg, grid, f"blocks.{i}.") for i in range(cfg.layers))
+        self.ln_f = LayerNorm(cfg.hidden, grid, eps=cfg.eps)
+        self.head = _fc(cfg, grid, "head", cfg.hidden, cfg.vocab, False, False)
+
+    # -- data split -----------------------------------------------------------------------------------
+    def check_batch(self, tokens: torch.Tensor) -> None:
+        """Raise (before any collective) when ``tokens`` cannot be this model's input on this grid."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+        b, s = tokens.shape
+        if s > self.config.seq:
+            raise ValueError(f"sequence length {s} exceeds GPTConfig.seq={self.config.seq} (position table rows); "
+                             f"use sequences of at most {self.config.seq} tokens or a larger seq")
+        gz = 1 if self.grid is None else self.grid.size("z")
+        if b == 0 or b % gz:
+            raise ValueError(f"this rank's batch of {b} sequences is not divisible by Gz={gz} (grid "
+                             f"{self.grid.shape if self.grid else '-'}): attention needs whole sequences, so z "
+                             f"splits by sequence; use a batch per data-parallel rank that is a multiple of {gz}")
+
+    def local_rows(self, batch: int) -> slice:
+        """The sequences of a ``[batch, S]`` input that this rank's z coordinate computes."""
+        if self.grid is None:
+            return slice(0, batch)
+        b = batch // self.grid.size("z")
+        z = self.grid.index("z")
+        return slice(z * b, (z + 1) * b)
+
+    # -- forward ---------------------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                loss_mask: Optional[torch.Tensor] = None, *, normalizer: Optional[float] = None) -> torch.Tensor:
+        self.check_batch(tokens)
+        for name, t in (("targets", targets), ("loss_mask", loss_mask)):
+            if t is not None and t.shape != tokens.shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected the tokens' {tuple(tokens.shape)}")
+        batch, s = tokens.shape
+        rows = self.local_rows(batch)
+        tok = tokens[rows]
+        b = tok.shape[0]
+        pos = torch.arange(s, device=tok.device).repeat(b)
+        x = self.wte(tok.reshape(-1)) + self.wpe(pos)                 # [b·S, h_loc]
+        for block in self.blocks:
+            if self.config.recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, b, s, use_reentrant=False)
+            else:
+                x = block(x, b, s)
+        logits = self.head(self.ln_f(x))                               # [b·S, V_loc]
+        if targets is None:
+            return logits.view(b, s, -1)
+        per_token = vocab_parallel_cross_entropy(logits, targets[rows].reshape(-1), self.grid)   # [b·S] fp32
+        if loss_mask is not None:
+            per_token = per_token * loss_mask[rows].reshape(-1).to(per_token.dtype)
+        total = per_token.sum()
+        if self.grid is not None and self.grid.size("z") > 1:
+            total = _SumOverZ.apply(total, self.grid)
+        if normalizer is None:
+            normalizer = float(loss_mask.sum()) if loss_mask is not None else float(batch * s)
+        return total / max(float(normalizer), 1.0)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """AdamW parameter groups: decay on FC weights and embedding tables, none on biases and norms."""
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            tile = getattr(p, "axgrid_tile", None)
+            dense_dims = len(tile.dense_shape) if tile is not None else p.dim()
+            (decay if dense_dims >= 2 else no_decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def flops_per_iteration(self, batch: int, seq: Optional[int] = None) -> float:
+        return self.config.flops_per_iteration(batch, seq)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        where = "serial" if self.grid is None else f"grid {self.grid.shape}"
+        return (f"{c.name}: layers={c.layers}, hidden={c.hidden}, heads={c.heads}, seq={c.seq}, vocab={c.vocab}, "
+                f"ffn={c.ffn}, params={c.parameters():,}, {where}")
+
+
+__all__ = ["GPT", "GPTConfig", "Block", "NAMED_SIZES", "GPT2_PADDED_VOCAB", "param_seed"]

@@ -1,0 +1,99 @@
+"""``axgrid.nn.Embedding``: a lookup table whose feature columns are split over a grid dimension.
+
+On a grid each rank holds ``E[:, f0 : f0 + dim/G_f]`` of the dense table ``E [num, dim]`` (all rows, its slice of
+the features along ``feature_dim``, replicated over the other tensor-parallel letter, z and d). A lookup of this
+rank's token ids gives ``[m', dim/G_f]`` -- exactly the layer layout of a normal ``axgrid.nn.Linear``'s input
+when ``feature_dim="x"`` -- with no communication in forward. Backward scatters the output gradient into a
+dense ``[num, dim/G_f]`` gradient (partial: this rank's tokens only) and sums it over z (one all-reduce of the
+local table's size per micro-batch); the mean over d is :func:`axgrid.sync_gradients`'s.
+
+Initialisation is hashed (see :mod:`axgrid.nn.init`): element (i, j) of the dense table is
+``U(-sqrt(3)*std, sqrt(3)*std)`` (variance ``std**2``) drawn from ``(seed, index i*dim + j)``, so each rank
+computes only its own columns and every grid (and ``grid=None``, the serial table) holds the same values.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..grid import Grid
+from ..sharding import TileSpec
+from . import init as _init
+from .replicated_grad import reduce_over_z
+
+EMBEDDING_STREAM = 3
+
+
+class _ShardedLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: "Embedding") -> torch.Tensor:  # type: ignore[override]
+        ctx.layer, ctx.num = layer, weight.shape[0]
+        ctx.save_for_backward(ids)
+        return weight.index_select(0, ids)
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):  # type: ignore[override]
+        layer: Embedding = ctx.layer
+        (ids,) = ctx.saved_tensors
+        w = layer.weight
+        grad = torch.zeros((ctx.num, dout.shape[-1]), dtype=torch.float32, device=dout.device)
+        grad.index_add_(0, ids, dout.float())
+        grad = reduce_over_z(layer.grid, w, grad)
+        return None, (grad.to(w.dtype) if grad is not None else None), None
+
+
+class Embedding(nn.Module):
+    """``num`` rows of ``dim`` features; on a grid the features are split over ``feature_dim``.
+
+    Forward: integer ids of any shape ``[...]`` -> ``[..., dim]`` (serial) or ``[..., dim/G_f]`` (grid).
+    """
+
+    def __init__(self, num: int, dim: int, grid: Optional[Grid] = None, *, feature_dim: str = "x", seed: int = 0,
+                 std: float = 0.02, dtype: Optional[torch.dtype] = None,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        if feature_dim not in ("x", "y"):
+            raise ValueError(f"feature_dim={feature_dim!r} must be 'x' or 'y'")
+        self.grid, self.num, self.dim, self.feature_dim = grid, num, dim, feature_dim
+        self.seed, self.std = seed, std
+        if grid is None:
+            local, f0 = dim, 0
+            device = device or torch.device("cpu")
+        else:
+            g = grid.size(feature_dim)
+            if dim % g:
+                raise ValueError(f"Embedding dim={dim} is not divisible by G{feature_dim}={g} (grid {grid.shape}); "
+                                 f"choose dim divisible by {g} or another grid")
+            local, f0 = dim // g, grid.index(feature_dim) * (dim // g)
+            device = device or grid.device
+        self.local, self.f0 = local, f0
+        self.weight = nn.Parameter(torch.empty(num, local, dtype=dtype or torch.get_default_dtype(), device=device))
+        if grid is not None:
+            other = "y" if feature_dim == "x" else "x"
+            self.weight.axgrid_tile = TileSpec((num, dim), (0, f0), (num, local))
+            self.weight.axgrid_replicated = other + "zd"
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Fill this rank's columns from the hashed initialisation (no communication, no full table)."""
+        bound = math.sqrt(3.0) * self.std
+        with torch.no_grad():
+            self.weight.copy_(_init.uniform_block(self.seed, EMBEDDING_STREAM, self.dim, range(self.num),
+                                                  range(self.f0, self.f0 + self.local), bound, torch.float64))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"embedding ids must be int64 or int32, got {ids.dtype}")
+        if self.grid is None:
+            return F.embedding(ids, self.weight)
+        flat = ids.reshape(-1).long()
+        out = _ShardedLookup.apply(flat, self.weight, self)
+        return out.reshape(*ids.shape, self.local)
+
+    def extra_repr(self) -> str:
+        where = "serial" if self.grid is None else f"features over {self.feature_dim}, grid {self.grid.shape}"
+        return f"num={self.num}, dim={self.dim}, local={self.local}, {where}"

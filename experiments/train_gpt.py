@@ -1,0 +1,404 @@
+"""Train a GPT on the 4D grid and log loss, time, tokens/s, TFLOP/s, memory, communication and energy per step.
+
+    axgrid launch -n 8 -- python experiments/train_gpt.py --model gpt-tiny --grid 2x2x2x1 --data text --steps 30
+    mpirun -n 64 python experiments/train_gpt.py --model gpt-20b --grid 4x4x2x2 --batch 64 --microbatches 4 \\
+        --recompute --overlap oar,ors,oag --log run.jsonl          # (srun / torchrun work the same way)
+
+Batch: ``--batch B`` sequences per optimizer step (global), split into ``--microbatches M`` accumulated
+micro-batches; each micro-batch's ``B/M`` sequences are split over the data-parallel ranks (``B/(M·Gd)`` each) and
+then, inside the model, over z by whole sequences (``B/(M·Gd·Gz)`` per rank: must be a whole number >= 1).
+Every rank builds the same global batch from ``(seed, step)`` and takes its slice, so no data is communicated
+and a resumed run sees the same batches.
+
+Data: ``--data text`` reads ``--text-file`` (default: the public-domain KJV selections in experiments/data/) as
+bytes -- the tokenizer is byte-level, vocabulary 256 -- and samples random windows; ``--data synthetic`` draws
+uniform random token ids (loss stays near ln V: use it for speed, not learning).
+
+Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW, linear warm-up then cosine
+decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
+[--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
+
+FLOPs per step (axgrid.models.flops; V = vocabulary, L layers, h hidden, B·S tokens):
+    with --recompute:     96·B·S·L·h²·(1 + S/(6h) + V/(16·L·h))
+    without recompute:    72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))
+TFLOP/s per device = FLOPs per step / time per step / number of ranks / 1e12.
+
+Logs (rank 0): one JSON object per line in ``--log`` -- a ``config`` record, one ``step`` record per step (loss,
+time, tokens/s, TFLOP/s, peak memory, ledger bytes per grid dimension for the step, energy when NVML reports it),
+and a ``summary`` record; a tqdm progress bar on stderr. ``main(argv)`` returns the summary dict (every rank), so
+sweeps and validation scripts can call it in-process.
+
+Checkpoints: ``--save DIR --save-every K --resume DIR`` call :func:`save_checkpoint` / :func:`load_checkpoint`
+below -- the hooks where the checkpoint module plugs in (issue 6, part 4).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import axgrid  # noqa: E402
+from axgrid.goldfish import goldfish_mask, kept_count  # noqa: E402
+from axgrid.layout import GridError, GridShape  # noqa: E402
+from axgrid.models import GPT, GPTConfig  # noqa: E402
+from axgrid.models.gpt import NAMED_SIZES  # noqa: E402
+
+DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "kjv_selections.txt"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------------------------
+class ByteTokenizer:
+    """Byte-level tokenizer: UTF-8 bytes are the token ids (vocabulary 256), decoding replaces invalid bytes."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class TextBatches:
+    """Random windows of ``seq + 1`` tokens from a byte-tokenized text; batch ``step`` is a function of (seed, step)."""
+
+    def __init__(self, path: Path, seq: int, seed: int) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"--text-file {path} does not exist")
+        self.tokens = ByteTokenizer().encode(path.read_text(encoding="utf-8"))
+        if self.tokens.numel() < seq + 2:
+            raise ValueError(f"{path} has {self.tokens.numel()} tokens, fewer than one window of {seq + 1}")
+        self.seq, self.seed = seq, seed
+
+    def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(0, self.tokens.numel() - self.seq - 1, (size,), generator=gen)
+        win = torch.stack([self.tokens[s: s + self.seq + 1] for s in starts.tolist()])
+        return win[:, :-1], win[:, 1:]
+
+
+class SyntheticBatches:
+    """Uniform random token ids; batch ``step`` is a function of (seed, step)."""
+
+    def __init__(self, vocab: int, seq: int, seed: int) -> None:
+        self.vocab, self.seq, self.seed = vocab, seq, seed
+
+    def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        win = torch.randint(0, self.vocab, (size, self.seq + 1), generator=gen)
+        return win[:, :-1], win[:, 1:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# checkpoint hooks (issue 6, part 4 plugs in here)
+# ----------------------------------------------------------------------------------------------------------------
+def checkpoints_available() -> bool:
+    """Whether :func:`save_checkpoint` / :func:`load_checkpoint` are implemented (checked before the run starts)."""
+    return False
+
+
+def save_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimizer, step: int,
+                    grid: axgrid.Grid, args: argparse.Namespace) -> None:
+    """HOOK: save model + optimizer state after ``step`` optimizer steps (collective: every rank calls it).
+
+    Everything else a resumed run needs is a function of ``args`` and ``step``: the data of step ``s`` is drawn
+    from ``(args.seed, s)``, the learning rate from the schedule at ``s``.
+    """
+    raise NotImplementedError("checkpoint saving is not wired into train_gpt yet (issue 6, part 4)")
+
+
+def load_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimizer, grid: axgrid.Grid,
+                    args: argparse.Namespace) -> int:
+    """HOOK: load model + optimizer state (resharding if the grid differs); return the number of steps done."""
+    raise NotImplementedError("checkpoint loading is not wired into train_gpt yet (issue 6, part 4)")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# measurement helpers
+# ----------------------------------------------------------------------------------------------------------------
+class EnergyMeter:
+    """Energy of this rank's GPU from NVML (``pynvml``, optional); ``read()`` is None where it is unavailable."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml  # type: ignore[import-not-found]
+            pynvml.nvmlInit()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self._read = pynvml.nvmlDeviceGetTotalEnergyConsumption
+            self.read()
+        except Exception:
+            self.handle = None
+
+    def read(self) -> Optional[float]:
+        """Joules since the driver loaded, or None."""
+        if self.handle is None:
+            return None
+        try:
+            return float(self._read(self.handle)) / 1000.0
+        except Exception:
+            return None
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory (GPU), or the process's peak resident set size (CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024   # Linux reports KiB
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warm-up over ``--warmup`` steps, then cosine decay from ``--lr`` to ``--min-lr`` at the last step."""
+    if args.warmup and step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    span = max(1, args.steps - args.warmup)
+    frac = min(1.0, (step - args.warmup) / span)
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1.0 + math.cos(math.pi * frac))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# arguments
+# ----------------------------------------------------------------------------------------------------------------
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gpt-tiny", help=f"one of {', '.join(NAMED_SIZES)}")
+    p.add_argument("--layers", type=int, default=None, help="override the named size's layers")
+    p.add_argument("--hidden", type=int, default=None, help="override the named size's hidden size")
+    p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
+    p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
+    p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
+    p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
+    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
+    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--recompute", action="store_true", help="recompute each block's activations in backward")
+    p.add_argument("--overlap", default="none", help="oar,ors,oag,odp | all | none")
+    p.add_argument("--data", choices=("synthetic", "text"), default="synthetic")
+    p.add_argument("--text-file", default=str(DEFAULT_TEXT))
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--tune-gemm", choices=("off", "on-first-use", "cache-only"), default="off")
+    p.add_argument("--gemm-cache", default=None, help="GEMM tuner decision file (default: the tuner's own)")
+    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
+    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
+    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
+    p.add_argument("--log", default=None, help="JSON-lines log file (rank 0)")
+    p.add_argument("--timing-skip", type=int, default=1, help="warm-up steps left out of the summary's means")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a stuck collective fails")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    p.add_argument("--save", default=None, help="checkpoint directory (hook: issue 6 part 4)")
+    p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
+    p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    if args.min_lr is None:
+        args.min_lr = args.lr / 10
+    return args
+
+
+def build_config(args: argparse.Namespace) -> GPTConfig:
+    over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq") if getattr(args, k) is not None}
+    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, **over)
+
+
+def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridShape]) -> None:
+    """Every problem with the arguments, raised identically on every rank before any collective."""
+    if args.steps < 1 or args.batch < 1 or args.microbatches < 1:
+        raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
+                         f"all must be >= 1")
+    if args.batch % args.microbatches:
+        raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
+    if shape is not None:
+        per = args.batch // args.microbatches
+        if per % (shape.gd * shape.gz):
+            raise SystemExit(f"a micro-batch of {per} sequences (--batch {args.batch} / --microbatches "
+                             f"{args.microbatches}) is not divisible by Gd*Gz = {shape.gd}*{shape.gz} of grid {shape}: "
+                             f"data parallelism splits it over d and the model over z by whole sequences; use "
+                             f"--batch a multiple of {args.microbatches * shape.gd * shape.gz}")
+    if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
+        raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
+    if args.goldfish_k == 1 or args.goldfish_k < 0:
+        raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
+    if (args.save or args.resume) and not checkpoints_available():
+        raise SystemExit("--save/--resume: checkpointing is not wired into train_gpt yet (issue 6, part 4)")
+    if args.save_every and not args.save:
+        raise SystemExit("--save-every needs --save DIR")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------------------------
+def _max_over_grid(grid: axgrid.Grid, value: float) -> float:
+    t = torch.tensor([float(value)], dtype=torch.float64, device=grid.device)
+    for dim in ("xyz", "d"):
+        if grid.size(dim) > 1:
+            t = grid.comm.all_gather(t, dim).max().reshape(1)
+    return float(t[0])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Run the training; returns the summary (mean step time after warm-up, tokens/s, TFLOP/s, losses)."""
+    args = parse_args(argv)
+    try:
+        cfg = build_config(args)
+    except ValueError as e:
+        raise SystemExit(f"train_gpt: {e}") from None
+    world_hint = int(os.environ.get("WORLD_SIZE", os.environ.get("PMI_SIZE", os.environ.get(
+        "OMPI_COMM_WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))))
+    try:
+        pre_shape = GridShape.parse(args.grid, world_hint) if args.grid else None
+    except GridError as e:
+        raise SystemExit(str(e)) from None
+    check_args(args, cfg, pre_shape)
+    on_gpu = torch.cuda.is_available()
+    dtype = args.dtype or ("bf16" if on_gpu else "fp32")
+    if not on_gpu:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    config = axgrid.RuntimeConfig(timeout_s=args.timeout, overlap=axgrid.OverlapConfig.parse(args.overlap),
+                                  gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
+    try:
+        return _train(args, cfg, grid, dtype)
+    finally:
+        grid.destroy()
+
+
+def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: str) -> dict[str, Any]:
+    check_args(args, cfg, grid.shape)
+    rank0 = grid.rank == 0
+    device = grid.device
+    gd, d, world = grid.size("d"), grid.coord.d, grid.world_size
+    model = GPT(cfg, grid)
+    grid.watch(model)                     # ODP: gradients enter the d buckets during backward
+    opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
+                            eps=1e-8)
+    data = (TextBatches(Path(args.text_file), cfg.seq, args.seed) if args.data == "text"
+            else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
+    start = load_checkpoint(args.resume, model=model, optimizer=opt, grid=grid, args=args) if args.resume else 0
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    flops = cfg.flops_per_iteration(args.batch)
+    tokens_per_step = args.batch * cfg.seq
+    per_mb = args.batch // args.microbatches
+    bd = per_mb // gd
+    energy = EnergyMeter(device)
+    log = open(args.log, "a" if args.resume else "w") if (rank0 and args.log) else None
+
+    def emit(record: dict[str, Any]) -> None:
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+    formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
+               else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
+    emit({"event": "config", "model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
+          "seq": cfg.seq, "vocab": cfg.vocab, "parameters": cfg.parameters(), "grid": str(grid.shape),
+          "order": grid.order, "world": world, "backend": grid.backend, "dtype": dtype, "batch": args.batch,
+          "microbatches": args.microbatches, "recompute": cfg.recompute, "overlap": args.overlap,
+          "data": args.data, "goldfish_k": args.goldfish_k, "goldfish_mode": args.goldfish_mode,
+          "tune_gemm": args.tune_gemm, "flop_formula": formula, "flops_per_step": flops})
+    if rank0:
+        print(f"train_gpt: {cfg.name} ({cfg.parameters():,} parameters) on grid {grid.shape} ({world} ranks, "
+              f"{grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
+              f"micro-batch(es), data {args.data}", flush=True)
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=args.steps, initial=start, disable=not rank0 or args.no_progress, file=sys.stderr,
+                   dynamic_ncols=True, mininterval=1.0)
+    except ImportError:  # tqdm is a dependency, but a bare environment should still train
+        bar = None
+    records: list[dict[str, Any]] = []
+    for step in range(start, args.steps):
+        inputs, targets = data.batch(step, args.batch)               # the global batch, the same on every rank
+        mask = (goldfish_mask(inputs, args.goldfish_k, args.goldfish_h, args.goldfish_mode)
+                if args.goldfish_k else None)
+        kept = kept_count(mask) if mask is not None else tokens_per_step
+        lr = lr_at(step, args)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        e0 = energy.read()
+        grid.ledger.reset()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        for mb in range(args.microbatches):
+            rows = slice(mb * per_mb + d * bd, mb * per_mb + (d + 1) * bd)
+            x, y = inputs[rows].to(device), targets[rows].to(device)
+            m = mask[rows].to(device) if mask is not None else None
+            # ODP: only the last micro-batch's backward reduces over d (the others accumulate locally)
+            with grid.no_sync() if mb < args.microbatches - 1 else contextlib.nullcontext():
+                with autocast:
+                    loss = model(x, y, m, normalizer=kept / gd)
+                loss.backward()
+            loss_sum += loss.detach().float()
+        axgrid.sync_gradients(model, grid)
+        gnorm = float(axgrid.clip_grad_norm_(model, args.clip, grid)) if args.clip > 0 else float("nan")
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        comm = {k: int(v) for k, v in sorted(grid.ledger.bytes_by_dim().items())}
+        e1 = energy.read()
+        step_loss = float(grid.comm.all_reduce(loss_sum.reshape(1), "d", average=True)[0])  # not in the ledger
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"loss became {step_loss} at step {step}; lower --lr or check the data")
+        rec = {"event": "step", "step": step, "loss": step_loss, "lr": lr, "grad_norm": gnorm, "time_s": dt,
+               "tokens_per_s": tokens_per_step / dt, "tflops_per_device": flops / dt / world / 1e12,
+               "peak_mem_bytes": peak_memory_bytes(device), "comm_bytes": comm,
+               "energy_j": (e1 - e0) if (e0 is not None and e1 is not None) else None}
+        if mask is not None:
+            rec["kept_fraction"] = kept / tokens_per_step
+        records.append(rec)
+        emit(rec)
+        if bar is not None:
+            bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+            bar.update(1)
+        if args.save and ((args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps):
+            save_checkpoint(args.save, model=model, optimizer=opt, step=step + 1, grid=grid, args=args)
+    if bar is not None:
+        bar.close()
+    timed = records[args.timing_skip:] if len(records) > args.timing_skip else records
+    mean_t = sum(r["time_s"] for r in timed) / max(1, len(timed))
+    peak = _max_over_grid(grid, max((r["peak_mem_bytes"] for r in records), default=0))
+    summary = {"event": "summary", "model": cfg.name, "grid": str(grid.shape), "world": world, "dtype": dtype,
+               "steps": len(records), "timed_steps": len(timed), "time_per_step_s": mean_t,
+               "tokens_per_s": tokens_per_step / mean_t if mean_t else None,
+               "tflops_per_device": flops / mean_t / world / 1e12 if mean_t else None,
+               "first_loss": records[0]["loss"] if records else None,
+               "final_loss": records[-1]["loss"] if records else None,
+               "losses": [r["loss"] for r in records], "peak_mem_bytes_max_rank": int(peak),
+               "comm_bytes_per_step": records[-1]["comm_bytes"] if records else {}}
+    emit(summary)
+    if log is not None:
+        log.close()
+    if rank0:
+        print(f"train_gpt: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {len(records)} "
+              f"steps; {mean_t:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, "
+              f"{summary['tflops_per_device']:.4f} TFLOP/s per device", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
