@@ -106,7 +106,7 @@ class SyntheticBatches:
 # ----------------------------------------------------------------------------------------------------------------
 def checkpoints_available() -> bool:
     """Whether :func:`save_checkpoint` / :func:`load_checkpoint` are implemented (checked before the run starts)."""
-    return False
+    return True
 
 
 def save_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimizer, step: int,
@@ -116,13 +116,23 @@ def save_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimi
     Everything else a resumed run needs is a function of ``args`` and ``step``: the data of step ``s`` is drawn
     from ``(args.seed, s)``, the learning rate from the schedule at ``s``.
     """
-    raise NotImplementedError("checkpoint saving is not wired into train_gpt yet (issue 6, part 4)")
+    from axgrid.checkpoint import save_checkpoint as save
+    save(directory, model, optimizer, grid, step=step, extra={"model": args.model, "seed": args.seed,
+                                                             "data": args.data, "steps": args.steps})
 
 
 def load_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimizer, grid: axgrid.Grid,
                     args: argparse.Namespace) -> int:
     """HOOK: load model + optimizer state (resharding if the grid differs); return the number of steps done."""
-    raise NotImplementedError("checkpoint loading is not wired into train_gpt yet (issue 6, part 4)")
+    from axgrid.checkpoint import CheckpointError, load_checkpoint as load
+    try:
+        info = load(directory, model, optimizer, grid)
+    except CheckpointError as e:          # raised on every rank alike: a clean exit, not a traceback per rank
+        raise SystemExit(f"--resume {directory}: {e}") from None
+    if grid.rank == 0:
+        print(f"train_gpt: resumed from {info.path} at step {info.step} (saved on grid {info.saved_grid}"
+              f"{', resharded to ' + str(grid.shape) if info.resharded else ''})", flush=True)
+    return info.step
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -327,6 +337,8 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     except ImportError:  # tqdm is a dependency, but a bare environment should still train
         bar = None
     records: list[dict[str, Any]] = []
+    from axgrid.checkpoint import SaveOnSignal
+    stop = SaveOnSignal(grid).install() if args.save else None   # SIGTERM / SIGUSR1 -> save and exit
     for step in range(start, args.steps):
         inputs, targets = data.batch(step, args.batch)               # the global batch, the same on every rank
         mask = (goldfish_mask(inputs, args.goldfish_k, args.goldfish_h, args.goldfish_mode)
@@ -375,8 +387,16 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
         if bar is not None:
             bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
             bar.update(1)
-        if args.save and ((args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps):
+        halt = stop is not None and stop.should_stop()           # collective: all ranks agree at this boundary
+        if args.save and (halt or (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps):
             save_checkpoint(args.save, model=model, optimizer=opt, step=step + 1, grid=grid, args=args)
+        if halt:
+            if rank0:
+                print(f"train_gpt: {stop.signal_name or 'a stop signal'} received; saved step {step + 1} to "
+                      f"{args.save}; exiting (resume with --resume {args.save})", flush=True)
+            break
+    if stop is not None:
+        stop.uninstall()
     if bar is not None:
         bar.close()
     timed = records[args.timing_skip:] if len(records) > args.timing_skip else records
@@ -393,7 +413,9 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     emit(summary)
     if log is not None:
         log.close()
-    if rank0:
+    if rank0 and not records:
+        print(f"train_gpt: nothing to run: the run is already at step {args.steps} (--steps)", flush=True)
+    elif rank0:
         print(f"train_gpt: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {len(records)} "
               f"steps; {mean_t:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, "
               f"{summary['tflops_per_device']:.4f} TFLOP/s per device", flush=True)
