@@ -5,7 +5,7 @@
     model = axgrid.parallelize(model, grid)
     ...; loss.backward(); axgrid.sync_gradients(model, grid); opt.step()
 """
-from . import nn
+from . import checkpoint, nn
 from .comm import Communicator, Ledger
 from .config import OverlapConfig, RuntimeConfig
 from .data_parallel import clip_grad_norm_, finish_gradients, grad_norm, sync_gradients
