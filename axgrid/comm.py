@@ -115,7 +115,10 @@ def _done(t: torch.Tensor) -> Pending:
 
 
 class Communicator:
-    """Collectives along the grid's dimensions. ``dim`` names a group: "x", "y", "z", "d", "xy", "xyz"."""
+    """Collectives along the grid's dimensions. ``dim`` names a group: "x", "y", "z", "d", "xy", "xyz".
+
+    Members of a group are ordered by global rank (``indices[dim]`` is this rank's place): for one letter that is
+    its coordinate; for several letters it follows the grid's rank order."""
 
     def __init__(self, groups: dict[str, Optional[dist.ProcessGroup]], sizes: dict[str, int],
                  indices: dict[str, int], backend: str, reduce_in_fp32: Optional[bool] = None,
@@ -191,6 +194,7 @@ class Communicator:
 
         Parts are padded to the largest, gathered, and trimmed: ``[sum(sizes), *t.shape[1:]]``.
         """
+        self._check(dim)
         p = self.sizes[dim]
         if len(sizes) != p or t.shape[0] != sizes[self.indices[dim]]:
             raise ValueError(f"all_gather_uneven over {dim}: sizes {list(sizes)} do not match group size {p} "

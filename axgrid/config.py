@@ -35,9 +35,9 @@ class OverlapConfig:
         spec = spec.strip().lower()
         if spec in ("", "none", "off"):
             return OverlapConfig()
-        if spec == "all":
-            return OverlapConfig(True, True, True, True)
         chosen = {s.strip() for s in spec.split(",") if s.strip()}
+        if "all" in chosen:
+            chosen = (chosen - {"all"}) | names
         unknown = chosen - names - {"keep"}
         if unknown:
             raise ValueError(f"unknown overlap switch(es) {sorted(unknown)}; choose from oar, ors, oag, odp, keep, "

@@ -35,13 +35,22 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
 
     Call once per optimizer step, after the last micro-batch's backward. Completes pending overlapped
     gradient collectives first. With the ODP overlap on, gradients already synchronised during backward
-    are not reduced again.
+    are not reduced again. Every trainable parameter is reduced, in ``params`` order; one without a gradient
+    on this rank contributes zeros (and receives the mean). ODP itself, like DDP's default, needs every
+    watched parameter to get a gradient in every synchronised backward.
     """
     finish_gradients(grid)
     if grid.size("d") == 1:
         return
-    done = grid.pending_grads.synced if grid.pending_grads is not None else set()
-    todo = [p for p in _params(params) if p.grad is not None and id(p) not in done]
+    done = set(grid.pending_grads.synced) if grid.pending_grads is not None else set()
+    if grid.pending_grads is not None:
+        grid.pending_grads.synced.clear()     # consumed: the next step starts from nothing synced
+    # Every rank reduces the same parameters in the same order: a parameter without a gradient on this rank
+    # (unused in its branch) contributes zeros, so buckets line up across d and the mean stays right.
+    todo = [p for p in _params(params) if id(p) not in done]
+    for p in todo:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     limit = grid.config.bucket_bytes
     bucket: list[torch.Tensor] = []
     size = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 import socket
 from typing import Optional, Sequence, Union
 
@@ -48,7 +49,8 @@ class Grid:
         from .trace import Tracer  # local import: the tracer is optional machinery
         self.tracer = Tracer(self.rank) if config.trace else None
         self.comm = Communicator(self._groups, {d: self.shape.extent(d) for d in GROUP_DIMS},
-                                 {d: layout.index_in(self.rank, d) for d in GROUP_DIMS}, backend,
+                                 {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS},
+                                 backend,
                                  reduce_in_fp32=config.reduce_in_fp32, record_timing=config.record_timing,
                                  tracer=self.tracer)
         self.gemm = config.gemm or (self._gemm_tuner() if config.gemm_tuning != "off" else None)
@@ -114,8 +116,16 @@ class Grid:
 
     # -- teardown -------------------------------------------------------------------------------------
     def destroy(self) -> None:
-        """Release this grid's groups (and the default group when :func:`init` created it)."""
+        """Complete what is in flight, then release this grid's groups (and the default group when
+        :func:`init` created it)."""
         _ACTIVE.discard(id(self))
+        try:
+            if self.prefetcher is not None:
+                self.prefetcher.drop()
+            if self.pending_grads is not None:
+                self.pending_grads.finish()
+        except Exception:
+            pass   # a broken group (e.g. after a timeout) must not stop the release below
         for g in self._all_groups:
             try:
                 dist.destroy_process_group(g)
@@ -172,7 +182,8 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         used = dist.get_backend()
     hosts: list[Optional[str]] = [None] * launch.world_size
     dist.all_gather_object(hosts, socket.gethostname())
-    seeds = [config.seed if config.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())]
+    # rank 0's choice wins; drawn from the OS so the user's torch RNG stream is left untouched
+    seeds = [config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF]
     dist.broadcast_object_list(seeds, src=0)
     grid = Grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seeds[0])
     _ACTIVE.add(id(grid))

@@ -73,7 +73,7 @@ def free_port() -> int:
 def _port_from_job(env: Mapping[str, str]) -> int:
     """A port all ranks derive alike, without talking: MASTER_PORT, else one from the job id."""
     if "MASTER_PORT" in env:
-        return int(env["MASTER_PORT"])
+        return _int(env, "MASTER_PORT")  # type: ignore[return-value]
     job = env.get("SLURM_JOB_ID") or env.get("PMI_ID") or env.get("OMPI_MCA_ess_base_jobid") or "0"
     digits = int(re.sub(r"\D", "", job) or 0)
     return 20000 + digits % 20000
@@ -113,8 +113,11 @@ def detect_launch(env: Optional[Mapping[str, str]] = None, use_mpi: bool = True)
         launcher = "openmpi" if "OMPI_COMM_WORLD_RANK" in env else "mpich"
         rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK")
         size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", default=0)
-        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", default=size)
+        # (srun --mpi=pmi2/pmix also sets PMI_*: then the local rank comes from Slurm's variables)
+        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID",
+                     default=0)
+        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE",
+                          "SLURM_NTASKS_PER_NODE", default=size)
         met = _mpi_rendezvous(env) if use_mpi else None
         addr, port = met if met else (env.get("MASTER_ADDR", "127.0.0.1"), _port_from_job(env))
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:

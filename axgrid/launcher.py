@@ -103,7 +103,12 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
                 failed = [c for c in codes if c not in (None, 0)]
                 marks = [f for f in os.listdir(tmp) if f.startswith("fail-")]
                 if failed or marks:
-                    code = failed[0] if failed else int(open(os.path.join(tmp, marks[0])).read() or 1)
+                    if failed:
+                        code = failed[0]
+                    else:
+                        with open(os.path.join(tmp, marks[0])) as f:
+                            text = f.read().strip()
+                        code = int(text) if text.isdigit() else 1
                     break
                 if all(c == 0 for c in codes):
                     break

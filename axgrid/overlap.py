@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Optional
 
@@ -34,10 +35,11 @@ class WeightPrefetcher:
 
     def __init__(self, grid: "Grid") -> None:
         self.grid = grid
-        self.next_of: dict[str, dict[int, "Linear"]] = {"fwd": {}, "bwd": {}}
+        # layer id -> the layer that ran after it (weak: a deleted model is not kept alive)
+        self.next_of: dict[str, dict[int, weakref.ref]] = {"fwd": {}, "bwd": {}}
+        self.seen: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
         self.recording = {"fwd": True, "bwd": True}
         self.last: dict[str, Optional[int]] = {"fwd": None, "bwd": None}
-        self.layers: dict[int, "Linear"] = {}
         self.pending: Optional[tuple[int, int, Pending]] = None   # (layer id, weight version, gather)
         self.hits = self.misses = 0
         self.callback_queued = False
@@ -51,13 +53,18 @@ class WeightPrefetcher:
         if mode == "bwd":
             self.note_backward()
         key = id(layer)
-        self.layers[key] = layer
+        if not self.recording[mode] and key not in self.seen[mode]:
+            self.recording[mode] = True          # a layer never seen (e.g. another model): record again
+            self.next_of[mode].clear()
+            self.seen[mode].clear()
+        self.seen[mode].add(key)
         if self.recording[mode] and self.last[mode] is not None and self.last[mode] != key:
             prev = self.next_of[mode]
-            if self.last[mode] in prev and prev[self.last[mode]] is not layer:
+            known = prev.get(self.last[mode])
+            if known is not None and known() is not layer:
                 self.recording[mode] = False     # a second pass began: the order is complete
             else:
-                prev[self.last[mode]] = layer
+                prev[self.last[mode]] = weakref.ref(layer)
         self.last[mode] = key
         block = None
         if self.pending is not None:
@@ -71,7 +78,8 @@ class WeightPrefetcher:
                 self.misses += 1
         if block is None:
             block = layer.gather_weight(shard)
-        nxt = None if self.recording[mode] else self.next_of[mode].get(key)
+        ref = None if self.recording[mode] else self.next_of[mode].get(key)
+        nxt = ref() if ref is not None else None
         if nxt is not None and nxt.grid.size("z") > 1:
             self.pending = (id(nxt), nxt.weight._version, nxt.gather_weight_async())
         return block
@@ -110,7 +118,8 @@ class GradientPipeline:
         self.callback_queued = False
         self.sync_enabled = True
         self.hooked: set[int] = set()
-        self.synced: set[int] = set()   # ids of parameters reduced over d by the latest backward
+        self.delivered: set[int] = set()  # ids of parameters whose gradients this pipeline writes (ORS)
+        self.synced: set[int] = set()     # ids of parameters reduced over d by the latest backward
 
     # -- registration ----------------------------------------------------------------------------------
     def watch(self, params: Iterator[torch.nn.Parameter]) -> None:
@@ -120,10 +129,16 @@ class GradientPipeline:
         for p in params:
             if p.requires_grad and id(p) not in self.hooked:
                 self.hooked.add(id(p))
-                p.register_post_accumulate_grad_hook(self._grad_ready)
+                p.register_post_accumulate_grad_hook(self._engine_hook)
+
+    def _engine_hook(self, param: torch.nn.Parameter) -> None:
+        """Autograd accumulated ``param``'s gradient (also called with ``grad None`` for ORS parameters)."""
+        if id(param) in self.delivered or param.grad is None:
+            return                             # ORS parameters enter the buckets from _complete
+        self._grad_ready(param)
 
     def _queue_callback(self) -> None:
-        if not self.callback_queued:           # the first gradient event of a new backward pass
+        if not self.callback_queued and in_backward():   # the first gradient event of a new backward pass
             self.callback_queued = True
             self.synced.clear()
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
@@ -132,10 +147,12 @@ class GradientPipeline:
     def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> None:
         """Post ``RS_z(flat)`` for ``param``'s gradient; complete the previous one (it ran under our GEMMs)."""
         self._queue_callback()
+        self.delivered.add(id(param))
         self._post(param, self.grid.comm.reduce_scatter(flat, "z", async_op=True))
 
     def all_reduce(self, param: torch.nn.Parameter, grad: torch.Tensor, dim: str) -> None:
         self._queue_callback()
+        self.delivered.add(id(param))
         self._post(param, self.grid.comm.all_reduce(grad, dim, async_op=True))
 
     def _post(self, param: torch.nn.Parameter, pending: Pending) -> None:
@@ -153,9 +170,11 @@ class GradientPipeline:
 
     # -- ODP -------------------------------------------------------------------------------------------
     def _grad_ready(self, param: torch.nn.Parameter) -> None:
-        if not self.odp or not self.sync_enabled or self.grid.size("d") == 1:
+        if not self.odp or self.grid.size("d") == 1:
             return
-        self._queue_callback()
+        self._queue_callback()                 # also under no_sync: a new backward clears `synced`
+        if not self.sync_enabled:
+            return
         if self.bucket and param.grad.dtype != self.bucket[0].grad.dtype:
             self._flush()
         self.bucket.append(param)
@@ -182,7 +201,6 @@ class GradientPipeline:
     # -- completion ------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Complete every collective in flight and write the results to ``.grad``. Idempotent."""
-        self.callback_queued = False
         while self.inflight:
             self._complete(*self.inflight.pop(0))
         self._flush()
@@ -194,6 +212,7 @@ class GradientPipeline:
                 self.synced.add(id(p))
                 off += p.grad.numel()
         self.dp_inflight.clear()
+        self.callback_queued = False
 
     def empty(self) -> bool:
         return not (self.inflight or self.bucket or self.dp_inflight)

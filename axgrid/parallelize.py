@@ -54,7 +54,7 @@ def auto_plan(model: nn.Module, grid: Grid) -> Plan:
     """Pairs found in ``nn.Sequential`` containers: Linear, elementwise ops..., Linear (both divisible)."""
     plan: Plan = {}
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.Sequential):
+        if type(mod) is not nn.Sequential:      # a subclass may have its own forward: no assumptions
             continue
         children = list(mod.named_children())
         i = 0
@@ -77,6 +77,30 @@ def auto_plan(model: nn.Module, grid: Grid) -> Plan:
     return plan
 
 
+def _check_pairs(plan: Plan, linears: dict[str, nn.Linear]) -> None:
+    """Every sharded side has a partner with the matching layout, orientation and width (no silent mismatch)."""
+    consumed = set()
+    for name, p in plan.items():
+        if p.input_layout != "sharded":
+            continue
+        src = plan.get(p.after) if p.after else None
+        if p.after is None or p.after not in linears or src is None:
+            raise ValueError(f"plan: {name} takes a sharded input, so it needs after=<the layer producing it>; "
+                             f"use axgrid.pair(up, down)")
+        if src.output_layout != "sharded" or src.transpose == p.transpose:
+            raise ValueError(f"plan: {name} (transpose={p.transpose}) follows {p.after} (transpose={src.transpose}, "
+                             f"output {src.output_layout}): the producer must have a sharded output and the opposite "
+                             f"orientation")
+        if linears[p.after].out_features != linears[name].in_features:
+            raise ValueError(f"plan: {p.after} gives {linears[p.after].out_features} features but {name} takes "
+                             f"{linears[name].in_features}")
+        consumed.add(p.after)
+    orphans = [n for n, p in plan.items() if p.output_layout == "sharded" and n not in consumed]
+    if orphans:
+        raise ValueError(f"plan: {orphans} produce sharded outputs that no layer takes (after=...); make them "
+                         f"replicated or pair them")
+
+
 def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_pair: bool = True) -> nn.Module:
     """Replace ``model``'s ``nn.Linear`` modules (in place) by ``axgrid.nn.Linear`` with the same weights.
 
@@ -86,11 +110,21 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
     """
     full: Plan = dict(auto_plan(model, grid)) if auto_pair else {}
     full.update(plan or {})
+    paths: dict[int, list[str]] = {}          # a Linear used at several paths is replaced at every one
+    for n, m in model.named_modules(remove_duplicate=False):
+        if type(m) is nn.Linear:
+            paths.setdefault(id(m), []).append(n)
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
-    unknown = set(plan or {}) - set(linears)
+    unknown = set(plan or {}) - {n for ns in paths.values() for n in ns}
     if unknown:
         raise ValueError(f"plan names {sorted(unknown)} that are not nn.Linear modules of the model; "
                          f"its Linear modules are {sorted(linears)}")
+    shared = [ns for ns in paths.values() if len(ns) > 1]
+    if any(full.get(n, LinearPlan()).input_layout == "sharded" or full.get(n, LinearPlan()).output_layout ==
+           "sharded" for ns in shared for n in ns):
+        raise ValueError(f"a Linear used at several paths ({shared}) cannot be part of a sharded pair; "
+                         f"leave it drop-in")
+    _check_pairs(full, linears)
     dense_left = set()
     for name, lin in linears.items():
         p = full.get(name, LinearPlan())
@@ -98,12 +132,11 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
         if why:
             warnings.warn(f"axgrid.parallelize: {name} left dense: {why}", stacklevel=2)
             dense_left.add(name)
-    # a pair whose partner stays dense (or is missing) falls back to drop-in on both sides
+    # a pair whose partner stays dense falls back to drop-in on both sides
     for name, p in list(full.items()):
-        if p.after is not None and (p.after in dense_left or name in dense_left or p.after not in linears):
+        if p.after is not None and (p.after in dense_left or name in dense_left):
             full[name] = LinearPlan(p.transpose)
-            if p.after in full:
-                full[p.after] = LinearPlan(full[p.after].transpose)
+            full[p.after] = LinearPlan(full[p.after].transpose)
     made: dict[str, Linear] = {}
     for name, lin in linears.items():
         if name in dense_left:
@@ -111,8 +144,12 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
         p = full.get(name, LinearPlan())
         made[name] = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
                                        output_layout=p.output_layout)
-        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        setattr(parent, name.rsplit(".", 1)[-1], made[name])
+        for param, old in ((made[name].weight, lin.weight), (made[name].bias, lin.bias)):
+            if param is not None:
+                param.requires_grad_(old.requires_grad)    # frozen stays frozen
+        for path in paths[id(lin)]:
+            parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+            setattr(parent, path.rsplit(".", 1)[-1], made[name])
     for name, layer in made.items():
         p = full.get(name, LinearPlan())
         if p.after is not None:

@@ -88,14 +88,22 @@ def shard_tokens_features(x: torch.Tensor, grid: Grid, feature_dim: str) -> torc
 
 
 def gather_tokens_features(x_loc: torch.Tensor, grid: Grid, feature_dim: str, m: int | None = None) -> torch.Tensor:
-    """``[m/Gz, f/G_feature]`` -> ``[m, f]`` replicated. ``m`` (the total tokens) is needed when the split was
-    uneven; by default ``rows * Gz``. Differentiable."""
+    """``[m/Gz, f/G_feature]`` -> ``[m, f]`` replicated. ``m``: the total tokens; when it is not given, the
+    z-ranks exchange their row counts (one small all-gather) so an uneven split is handled alike everywhere.
+    Differentiable."""
     if x_loc.dim() != 2:
         raise ValueError(f"expected a 2-D [tokens, features] tensor, got shape {tuple(x_loc.shape)}")
-    m = x_loc.shape[0] * grid.size("z") if m is None else m
-    if token_split(m, grid.size("z"))[grid.index("z")] != x_loc.shape[0]:
+    gz = grid.size("z")
+    if m is None:
+        rows = grid.comm.all_gather(torch.tensor([x_loc.shape[0]], dtype=torch.int64, device=x_loc.device), "z")
+        counts = [int(v) for v in rows.reshape(-1).tolist()]
+        m = sum(counts)
+        if counts != token_split(m, gz):     # the same verdict on every z-rank: they all see all counts
+            raise ValueError(f"token rows per z-rank {counts} are not the split of m={m} tokens over Gz={gz} "
+                             f"({token_split(m, gz)}); shard tokens with shard_tokens_features")
+    elif token_split(m, gz)[grid.index("z")] != x_loc.shape[0]:
         raise ValueError(f"this rank holds {x_loc.shape[0]} token rows, which is not its part of m={m} tokens "
-                         f"split over Gz={grid.size('z')}")
+                         f"split over Gz={gz}")
     if grid.size("z") == 1 and grid.size(feature_dim) == 1:
         return x_loc
     return _Gather.apply(x_loc, grid, feature_dim, m)

@@ -125,3 +125,56 @@ def rank_plan_errors(spec: str) -> str:
 def test_parallelize_unknown_plan_name(ranks):
     msgs = ranks(2, rank_plan_errors, "2x1x1x1")
     assert all("not nn.Linear modules" in m and "mlp.0" in m for m in msgs)
+
+
+class Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = self.a                         # one Linear at two paths
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(self.b(self.a(x)))
+
+
+def rank_parallelize_edge_cases(spec: str) -> dict:
+    grid = axgrid.init(spec, timeout_s=60)
+    try:
+        out = {}
+        bad_plans = {
+            "normal->normal pair": {"0": axgrid.LinearPlan(False, "replicated", "sharded"),
+                                    "2": axgrid.LinearPlan(False, "sharded", "replicated", after="0")},
+            "orphan": {"2": axgrid.LinearPlan(False, "replicated", "sharded")},
+            "no after": {"2": axgrid.LinearPlan(True, "sharded", "replicated")},
+        }
+        for what, plan in bad_plans.items():
+            try:
+                axgrid.parallelize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), grid, plan=plan,
+                                   auto_pair=False)
+                out[what] = "no error"
+            except ValueError as e:
+                out[what] = str(e)
+        torch.manual_seed(0)
+        orig = Shared()
+        model = Shared()
+        model.load_state_dict(orig.state_dict())
+        axgrid.parallelize(model, grid)
+        out["shared"] = model.a is model.b and isinstance(model.a, axgrid.nn.Linear)
+        out["frozen"] = not model.frozen.weight.requires_grad and not model.frozen.bias.requires_grad
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(model(x), orig(x), rtol=1e-5, atol=1e-5)
+        model(x).sum().backward()
+        out["frozen_grad"] = model.frozen.weight.grad is None
+        return out
+    finally:
+        grid.destroy()
+
+
+def test_parallelize_rejects_bad_plans_and_keeps_sharing_and_freezing(ranks):
+    for o in ranks(4, rank_parallelize_edge_cases, "2x2x1x1"):
+        assert "the producer must have a sharded output and the opposite orientation" in o["normal->normal pair"]
+        assert "no layer takes" in o["orphan"]
+        assert "needs after=" in o["no after"]
+        assert o["shared"] and o["frozen"] and o["frozen_grad"]

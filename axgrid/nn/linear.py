@@ -129,26 +129,31 @@ class _LinearFunction(torch.autograd.Function):
         if grid.prefetcher is not None:
             grid.prefetcher.note_backward()
         x_loc, saved = ctx.saved_tensors
-        w_blk = saved if ctx.keep else layer.gather_weight(saved)
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dy = dy.contiguous()
-        dx = _gemm(grid, dy, w_blk, "input_grad")                      # [m', k_blk], partial over out_dim
-        dx_pending = grid.comm.all_reduce(dx, sh.out_dim, async_op=True) if ov.oar else None
-        if dx_pending is None:
-            dx = grid.comm.all_reduce(dx, sh.out_dim)
-        dw_blk = _gemm(grid, dy.t(), x_loc, "weight_grad")              # [n_blk, k_blk]
-        flat = dw_blk.reshape(-1)
-        if sh.padded_numel != sh.block_numel:
-            flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
-        db = dy.sum(0) if ctx.has_bias else None
-        if ov.ors:
-            layer.grid.pending_grads.reduce_scatter(layer.weight, flat)
-            dw_shard = None
-            if db is not None:
-                layer.grid.pending_grads.all_reduce(layer.bias, db, "z")
+        dx = dx_pending = dw_shard = db = None
+        if need_x:                                                  # (the same decision on every rank: SPMD)
+            w_blk = saved if ctx.keep else layer.gather_weight(saved)
+            dx = _gemm(grid, dy, w_blk, "input_grad")               # [m', k_blk], partial over out_dim
+            if ov.oar:
+                dx_pending = grid.comm.all_reduce(dx, sh.out_dim, async_op=True)
+            else:
+                dx = grid.comm.all_reduce(dx, sh.out_dim)
+        if need_w:
+            dw_blk = _gemm(grid, dy.t(), x_loc, "weight_grad")      # [n_blk, k_blk]
+            flat = dw_blk.reshape(-1).to(layer.weight.dtype)          # reduce in the parameter's precision
+            if sh.padded_numel != sh.block_numel:
+                flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
+            if ov.ors:
+                grid.pending_grads.reduce_scatter(layer.weight, flat)
+            else:
+                dw_shard = grid.comm.reduce_scatter(flat, "z")
+        if need_b:
+            db = dy.sum(0).to(layer.bias.dtype)
+            if ov.ors:
+                grid.pending_grads.all_reduce(layer.bias, db, "z")
                 db = None
-        else:
-            dw_shard = grid.comm.reduce_scatter(flat, "z")
-            if db is not None:
+            else:
                 db = grid.comm.all_reduce(db, "z")
         if dx_pending is not None:
             dx = dx_pending.wait()
@@ -304,9 +309,8 @@ class Linear(nn.Module):
         source = self.__dict__.get("tokens_from")  # the replicated-input layer this one is paired with
         if source is not None and getattr(source, "_tokens", None) is not None:
             lead, m = source._tokens
-        else:
-            lead, m = (y_loc.shape[0] * self.grid.size("z"),), None
-        return gather_tokens_features(y_loc, self.grid, sh.out_dim, m).reshape(*lead, self.out_features)
+            return gather_tokens_features(y_loc, self.grid, sh.out_dim, m).reshape(*lead, self.out_features)
+        return gather_tokens_features(y_loc, self.grid, sh.out_dim)     # token count agreed over z
 
     def pair_after(self, source: "Linear") -> "Linear":
         """Declare that this layer's sharded input comes (through per-token elementwise ops) from ``source``'s
