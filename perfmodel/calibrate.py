@@ -73,7 +73,7 @@ def fit_alpha_beta(samples: Iterable[CommSample]) -> Placement:
 
     fit = least_squares(res, np.log(x0), method="lm" if len(ss) > 2 else "trf")
     alpha, inv_beta = np.exp(fit.x)
-    return Placement(alpha=float(alpha), beta=float(1.0 / inv_beta))
+    return Placement(alpha=float(alpha), beta=float(1.0 / max(inv_beta, 1e-15)))  # latency-only samples: β ≤ 1 PB/s
 
 
 def fit_placements(samples: Iterable[CommSample], gpus_per_node: int) -> dict[str, Placement]:
@@ -126,17 +126,41 @@ def calibrate(comm_samples: list[CommSample], gemm_samples: list[GemmSample], ba
         kw["inter_node_bandwidth_per_nic"] = placement["inter"].beta / base.nics_per_node
     m = replace(base, **kw)
     if out is not None:
+        fitted = set(placement) - set(base.placement)
+        how = f"fitted from {len(comm_samples)} measured collectives"
+        sources = {"intra_node_bandwidth": how if "intra" in fitted else f"base machine {base.name}",
+                   "intra_node_latency": how if "intra" in fitted else f"base machine {base.name}",
+                   "inter_node_bandwidth_per_nic": how if "inter" in fitted else f"base machine {base.name} "
+                                                                                 "(not measured: one host)",
+                   "inter_node_latency": how if "inter" in fitted else f"base machine {base.name} "
+                                                                       "(not measured: one host)",
+                   "peak_flops_bf16": f"base machine {base.name} (local: the fastest of the measured GEMMs per "
+                                      "rank, or --peak)",
+                   "peak_flops_fp32": f"base machine {base.name} (local: the fastest of the measured GEMMs per "
+                                      "rank, or --peak)",
+                   "gpus_per_node": f"base machine {base.name} (local: the ranks measured, all on this host)",
+                   "memory_bytes": f"base machine {base.name} (local: host RAM / ranks)",
+                   "nics_per_node": f"base machine {base.name}"}
         write_machine(m, out, comment=f"written by perfmodel calibrate from {len(comm_samples)} collective and "
-                                      f"{len(gemm_samples)} GEMM samples (base: {base.name})")
+                                      f"{len(gemm_samples)} GEMM samples (base: {base.name})", sources=sources)
     return m
 
 
-def write_machine(m: Machine, path: str | Path, comment: str = "") -> Path:
-    """Write ``m`` as a machine TOML (atomically: temp file + rename)."""
+def write_machine(m: Machine, path: str | Path, comment: str = "", sources: dict[str, str] | None = None) -> Path:
+    """Write ``m`` as a machine TOML (atomically: temp file + rename). Every top-level field gets a
+    ``# source:`` comment (the library's rule): ``sources[field]`` when given, else "perfmodel calibrate"."""
+    from .machines import REQUIRED
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(machine_to_toml(m, comment))
+    src = sources or {}
+    lines = []
+    for line in machine_to_toml(m, comment).splitlines():
+        key = line.split(" = ", 1)[0] if " = " in line else ""
+        if key in REQUIRED and key != "name" and "# source:" not in line:
+            line += f"  # source: {src.get(key, 'perfmodel calibrate')}"
+        lines.append(line)
+    tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, p)
     return p
 
@@ -183,11 +207,37 @@ NEEDS_RUNTIME = ("measuring needs the axgrid runtime (torch + axgrid importable:
                  "`python -m perfmodel calibrate --samples FILE.json --out machines/local.toml`")
 
 
-def measure_with_runtime(nranks: int, sizes_bytes: list[int], gemm_shapes: list[tuple[int, int, int]]
-                         ) -> tuple[list[CommSample], list[GemmSample]]:
+def model_gemm_shapes(spec, batch: int, gpus: int, microbatches: int = 1, limit: int = 48
+                      ) -> list[tuple[int, int, int]]:
+    """The (m, n, k) GEMMs the model would time for ``spec`` on the grids of ``gpus`` that divide evenly:
+    forward (m', n_loc, k_loc), input gradient (m', k_loc, n_loc), weight gradient (n_loc, k_loc, m') of every
+    FC layer, and attention (S, S, head_dim). Distinct shapes, at most ``limit`` (evenly thinned by size)."""
+    from .comm import layer_volumes
+    from .layers import block_layers, head_layer
+    from .space import enumerate_grids
+
+    g = enumerate_grids(gpus)
+    tokens = batch // microbatches * spec.seq
+    ok = (tokens % (g.gd * g.gz) == 0) & (spec.hidden % g.gx == 0) & (spec.hidden % g.gy == 0)
+    shapes: set[tuple[int, int, int]] = {(spec.seq, spec.seq, spec.hidden // spec.heads)}
+    for layer in block_layers(spec) + [head_layer(spec)]:
+        for gx, gy, gz, gd in zip(g.gx[ok], g.gy[ok], g.gz[ok], g.gd[ok]):
+            v = layer_volumes(layer, gx, gy, gz, tokens // (gd * gz))
+            m, n, k = int(tokens // (gd * gz)), int(v.n_loc), int(v.k_loc)
+            shapes |= {(m, n, k), (m, k, n), (n, k, m)}
+    out = sorted(shapes, key=lambda s: (s[0] * s[1] * s[2], s))
+    if len(out) > limit:
+        idx = np.unique(np.linspace(0, len(out) - 1, limit).round().astype(int))
+        out = [out[i] for i in idx]
+    return out
+
+
+def measure_with_runtime(nranks: int, sizes_bytes: list[int], gemm_shapes: list[tuple[int, int, int]],
+                         **kw) -> tuple[list[CommSample], list[GemmSample]]:
     """Measure collectives (every group size and stride of the grids of ``nranks``, each size in
-    ``sizes_bytes``) and GEMMs through the runtime. Plug point for the runtime: ``axgrid.calibration.measure``
-    must return the two sample lists in the formats above."""
+    ``sizes_bytes``) and GEMMs through the runtime: ``axgrid.calibration.measure`` (imported here, so perfmodel
+    itself never needs torch) returns the two sample lists as dicts in the formats above; ``kw`` (reps, warmup,
+    gemm_dtype, ...) is passed through."""
     if not runtime_available():
         raise PerfModelError(NEEDS_RUNTIME)
     import importlib
@@ -196,6 +246,35 @@ def measure_with_runtime(nranks: int, sizes_bytes: list[int], gemm_shapes: list[
     except ImportError as e:
         raise PerfModelError(f"axgrid is importable but provides no axgrid.calibration.measure yet ({e}); "
                              + NEEDS_RUNTIME) from None
-    comm, gemm = mod.measure(nranks=nranks, sizes_bytes=sizes_bytes, gemm_shapes=gemm_shapes)
+    try:
+        comm, gemm = mod.measure(nranks=nranks, sizes_bytes=sizes_bytes, gemm_shapes=gemm_shapes, **kw)
+    except ValueError as e:
+        raise PerfModelError(f"calibration measurement: {e}") from None
     return [c if isinstance(c, CommSample) else CommSample(**c) for c in comm], \
            [g if isinstance(g, GemmSample) else GemmSample(**g) for g in gemm]
+
+
+def fit_by_group(samples: Iterable[CommSample]) -> dict[tuple[int, int], Placement]:
+    """Diagnostic: α, β fitted separately for every (group size, stride) measured (the original system's table
+    was indexed this way); groups with < 2 samples are skipped."""
+    by: dict[tuple[int, int], list[CommSample]] = {}
+    for s in samples:
+        if s.group_size > 1:
+            by.setdefault((s.group_size, s.stride), []).append(s)
+    return {k: fit_alpha_beta(v) for k, v in sorted(by.items()) if len(v) >= 2}
+
+
+def fit_report(comm: list[CommSample], m: Machine) -> list[tuple[str, float]]:
+    """(label, relative RMS error of the fitted α-β model) per placement class present in ``comm``."""
+    out = []
+    by: dict[str, list[CommSample]] = {}
+    for s in comm:
+        if s.group_size > 1:
+            by.setdefault(placement_class(s.group_size, s.stride, m.gpus_per_node), []).append(s)
+    for cls, ss in sorted(by.items()):
+        pl = m.placement_of(cls)
+        A = np.array([_coeffs(s) for s in ss])
+        t = np.array([s.seconds for s in ss])
+        pred = A @ np.array([pl.alpha, 1.0 / pl.beta])
+        out.append((cls, float(np.sqrt(np.mean(((pred - t) / t) ** 2)))))
+    return out

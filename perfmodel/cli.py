@@ -28,7 +28,15 @@ def _add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-recompute", action="store_true", help="no activation recompute")
     p.add_argument("--keep-gathered", action="store_true", help="keep gathered weights from forward to backward")
     p.add_argument("--order", default="xyzd", help="rank order, fastest first (default xyzd)")
+    p.add_argument("--bucket-mib", type=float, default=25.0,
+                   help="data-parallel gradient bucket in MiB (the runtime's RuntimeConfig.bucket_bytes; default 25)")
     p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m kernels export-efficiency FILE)")
+
+
+def _bucket_bytes(mib: float) -> int:
+    if not mib > 0:
+        raise PerfModelError(f"--bucket-mib must be > 0, got {mib}")
+    return max(1, int(round(mib * 2**20)))
 
 
 def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
@@ -42,7 +50,7 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
         spec = replace(spec, seq=a.seq or spec.seq, vocab=a.vocab or spec.vocab)
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
-                  microbatches=a.microbatches, order=a.order)
+                  microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib))
     machine = load_machine(a.machine)
     if a.gemm_table:
         machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))
@@ -123,38 +131,79 @@ def cmd_machines(a: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(float(v)) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PerfModelError(f"expected a comma-separated list of integers, got {text!r}") from None
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from . import calibrate as cal
 
     if a.samples:
         comm, gemm = cal.load_samples(a.samples)
     else:
-        sizes = [2**k for k in range(12, 25, 3)]
-        shapes = [(s, s, s) for s in (64, 128, 256, 512, 1024)]
-        comm, gemm = cal.measure_with_runtime(a.ranks, sizes, shapes)
+        sizes = _int_list(a.sizes)
+        shapes = [(s, s, s) for s in _int_list(a.gemm_cubes)]
+        if a.model:
+            spec = get_model(a.model)
+            shapes += cal.model_gemm_shapes(spec, a.batch, a.ranks)
+        shapes = sorted(set(shapes), key=lambda s: (s[0] * s[1] * s[2], s))
+        print(f"measuring on {a.ranks} gloo ranks: {len(sizes)} sizes {sizes} B per collective and (group size, "
+              f"stride); {len(shapes)} GEMM shapes" + (f" (cubes + {a.model}, batch {a.batch})" if a.model else ""),
+              flush=True)
+        comm, gemm = cal.measure_with_runtime(a.ranks, sizes, shapes, reps=a.reps)
         if a.save_samples:
             cal.save_samples(a.save_samples, comm, gemm)
     peak = a.peak or max((2.0 * g.m * g.n * g.k / g.seconds for g in gemm), default=1e11)
     base = load_machine(a.base) if a.base else cal.local_base(a.ranks, peak)
     m = cal.calibrate(comm, gemm, base, name=a.name, out=a.out, peak=peak)
+    fitted = cal.fit_placements(comm, base.gpus_per_node)
+    errs = dict(cal.fit_report(comm, m))
     for cls, pl in m.placement.items():
-        print(f"{cls}: alpha {pl.alpha * 1e6:.1f} us, beta {pl.beta / 1e9:.3f} GB/s")
-    print(f"GEMM curve: eff_max {m.gemm_eff_max:.3f}, dim_half {m.gemm_dim_half:.1f} (peak {peak / 1e9:.1f} GFLOP/s)")
+        tag = f"(fit rel. RMS error {100 * errs[cls]:.0f}%)" if cls in fitted else "(not measured: base value)"
+        print(f"{cls}: alpha {pl.alpha * 1e6:.1f} us, beta {pl.beta / 1e9:.3f} GB/s {tag}")
+    if comm:
+        print("per (group size, stride), diagnostic:")
+        for (p_, s_), pl in cal.fit_by_group(comm).items():
+            print(f"  p={p_} stride={s_}: alpha {pl.alpha * 1e6:.1f} us, beta {pl.beta / 1e9:.3f} GB/s")
+    print(f"GEMM curve: eff_max {m.gemm_eff_max:.3f}, dim_half {m.gemm_dim_half:.1f} (peak {peak / 1e9:.1f} GFLOP/s "
+          f"per rank, {len(gemm)} shapes in the table)")
     print(f"wrote {a.out}")
     return 0
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
+    import time
+
     from . import validate as val
 
     prob, machine = problem_from_args(a)
     rk = rank(prob, machine)
+    meta = {"model": prob.model.name, "gpus": prob.gpus, "batch": prob.batch, "dtype": prob.dtype,
+            "machine": machine.name, "options": prob.options.overlap_spec(), "recompute": prob.options.recompute,
+            "bucket_bytes": prob.options.bucket_bytes}
     if a.measured:
         measured = val.read_measured(a.measured)
+        meta["measured_from"] = a.measured
     else:
         rows = val.select_configs(rk, a.top, a.sample, a.seed)
-        measured = val.measure_with_runtime(rk, rows, a.steps)
-    res = val.validate_measured(rk, measured, a.out_dir)
+        workload = val.workload_name()
+        print(f"timing {len(rows)} of {len(rk.feasible)} feasible configurations × {a.rounds} rounds "
+              f"({a.warmup} warm-up + {a.steps} timed steps each); workload: {workload}; overlap "
+              f"{prob.options.overlap_spec()}, recompute {prob.options.recompute}, buckets "
+              f"{prob.options.bucket_bytes / 2**20:g} MiB", flush=True)
+        t0 = time.perf_counter()
+
+        def progress(i, grid, secs):
+            print(f"  {'x'.join(map(str, grid))}: {secs * 1e3:.1f} ms/step (predicted "
+                  f"{rows[i].time_s * 1e3:.1f})", flush=True)
+
+        measured = val.measure_with_runtime(rk, rows, a.steps, a.warmup, a.rounds, progress)
+        meta.update(workload=workload, steps=a.steps, warmup=a.warmup, rounds=a.rounds,
+                    wall_s=time.perf_counter() - t0)
+    res = val.validate_measured(rk, measured, a.out_dir, meta)
     print(f"n={res['n']}  Spearman rho={res['spearman']:.3f}  Kendall tau={res['kendall']:.3f}  "
           f"top-1 regret={res['top1_regret']:.3f}  MAPE={res['mape']:.1f}%  (CSV/plot in {a.out_dir})")
     return 0
@@ -175,9 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("machines", help="list the machine library")
     m.set_defaults(fn=cmd_machines)
     c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve on this machine (needs axgrid to measure)")
-    c.add_argument("--out", default="machines/local.toml")
+    c.add_argument("--out", default="perfmodel/machines/local.toml")
     c.add_argument("--name", default="local")
-    c.add_argument("--ranks", type=int, default=4)
+    c.add_argument("--nranks", "--ranks", dest="ranks", type=int, default=4, help="gloo ranks to measure on")
+    c.add_argument("--sizes", default="1024,8192,65536,524288,4194304",
+                   help="collective buffer sizes in bytes, comma-separated")
+    c.add_argument("--gemm-cubes", default="32,64,128,256,512", help="m=n=k of square GEMMs to time")
+    c.add_argument("--model", help="also time this model's GEMM shapes on the grids of --nranks")
+    c.add_argument("--batch", type=int, default=8, help="global batch for --model's GEMM shapes")
+    c.add_argument("--reps", type=int, default=5, help="timed repetitions per collective")
     c.add_argument("--samples", help="fit these samples (JSON) instead of measuring")
     c.add_argument("--save-samples", help="also write the measured samples (JSON)")
     c.add_argument("--base", help="machine to start from (default: this host, one node of --ranks ranks)")
@@ -189,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--top", type=int, default=8)
     v.add_argument("--sample", type=int, default=8)
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--steps", type=int, default=3)
+    v.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
+    v.add_argument("--warmup", type=int, default=1, help="untimed steps per configuration")
+    v.add_argument("--rounds", type=int, default=2, help="interleaved passes over the configurations; best kept")
     v.add_argument("--out-dir", default="runs/validate")
     v.set_defaults(fn=cmd_validate)
     return ap

@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import PerfModelError
 from .machines import Machine
+from .spec import DEFAULT_BUCKET_BYTES
 
 DIMS = ("x", "y", "z", "d")
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -85,6 +86,57 @@ def layer_volumes(layer: FCLayer, gx, gy, gz, mprime) -> LayerVolumes:
     )
 
 
+def dp_buckets(sizes_bytes: Iterable[int], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+               overlap_dp: bool = False) -> list[int]:
+    """Bytes of each data-parallel all-reduce the runtime posts for gradients of ``sizes_bytes`` (one dtype), in
+    the order they enter the buckets. Tensors of 0 bytes do not exist in the runtime and are skipped.
+
+    Without ODP (``axgrid.sync_gradients``): a tensor joins the open bucket when the bucket stays within
+    ``bucket_bytes``, else the bucket is posted and a new one starts with it (a tensor larger than the limit gets
+    a bucket of its own). With ODP (``axgrid.overlap.GradientPipeline``): a tensor always joins the open bucket,
+    which is posted as soon as it holds ``bucket_bytes`` or more; the rest is posted at the end of the backward.
+    (Both runtimes also start a new bucket when the gradient dtype changes; all gradients priced here share one.)"""
+    if bucket_bytes <= 0:
+        raise PerfModelError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    out: list[int] = []
+    fill = 0
+    for s in sizes_bytes:
+        s = int(s)
+        if s <= 0:
+            continue
+        if overlap_dp:
+            fill += s
+            if fill >= bucket_bytes:
+                out.append(fill)
+                fill = 0
+        elif fill and fill + s > bucket_bytes:
+            out.append(fill)
+            fill = s
+        else:
+            fill += s
+    if fill:
+        out.append(fill)
+    return out
+
+
+def dp_gradient_sizes(layers: Iterable[FCLayer | tuple], grid: tuple[int, int, int, int],
+                      grad_dtype_bytes: int, overlap_dp: bool = False) -> list[int]:
+    """Bytes of each gradient the data-parallel all-reduce carries, in the order the runtime buckets them.
+
+    Without ODP: ``model.parameters()`` order, i.e. layer by layer in forward order, weight shard then bias.
+    With ODP: the order gradients become ready in the backward, approximated by reverse layer order (last
+    layer first), weight then bias within a layer -- what the runtime does without ORS (measured on its
+    post-accumulate-grad hooks). With ORS a weight's gradient is ready only once its reduce-scatter completes, up
+    to two layers later, so the real order differs by a layer or two: that moves bucket boundaries (the count can
+    be off by one), never the total bytes."""
+    gx, gy, gz, _ = (int(v) for v in grid)
+    pairs: list[list[int]] = []
+    for L in (as_layer(t) for t in layers):
+        v = layer_volumes(L, gx, gy, gz, 1)
+        pairs.append([int(v.shard) * grad_dtype_bytes, int(v.bias_loc) * grad_dtype_bytes])
+    return [s for pair in (pairs[::-1] if overlap_dp else pairs) for s in pair]
+
+
 def collective_events(
     layers: Iterable[FCLayer | tuple],
     grid: tuple[int, int, int, int],
@@ -94,11 +146,16 @@ def collective_events(
     keep_gathered: bool = False,
     recompute: bool = False,
     grad_dtype_bytes: int | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    overlap_dp: bool = False,
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes): per micro-batch the forward
     (AG_z, forward AR) over layers in order, then the backward in reverse order (AG_z unless keep_gathered;
     the forward AR again when recompute, for layers with .recompute; backward AR; RS_z of dW; AR_z of the bias
-    gradient); then once per step AR_d of each weight shard and bias.
+    gradient); then once per step AR_d of the gradients (weight shards and biases) in buckets of
+    ``bucket_bytes``, formed as the runtime forms them (see :func:`dp_buckets`, :func:`dp_gradient_sizes`;
+    ``overlap_dp``: the ODP pipeline's buckets, assuming earlier micro-batches run under ``grid.no_sync()``).
+    Listed after the backward even with ODP, where they are posted during the last backward.
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d."""
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
@@ -128,31 +185,34 @@ def collective_events(
             post(v.bwd_ar_dim, "all_reduce", v.bwd_ar, b)
             post("z", "reduce_scatter", v.padded, gb)
             post("z", "all_reduce", v.bias_loc, gb)
-    for v in vols:
-        post("d", "all_reduce", v.shard, gb)
-        post("d", "all_reduce", v.bias_loc, gb)
+    for nbytes in dp_buckets(dp_gradient_sizes(layers, grid, gb, overlap_dp), bucket_bytes, overlap_dp):
+        post("d", "all_reduce", nbytes, 1)
     return ev
 
 
 def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
-                     grad_dtype_bytes: int | None = None) -> dict[tuple[str, str], int]:
+                     grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                     overlap_dp: bool = False) -> dict[tuple[str, str], int]:
     """Total bytes per (dim, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
     Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
     out: Counter = Counter()
     for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
-                                         dtype_bytes, keep_gathered, recompute, grad_dtype_bytes):
+                                         dtype_bytes, keep_gathered, recompute, grad_dtype_bytes, bucket_bytes,
+                                         overlap_dp):
         out[(dim, op)] += nb
     return dict(out)
 
 
 def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
-                     grad_dtype_bytes: int | None = None) -> dict[tuple[str, str], int]:
-    """Number of posted calls per (dim, op) for one step (same arguments as ``collective_bytes``)."""
+                     grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                     overlap_dp: bool = False) -> dict[tuple[str, str], int]:
+    """Number of posted calls per (dim, op) for one step (same arguments as ``collective_bytes``); over d that
+    is the number of gradient buckets."""
     return dict(Counter((d, o) for d, o, _ in collective_events(
         layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-        grad_dtype_bytes)))
+        grad_dtype_bytes, bucket_bytes, overlap_dp)))
 
 
 # ---------------------------------------------------------------- placement and ring costs

@@ -27,6 +27,9 @@ def explain(rk: Ranking, row: Row) -> str:
         lines.append(f"  {d:>3} {int(size):5d} {int(stride):6d} {'intra' if intra[0] else 'inter':>9} "
                      f"{b[0] / 1e9:11.1f} {row.step_bytes[d] / 1e9:13.3f} GB {row.raw_comm_s[d]:12.4g} "
                      f"{row.exposed_s[d]:10.4g}")
+    if row.dp_buckets:
+        lines.append(f"  AR_d: {row.dp_buckets} gradient bucket(s) of <= {p.options.bucket_bytes / 2**20:g} MiB per step "
+                     f"(one all-reduce each{', posted during the backward (ODP)' if p.options.overlap_dp else ''})")
     mp = row.memory_parts
     lines.append(f"  memory/GPU {row.memory_bytes / 2**30:.2f} GiB = static {mp['static'] / 2**30:.2f} + buffers "
                  f"{mp['buffers'] / 2**30:.2f} + activations {mp['activations'] / 2**30:.2f} (limit "

@@ -7,8 +7,12 @@ keep_gathered (blocking); with recompute the whole block's forward (and its outp
 MLP-down's backward; the input-gradient all-reduce hides under the dW GEMM when OAR is on; RS_z(j) hides under
 the rest of the backward compute of the next layer processed when ORS is on (the last one is exposed); the bias
 AR_z is blocking. Each window of compute hides at most one collective, so the model is monotone: more
-bandwidth or more FLOP/s never predicts a slower step. AR_d (once per step, bucketed) hides under the slack left
-in the last micro-batch's backward windows, but at least one bucket (1/(4L+1) of it) is exposed.
+bandwidth or more FLOP/s never predicts a slower step. AR_d (once per step) is priced per bucket, as the runtime
+posts it: the gradients (weight shards and biases) are packed into buckets of ``Options.bucket_bytes`` exactly as
+``axgrid.sync_gradients`` packs them (``model.parameters()`` order), or with ODP as ``GradientPipeline`` does
+(in gradient-ready order, approximated by reverse layer order, weight then bias), and each bucket is one ring all-reduce over d
+paying 2(Gd−1)·α once (see ``comm.dp_buckets``). With ODP the buckets hide under the slack left in the last
+micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is exposed.
 Not modelled: element-wise kernels, the optimizer step, contention between different dimensions' rings.
 """
 from __future__ import annotations
@@ -58,6 +62,41 @@ class Evaluation:
 
 def _pos(a):
     return np.maximum(a, 0.0)
+
+
+def _dp_buckets(spec, V, b: int, bucket_bytes: int, overlap_dp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(buckets, total bytes, bytes of the last bucket posted) of the data-parallel gradient all-reduce per grid,
+    vectorised over grids: the same packing as ``comm.dp_buckets`` over the gradients in the order of
+    ``comm.dp_gradient_sizes`` (blocks in order, each QKV, out, up, down with weight shard then bias, then the head;
+    with ODP the layers in reverse order, still weight then bias). Zero-size tensors (no bias) are skipped, as they
+    do not exist in the runtime."""
+    pairs = [[v.shard * b, v.bias_loc * b] for v in V[:4]] * spec.layers + [[V[4].shard * b, V[4].bias_loc * b]]
+    if overlap_dp:
+        pairs = pairs[::-1]
+    sizes = [s for pair in pairs for s in pair]
+    n = np.zeros(len(V[0].shard), dtype=np.int64)
+    fill = np.zeros_like(n)
+    last = np.zeros_like(n)
+    total = np.zeros_like(n)
+    for s in sizes:
+        s = np.broadcast_to(np.asarray(s, dtype=np.int64), n.shape)
+        total = total + s
+        if overlap_dp:              # GradientPipeline: append, post once the bucket holds >= bucket_bytes
+            fill = fill + s
+            full = (s > 0) & (fill >= bucket_bytes)
+            n = n + full
+            last = np.where(full, fill, last)
+            fill = np.where(full, 0, fill)
+        else:                       # sync_gradients: post the open bucket when the tensor would overflow it
+            new = (s > 0) & ((fill == 0) | (fill + s > bucket_bytes))
+            n = n + new
+            fill = np.where(new, s, fill + s)
+    if overlap_dp:
+        n = n + (fill > 0)
+        last = np.where(fill > 0, fill, last)
+    else:
+        last = fill
+    return n, total.astype(float), last.astype(float)
 
 
 def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +161,6 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
     ARF = [cost("all_reduce", v.fwd_ar_dim, v.fwd_ar * b) for v in V]
     ARB = [cost("all_reduce", v.bwd_ar_dim, v.bwd_ar * b) for v in V]
     BZ = [cost("all_reduce", "z", v.bias_loc * b) for v in V]
-    ARD = [cost("all_reduce", "d", v.shard * b) + cost("all_reduce", "d", v.bias_loc * b) for v in V]
     q, o, u, dn, hd = range(5)
 
     zeros = np.zeros(len(g))
@@ -175,10 +213,18 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
         exposed["z"] += sum(r * a for r, a in zip(reps, RS))
         slack += sum(r * w for r, w in zip(reps, r_win))
 
-    # ---- data parallel, once per step
-    ard = sum(r * a for r, a in zip(reps, ARD))
+    # ---- data parallel, once per step, one all-reduce per gradient bucket
+    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, V, b, opt.bucket_bytes, opt.overlap_dp)
+    a_d, be_d, _ = ab["d"]
+    p_d = geo["d"][0].astype(float)
+    ring = 2.0 * (p_d - 1)
+    ard = np.where(d_bytes > 0, ring / np.maximum(p_d, 1) * d_bytes / be_d + ring * a_d * n_buckets, 0.0)
     raw["d"] += ard
-    exposed["d"] += np.maximum(ard / (4 * L + 1), ard - slack) if opt.overlap_dp else ard
+    if opt.overlap_dp:
+        t_last = np.where(last_bucket > 0, ring / np.maximum(p_d, 1) * last_bucket / be_d + ring * a_d, 0.0)
+        exposed["d"] += np.maximum(t_last, ard - slack)
+    else:
+        exposed["d"] += ard
 
     compute = mb * (compute_fwd + compute_bwd)
     for d in ("x", "y", "z"):
@@ -223,5 +269,6 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
         grids=g, feasible=~infeasible, reasons=reasons, microbatches=mb, time=np.where(infeasible, np.inf, time),
         compute=compute, exposed=exposed, raw=raw, step_bytes=step_bytes, memory=mem, memory_limit=limit,
         flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(dt),
-        extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd, "attention": mb * 3 * L * att},
+        extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd, "attention": mb * 3 * L * att,
+               "dp_buckets": np.where(g.gd > 1, n_buckets, 0)},
     )

@@ -37,6 +37,7 @@ class Row:
     raw_comm_s: dict[str, float] = field(default_factory=dict)
     step_bytes: dict[str, float] = field(default_factory=dict)
     memory_parts: dict[str, float] = field(default_factory=dict)
+    dp_buckets: int = 0  # data-parallel all-reduces per step (gradient buckets; 0 when Gd = 1)
 
     @property
     def grid_str(self) -> str:
@@ -93,7 +94,7 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
     L = {k: np.asarray(v)[order].tolist() for k, v in {
         "tf": ev.tflops_per_gpu, "pp": ev.pct_peak, "ok": ev.feasible, "time": ev.time, "mem": ev.memory.total,
         "mb": ev.microbatches, "comp": ev.compute, "static": ev.memory.static, "buf": ev.memory.buffers,
-        "act": ev.memory.activations}.items()}
+        "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids)))}.items()}
     ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in DIMS}
     rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in DIMS}
     sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in DIMS}
@@ -106,7 +107,8 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             memory_bytes=L["mem"][pos], microbatches=L["mb"][pos], compute_s=L["comp"][pos],
             exposed_s={d: ex[d][pos] for d in DIMS}, raw_comm_s={d: rw[d][pos] for d in DIMS},
             step_bytes={d: sb[d][pos] for d in DIMS},
-            memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]}))
+            memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
+            dp_buckets=int(L["dpb"][pos])))
     return out
 
 

@@ -7,6 +7,7 @@ times from anywhere (CSV grid,seconds) go through ``validate_measured``."""
 from __future__ import annotations
 
 import csv
+import json
 import random
 from pathlib import Path
 
@@ -51,10 +52,10 @@ def read_measured(path: str | Path) -> dict[str, float]:
     return {r["grid"]: float(r["seconds"]) for r in rows}
 
 
-def validate_measured(rk: Ranking, measured: dict[str, float], out_dir: str | Path | None = None
-                      ) -> dict[str, float]:
-    """Metrics over the configurations present in both; writes validation.csv (and validation.png when
-    matplotlib is installed) to ``out_dir``."""
+def validate_measured(rk: Ranking, measured: dict[str, float], out_dir: str | Path | None = None,
+                      meta: dict | None = None) -> dict[str, float]:
+    """Metrics over the configurations present in both; writes validation.csv, summary.json (metrics + ``meta``)
+    and validation.png (when matplotlib is installed) to ``out_dir``."""
     rows = [r for r in rk.feasible if r.grid_str in measured]
     if len(rows) < 2:
         raise PerfModelError(f"need ≥ 2 measured feasible configurations, found {len(rows)}")
@@ -66,9 +67,11 @@ def validate_measured(rk: Ranking, measured: dict[str, float], out_dir: str | Pa
         d.mkdir(parents=True, exist_ok=True)
         with open(d / "validation.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["grid", "predicted_rank", "predicted_s", "measured_s"])
-            for r, m in zip(rows, meas):
-                w.writerow([r.grid_str, r.rank, r.time_s, m])
+            w.writerow(["grid", "predicted_rank", "measured_rank", "microbatches", "predicted_s", "measured_s"])
+            mrank = {i: j + 1 for j, i in enumerate(np.argsort(meas, kind="stable"))}
+            for i, (r, m) in enumerate(zip(rows, meas)):
+                w.writerow([r.grid_str, r.rank, mrank[i], r.microbatches, r.time_s, m])
+        (d / "summary.json").write_text(json.dumps({**res, **(meta or {})}, indent=1))
         _plot(d / "validation.png", rows, meas, res)
     return res
 
@@ -96,18 +99,36 @@ def _plot(path: Path, rows: list[Row], meas: list[float], res: dict[str, float])
     plt.close(fig)
 
 
-def measure_with_runtime(rk: Ranking, rows: list[Row], steps: int = 3) -> dict[str, float]:
+def measure_with_runtime(rk: Ranking, rows: list[Row], steps: int = 3, warmup: int = 1, rounds: int = 2,
+                         progress=None) -> dict[str, float]:
     """Run each configuration for a few steps through the runtime; returns {grid: seconds per step}.
-    Plug point: ``axgrid.calibration.time_steps(model, grid, batch, ...)``."""
+
+    Plug point: ``axgrid.calibration.time_configs(model, grids, batch, dtype, microbatches, overlap, recompute,
+    steps, warmup, rounds, bucket_bytes=...)`` (one pool of ranks for all configurations, interleaved rounds, best
+    round kept). The run uses the problem's options as given -- the overlaps, activation recompute, keeping
+    gathered weights and the data-parallel bucket size -- so what is timed is what was predicted."""
     if not runtime_available():
         raise PerfModelError(NEEDS_RUNTIME.replace("measuring", "validation (running configurations)"))
     import importlib
     try:
         mod = importlib.import_module("axgrid.calibration")
     except ImportError as e:
-        raise PerfModelError(f"axgrid is importable but provides no axgrid.calibration.time_steps yet ({e})") from None
+        raise PerfModelError(f"axgrid is importable but provides no axgrid.calibration.time_configs yet ({e})") from None
     p = rk.problem
-    return {r.grid_str: float(mod.time_steps(model=p.model, grid=r.grid, batch=p.batch, dtype=p.dtype,
-                                             microbatches=r.microbatches, overlap=p.options.overlap_spec(),
-                                             recompute=p.options.recompute, steps=steps))
-            for r in rows}
+    try:
+        secs = mod.time_configs(model=p.model, grids=[r.grid for r in rows], batch=p.batch, dtype=p.dtype,
+                                microbatches=[int(r.microbatches) for r in rows],
+                                overlap=p.options.overlap_spec(), recompute=p.options.recompute, steps=steps,
+                                warmup=warmup, rounds=rounds, progress=progress,
+                                bucket_bytes=p.options.bucket_bytes)
+    except ValueError as e:
+        raise PerfModelError(f"validation run: {e}") from None
+    return {r.grid_str: float(t) for r, t in zip(rows, secs)}
+
+
+def workload_name() -> str:
+    """What the runtime trains when validating (the GPT model, or the transformer-shaped stack)."""
+    if not runtime_available():
+        return "(runtime not available)"
+    import importlib
+    return importlib.import_module("axgrid.calibration").workload_name()

@@ -52,7 +52,62 @@ def test_padding_to_multiple_of_gz_and_data_parallel():
     assert b[("y", "all_reduce")] == 3 * 4 * 1 * 4      # AR_y(m'·k/Gx = 4)
     assert b[("z", "all_reduce")] == 3 * 1 * 4          # bias n/Gy = 1
     assert b[("d", "all_reduce")] == (1 + 1) * 4        # weight shard 1 + bias 1, once per step
-    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4)[("d", "all_reduce")] == 2
+    # One call, not two: the runtime packs the weight shard's and the bias's gradients into one 25 MiB bucket
+    # and posts one all-reduce per bucket (perfmodel used to count one call per tensor).
+    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4)[("d", "all_reduce")] == 1
+    # with 4-byte buckets each tensor fills one: two calls of 4 B
+    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4, bucket_bytes=4)[("d", "all_reduce")] == 2
+
+
+def test_dp_buckets_pack_like_the_runtime():
+    from perfmodel.comm import dp_buckets
+    # sync_gradients: join while the bucket stays <= limit, else post it; an oversized tensor gets its own bucket
+    assert dp_buckets([4, 4, 4], 8) == [8, 4]
+    assert dp_buckets([4, 20, 4], 8) == [4, 20, 4]
+    assert dp_buckets([3, 0, 5, 1], 8) == [8, 1]             # 0-byte tensors (no bias) do not exist
+    # ODP (GradientPipeline): always join, post once the bucket holds >= limit, the rest at the end
+    assert dp_buckets([4, 4, 4], 8, overlap_dp=True) == [8, 4]
+    assert dp_buckets([4, 20, 4], 8, overlap_dp=True) == [24, 4]
+    assert dp_buckets([3, 6, 1], 8, overlap_dp=True) == [9, 1]
+    assert dp_buckets([], 8) == []
+    with pytest.raises(pm.PerfModelError):
+        dp_buckets([1], 0)
+
+
+def test_dp_term_priced_per_bucket_by_hand():
+    # One layer W [8, 8] normal with bias on 1x1x1x4: weight shard 64 elements, bias 8; fp32 → 256 B + 32 B.
+    # Buckets of 256 B: [256] then [32] → 2 all-reduces over d (p=4): 2·3/4·288/β + 2 · 2·3·α.
+    from perfmodel.comm import dp_gradient_sizes
+    sizes = dp_gradient_sizes([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4)
+    assert sizes == [256, 32]
+    assert dp_gradient_sizes([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, overlap_dp=True) == [256, 32]
+    two = [FCLayer(8, 8, False, True), FCLayer(4, 8, True, False)]     # second: shard 32 floats, no bias
+    assert dp_gradient_sizes(two, (1, 1, 1, 4), 4, overlap_dp=True) == [128, 0, 256, 32]   # layers reversed
+    calls = pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=256)
+    assert calls == {("d", "all_reduce"): 2}
+    # the whole model: time of AR_d = 2(p−1)/p·D/β + buckets·2(p−1)·α
+    spec = pm.TransformerSpec("t", 1, 8, 2, seq=4, vocab=8)
+    m = pm.load_machine("dgx-h100")
+    a = m.placement_of("intra").alpha
+    be = m.placement_of("intra").beta
+    for bucket, odp in ((2**20, False), (64, False), (64, True)):
+        opt = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=odp, recompute=False,
+                         bucket_bytes=bucket, microbatches=1)
+        ev = pm.evaluate(pm.Problem(spec, 4, 4, "fp32", opt), m, pm.Grids.of([(1, 1, 1, 4)]))
+        from perfmodel.comm import dp_buckets
+        from perfmodel.layers import transformer_layers
+        sz = dp_gradient_sizes(transformer_layers(spec), (1, 1, 1, 4), 4, odp)
+        nb = len(dp_buckets(sz, bucket, odp))
+        want = 2 * 3 / 4 * sum(sz) / be + nb * 2 * 3 * a
+        assert int(ev.extra["dp_buckets"][0]) == nb
+        assert ev.raw["d"][0] == pytest.approx(want, rel=1e-12)
+        if not odp:
+            assert ev.exposed["d"][0] == pytest.approx(want, rel=1e-12)     # no ODP: all exposed
+        else:   # ODP: at least the last bucket (posted at the end of the backward) is exposed, at most all
+            last = dp_buckets(sz, bucket, odp)[-1]
+            assert 2 * 3 / 4 * last / be + 2 * 3 * a <= ev.exposed["d"][0] * (1 + 1e-12) <= want * (1 + 1e-12)
+    # the head 8·8 (64 floats = 256 B) alone exceeds 64 B: one bucket per tensor in the 64-byte case
+    assert nb > 1
 
 
 def test_keep_gathered_and_recompute_change_counts():
