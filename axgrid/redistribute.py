@@ -77,6 +77,18 @@ def check_features(f: int, grid: Grid, feature_dim: str, what: str = "features")
                          f"choose {what} divisible by {g} or a grid with G{feature_dim} dividing {f}")
 
 
+def feature_part(grid: "Grid | None", size: int, feature_dim: str, what: str) -> tuple[int, int]:
+    """``(local size, first index)`` of this rank's slice of ``size`` features split over ``feature_dim``
+    ("x" or "y"); the whole range without a grid. ``what`` names the quantity in the error."""
+    if feature_dim not in ("x", "y"):
+        raise ValueError(f"feature_dim={feature_dim!r} must be 'x' or 'y'")
+    if grid is None:
+        return size, 0
+    check_features(size, grid, feature_dim, what)
+    local = size // grid.size(feature_dim)
+    return local, grid.index(feature_dim) * local
+
+
 def shard_tokens_features(x: torch.Tensor, grid: Grid, feature_dim: str) -> torch.Tensor:
     """``[m, f]`` replicated -> ``[m/Gz, f/G_feature]`` (this rank's tokens and features). Differentiable."""
     if x.dim() != 2:

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..grid import Grid
+from ..redistribute import feature_part
 from ..sharding import TileSpec
 from . import init as _init
 from .replicated_grad import reduce_over_z
@@ -56,20 +57,10 @@ class Embedding(nn.Module):
                  std: float = 0.02, dtype: Optional[torch.dtype] = None,
                  device: Optional[torch.device] = None) -> None:
         super().__init__()
-        if feature_dim not in ("x", "y"):
-            raise ValueError(f"feature_dim={feature_dim!r} must be 'x' or 'y'")
         self.grid, self.num, self.dim, self.feature_dim = grid, num, dim, feature_dim
         self.seed, self.std = seed, std
-        if grid is None:
-            local, f0 = dim, 0
-            device = device or torch.device("cpu")
-        else:
-            g = grid.size(feature_dim)
-            if dim % g:
-                raise ValueError(f"Embedding dim={dim} is not divisible by G{feature_dim}={g} (grid {grid.shape}); "
-                                 f"choose dim divisible by {g} or another grid")
-            local, f0 = dim // g, grid.index(feature_dim) * (dim // g)
-            device = device or grid.device
+        local, f0 = feature_part(grid, dim, feature_dim, "Embedding dim")
+        device = device or (grid.device if grid is not None else torch.device("cpu"))
         self.local, self.f0 = local, f0
         self.weight = nn.Parameter(torch.empty(num, local, dtype=dtype or torch.get_default_dtype(), device=device))
         if grid is not None:

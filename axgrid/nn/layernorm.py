@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..grid import Grid
+from ..redistribute import feature_part
 from ..sharding import TileSpec
 from .replicated_grad import reduce_over_z
 
@@ -78,20 +79,10 @@ class LayerNorm(nn.Module):
                  bias: bool = True, dtype: Optional[torch.dtype] = None,
                  device: Optional[torch.device] = None) -> None:
         super().__init__()
-        if feature_dim not in ("x", "y"):
-            raise ValueError(f"feature_dim={feature_dim!r} must be 'x' or 'y'")
         self.grid, self.hidden, self.feature_dim, self.eps = grid, hidden, feature_dim, eps
         dtype = dtype or torch.get_default_dtype()
-        if grid is None:
-            local, f0 = hidden, 0
-            device = device or torch.device("cpu")
-        else:
-            g = grid.size(feature_dim)
-            if hidden % g:
-                raise ValueError(f"LayerNorm hidden={hidden} is not divisible by G{feature_dim}={g} (grid "
-                                 f"{grid.shape}); choose hidden divisible by {g} or another grid")
-            local, f0 = hidden // g, grid.index(feature_dim) * (hidden // g)
-            device = device or grid.device
+        local, f0 = feature_part(grid, hidden, feature_dim, "LayerNorm hidden")
+        device = device or (grid.device if grid is not None else torch.device("cpu"))
         self.local, self.f0 = local, f0
         self.weight = nn.Parameter(torch.ones(local, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(local, dtype=dtype, device=device)) if bias else None
