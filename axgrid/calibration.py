@@ -345,6 +345,7 @@ def _gpt_workload(spec: dict[str, Any], grid: Any, dtype: torch.dtype, batch_d: 
     model = _GPTLoss(GPT(cfg, grid))
     if dtype != torch.float32:
         model = model.to(dtype)
+    grid.watch(model)                     # ODP covers every parameter, as in train_gpt
     gen = torch.Generator().manual_seed(1000 + grid.index("d"))
     ids = [torch.randint(0, spec["vocab"], (batch_d, spec["seq"] + 1), generator=gen) for _ in range(microbatches)]
     return model, ids.__getitem__

@@ -111,7 +111,7 @@ class GradientPipeline:
 
     def __init__(self, grid: "Grid", ors: bool, odp: bool) -> None:
         self.grid, self.ors, self.odp = grid, ors, odp
-        self.inflight: list[tuple[torch.nn.Parameter, Pending]] = []
+        self.inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
         self.bucket: list[torch.nn.Parameter] = []
         self.bucket_bytes = 0
         self.dp_inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
@@ -148,25 +148,31 @@ class GradientPipeline:
         """Post ``RS_z(flat)`` for ``param``'s gradient; complete the previous one (it ran under our GEMMs)."""
         self._queue_callback()
         self.delivered.add(id(param))
-        self._post(param, self.grid.comm.reduce_scatter(flat, "z", async_op=True))
+        self._post([param], self.grid.comm.reduce_scatter(flat, "z", async_op=True))
 
-    def all_reduce(self, param: torch.nn.Parameter, grad: torch.Tensor, dim: str) -> None:
+    def all_reduce(self, params: list[torch.nn.Parameter], grads: list[torch.Tensor], dim: str) -> None:
+        """Post one ``AR_dim`` of the concatenated ``grads`` (partial gradients of ``params``)."""
         self._queue_callback()
-        self.delivered.add(id(param))
-        self._post(param, self.grid.comm.all_reduce(grad, dim, async_op=True))
+        self.delivered.update(id(p) for p in params)
+        flat = grads[0].reshape(-1) if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
+        self._post(list(params), self.grid.comm.all_reduce(flat, dim, async_op=True))
 
-    def _post(self, param: torch.nn.Parameter, pending: Pending) -> None:
-        self.inflight.append((param, pending))
+    def _post(self, params: list[torch.nn.Parameter], pending: Pending) -> None:
+        self.inflight.append((params, pending))
         while len(self.inflight) > 2:           # a window of two layers' gradients in flight
             self._complete(*self.inflight.pop(0))
 
-    def _complete(self, param: torch.nn.Parameter, pending: Pending) -> None:
-        g = pending.wait().view_as(param).to(param.dtype)
-        if param.grad is None:
-            param.grad = g.clone()
-        else:
-            param.grad.add_(g)
-        self._grad_ready(param)
+    def _complete(self, params: list[torch.nn.Parameter], pending: Pending) -> None:
+        flat = pending.wait().reshape(-1)
+        off = 0
+        for param in params:
+            g = flat[off: off + param.numel()].view_as(param).to(param.dtype)
+            off += param.numel()
+            if param.grad is None:
+                param.grad = g.clone()
+            else:
+                param.grad.add_(g)
+            self._grad_ready(param)
 
     # -- ODP -------------------------------------------------------------------------------------------
     def _grad_ready(self, param: torch.nn.Parameter) -> None:

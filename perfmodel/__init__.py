@@ -6,7 +6,8 @@ Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
     Machine, load_machine, list_machines                                    machine library
     enumerate_grids, Grids                                                  search space
     FCLayer, transformer_layers, collective_bytes, collective_calls,
-    collective_events, ring_time                                            collectives (ledger-exact volumes)
+    collective_events, ring_time                                            collectives (ledger-exact volumes;
+                                                                            a TransformerSpec: the whole GPT step)
     evaluate, rank, Ranking, Row                                            the model and the ranking
 """
 from .comm import FCLayer, collective_bytes, collective_calls, collective_events, ring_time

@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import PerfModelError
 from .machines import Machine
-from .spec import DEFAULT_BUCKET_BYTES
+from .spec import DEFAULT_BUCKET_BYTES, TransformerSpec
 
 DIMS = ("x", "y", "z", "d")
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -148,15 +148,28 @@ def collective_events(
     grad_dtype_bytes: int | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     overlap_dp: bool = False,
+    overlap_rs: bool = False,
 ) -> list[tuple[str, str, int]]:
-    """Every collective one training step posts, in order, as (dim, op, bytes): per micro-batch the forward
-    (AG_z, forward AR) over layers in order, then the backward in reverse order (AG_z unless keep_gathered;
-    the forward AR again when recompute, for layers with .recompute; backward AR; RS_z of dW; AR_z of the bias
-    gradient); then once per step AR_d of the gradients (weight shards and biases) in buckets of
+    """Every collective one training step posts, in order, as (dim, op, bytes).
+
+    ``layers`` a :class:`~perfmodel.spec.TransformerSpec`: the whole GPT step as ``axgrid.models.gpt.GPT`` posts
+    it -- FC layers, layer norms, embeddings, vocabulary-parallel cross entropy, loss, and the data-parallel
+    buckets of every parameter (:func:`perfmodel.gpt.gpt_collective_events`; ``overlap_rs`` changes the layer
+    norms' z calls and, with ODP, the bucket order).
+
+    ``layers`` a list of FC layers (a stack of FC layers only): per micro-batch the forward
+    (AG_z, forward AR) over layers in order, then the backward in reverse order (with recompute, for layers with
+    .recompute, the forward's AG_z and AR again; AG_z unless keep_gathered; backward AR; RS_z of dW; AR_z of the
+    bias gradient); then once per step AR_d of the gradients (weight shards and biases) in buckets of
     ``bucket_bytes``, formed as the runtime forms them (see :func:`dp_buckets`, :func:`dp_gradient_sizes`;
     ``overlap_dp``: the ODP pipeline's buckets, assuming earlier micro-batches run under ``grid.no_sync()``).
     Listed after the backward even with ODP, where they are posted during the last backward.
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d."""
+    if isinstance(layers, TransformerSpec):
+        from .gpt import gpt_collective_events
+        return gpt_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
+                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, overlap_dp,
+                                     overlap_rs)
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
@@ -180,7 +193,8 @@ def collective_events(
         for L, v in reversed(list(zip(layers, vols))):
             if not keep_gathered:
                 post("z", "all_gather", v.padded, b)
-            if recompute and L.recompute:
+            if recompute and L.recompute:            # the recompute forward gathers the weight again
+                post("z", "all_gather", v.padded, b)
                 post(v.fwd_ar_dim, "all_reduce", v.fwd_ar, b)
             post(v.bwd_ar_dim, "all_reduce", v.bwd_ar, b)
             post("z", "reduce_scatter", v.padded, gb)
@@ -193,13 +207,13 @@ def collective_events(
 def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     overlap_dp: bool = False) -> dict[tuple[str, str], int]:
+                     overlap_dp: bool = False, overlap_rs: bool = False) -> dict[tuple[str, str], int]:
     """Total bytes per (dim, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
     Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
     out: Counter = Counter()
     for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
                                          dtype_bytes, keep_gathered, recompute, grad_dtype_bytes, bucket_bytes,
-                                         overlap_dp):
+                                         overlap_dp, overlap_rs):
         out[(dim, op)] += nb
     return dict(out)
 
@@ -207,12 +221,12 @@ def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches,
 def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     overlap_dp: bool = False) -> dict[tuple[str, str], int]:
+                     overlap_dp: bool = False, overlap_rs: bool = False) -> dict[tuple[str, str], int]:
     """Number of posted calls per (dim, op) for one step (same arguments as ``collective_bytes``); over d that
     is the number of gradient buckets."""
     return dict(Counter((d, o) for d, o, _ in collective_events(
         layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-        grad_dtype_bytes, bucket_bytes, overlap_dp)))
+        grad_dtype_bytes, bucket_bytes, overlap_dp, overlap_rs)))
 
 
 # ---------------------------------------------------------------- placement and ring costs

@@ -1,12 +1,15 @@
 """Per-GPU memory in bytes, vectorised over grids and micro-batch sizes.
 
 static:  every weight shard (padded block / Gz) × (param + grad + optimizer bytes); biases (split over x or y,
-         replicated over z) and layer norms likewise; embeddings (V·h + S·h) sharded over Gx·Gy·Gz.
+         replicated over z) likewise; the 2L+1 layer norms' weight and bias [h/Gx] each and the embedding tables
+         (token [V, h/Gx] and position [S, h/Gx]: all rows, features over x, replicated over y, z and d, as
+         ``axgrid.nn.Embedding`` holds them), each with its gradient and optimizer state.
          Optimizer = AdamW: fp32 master + 2 fp32 moments (12 B) for bf16/fp16; 2 moments (8 B) for fp32.
          zero1_over_d divides the optimizer bytes by Gd (Megatron's distributed optimizer).
 buffers: gathered weight blocks: current + (prefetched, OAG) in forward; gathered W + full dW (+ one in flight,
          ORS) in backward; with recompute the 4 gathered blocks of the block being recomputed; with
-         keep_gathered every layer's gathered block.
+         keep_gathered every layer's gathered block; plus the dense fp32 gradient of the token table
+         [V, h/Gx] that the embedding's backward builds and all-reduces over z.
 activations (flash-style attention, no S×S tensor stored), per token per block with m' tokens per GPU:
          4h/Gx (block input, LN1 out, residual, LN2 out) + 12h/Gy (QKV out 3h, attention out h, MLP-up out 4h,
          GELU out 4h); with recompute only the block input h/Gx per block plus one block's full set;
@@ -48,8 +51,10 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     pg, optb = bytes_per_param(b, fp32)
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in block_layers(spec)]
     head = layer_volumes(head_layer(spec), gx, gy, gz, 1)
-    shard = L * sum(v.shard for v in vols) + head.shard + _ceil(V * h + S * h, gx * gy * gz)
-    small = L * (sum(v.bias_loc for v in vols) + 4 * h)  # biases + layer norms, replicated over z
+    hx = _ceil(h, gx)
+    shard = L * sum(v.shard for v in vols) + head.shard
+    small = L * sum(v.bias_loc for v in vols) + (2 * L + 1) * 2 * hx   # biases + layer norms, replicated over z
+    small = small + (V + S) * hx                                        # embedding tables, replicated over y, z
     elems = (shard + small).astype(float)
     opt_div = gd if opt.zero1_over_d else 1
     static = elems * pg + elems * optb / opt_div
@@ -61,6 +66,7 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
         buffers = buffers + (L * sum(v.padded for v in vols) + head.padded) * float(b)
     elif opt.recompute:
         buffers = buffers + sum(v.padded for v in vols) * float(b)
+    buffers = buffers + (V * hx).astype(float) * 4.0
 
     full_block = 4.0 * h / gx + 12.0 * h / gy
     if opt.recompute:

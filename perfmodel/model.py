@@ -3,15 +3,21 @@
 Time per batch = microbatches × (forward + backward) + exposed data-parallel all-reduce.
 Forward of layer j: GEMM (+ attention after QKV); AG_z(j) is hidden under layer j−1's forward when OAG is on
 (the first layer's is exposed); the output all-reduce is blocking. Backward (reverse order): AG_z again unless
-keep_gathered (blocking); with recompute the whole block's forward (and its output all-reduces) is redone before
-MLP-down's backward; the input-gradient all-reduce hides under the dW GEMM when OAR is on; RS_z(j) hides under
-the rest of the backward compute of the next layer processed when ORS is on (the last one is exposed); the bias
-AR_z is blocking. Each window of compute hides at most one collective, so the model is monotone: more
-bandwidth or more FLOP/s never predicts a slower step. AR_d (once per step) is priced per bucket, as the runtime
-posts it: the gradients (weight shards and biases) are packed into buckets of ``Options.bucket_bytes`` exactly as
-``axgrid.sync_gradients`` packs them (``model.parameters()`` order), or with ODP as ``GradientPipeline`` does
-(in gradient-ready order, approximated by reverse layer order, weight then bias), and each bucket is one ring all-reduce over d
-paying 2(Gd−1)·α once (see ``comm.dp_buckets``). With ODP the buckets hide under the slack left in the last
+keep_gathered (blocking); with recompute the whole block's forward (its AG_z, prefetched in order with OAG, and
+its output all-reduces) is redone before MLP-down's backward; the input-gradient all-reduce hides under the dW
+GEMM when OAR is on; RS_z(j) hides under the rest of the backward compute of the next layer processed when ORS is
+on (the last one is exposed); the bias AR_z is blocking. Each window of compute hides at most one collective, so
+the model is monotone: more bandwidth or more FLOP/s never predicts a slower step.
+The GPT's other collectives (``perfmodel.gpt``: layer-norm statistics AR_x and gradient AR_z, the embedding
+tables' gradient AR_z, the vocabulary-parallel cross entropy's AG_y and AR_y, the loss AR_z; all fp32) are priced
+per call, as blocking; with ORS the layer norms' AR_z (one call each for weight and bias, as the runtime posts it)
+join the reduce-scatter of the layer before them in the ORS chain and hide under the same window, while the
+embeddings' AR_z, posted last in the backward, stay exposed.
+AR_d (once per step) is priced per bucket, as the runtime posts it: every parameter's gradient (embedding tables,
+layer norms, FC weight shards and biases) is packed into buckets of ``Options.bucket_bytes`` exactly as
+``axgrid.sync_gradients`` packs them (``model.parameters()`` order), or with ODP as ``GradientPipeline`` does (in
+the order gradients become final, ``gpt.gpt_step``), and each bucket is one ring all-reduce over d paying
+2(Gd−1)·α once (see ``comm.dp_buckets``). With ODP the buckets hide under the slack left in the last
 micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is exposed.
 Not modelled: element-wise kernels, the optimizer step, contention between different dimensions' rings.
 """
@@ -23,6 +29,7 @@ import numpy as np
 
 from .comm import DIMS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
 from .compute import gemm_rate, gemm_time
+from .gpt import BLOCK_FC, STAT_BYTES, gpt_parameters, gpt_step
 from .layers import block_layers, head_layer
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
@@ -64,22 +71,30 @@ def _pos(a):
     return np.maximum(a, 0.0)
 
 
-def _dp_buckets(spec, V, b: int, bucket_bytes: int, overlap_dp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(buckets, total bytes, bytes of the last bucket posted) of the data-parallel gradient all-reduce per grid,
-    vectorised over grids: the same packing as ``comm.dp_buckets`` over the gradients in the order of
-    ``comm.dp_gradient_sizes`` (blocks in order, each QKV, out, up, down with weight shard then bias, then the head;
-    with ODP the layers in reverse order, still weight then bias). Zero-size tensors (no bias) are skipped, as they
-    do not exist in the runtime."""
-    pairs = [[v.shard * b, v.bias_loc * b] for v in V[:4]] * spec.layers + [[V[4].shard * b, V[4].bias_loc * b]]
-    if overlap_dp:
-        pairs = pairs[::-1]
-    sizes = [s for pair in pairs for s in pair]
-    n = np.zeros(len(V[0].shard), dtype=np.int64)
+def _grad_sizes(spec, V, hx, grad_bytes: int) -> dict[str, np.ndarray]:
+    """Bytes of each gradient tensor per grid (arrays [N]), by parameter key (see ``perfmodel.gpt``)."""
+    n = len(V[0].shard)
+    out: dict[str, np.ndarray] = {}
+    for p in gpt_parameters(spec, (1, 1, 1, 1)):
+        if p.kind == "emb":
+            rows = spec.vocab if p.key == "wte" else spec.seq
+            out[p.key] = rows * hx * grad_bytes
+        elif p.kind == "ln":
+            out[p.key] = hx * grad_bytes
+        else:
+            layer, part = p.key.split(".")[-2:]
+            v = V[4] if layer == "head" else V[BLOCK_FC.index(layer)]
+            out[p.key] = (v.shard if part == "w" else v.bias_loc) * grad_bytes
+    return {k: np.broadcast_to(np.asarray(a, dtype=np.int64), (n,)) for k, a in out.items()}
+
+
+def _pack(sizes: list[np.ndarray], bucket_bytes: int, overlap_dp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(buckets, total bytes, bytes of the last bucket posted) per grid: ``comm.dp_buckets`` vectorised."""
+    n = np.zeros(len(sizes[0]), dtype=np.int64)
     fill = np.zeros_like(n)
     last = np.zeros_like(n)
     total = np.zeros_like(n)
     for s in sizes:
-        s = np.broadcast_to(np.asarray(s, dtype=np.int64), n.shape)
         total = total + s
         if overlap_dp:              # GradientPipeline: append, post once the bucket holds >= bucket_bytes
             fill = fill + s
@@ -99,6 +114,28 @@ def _dp_buckets(spec, V, b: int, bucket_bytes: int, overlap_dp: bool) -> tuple[n
     return n, total.astype(float), last.astype(float)
 
 
+def _dp_buckets(spec, V, hx, gz, b: int, opt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(buckets, total bytes, bytes of the last bucket posted) of the data-parallel gradient all-reduce per grid,
+    vectorised over grids: every parameter of the GPT (embeddings, layer norms, FC weight shards and biases)
+    packed as ``comm.dp_buckets`` packs them, in ``model.parameters()`` order, or with ODP in the order the
+    gradients become final (``gpt.gpt_step``; with ORS that order depends on whether Gz > 1)."""
+    size = _grad_sizes(spec, V, hx, b)
+    if not opt.overlap_dp:
+        return _pack([size[p.key] for p in gpt_parameters(spec, (1, 1, 1, 1))], opt.bucket_bytes, False)
+    if opt.overlap_rs:          # with ORS the layer norms and embeddings join the pipeline only when Gz > 1
+        variants = [(gz > 1, (1, 1, 2, 1)), (gz == 1, (1, 1, 1, 1))]
+    else:
+        variants = [(np.ones(len(gz), dtype=bool), (1, 1, 1, 1))]
+    out = [np.zeros(len(gz), dtype=np.int64), np.zeros(len(gz)), np.zeros(len(gz))]
+    for mask, g in variants:
+        if not mask.any():
+            continue
+        _, ready = gpt_step(spec, g, 1, 1, 4, overlap_rs=opt.overlap_rs)
+        res = _pack([size[k] for k in ready], opt.bucket_bytes, True)
+        out = [np.where(mask, r, o) for r, o in zip(res, out)]
+    return out[0], out[1], out[2]
+
+
 def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.ndarray, np.ndarray]:
     """Per grid: the fewest micro-batches (from the options) that divide the local batch and fit in memory;
     returns (choice, valid) where valid is False when no choice divides (then choice = the first candidate)."""
@@ -109,7 +146,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.
     valid = np.zeros(len(g), dtype=bool)
     fallback = np.zeros(len(g), dtype=np.int64)
     for c in choices:
-        ok = (prob.batch % (g.gd * c) == 0) & (((prob.batch // c) * spec.seq) % (g.gd * g.gz) == 0)
+        ok = (prob.batch % (g.gd * c) == 0) & ((prob.batch // c) % (g.gd * g.gz) == 0)   # whole sequences
         if prob.batch % c:
             ok[:] = False
         mprime = np.where(ok, (prob.batch // c) * spec.seq / (g.gd * g.gz), 1.0)
@@ -123,7 +160,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.
     # configs where nothing fits: report with the largest dividing choice (least memory)
     last = np.zeros(len(g), dtype=np.int64)
     for c in choices:
-        ok = (prob.batch % (g.gd * c) == 0) & (((prob.batch // c) * spec.seq) % (g.gd * g.gz) == 0)
+        ok = (prob.batch % (g.gd * c) == 0) & ((prob.batch // c) % (g.gd * g.gz) == 0)
         if prob.batch % c == 0:
             last[ok] = c
     chosen = np.where(chosen > 0, chosen, np.where(last > 0, last, choices[0]))
@@ -162,6 +199,16 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
     ARB = [cost("all_reduce", v.bwd_ar_dim, v.bwd_ar * b) for v in V]
     BZ = [cost("all_reduce", "z", v.bias_loc * b) for v in V]
     q, o, u, dn, hd = range(5)
+    # the GPT's other collectives per micro-batch (fp32, blocking; see perfmodel.gpt): layer norms, embeddings,
+    # vocabulary-parallel cross entropy, loss
+    hx = -(-h // g.gx)
+    n_ln = 2 * L + 1
+    ln_fwd = 2 * cost("all_reduce", "x", mp_int * STAT_BYTES)                  # per layer norm (mean, variance)
+    ln_bwd_x = cost("all_reduce", "x", 2 * mp_int * STAT_BYTES)
+    ln_bwd_z = cost("all_reduce", "z", 2 * hx * STAT_BYTES)                   # weight and bias in one call
+    emb_z = cost("all_reduce", "z", S * hx * STAT_BYTES) + cost("all_reduce", "z", spec.vocab * hx * STAT_BYTES)
+    ce_y = (cost("all_gather", "y", g.gy * mp_int * STAT_BYTES) + cost("all_reduce", "y", 2 * mp_int * STAT_BYTES))
+    loss_z = cost("all_reduce", "z", np.full(len(g), STAT_BYTES))
 
     zeros = np.zeros(len(g))
     exposed = {d: zeros.copy() for d in DIMS}
@@ -181,6 +228,11 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
         t = reps[i] * ARF[i] * (2 if (opt.recompute and layers[i].recompute) else 1)
         exposed[layer_v.fwd_ar_dim] += t
         raw[layer_v.fwd_ar_dim] += t
+    side = {"x": (n_ln + (2 * L if opt.recompute else 0)) * ln_fwd + n_ln * ln_bwd_x,
+            "y": ce_y, "z": emb_z + loss_z + (0.0 if opt.overlap_rs else n_ln * ln_bwd_z)}
+    for d, t in side.items():
+        exposed[d] += t
+        raw[d] += t
 
     # ---- backward
     recomp = (F[q] + att + F[o] + F[u] + F[dn]) if opt.recompute else zeros
@@ -191,6 +243,20 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
         exposed["z"] += t
         raw["z"] += t
     slack = zeros.copy()
+    rw = list(r_win)    # the backward windows that hide ORS's reduce-scatters
+    if opt.recompute:   # the recompute forward gathers each block's weights again
+        ag_rec = sum(L * a for a in AG[:4])
+        raw["z"] += ag_rec
+        if opt.overlap_ag:
+            # prefetched in order: each recompute GEMM window hides the next layer's gather (the last block's
+            # first gather is exposed); those windows then hide no reduce-scatter (one collective per window)
+            exposed["z"] += (AG[q] + (L - 1) * _pos(AG[q] - f_win[dn]) + L * _pos(AG[o] - f_win[q])
+                             + L * _pos(AG[u] - f_win[o]) + L * _pos(AG[dn] - f_win[u]))
+            slack += (f_win[dn] + (L - 1) * _pos(f_win[dn] - AG[q]) + L * _pos(f_win[q] - AG[o])
+                      + L * _pos(f_win[o] - AG[u]) + L * _pos(f_win[u] - AG[dn]))
+            rw[dn] = DX[dn]
+        else:
+            exposed["z"] += ag_rec
     for i, layer_v in enumerate(V):
         arb = ARB[i]
         raw[layer_v.bwd_ar_dim] += reps[i] * arb
@@ -205,16 +271,21 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
     if opt.overlap_rs:
         # RS(j) hides under the rest-window of the next layer processed: head→down, down→up, up→out, out→qkv,
         # qkv(block b)→down(block b−1); block 0's QKV has nothing left to hide under.
-        exposed["z"] += (_pos(RS[hd] - r_win[dn]) + L * _pos(RS[dn] - r_win[u]) + L * _pos(RS[u] - r_win[o])
-                         + L * _pos(RS[o] - r_win[q]) + (L - 1) * _pos(RS[q] - r_win[dn]) + RS[q])
-        slack += (r_win[hd] + _pos(r_win[dn] - RS[hd]) + (L - 1) * _pos(r_win[dn] - RS[q])
-                  + L * _pos(r_win[u] - RS[dn]) + L * _pos(r_win[o] - RS[u]) + L * _pos(r_win[q] - RS[o]))
+        # the layer norms' z all-reduces go through the same pipeline, right after the layer before them in the
+        # backward (head -> ln_f, up -> ln2, qkv -> ln1), and hide under the same window
+        rs = list(RS)
+        rs[hd], rs[u], rs[q] = RS[hd] + ln_bwd_z, RS[u] + ln_bwd_z, RS[q] + ln_bwd_z
+        raw["z"] += n_ln * ln_bwd_z
+        exposed["z"] += (_pos(rs[hd] - rw[dn]) + L * _pos(rs[dn] - rw[u]) + L * _pos(rs[u] - rw[o])
+                         + L * _pos(rs[o] - rw[q]) + (L - 1) * _pos(rs[q] - rw[dn]) + rs[q])
+        slack += (rw[hd] + _pos(rw[dn] - rs[hd]) + (L - 1) * _pos(rw[dn] - rs[q])
+                  + L * _pos(rw[u] - rs[dn]) + L * _pos(rw[o] - rs[u]) + L * _pos(rw[q] - rs[o]))
     else:
         exposed["z"] += sum(r * a for r, a in zip(reps, RS))
-        slack += sum(r * w for r, w in zip(reps, r_win))
+        slack += sum(r * w for r, w in zip(reps, rw))
 
     # ---- data parallel, once per step, one all-reduce per gradient bucket
-    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, V, b, opt.bucket_bytes, opt.overlap_dp)
+    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, V, hx, g.gz, b, opt)
     a_d, be_d, _ = ab["d"]
     p_d = geo["d"][0].astype(float)
     ring = 2.0 * (p_d - 1)
@@ -240,9 +311,13 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
         n_fwd = 1 + int(opt.recompute and layers[i].recompute)
         step_bytes[v.fwd_ar_dim] += reps[i] * mb * n_fwd * v.fwd_ar * b * on[v.fwd_ar_dim]
         step_bytes[v.bwd_ar_dim] += reps[i] * mb * v.bwd_ar * b * on[v.bwd_ar_dim]
-        n_ag = 1 + int(not opt.keep_gathered)
+        n_ag = n_fwd + int(not opt.keep_gathered)
         step_bytes["z"] += reps[i] * mb * ((n_ag + 1) * v.padded + v.bias_loc) * b * on["z"]
-        step_bytes["d"] += reps[i] * (v.shard + v.bias_loc) * b * on["d"]
+    n_ln_fwd = n_ln + (2 * L if opt.recompute else 0)
+    step_bytes["x"] += mb * (2 * n_ln_fwd + 2 * n_ln) * mp_int * STAT_BYTES * on["x"]
+    step_bytes["y"] += mb * (g.gy + 2) * mp_int * STAT_BYTES * on["y"]
+    step_bytes["z"] += mb * (n_ln * 2 * hx + (S + spec.vocab) * hx + 1) * STAT_BYTES * on["z"]
+    step_bytes["d"] += d_bytes * on["d"]
 
     # ---- feasibility
     mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt)

@@ -3,7 +3,9 @@
 Rules (checked vectorised, one boolean array per rule so every rejection carries a reason):
   hidden and 4·hidden divisible by Gx and Gy (both FC orientations split h and 4h over x and y);
   heads divisible by Gy (QKV is a normal layer: its 3h output features, i.e. whole heads, are split over y);
-  global batch divisible by Gd, and batch·seq tokens by Gd·Gz (tokens are split over (d, z)).
+  vocab divisible by Gy (the LM head's output and the vocabulary-parallel cross entropy are split over y);
+  global batch divisible by Gd, and by Gd·Gz (the GPT splits tokens over (d, z) by whole sequences: attention
+  needs whole sequences on one rank).
 """
 from __future__ import annotations
 
@@ -68,22 +70,23 @@ RULES = (
     "hidden % Gx",
     "hidden % Gy",
     "heads % Gy",
+    "vocab % Gy",
     "batch % Gd",
-    "tokens % (Gd*Gz)",
+    "batch % (Gd*Gz)",
     "batch/Gd % microbatches",
 )
 
 
 def divisibility(spec: TransformerSpec, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
     """Rule name → bool array [N], True where the rule is VIOLATED."""
-    h, S = spec.hidden, spec.seq
-    tokens = batch * S
+    h = spec.hidden
     out = {
         "hidden % Gx": (h % grids.gx != 0) | ((4 * h) % grids.gx != 0),
         "hidden % Gy": (h % grids.gy != 0) | ((4 * h) % grids.gy != 0),
         "heads % Gy": spec.heads % grids.gy != 0,
+        "vocab % Gy": spec.vocab % grids.gy != 0,
         "batch % Gd": batch % grids.gd != 0,
-        "tokens % (Gd*Gz)": tokens % (grids.gd * grids.gz) != 0,
+        "batch % (Gd*Gz)": batch % (grids.gd * grids.gz) != 0,
     }
     if microbatches is not None:
         out["batch/Gd % microbatches"] = (batch % grids.gd != 0) | ((batch // grids.gd) % microbatches != 0)
@@ -97,7 +100,8 @@ def describe(rule: str, spec: TransformerSpec, batch: int, g: tuple[int, int, in
         "hidden % Gx": f"hidden {spec.hidden} not divisible by Gx={gx}",
         "hidden % Gy": f"hidden {spec.hidden} not divisible by Gy={gy}",
         "heads % Gy": f"heads {spec.heads} not divisible by Gy={gy}",
+        "vocab % Gy": f"vocab {spec.vocab} not divisible by Gy={gy} (the LM head and cross entropy split it)",
         "batch % Gd": f"batch {batch} not divisible by Gd={gd}",
-        "tokens % (Gd*Gz)": f"tokens {batch * spec.seq} not divisible by Gd*Gz={gd * gz}",
+        "batch % (Gd*Gz)": f"batch {batch} not divisible by Gd*Gz={gd * gz} (z splits whole sequences)",
         "batch/Gd % microbatches": f"local batch {batch}/{gd} not divisible by {mb} micro-batches",
     }[rule]

@@ -95,8 +95,9 @@ def test_dp_term_priced_per_bucket_by_hand():
                          bucket_bytes=bucket, microbatches=1)
         ev = pm.evaluate(pm.Problem(spec, 4, 4, "fp32", opt), m, pm.Grids.of([(1, 1, 1, 4)]))
         from perfmodel.comm import dp_buckets
-        from perfmodel.layers import transformer_layers
-        sz = dp_gradient_sizes(transformer_layers(spec), (1, 1, 1, 4), 4, odp)
+        from perfmodel.gpt import gpt_dp_gradient_sizes
+        sz = gpt_dp_gradient_sizes(spec, (1, 1, 1, 4), 4, odp)     # every parameter: embeddings, norms, FC
+        assert sum(sz) == spec.params * 4
         nb = len(dp_buckets(sz, bucket, odp))
         want = 2 * 3 / 4 * sum(sz) / be + nb * 2 * 3 * a
         assert int(ev.extra["dp_buckets"][0]) == nb
@@ -106,7 +107,7 @@ def test_dp_term_priced_per_bucket_by_hand():
         else:   # ODP: at least the last bucket (posted at the end of the backward) is exposed, at most all
             last = dp_buckets(sz, bucket, odp)[-1]
             assert 2 * 3 / 4 * last / be + 2 * 3 * a <= ev.exposed["d"][0] * (1 + 1e-12) <= want * (1 + 1e-12)
-    # the head 8·8 (64 floats = 256 B) alone exceeds 64 B: one bucket per tensor in the 64-byte case
+    # the head 8·8 (64 floats = 256 B) alone exceeds 64 B: several buckets in the 64-byte case
     assert nb > 1
 
 
@@ -161,11 +162,16 @@ def test_memory_by_hand():
     spec = pm.get_model("gpt-tiny")
     opt = pm.Options(recompute=False, overlap_ag=False, overlap_rs=False)
     mem = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt)
-    # every parameter but the final layer norm: 2+2 bytes param/grad + 12 bytes AdamW (master + 2 moments)
-    assert float(mem.static) == pytest.approx((spec.params - 2 * spec.hidden) * 16)
+    # every parameter: 2+2 bytes param/grad + 12 bytes AdamW (master + 2 moments)
+    assert float(mem.static) == pytest.approx(spec.params * 16)
     assert float(mem.activations) == 64 * 2 * 2 * (4 * 64 + 12 * 64) + 64 * 256 * 6 + 2 * 64 * 256 * 2
-    # 2 buffers of the biggest gathered block (head 256×64) without OAG/ORS
-    assert float(mem.buffers) == 2 * 256 * 64 * 2
+    # 2 buffers of the biggest gathered block (head 256×64) without OAG/ORS, and the embedding's dense fp32
+    # gradient of the token table [V, h/Gx]
+    assert float(mem.buffers) == 2 * 256 * 64 * 2 + 256 * 64 * 4
+    # the embedding tables are replicated over y and z (features over x only)
+    emb = (spec.vocab + spec.seq) * spec.hidden
+    assert float(memory_per_gpu(spec, 1, 2, 2, 1, 64, 2, False, opt).static) >= emb * 16
+    assert float(memory_per_gpu(spec, 2, 1, 1, 1, 64, 2, False, opt).static) < float(mem.static) * 0.6
     # z shards the weights: static shrinks with Gz
     assert float(memory_per_gpu(spec, 1, 1, 2, 1, 64, 2, False, opt).static) < float(mem.static) * 0.6
     rec = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt.with_(recompute=True))
@@ -182,13 +188,13 @@ def test_enumeration_all_divisors():
 
 def test_model_bytes_equal_ledger_formula():
     spec = pm.get_model("gpt-tiny")
-    for grid, mb in [((2, 2, 2, 2), 2), ((1, 4, 2, 1), 1), ((2, 1, 1, 4), 4)]:
+    for grid, mb in [((2, 2, 2, 2), 2), ((1, 4, 2, 1), 1), ((2, 1, 1, 4), 2)]:
         for keep, rec in [(False, True), (True, False)]:
             opt = pm.Options(microbatches=mb, keep_gathered=keep, recompute=rec)
             prob = pm.Problem(spec, 8, 16, "bf16", opt)
             ev = pm.evaluate(prob, pm.load_machine("perlmutter"), pm.Grids.of([grid]))
-            led = pm.collective_bytes(pm.transformer_layers(spec), grid, 8 * spec.seq // mb, mb, 2,
-                                      keep_gathered=keep, recompute=rec)
+            led = pm.collective_bytes(spec, grid, 8 * spec.seq // mb, mb, 2,     # the whole GPT step
+                                      keep_gathered=keep, recompute=rec, overlap_rs=True, overlap_dp=True)
             for d in "xyzd":
                 assert ev.step_bytes[d][0] == sum(v for (dd, _), v in led.items() if dd == d), (grid, d)
 
@@ -206,4 +212,7 @@ def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
     ev0 = pm.evaluate(pm.Problem(spec, 32, 16, options=off), m, g)
     for d in "xyzd":
         assert np.allclose(ev0.exposed[d], ev0.raw[d])
+    # overlaps never make a step slower
     assert np.all(ev.time[ok] <= ev0.time[ok] + 1e-12)
+    no_ors = pm.evaluate(pm.Problem(spec, 32, 16, options=pm.Options(overlap_rs=False)), m, g)
+    assert np.all(no_ors.time[ok] <= ev0.time[ok] + 1e-12)

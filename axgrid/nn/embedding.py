@@ -43,7 +43,7 @@ class _ShardedLookup(torch.autograd.Function):
         w = layer.weight
         grad = torch.zeros((ctx.num, dout.shape[-1]), dtype=torch.float32, device=dout.device)
         grad.index_add_(0, ids, dout.float())
-        grad = reduce_over_z(layer.grid, w, grad)
+        (grad,) = reduce_over_z(layer.grid, [w], [grad])
         return None, (grad.to(w.dtype) if grad is not None else None), None
 
 

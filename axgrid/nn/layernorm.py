@@ -58,12 +58,10 @@ class _ShardedLayerNorm(torch.autograd.Function):
         dx = rstd.unsqueeze(-1) * (g - sums[:, :1] - xhat * sums[:, 1:])
         dw = (dy * xhat).sum(0)
         db = dy.sum(0) if ctx.has_bias else None
-        if grid.size("z") > 1 and not (grid.config.overlap.ors and grid.pending_grads is not None):
-            both = grid.comm.all_reduce(torch.cat([dw, db]) if db is not None else dw, "z")  # one call for two
-            dw, db = (both[: dw.numel()], both[dw.numel():]) if db is not None else (both, None)
+        if db is not None:
+            dw, db = reduce_over_z(grid, [layer.weight, layer.bias], [dw, db])    # one call for both
         else:
-            dw = reduce_over_z(grid, layer.weight, dw)
-            db = reduce_over_z(grid, layer.bias, db) if db is not None else None
+            (dw,) = reduce_over_z(grid, [layer.weight], [dw])
         dw = dw.to(weight.dtype) if dw is not None else None
         db = db.to(weight.dtype) if db is not None else None
         return dx.to(ctx.x_dtype), dw, db, None

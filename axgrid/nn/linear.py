@@ -151,7 +151,7 @@ class _LinearFunction(torch.autograd.Function):
         if need_b:
             db = dy.sum(0).to(layer.bias.dtype)
             if ov.ors:
-                grid.pending_grads.all_reduce(layer.bias, db, "z")
+                grid.pending_grads.all_reduce([layer.bias], [db], "z")
                 db = None
             else:
                 db = grid.comm.all_reduce(db, "z")

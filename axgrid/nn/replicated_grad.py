@@ -7,22 +7,29 @@ every such gradient follows one rule -- including the ORS overlap, when the grid
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from ..grid import Grid
 
 
-def reduce_over_z(grid: Grid, param: torch.nn.Parameter, grad: torch.Tensor) -> Optional[torch.Tensor]:
-    """Sum ``grad`` (this rank's partial gradient of ``param``) over z.
+def reduce_over_z(grid: Grid, params: Sequence[torch.nn.Parameter],
+                  grads: Sequence[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """Sum ``grads`` (this rank's partial gradients of ``params``) over z, in ONE all-reduce.
 
-    Returns the summed gradient for autograd to accumulate, or ``None`` when the sum was handed to the grid's
-    overlapped gradient queue (ORS on), which writes ``param.grad`` itself when it finishes.
+    Returns the summed gradients for autograd to accumulate, or ``None`` for each when the sum was handed to the
+    grid's overlapped gradient queue (ORS on), which writes ``param.grad`` itself when it finishes.
     """
     if grid.size("z") == 1:
-        return grad
+        return list(grads)
     if grid.config.overlap.ors and grid.pending_grads is not None:
-        grid.pending_grads.all_reduce(param, grad, "z")
-        return None
-    return grid.comm.all_reduce(grad.contiguous(), "z")
+        grid.pending_grads.all_reduce(list(params), list(grads), "z")
+        return [None] * len(grads)
+    flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].contiguous().reshape(-1)
+    flat = grid.comm.all_reduce(flat, "z")
+    out, off = [], 0
+    for g in grads:
+        out.append(flat[off: off + g.numel()].view_as(g))
+        off += g.numel()
+    return out

@@ -1,0 +1,118 @@
+"""perfmodel prices the whole GPT step: for the real ``axgrid.models.gpt.GPT`` (FC layers, layer norms, embeddings,
+vocabulary-parallel cross entropy, the loss, and the data-parallel buckets of every parameter), the bytes AND calls
+per (grid dimension, operation) that ``perfmodel.collective_bytes`` / ``collective_calls`` predict for the same
+``TransformerSpec``, grid and step equal what the runtime's ledger counts (issue 3, item 9).
+
+One optimizer step per case, as a training loop runs it (``experiments/train_gpt.py``): ``grid.watch(model)``;
+each micro-batch's forward with targets and ``loss.backward()``, all but the last under ``grid.no_sync()``; then
+``axgrid.sync_gradients(model, grid)``. Grids include non-powers of two, d > 1, z > 1, several micro-batches,
+recompute on and off, the overlaps (ORS changes the layer norms' z calls and, with ODP, the order gradients fill
+the d buckets) and kept gathered weights; some cases set a tiny ``bucket_bytes`` so the d all-reduce takes several
+buckets. fp32 throughout (on gloo the runtime sums low-precision tensors in fp32, and the ledger counts fp32).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import axgrid
+import perfmodel as pm
+
+# layers, hidden, heads, seq, vocab: every Gx, Gy below divides hidden 24 and 4·24, heads 12 and vocab 48
+SIZES = (2, 24, 12, 8, 48)
+# (world, grid, microbatches, sequences per z-rank per micro-batch, recompute, overlap, bucket_bytes, bias)
+CASES = [
+    (8, "2x2x2x1", 2, 1, True, "all", None, True),           # every tensor-parallel dimension, all overlaps
+    (8, "1x2x2x2", 2, 1, False, "none", 2000, True),         # d and z, no overlap, several buckets
+    (8, "2x1x2x2", 2, 2, True, "all,keep", 3000, True),      # ORS + ODP + keep: bucket order from the pipeline
+    (8, "2x2x1x2", 1, 1, False, "oar,odp", 1500, False),     # ODP without ORS, no bias
+    (8, "1x1x4x2", 3, 1, True, "ors,odp", 2500, True),       # Gz = 4, three micro-batches
+    (8, "2x2x1x2", 2, 1, True, "all", 1200, True),           # ORS with Gz = 1: layer norms ready before FC
+    (8, "1x4x1x2", 1, 2, False, "oar,oag", None, True),      # Gy = 4 with d: vocabulary-parallel cross entropy
+    (6, "3x1x2x1", 1, 1, True, "all", None, True),           # non-powers of two
+    (6, "1x3x1x2", 2, 1, False, "none", 1200, True),         # Gy = 3 with d
+    (6, "1x1x3x2", 2, 1, False, "all,keep", 2000, True),     # Gz = 3 with d, ORS + ODP
+    (6, "2x3x1x1", 1, 1, True, "oar,oag,ors", None, False),  # x and y, recompute, no bias
+]
+
+
+def _options(overlap: str) -> axgrid.OverlapConfig:
+    return axgrid.OverlapConfig.parse(overlap)
+
+
+def rank_ledgers(cases: list[tuple]) -> list[dict]:
+    """On one rank: for every case, the ledger of one optimizer step as {(dim, op): (calls, bytes)}."""
+    from axgrid.models.gpt import GPT, GPTConfig
+    torch.set_num_threads(1)
+    layers, hidden, heads, seq, vocab = SIZES
+    out = []
+    for _, spec, mbs, seqs, recompute, overlap, bucket, bias in cases:
+        kw = {} if bucket is None else {"bucket_bytes": bucket}
+        grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=_options(overlap), seed=0, **kw))
+        try:
+            cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, bias=bias,
+                            recompute=recompute)
+            model = GPT(cfg, grid)
+            grid.watch(model)
+            gen = torch.Generator().manual_seed(grid.index("d"))
+            batch_d = seqs * grid.size("z")                      # this data-parallel rank's sequences
+            grid.ledger.reset()
+            for i in range(mbs):
+                ids = torch.randint(0, vocab, (batch_d, seq + 1), generator=gen)
+                with grid.no_sync() if i < mbs - 1 else contextlib.nullcontext():
+                    model(ids[:, :-1], ids[:, 1:]).backward()
+            axgrid.sync_gradients(model, grid)
+            out.append({key: (e.calls, e.bytes) for key, e in grid.ledger.entries.items()})
+        finally:
+            grid.destroy()
+    return out
+
+
+def predicted(case: tuple) -> tuple[dict, dict]:
+    _, spec, mbs, seqs, recompute, overlap, bucket, bias = case
+    layers, hidden, heads, seq, vocab = SIZES
+    shape = tuple(int(v) for v in spec.split("x"))
+    ov = _options(overlap)
+    model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
+    kw = dict(layers=model, grid=shape, tokens_per_microbatch_global=seqs * shape[2] * shape[3] * seq,
+              n_microbatches=mbs, dtype_bytes=4, keep_gathered=ov.keep_gathered_weights, recompute=recompute,
+              overlap_dp=ov.odp, overlap_rs=ov.ors,
+              bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
+    return pm.collective_bytes(**kw), pm.collective_calls(**kw)
+
+
+def test_ors_case_changes_the_bucket_order():
+    """Guards the case list: in the ORS case with Gz = 1 the pipeline's order gives other buckets than the
+    backward order would (layer-norm gradients overtake the FC gradients still in the pipeline's window)."""
+    from perfmodel.comm import dp_buckets
+    from perfmodel.gpt import gpt_dp_gradient_sizes
+    layers, hidden, heads, seq, vocab = SIZES
+    spec = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab)
+    pipe, plain = (dp_buckets(gpt_dp_gradient_sizes(spec, (2, 2, 1, 2), 4, True, ors), 1200, True)
+                   for ors in (True, False))
+    assert pipe != plain and sum(pipe) == sum(plain)
+
+
+def test_bucket_cases_make_several_buckets():
+    """Guards the case list: the tiny buckets do split the d all-reduce into several calls."""
+    for case in CASES:
+        if case[6] is not None:
+            assert predicted(case)[1][("d", "all_reduce")] > 2, case
+
+
+@pytest.mark.parametrize("world", sorted({c[0] for c in CASES}))
+def test_gpt_predicted_bytes_and_calls_equal_ledger(ranks, world):
+    cases = [c for c in CASES if c[0] == world]
+    per_rank = ranks(world, rank_ledgers, cases)
+    for i, case in enumerate(cases):
+        want_bytes, want_calls = predicted(case)
+        for r, ledger in enumerate(per_rank):
+            got = ledger[i]
+            where = (f"grid {case[1]} (mb={case[2]}, seqs={case[3]}, recompute={case[4]}, overlap={case[5]}, "
+                     f"bucket={case[6]}, bias={case[7]}), rank {r}")
+            assert set(got) == set(want_bytes), f"{where}: (dim, op) keys differ: {sorted(got)} vs {sorted(want_bytes)}"
+            for key, (calls, nbytes) in got.items():
+                assert (calls, nbytes) == (want_calls[key], want_bytes[key]), \
+                    f"{where} {key}: ledger {calls} calls / {nbytes} B, perfmodel {want_calls[key]} / {want_bytes[key]} B"
