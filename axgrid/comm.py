@@ -66,11 +66,14 @@ class Ledger:
         return out
 
     def table(self) -> str:
-        """A readable table, one row per (dimension, operation)."""
-        rows = [f"{'dim':<4} {'operation':<15} {'calls':>7} {'bytes':>14} {'wire bytes/rank':>16} {'time s':>9}"]
+        """A readable table, one row per (dimension, operation); times only when they were recorded."""
+        timed = any(e.seconds for e in self.entries.values())
+        rows = [f"{'dim':<4} {'operation':<16} {'calls':>7} {'bytes':>14} {'wire bytes/rank':>16}"
+                + (f" {'time s':>9} {'blocked s':>9}" if timed else "")]
         for (dim, op) in sorted(self.entries):
             e = self.entries[(dim, op)]
-            rows.append(f"{dim:<4} {op:<15} {e.calls:>7} {e.bytes:>14,} {int(e.wire_bytes):>16,} {e.seconds:>9.4f}")
+            rows.append(f"{dim:<4} {op:<16} {e.calls:>7} {e.bytes:>14,} {int(e.wire_bytes):>16,}"
+                        + (f" {e.seconds:>9.4f} {e.wait_seconds:>9.4f}" if timed else ""))
         return "\n".join(rows)
 
 

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     # parameters after training: gather each parallel layer and compare with its serial twin
     pdiff = 0.0
     for p_layer, s_layer in zip(list(par.ups) + list(par.downs), list(ser.ups) + list(ser.downs)):
-        dense = p_layer.to_dense()
+        dense = p_layer.to_dense().requires_grad_(False)
+        s_layer.requires_grad_(False)
         pdiff = max(pdiff, float((dense.weight - s_layer.weight).abs().max()),
                     float((dense.bias - s_layer.bias).abs().max()))
     ok = worst < 1e-4 and pdiff < 1e-4
