@@ -1,0 +1,192 @@
+"""Loading on any grid: assemble each rank's tiles from the saved ones, then apply all at once."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..sharding import tile_of
+from .format import (CheckpointError, LoadInfo, _agree, _dtype_of, _Entry, _grid_str, _like, _overlap, _rank_world,
+                     _sha256_file)
+from .state import _check_entry, _model_entries, _param_names, _restore_rng
+from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoint
+
+class _Reader:
+    """Loads (and checks) the checkpoint's files on demand, each once."""
+
+    def __init__(self, ckdir: str, man: Mapping[str, Any], verify: bool) -> None:
+        self.ckdir, self.man, self.verify = ckdir, man, verify
+        self.cache: dict[str, dict[str, Any]] = {}
+
+    def file(self, fname: str) -> dict[str, Any]:
+        if fname not in self.cache:
+            path = os.path.join(self.ckdir, fname)
+            meta = self.man["files"].get(fname)
+            if meta is None:
+                raise CheckpointError(f"the manifest of {self.ckdir} refers to {fname}, which it does not list: "
+                                      f"the manifest is damaged; {_alternatives(self.ckdir)}")
+            if self.verify and _sha256_file(path) != meta["sha256"]:
+                raise CheckpointError(f"{path}: sha256 differs from the manifest's: the file is corrupt; "
+                                      f"{_alternatives(self.ckdir)}")
+            try:
+                self.cache[fname] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as e:  # torch raises several kinds for damaged zip/pickle data
+                raise CheckpointError(f"{path} cannot be read by torch.load ({type(e).__name__}: {e}); "
+                                      f"{_alternatives(self.ckdir)}") from None
+        return self.cache[fname]
+
+    def assemble(self, name: str, offsets: Sequence[int], shape: Sequence[int]) -> torch.Tensor:
+        """The box ``[offsets, offsets + shape)`` of tensor ``name``'s dense form, from the saved tiles."""
+        info = self.man["tensors"][name]
+        out = torch.empty(tuple(shape), dtype=_dtype_of(info["dtype"]))
+        covered = 0
+        for t in info["tiles"]:
+            ov = _overlap(offsets, shape, t["offsets"], t["shape"])
+            if ov is None:
+                continue
+            lo, hi = ov
+            src = self.file(t["file"])["tensors"].get(t["key"])
+            if src is None or list(src.shape) != list(t["shape"]):
+                raise CheckpointError(f"{os.path.join(self.ckdir, t['file'])}: tile {t['key']!r} is missing or has "
+                                      f"the wrong shape; {_alternatives(self.ckdir)}")
+            dst = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offsets))
+            srs = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, t["offsets"]))
+            out[dst] = src[srs]
+            covered += math.prod(h - l for l, h in zip(lo, hi))
+        if covered != math.prod(shape):
+            raise CheckpointError(f"{name}: the checkpoint's tiles cover {covered} of the {math.prod(shape)} "
+                                  f"elements this rank needs; the manifest of {self.ckdir} is damaged")
+        return out
+
+
+def _target(reader: _Reader, e: _Entry, where: str) -> torch.Tensor:
+    """This rank's new data for entry ``e`` (shape and dtype of ``e.tensor``)."""
+    info = reader.man["tensors"][e.name]
+    if tuple(info["dense_shape"]) != e.dense_shape:
+        raise CheckpointError(f"{e.name}: the checkpoint {where} holds dense shape {tuple(info['dense_shape'])}, "
+                              f"this model has {e.dense_shape}: it was saved from a model of other sizes (grid "
+                              f"{reader.man['grid']}, step {reader.man['step']}); build the model with the "
+                              f"checkpoint's sizes, or start fresh / point the resume path elsewhere")
+    tile = reader.assemble(e.name, e.offsets, e.tile_shape)
+    part = e.tile.part_of(tile) if e.tile is not None and e.tile.split_dim else tile.reshape(e.tensor.shape)
+    return part.to(e.tensor.dtype)
+
+
+def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, grid=None, *,
+                    generators: Optional[Mapping[str, torch.Generator]] = None, strict: bool = True,
+                    verify: bool = True, restore_rng: bool = True) -> LoadInfo:
+    """Load the checkpoint at ``path`` (a checkpoint directory, or a root with a ``latest`` pointer) into
+    ``model`` (and ``optimizer``), on any grid.
+
+    Collective (one agreement all-reduce, posted after all checks): every rank of ``grid`` calls it. ``strict``:
+    the model's tensors and the checkpoint's must match by name. ``verify``: check the sha256 of every file read.
+    RNG states (global and ``generators``) are restored per rank when the grid is unchanged, else from the
+    saving rank 0 on every rank. On any error every rank raises :class:`CheckpointError` and nothing is changed.
+    """
+    rank, world = _rank_world(grid)
+    err: Optional[CheckpointError] = None
+    staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+    opt_state: Optional[dict[str, Any]] = None
+    info: Optional[LoadInfo] = None
+    rng_state: Optional[Mapping[str, Any]] = None
+    where = path
+    try:
+        ckdir = resolve_checkpoint(path)
+        where = ckdir
+        man = _read_manifest(ckdir)
+        _check_files(ckdir, man)
+        reader = _Reader(ckdir, man, verify)
+        saved = man["tensors"]
+        mine = _model_entries(model)
+        for e in mine:
+            _check_entry(e, grid)
+        have = {e.name for e in mine}
+        ck_model = {n for n, v in saved.items() if v["kind"] in ("param", "buffer")}
+        if strict and (have - ck_model or ck_model - have):
+            miss = sorted(x[6:] for x in have - ck_model)[:8]
+            extra_ = sorted(x[6:] for x in ck_model - have)[:8]
+            raise CheckpointError(f"the checkpoint {ckdir} and this model hold different tensors: missing from the "
+                                  f"checkpoint {miss}, not in the model {extra_}; build the same model (or pass "
+                                  f"strict=False to load the common ones)")
+        for e in mine:
+            if e.name in saved:
+                staged.append((e.tensor, _target(reader, e, ckdir)))
+        if optimizer is not None:
+            opt_state = _stage_optimizer(reader, model, optimizer, grid, ckdir)
+        same = (man["world_size"] == world and man["grid"] == _grid_str(grid)
+                and man.get("order") == (None if grid is None else grid.order))
+        rng_note = "not restored"
+        if restore_rng:
+            src = rank if same else 0
+            rng_state = reader.file(f"rank-{src:05d}.pt")["rng"]
+            missing = [k for k in (generators or {}) if k not in rng_state.get("generators", {})]
+            if missing:
+                raise CheckpointError(f"generator(s) {missing} are not in the checkpoint {ckdir} (it holds "
+                                      f"{man.get('generators')}): pass the same generators= to save and load")
+            rng_note = "per-rank" if same else "from rank 0"
+        info = LoadInfo(ckdir, int(man["step"]), dict(man.get("extra") or {}), man["grid"], man["world_size"],
+                        not same, rng_note, opt_state is not None)
+    except CheckpointError as ex:
+        err = ex
+    (failed,) = _agree(grid, [int(err is not None)])
+    if err is not None:
+        raise err
+    if failed:
+        raise CheckpointError(f"{failed} rank(s) could not load the checkpoint {where} (see their errors); "
+                              f"nothing was changed")
+    assert info is not None
+    with torch.no_grad():
+        for dst, src in staged:
+            dst.copy_(src)
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state)  # type: ignore[union-attr]
+    if rng_state is not None:
+        _restore_rng(rng_state, generators, where)
+    return info
+
+
+def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimizer, grid,
+                     ckdir: str) -> dict[str, Any]:
+    """The ``optimizer.load_state_dict`` argument for this rank, built from the checkpoint."""
+    desc = reader.man.get("optimizer")
+    if not desc:
+        raise CheckpointError(f"the checkpoint {ckdir} holds no optimizer state (it was saved without an "
+                              f"optimizer): load it with optimizer=None")
+    if desc["class"] != type(opt).__name__:
+        raise CheckpointError(f"the checkpoint {ckdir} holds {desc['class']} state, this optimizer is "
+                              f"{type(opt).__name__}: use the same optimizer class, or load with optimizer=None")
+    names = _param_names(model)
+    cur = opt.state_dict()
+    if len(desc["param_groups"]) != len(opt.param_groups):
+        raise CheckpointError(f"the checkpoint {ckdir} has {len(desc['param_groups'])} optimizer parameter groups, "
+                              f"this optimizer has {len(opt.param_groups)}: build the optimizer the same way")
+    state: dict[int, dict[str, Any]] = {}
+    groups = []
+    for gi, (g, sg, cg) in enumerate(zip(opt.param_groups, desc["param_groups"], cur["param_groups"])):
+        pnames = [names.get(id(p), "?") for p in g["params"]]
+        if pnames != sg["params"]:
+            raise CheckpointError(f"optimizer parameter group {gi}: the checkpoint {ckdir} holds parameters "
+                                  f"{sg['params'][:6]}..., this optimizer {pnames[:6]}...: build it the same way")
+        groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items() if k != "params" and k in cg}})
+        for p, pname, idx in zip(g["params"], pnames, cg["params"]):
+            st: dict[str, Any] = {}
+            tile = tile_of(p)
+            rep = getattr(p, "axgrid_replicated", None) or ("d" if tile is not None else "xyzd")
+            for key in desc["state_keys"].get(pname, []):
+                name = f"optim/{pname}/{key}"
+                info = reader.man["tensors"].get(name)
+                if info is None:
+                    raise CheckpointError(f"{name} is listed as optimizer state but has no tiles in {ckdir}: the "
+                                          f"manifest is damaged; {_alternatives(ckdir)}")
+                if info["kind"] == "optim":
+                    like = torch.empty(p.shape, dtype=_dtype_of(info["dtype"]))
+                    st[key] = _target(reader, _Entry(name, like, tile, rep, "optim"), ckdir)
+                else:
+                    st[key] = reader.assemble(name, [0] * len(info["dense_shape"]), info["dense_shape"])
+            st.update(desc["values"].get(pname, {}))
+            if st:
+                state[idx] = st
+    return {"state": state, "param_groups": groups}

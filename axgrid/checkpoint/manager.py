@@ -1,0 +1,40 @@
+"""The checkpoints of one run under a root directory: save, resume, keep the newest few."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import nn
+
+from .format import CheckpointError, LoadInfo, _agree, _rank_world
+from .load import load_checkpoint
+from .save import save_checkpoint
+from .store import latest_checkpoint
+
+class CheckpointManager:
+    """Checkpoints of one run under ``root``: ``save(step, ...)``, ``resume(...)``, keeping the newest ``keep``."""
+
+    def __init__(self, root: str, grid=None, keep: Optional[int] = 2) -> None:
+        self.root, self.grid, self.keep = root, grid, keep
+
+    def latest(self) -> Optional[str]:
+        return latest_checkpoint(self.root)
+
+    def save(self, step: int, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
+             extra: Optional[Mapping[str, Any]] = None,
+             generators: Optional[Mapping[str, torch.Generator]] = None) -> str:
+        return save_checkpoint(self.root, model, optimizer, self.grid, step=step, extra=extra,
+                               generators=generators, keep=self.keep)
+
+    def resume(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any
+               ) -> Optional[LoadInfo]:
+        """Load the latest checkpoint if there is one (all ranks must agree it exists); None otherwise."""
+        found = self.latest() is not None
+        (n,) = _agree(self.grid, [int(found)])
+        world = _rank_world(self.grid)[1]
+        if n == 0:
+            return None
+        if n != world:
+            raise CheckpointError(f"only {n} of {world} ranks see a checkpoint under {self.root}: the checkpoint "
+                                  f"directory must be on a file system shared by all ranks")
+        return load_checkpoint(self.root, model, optimizer, self.grid, **kwargs)

@@ -1,0 +1,174 @@
+"""Saving: every rank writes its tiles into a temporary directory, rank 0 finishes it atomically."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import secrets
+import shutil
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .format import (FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _agree, _dtype_name, _Entry, _fingerprint,
+                     _fsync_dir, _grid_str, _rank_world, _write_bytes)
+from .state import _check_entry, _model_entries, _optim_entries, _rng_state
+from .store import list_checkpoints
+
+def _is_writer(grid, e: _Entry) -> bool:
+    if grid is None:
+        return True
+    letters = set(e.replicated) & set("xyzd")
+    if e.tile is not None and e.tile.split_dim:
+        letters.add(e.tile.split_dim)
+    return all(grid.coord[c] == 0 for c in letters)
+
+
+def _whole_tile(grid, e: _Entry) -> torch.Tensor:
+    """The entry's whole tile ``tile_shape`` (all-gathered over the split dimension: a collective)."""
+    t = e.tensor
+    if e.tile is not None and e.tile.split_dim:
+        full = grid.comm.all_gather(t.contiguous(), e.tile.split_dim).reshape(-1) if grid is not None else t
+        return full[: e.tile.tile_numel].view(e.tile.tile_shape)
+    return t.reshape(e.tile_shape)
+
+
+def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                    grid=None, *, step: int, extra: Optional[Mapping[str, Any]] = None,
+                    generators: Optional[Mapping[str, torch.Generator]] = None, keep: Optional[int] = 2) -> str:
+    """Save ``model`` (and ``optimizer``) as ``root/step-<step>`` and point ``root/latest`` at it.
+
+    Collective: every rank of ``grid`` must call it with the same arguments (``grid=None``: a serial model in
+    one process). ``extra``: JSON-serialisable run state (data position, scheduler, ...) returned by
+    :func:`load_checkpoint`. ``generators``: named ``torch.Generator`` whose per-rank states are saved with the
+    global torch / python / numpy RNG states. ``keep``: complete checkpoints to keep (None: all). Returns the
+    checkpoint directory. Raises :class:`CheckpointError` on every rank when any rank fails; the previous
+    checkpoints and ``latest`` are then untouched.
+    """
+    rank, world = _rank_world(grid)
+    final = os.path.join(root, f"step-{int(step):08d}")
+    err: Optional[CheckpointError] = None
+    entries: list[_Entry] = []
+    optim_desc: Optional[dict[str, Any]] = None
+    rng: dict[str, Any] = {}
+    try:
+        entries = _model_entries(model)
+        if optimizer is not None:
+            oe, optim_desc = _optim_entries(model, optimizer)
+            entries += oe
+        for e in entries:
+            _check_entry(e, grid)
+        if extra is not None:
+            try:
+                json.dumps(extra)
+            except (TypeError, ValueError) as ex:
+                raise CheckpointError(f"extra= must be JSON-serialisable ({ex})") from None
+        rng = _rng_state(generators)
+    except CheckpointError as ex:
+        err = ex
+    fp = _fingerprint(entries)
+    token = secrets.randbits(40) if rank == 0 else 0   # not torch's RNG: saving must not change training
+    failed, s1, s2, token = _agree(grid, [int(err is not None), fp, fp * fp, token])
+    if err is not None:
+        raise err
+    if failed:
+        raise CheckpointError(f"{failed} rank(s) could not start saving {final} (see their errors); nothing "
+                              f"was written")
+    if s1 != world * fp or s2 != world * fp * fp:
+        raise CheckpointError(f"ranks disagree about the tensors to save (names, shapes, dtypes or optimizer "
+                              f"state differ between ranks): every rank must build the same model and optimizer")
+
+    tmp = f"{final}.tmp-{token:010x}"
+    fname = f"rank-{rank:05d}.pt"
+    tensors: dict[str, torch.Tensor] = {}
+    tiles: list[dict[str, Any]] = []
+    for e in entries:                                   # collectives (z all-gathers) in the same order everywhere
+        whole = _whole_tile(grid, e)
+        if _is_writer(grid, e):
+            tensors[e.name] = whole.detach().to("cpu", copy=True).contiguous()
+            tiles.append({"name": e.name, "key": e.name, "offsets": list(e.offsets), "shape": list(e.tile_shape)})
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        buf = io.BytesIO()
+        torch.save({"tensors": tensors, "rng": rng}, buf)
+        data = buf.getvalue()
+        _write_bytes(os.path.join(tmp, fname), data)
+        index = {"rank": rank, "file": fname, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                 "tiles": tiles}
+        _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
+    except OSError as ex:
+        err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {ex}")
+    (failed,) = _agree(grid, [int(err is not None)])
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise err or CheckpointError(f"{failed} rank(s) failed writing {final} (see their errors); the previous "
+                                     f"checkpoints and {os.path.join(root, LATEST)} are untouched")
+    if rank == 0:
+        try:
+            _finish(root, tmp, final, entries, optim_desc, grid, world, int(step), extra, generators, keep, token)
+        except (OSError, CheckpointError) as ex:
+            shutil.rmtree(tmp, ignore_errors=True)
+            err = ex if isinstance(ex, CheckpointError) else CheckpointError(f"finishing {final} failed: {ex}")
+    (failed,) = _agree(grid, [int(err is not None)])
+    if failed:
+        raise err or CheckpointError(f"rank 0 failed to finish {final} (see its error); the previous checkpoints "
+                                     f"are untouched")
+    return final
+
+
+def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_desc: Optional[dict[str, Any]],
+            grid, world: int, step: int, extra: Optional[Mapping[str, Any]],
+            generators: Optional[Mapping[str, torch.Generator]], keep: Optional[int], token: int) -> None:
+    """Rank 0, after every rank wrote its file: manifest, rename into place, ``latest``, pruning."""
+    files: dict[str, Any] = {}
+    tiles: dict[str, list[dict[str, Any]]] = {}
+    for r in range(world):
+        ipath = os.path.join(tmp, f"rank-{r:05d}.json")
+        with open(ipath) as f:
+            idx = json.load(f)
+        files[idx["file"]] = {"bytes": idx["bytes"], "sha256": idx["sha256"], "rank": r}
+        for t in idx["tiles"]:
+            lst = tiles.setdefault(t["name"], [])
+            if not any(o["offsets"] == t["offsets"] and o["shape"] == t["shape"] for o in lst):
+                lst.append({"file": idx["file"], "key": t["key"], "offsets": t["offsets"], "shape": t["shape"]})
+    tensors: dict[str, Any] = {}
+    for e in entries:
+        if e.name in tensors:
+            continue
+        got = tiles.get(e.name, [])
+        covered = sum(math.prod(t["shape"]) for t in got)
+        if covered != math.prod(e.dense_shape):
+            raise CheckpointError(f"{e.name}: the saved tiles cover {covered} of {math.prod(e.dense_shape)} "
+                                  f"elements; its parameters' axgrid_replicated / axgrid_tile marks are wrong")
+        tensors[e.name] = {"dense_shape": list(e.dense_shape), "dtype": _dtype_name(e.tensor.dtype),
+                           "kind": e.kind, "tiles": got}
+    man = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(),
+           "torch": torch.__version__, "grid": _grid_str(grid), "order": None if grid is None else grid.order,
+           "world_size": world, "tensors": tensors, "optimizer": optim_desc, "files": files,
+           "generators": sorted(generators or {}), "extra": dict(extra or {})}
+    _write_bytes(os.path.join(tmp, MANIFEST), json.dumps(man, indent=1).encode())
+    for r in range(world):
+        os.remove(os.path.join(tmp, f"rank-{r:05d}.json"))
+    _fsync_dir(tmp)
+    if os.path.exists(final):                 # saving the same step again: swap, then drop the old one
+        old = f"{final}.old-{token:010x}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(root)
+    pointer_tmp = os.path.join(root, f"{LATEST}.tmp-{token:010x}")
+    _write_bytes(pointer_tmp, (os.path.basename(final) + "\n").encode())
+    os.replace(pointer_tmp, os.path.join(root, LATEST))
+    _fsync_dir(root)
+    if keep:
+        done = list_checkpoints(root)
+        for p in done[:-keep]:
+            if os.path.abspath(p) != os.path.abspath(final):
+                shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,120 @@
+"""What a checkpoint holds per rank: model and optimizer entries, and the RNG state."""
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import nn
+
+from ..sharding import tile_of
+from .format import CheckpointError, _Entry, _json_safe
+
+def _model_entries(model: nn.Module) -> list[_Entry]:
+    out = []
+    params = {id(p) for p in model.parameters()}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if not torch.is_tensor(t):
+            raise CheckpointError(f"model state {name!r} is a {type(t).__name__}, not a tensor; checkpoints hold "
+                                  f"tensors only (keep other state in extra=...)")
+        tile = tile_of(t)
+        rep = getattr(t, "axgrid_replicated", None)
+        if rep is None:
+            rep = "d" if tile is not None else "xyzd"
+        out.append(_Entry("model/" + name, t.detach(), tile, rep, "param" if id(t) in params else "buffer"))
+    return out
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def _optim_entries(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[_Entry], dict[str, Any]]:
+    """Entries for the optimizer's tensor state and a JSON description (class, groups, non-tensor values)."""
+    names = _param_names(model)
+    groups, values, keys = [], {}, {}
+    entries: list[_Entry] = []
+    for gi, g in enumerate(opt.param_groups):
+        pnames = []
+        for p in g["params"]:
+            if id(p) not in names:
+                raise CheckpointError(f"optimizer parameter group {gi} holds a tensor of shape {tuple(p.shape)} "
+                                      f"that is not a parameter of the model; checkpoints name optimizer state by "
+                                      f"model parameter names, so build the optimizer from model.parameters()")
+            pnames.append(names[id(p)])
+        groups.append({"params": pnames, **{k: _json_safe(v) for k, v in g.items() if k != "params"}})
+        for p, pname in zip(g["params"], pnames):
+            st = opt.state.get(p, {})
+            for key in sorted(st):
+                v = st[key]
+                if not torch.is_tensor(v):
+                    values.setdefault(pname, {})[key] = _json_safe(v)
+                    continue
+                name = f"optim/{pname}/{key}"
+                if tuple(v.shape) == tuple(p.shape) and key != "step":
+                    tile = tile_of(p)
+                    rep = getattr(p, "axgrid_replicated", None) or ("d" if tile is not None else "xyzd")
+                    entries.append(_Entry(name, v.detach(), tile, rep, "optim"))
+                elif v.numel() == 1:
+                    entries.append(_Entry(name, v.detach(), None, "xyzd", "optim-scalar"))
+                else:
+                    raise CheckpointError(f"optimizer state {key!r} of parameter {pname!r} has shape "
+                                          f"{tuple(v.shape)}, neither the parameter's shape {tuple(p.shape)} nor a "
+                                          f"scalar: this checkpoint format cannot place it on another grid")
+                keys.setdefault(pname, []).append(key)
+    desc = {"class": type(opt).__name__, "param_groups": groups, "values": values, "state_keys": keys}
+    return entries, desc
+
+
+def _check_entry(e: _Entry, grid) -> None:
+    """This rank's data agrees with its TileSpec and the grid."""
+    if e.tile is None:
+        return
+    t = e.tile
+    if t.split_dim:
+        want: tuple[int, ...] = (t.part_numel,)
+        if grid is not None and grid.size(t.split_dim) != t.split_size:
+            raise CheckpointError(f"{e.name}: its TileSpec splits over {t.split_dim} in {t.split_size} parts but "
+                                  f"the grid has G{t.split_dim}={grid.size(t.split_dim)}")
+    else:
+        want = tuple(t.tile_shape)
+    if tuple(e.tensor.shape) != want:
+        raise CheckpointError(f"{e.name}: this rank holds shape {tuple(e.tensor.shape)} but its TileSpec says "
+                              f"{want}; the parameter and its axgrid_tile disagree")
+    if grid is None and (t.split_size > 1 or tuple(t.tile_shape) != tuple(t.dense_shape)):
+        raise CheckpointError(f"{e.name} is a tile of a larger tensor, but no grid was given: pass grid=...")
+
+
+def _rng_state(generators: Optional[Mapping[str, torch.Generator]]) -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    st: dict[str, Any] = {"torch": torch.get_rng_state(),
+                          "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
+                                     "gauss": gauss},
+                          "generators": {k: g.get_state() for k, g in (generators or {}).items()}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = torch.cuda.get_rng_state()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        st["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached": float(cached)}
+    return st
+
+
+def _restore_rng(st: Mapping[str, Any], generators: Optional[Mapping[str, torch.Generator]], where: str) -> None:
+    torch.set_rng_state(st["torch"])
+    py = st["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state(st["cuda"])
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy" in st:
+        n = st["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached"]))
+    saved = st.get("generators", {})
+    for k, g in (generators or {}).items():
+        if k not in saved:
+            raise CheckpointError(f"generator {k!r} is not in the checkpoint ({where}); it holds "
+                                  f"{sorted(saved) or 'none'}: pass the same generators= to save and load")
+        g.set_state(saved[k])
