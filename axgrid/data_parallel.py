@@ -51,23 +51,36 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     for p in todo:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    limit = grid.config.bucket_bytes
-    bucket: list[torch.Tensor] = []
+    for bucket in _buckets(todo, grid.config.bucket_bytes):
+        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket), "d", average=True))
+
+
+def _buckets(params: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """Consecutive groups of ``params`` whose gradients fit in ``limit`` bytes and share a dtype (a gradient
+    larger than the limit gets a bucket of its own)."""
+    out: list[list[torch.Tensor]] = []
     size = 0
-    for p in todo + [None]:  # type: ignore[list-item]
-        if p is not None and (not bucket or (size + p.grad.numel() * p.grad.element_size() <= limit
-                                             and p.grad.dtype == bucket[0].grad.dtype)):
-            bucket.append(p)
-            size += p.grad.numel() * p.grad.element_size()
-            continue
-        if bucket:
-            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-            flat = grid.comm.all_reduce(flat, "d", average=True)
-            off = 0
-            for q in bucket:
-                q.grad.copy_(flat[off: off + q.grad.numel()].view_as(q.grad))
-                off += q.grad.numel()
-        bucket, size = ([p], p.grad.numel() * p.grad.element_size()) if p is not None else ([], 0)
+    for p in params:
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if not out or size + nbytes > limit or p.grad.dtype != out[-1][0].grad.dtype:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += nbytes
+    return out
+
+
+def flat_grads(params: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients of ``params`` concatenated into one 1-D tensor (one collective for a bucket)."""
+    return torch.cat([p.grad.reshape(-1) for p in params])
+
+
+def write_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy a reduced :func:`flat_grads` buffer back into the gradients of ``params``."""
+    off = 0
+    for p in params:
+        p.grad.copy_(flat[off: off + p.grad.numel()].view_as(p.grad))
+        off += p.grad.numel()
 
 
 def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm_type: float = 2.0) -> torch.Tensor:

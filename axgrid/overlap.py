@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import torch
 
 from .comm import Pending
+from .data_parallel import flat_grads, write_grads
 
 if TYPE_CHECKING:
     from .grid import Grid
@@ -191,8 +192,8 @@ class GradientPipeline:
     def _flush(self) -> None:
         if not self.bucket:
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in self.bucket])
-        self.dp_inflight.append((self.bucket, self.grid.comm.all_reduce(flat, "d", average=True, async_op=True)))
+        self.dp_inflight.append((self.bucket, self.grid.comm.all_reduce(flat_grads(self.bucket), "d", average=True,
+                                                                        async_op=True)))
         self.bucket, self.bucket_bytes = [], 0
 
     @contextmanager
@@ -211,12 +212,8 @@ class GradientPipeline:
             self._complete(*self.inflight.pop(0))
         self._flush()
         for params, pending in self.dp_inflight:
-            flat = pending.wait()
-            off = 0
-            for p in params:
-                p.grad.copy_(flat[off: off + p.grad.numel()].view_as(p.grad))
-                self.synced.add(id(p))
-                off += p.grad.numel()
+            write_grads(params, pending.wait())
+            self.synced.update(id(p) for p in params)
         self.dp_inflight.clear()
         self.callback_queued = False
 

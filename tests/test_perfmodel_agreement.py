@@ -24,6 +24,7 @@ import torch
 
 import axgrid
 from perfmodel import FCLayer, collective_bytes, collective_calls
+from ledger_compare import assert_ledger_matches
 
 # (world, grid, hidden, microbatches, m_loc tokens per rank per micro-batch, bias, keep_gathered_weights)
 CASES = [
@@ -112,13 +113,9 @@ def test_predicted_bytes_equal_ledger(ranks, world):
     for i, case in enumerate(cases):
         want_bytes, want_calls = predicted(case)
         for r, ledger in enumerate(per_rank):
-            got = ledger[i]
             where = (f"grid {case[1]} (h={case[2]}, mb={case[3]}, bias={case[5]}, keep={case[6]}, "
                      f"bucket={case[7]}, odp={case[8]}), rank {r}")
-            assert set(got) == set(want_bytes), f"{where}: (dim, op) keys differ: {sorted(got)} vs {sorted(want_bytes)}"
-            for key, (calls, nbytes) in got.items():
-                assert nbytes == want_bytes[key], f"{where} {key}: ledger {nbytes} B, perfmodel {want_bytes[key]} B"
-                assert calls == want_calls[key], f"{where} {key}: ledger {calls} calls, perfmodel {want_calls[key]}"
+            assert_ledger_matches(ledger[i], want_bytes, want_calls, where)
 
 
 def test_padding_case_really_pads():

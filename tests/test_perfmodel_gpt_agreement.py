@@ -19,6 +19,7 @@ import torch
 
 import axgrid
 import perfmodel as pm
+from ledger_compare import assert_ledger_matches
 
 # layers, hidden, heads, seq, vocab: every Gx, Gy below divides hidden 24 and 4·24, heads 12 and vocab 48
 SIZES = (2, 24, 12, 8, 48)
@@ -109,10 +110,6 @@ def test_gpt_predicted_bytes_and_calls_equal_ledger(ranks, world):
     for i, case in enumerate(cases):
         want_bytes, want_calls = predicted(case)
         for r, ledger in enumerate(per_rank):
-            got = ledger[i]
             where = (f"grid {case[1]} (mb={case[2]}, seqs={case[3]}, recompute={case[4]}, overlap={case[5]}, "
                      f"bucket={case[6]}, bias={case[7]}), rank {r}")
-            assert set(got) == set(want_bytes), f"{where}: (dim, op) keys differ: {sorted(got)} vs {sorted(want_bytes)}"
-            for key, (calls, nbytes) in got.items():
-                assert (calls, nbytes) == (want_calls[key], want_bytes[key]), \
-                    f"{where} {key}: ledger {calls} calls / {nbytes} B, perfmodel {want_calls[key]} / {want_bytes[key]} B"
+            assert_ledger_matches(ledger[i], want_bytes, want_calls, where)

@@ -267,17 +267,19 @@ class Linear(nn.Module):
         return dense
 
     # -- weight gathering (prefetch hooks in here) -------------------------------------------------------
+    def _block(self, gathered: torch.Tensor) -> torch.Tensor:
+        """The block ``[n_blk, k_blk]`` from the all-gathered shards ``[Gz, shard]`` (padding dropped)."""
+        sh = self.sharding
+        return gathered.reshape(-1)[: sh.block_numel].view(sh.n_blk, sh.k_blk)
+
     def gather_weight(self, shard: torch.Tensor) -> torch.Tensor:
         """``AG_z(shard)`` -> the block ``[n_blk, k_blk]``."""
-        sh = self.sharding
-        full = self.grid.comm.all_gather(shard, "z").reshape(-1)
-        return full[: sh.block_numel].view(sh.n_blk, sh.k_blk)
+        return self._block(self.grid.comm.all_gather(shard, "z"))
 
     def gather_weight_async(self) -> "Pending":
         """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block."""
-        sh = self.sharding
         pending = self.grid.comm.all_gather(self.weight.detach(), "z", async_op=True)
-        return Pending(None, lambda: pending.wait().reshape(-1)[: sh.block_numel].view(sh.n_blk, sh.k_blk))
+        return Pending(None, lambda: self._block(pending.wait()))
 
     def gathered_weight(self, shard: torch.Tensor) -> torch.Tensor:
         """The block for this forward: a prefetched one (OAG) when ready, else gathered now."""
