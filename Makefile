@@ -10,7 +10,7 @@ $(BIN)/axgrid: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e '.[mpi,test,plot]'
+	$(BIN)/pip install -q -e '.[mpi,test,plot,hf]'
 	touch $@
 
 install: $(BIN)/axgrid

@@ -16,6 +16,7 @@ setup(
         "mpi": ["mpi4py>=3.1", "mpich"],
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib"],
+        "hf": ["transformers>=5,<6", "safetensors"],
         "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
     },
     entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},
