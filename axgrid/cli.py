@@ -26,6 +26,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("-n", "--ranks", type=int, required=True)
     p.add_argument("--no-mpi", action="store_true", help="use the plain process launcher even if mpiexec exists")
     p.add_argument("--timeout", type=float, default=None, help="end the whole job after this many seconds")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds the ranks get to exit after a forwarded SIGTERM/SIGHUP/SIGINT before SIGKILL")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     d = sub.add_parser("describe", help="print which ranks form each group of a grid")
     d.add_argument("grid", help="e.g. 2x2x2x1")
@@ -39,7 +41,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "launch":
         from .launcher import launch
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        return launch(args.ranks, cmd, use_mpi=False if args.no_mpi else None, timeout_s=args.timeout)
+        return launch(args.ranks, cmd, use_mpi=False if args.no_mpi else None, timeout_s=args.timeout,
+                      grace_s=args.grace)
     if args.command == "describe":
         return _describe(args)
     if args.command == "demo":

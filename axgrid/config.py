@@ -49,7 +49,9 @@ class OverlapConfig:
 class RuntimeConfig:
     """Everything that changes how the runtime behaves, held by the Grid.
 
-    ``timeout_s``: limit for every collective (a lost rank ends the job with an error, not a hang).
+    ``timeout_s``: limit for every collective and for the start-up rendezvous (a lost or hung rank ends the
+    job with an error, not a hang): 120 s by default; raise it when one rank may legitimately keep the others
+    waiting longer (a slow checkpoint write, a long first compilation, thousands of ranks starting).
     ``reduce_in_fp32``: sum bf16/fp16 tensors in fp32 (None: True on gloo, which otherwise sums in bf16,
     False on NCCL/RCCL). ``gemm``: the GEMM used by parallel layers (e.g. a ``kernels.GemmTuner``);
     None means ``torch.matmul``. ``record_timing``: time every collective in the ledger (synchronises
@@ -61,7 +63,7 @@ class RuntimeConfig:
     the user cache directory). An explicit ``gemm`` callable wins over both.
     """
 
-    timeout_s: float = 600.0
+    timeout_s: float = 120.0
     reduce_in_fp32: Optional[bool] = None
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
     gemm: Optional[GemmFn] = None

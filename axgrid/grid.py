@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
+from . import teardown
 from .comm import Communicator, Ledger
 from .config import RuntimeConfig
 from .launch import LaunchEnv, detect_launch, init_distributed
@@ -92,6 +93,8 @@ class Grid:
 
     def group(self, dims: str) -> Optional[dist.ProcessGroup]:
         """Process group along ``dims`` (None when it has one rank)."""
+        if not self._groups:
+            raise GridError(f"grid {self.shape} was destroyed: build a new one with axgrid.init(...)")
         return self._groups[dims]
 
     def node_of(self, rank: int) -> int:
@@ -117,8 +120,11 @@ class Grid:
     # -- teardown -------------------------------------------------------------------------------------
     def destroy(self) -> None:
         """Complete what is in flight, then release this grid's groups (and the default group when
-        :func:`init` created it)."""
+        :func:`init` created it). No reference to a group is kept, so gloo joins its threads here, not
+        during interpreter shutdown (see :mod:`axgrid.teardown`). The grid cannot be used afterwards."""
         _ACTIVE.discard(id(self))
+        if _CURRENT and _CURRENT[0] is self:
+            _CURRENT.clear()
         try:
             if self.prefetcher is not None:
                 self.prefetcher.drop()
@@ -132,6 +138,7 @@ class Grid:
             except Exception:
                 pass
         self._all_groups.clear()
+        self._groups.clear()           # the communicator shares this dict
         if self._owns_world and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -188,7 +195,14 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     grid = Grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seeds[0])
     _ACTIVE.add(id(grid))
     _CURRENT[:] = [grid]
+    teardown.install(_release_at_exit)
     return grid
+
+
+def _release_at_exit() -> None:
+    """atexit: destroy a grid the program left alive, while the interpreter is still whole."""
+    if _CURRENT and id(_CURRENT[0]) in _ACTIVE:
+        _CURRENT[0].destroy()
 
 
 def _launch_from_world() -> LaunchEnv:

@@ -146,7 +146,7 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(launch: LaunchEnv, backend: Optional[str] = None, timeout_s: float = 600.0) -> str:
+def init_distributed(launch: LaunchEnv, backend: Optional[str] = None, timeout_s: float = 120.0) -> str:
     """Create the default process group for ``launch``; set this rank's GPU from its local rank.
 
     Returns the backend used. Every collective on the group (and on groups made later with the same

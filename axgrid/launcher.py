@@ -1,14 +1,26 @@
-"""``axgrid launch -n N [--] CMD ...``: start N ranks of CMD on this machine.
+"""``axgrid launch -n N [--] CMD ...``: start N ranks of CMD on this machine, and end them together.
 
-With the mpich wheel's ``mpiexec`` installed (``pip install 'axgrid[mpi]'``) the ranks are started by it (they
-see ``PMI_RANK``/``PMI_SIZE``/``MPI_LOCALRANKID``, and mpi4py agrees on the rendezvous); otherwise by a plain
-process launcher that sets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``). Either way every output line is prefixed with its rank, one thread per rank, and when any
-rank exits non-zero the others are ended and that exit code is returned.
+With the mpich wheel's ``mpiexec`` installed (``pip install 'axgrid[mpi]'``) the ranks are started by it (they see
+``PMI_RANK``/``PMI_SIZE``/``MPI_LOCALRANKID``); otherwise by a plain process launcher that sets torchrun's
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+Either way every output line is prefixed with its rank, and one thread runs per rank.
+
+How the job ends, under both:
+
+- every rank exits 0: exit code 0;
+- a rank exits non-zero or dies of a signal: the others get SIGTERM, and SIGKILL 2 s later; the exit code is the
+  first failing rank's (128 + N for signal N: 137 for SIGKILL);
+- ``timeout_s`` passes: the same, exit code 124;
+- SIGTERM, SIGHUP or SIGINT reaches the launcher: it is forwarded to every rank, the ranks still alive after
+  ``grace_s`` are SIGKILLed, and the exit code is 128 + the signal (143, 129, 130); a second signal kills at once.
+
+Afterwards no process of the job is left (every one carries ``AXGRID_LAUNCH_JOB`` in its environment; see
+:mod:`axgrid.proctree`) and the job's ``/tmp/axgrid-launch-*`` folder is gone.
 """
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -18,7 +30,13 @@ import threading
 import time
 from typing import IO, Optional, Sequence
 
+from . import proctree
 from .launch import free_port
+
+#: Signals the launcher forwards to the ranks.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+#: Seconds between SIGTERM and SIGKILL when the launcher ends the ranks after a failure or timeout.
+FAILURE_GRACE_S = 2.0
 
 
 def find_mpiexec() -> Optional[str]:
@@ -27,6 +45,11 @@ def find_mpiexec() -> Optional[str]:
     if os.access(here, os.X_OK):
         return here
     return shutil.which("mpiexec")
+
+
+def exit_code(returncode: int) -> int:
+    """A process's exit status as a shell reports it: 128 + N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _pump(stream: IO[bytes], prefix: str, out: IO[str], lock: threading.Lock) -> None:
@@ -38,32 +61,115 @@ def _pump(stream: IO[bytes], prefix: str, out: IO[str], lock: threading.Lock) ->
     stream.close()
 
 
-def _end(procs: Sequence[subprocess.Popen], grace_s: float = 3.0) -> None:
-    """SIGTERM every process group still alive, then SIGKILL after ``grace_s``."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    end = time.monotonic() + grace_s
-    for p in procs:
+class _Signals:
+    """Catch the forwarded signals while a job runs (main thread only); remember the first, count them."""
+
+    def __init__(self) -> None:
+        self.first: Optional[int] = None
+        self.count = 0
+        self._previous: dict[int, object] = {}
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.first = self.first or signum
+        self.count += 1
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for s in FORWARDED:
+                self._previous[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
+class _Job:
+    """The started processes of one job and what is known about how its ranks exited."""
+
+    def __init__(self, procs: list[subprocess.Popen], prefixes: list[str], tmp: str, mpi: bool) -> None:
+        self.procs, self.prefixes, self.tmp, self.mpi = procs, prefixes, tmp, mpi
+        self.exits: "queue.Queue[tuple[int, int]]" = queue.Queue()   # (index into procs, exit code), in order
+        self.codes: dict[int, int] = {}
+        for i, p in enumerate(procs):
+            threading.Thread(target=lambda i=i, p=p: self.exits.put((i, exit_code(p.wait()))), daemon=True).start()
+
+    def wait_event(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking early when a started process exits."""
         try:
-            p.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
+            i, code = self.exits.get(timeout=timeout)
+            self.codes[i] = code
+        except queue.Empty:
+            pass
+        while not self.exits.empty():
+            i, code = self.exits.get_nowait()
+            self.codes[i] = code
+
+    def failure(self) -> Optional[tuple[str, int]]:
+        """(which rank, exit code) of the first rank that failed, or None."""
+        if self.mpi:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                with open(os.path.join(self.tmp, "failed")) as f:
+                    rank, code = f.read().split()
+                return rank, int(code)
+            except (OSError, ValueError):
                 pass
-            p.wait()
+            code = self.codes.get(0, 0)     # mpiexec itself failed (bad arguments, a rank it could not start)
+            return ("mpiexec", code) if code else None
+        for i, code in self.codes.items():   # in the order the exits were seen
+            if code:
+                return str(i), code
+        return None
+
+    def done(self) -> bool:
+        return len(self.codes) == len(self.procs) and not any(self.codes.values())
+
+    def rank_pids(self) -> list[int]:
+        """Pids of the ranks' processes (each leads its own process group)."""
+        if not self.mpi:
+            return [p.pid for p in self.procs]
+        pids = []
+        for name in os.listdir(self.tmp):
+            if name.startswith("rank-") and name.endswith(".pid"):
+                with open(os.path.join(self.tmp, name)) as f:
+                    pids.append(int(f.read()))
+        return pids
+
+
+def _start(n: int, cmd: Sequence[str], mpiexec: Optional[str], env: dict[str, str], tmp: str) -> _Job:
+    popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    if mpiexec:
+        wrap = [sys.executable, "-m", "axgrid.launcher", "--wrap", tmp, "--"]
+        return _Job([subprocess.Popen([mpiexec, "-n", str(n), *wrap, *cmd], env=env, **popen)], [""], tmp, True)
+    procs = [subprocess.Popen(list(cmd), env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
+                                                  LOCAL_WORLD_SIZE=str(n)), **popen) for r in range(n)]
+    return _Job(procs, [f"[{r}] " for r in range(n)], tmp, False)
+
+
+def _end(job: _Job, sig: int, grace_s: float, signals: _Signals) -> None:
+    """Send ``sig`` to every rank, wait up to ``grace_s`` for them (less when another signal arrives), then
+    SIGKILL whatever of the job is left and reap the started processes."""
+    ranks = job.rank_pids()
+    proctree.signal_groups(ranks, sig)
+    seen = signals.count
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and signals.count == seen and any(proctree.alive(p) for p in ranks):
+        time.sleep(0.02)
+    if job.mpi:     # let mpiexec notice its ranks are gone before it is killed
+        proctree.wait_gone([job.procs[0].pid], min(deadline, time.monotonic() + 0.5))
+    proctree.kill_job(os.path.basename(job.tmp))
+    for p in job.procs:
+        p.wait()
 
 
 def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, threads_per_rank: int = 1,
-           out: IO[str] = sys.stdout, timeout_s: Optional[float] = None) -> int:
+           out: IO[str] = sys.stdout, timeout_s: Optional[float] = None, grace_s: float = 10.0) -> int:
     """Run ``cmd`` as ``n`` ranks; return 0 when all succeed, else the first failing rank's exit code.
 
     ``use_mpi``: None picks mpiexec when it is installed. ``threads_per_rank`` sets OMP_NUM_THREADS unless the
     environment already sets it. ``timeout_s`` ends the whole job (exit code 124) when it runs longer.
+    ``grace_s``: how long ranks may take to exit after a forwarded SIGTERM/SIGHUP/SIGINT (e.g. to save a
+    checkpoint) before they are killed. See the module docstring for how a job ends.
     """
     if n < 1:
         raise ValueError(f"-n {n}: the number of ranks must be >= 1")
@@ -75,81 +181,75 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
     env["PYTHONUNBUFFERED"] = "1"
+    if not mpiexec:     # under mpiexec, rank 0 picks the port through mpi4py just before it listens on it
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     lock = threading.Lock()
-    with tempfile.TemporaryDirectory(prefix="axgrid-launch-") as tmp:
-        if mpiexec:
-            wrap = [sys.executable, "-m", "axgrid.launcher", "--wrap", tmp, "--"]
-            procs = [subprocess.Popen([mpiexec, "-n", str(n), *wrap, *cmd], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)]
-            prefixes = [""]
-        else:
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
-                       LOCAL_WORLD_SIZE=str(n))
-            procs = []
-            for r in range(n):
-                procs.append(subprocess.Popen(list(cmd), env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-            prefixes = [f"[{r}] " for r in range(n)]
+    with tempfile.TemporaryDirectory(prefix="axgrid-launch-") as tmp, _Signals() as signals:
+        env[proctree.JOB_VAR] = os.path.basename(tmp)
+        job = _start(n, cmd, mpiexec, env, tmp)
         pumps = [threading.Thread(target=_pump, args=(p.stdout, pre, out, lock), daemon=True)
-                 for p, pre in zip(procs, prefixes)]
+                 for p, pre in zip(job.procs, job.prefixes)]
         for t in pumps:
             t.start()
-        code = 0
-        start = time.monotonic()
-        try:
-            while True:
-                codes = [p.poll() for p in procs]
-                failed = [c for c in codes if c not in (None, 0)]
-                marks = [f for f in os.listdir(tmp) if f.startswith("fail-")]
-                if failed or marks:
-                    if failed:
-                        code = failed[0]
-                    else:
-                        with open(os.path.join(tmp, marks[0])) as f:
-                            text = f.read().strip()
-                        code = int(text) if text.isdigit() else 1
-                    break
-                if all(c == 0 for c in codes):
-                    break
-                if timeout_s is not None and time.monotonic() - start > timeout_s:
-                    with lock:
-                        out.write(f"axgrid launch: job exceeded {timeout_s} s, ending all ranks\n")
-                    code = 124
-                    break
-                time.sleep(0.05)
-        except KeyboardInterrupt:
-            code = 130
-        finally:
-            _end(procs)
-            for t in pumps:
-                t.join(timeout=2)
+        code, why, sig, grace = 0, "", signal.SIGTERM, FAILURE_GRACE_S
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if signals.first:
+                sig, grace = signals.first, grace_s
+                code, why = 128 + sig, f"got {signal.Signals(sig).name}; forwarded it to the ranks"
+                break
+            failed = job.failure()
+            if failed:
+                code, why = failed[1], f"rank {failed[0]} exited with code {failed[1]}; the other ranks were ended"
+                break
+            if job.done():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                code, why = 124, f"job exceeded {timeout_s} s, ending all ranks"
+                break
+            job.wait_event(0.05)
+        _end(job, sig, grace, signals)
+        for t in pumps:
+            t.join(timeout=2)
         if code:
             with lock:
-                out.write(f"axgrid launch: a rank exited with code {code}; the other ranks were ended\n")
-        return code
+                out.write(f"axgrid launch: {why}\n")
+                out.flush()
+    return code
 
 
 def _wrap(tmp: str, cmd: Sequence[str]) -> int:
-    """Run one rank's command under mpiexec: prefix its output lines with the rank (whole lines, one write
-    each), and on failure leave a mark so the launcher ends the job."""
+    """Run one rank's command under mpiexec: in a process group of its own (its pid in ``rank-R.pid``), its
+    output lines prefixed with the rank, forwarded signals passed on; when it fails, the first failure of the
+    job is recorded in ``failed`` (``"RANK CODE"``, created once: later failures are effects, not causes)."""
     rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "x"))
     pass_fds = tuple(int(os.environ[k]) for k in ("PMI_FD",) if os.environ.get(k, "").isdigit())
-    proc = subprocess.Popen(list(cmd), pass_fds=pass_fds, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    proc = subprocess.Popen(list(cmd), pass_fds=pass_fds, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    for s in FORWARDED:
+        signal.signal(s, lambda signum, frame: proctree.signal_groups([proc.pid], signum))
+    _write_once(os.path.join(tmp, f"rank-{rank}.pid"), str(proc.pid))
     pump = threading.Thread(target=_pump, args=(proc.stdout, f"[{rank}] ", sys.stdout, threading.Lock()),
                             daemon=True)
     pump.start()
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        code = proc.wait()
+    code = exit_code(proc.wait())
     pump.join(timeout=5)
     if code != 0:
-        with open(os.path.join(tmp, f"fail-{rank}"), "w") as f:
-            f.write(str(code if code > 0 else 128 - code))
+        _write_once(os.path.join(tmp, "failed"), f"{rank} {code}")
     return code
+
+
+def _write_once(path: str, text: str) -> None:
+    """Create ``path`` holding ``text``, complete or not at all; an existing ``path`` is left as it is."""
+    part = f"{path}.{os.getpid()}.part"
+    with open(part, "w") as f:
+        f.write(text)
+    try:
+        os.link(part, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(part)
 
 
 if __name__ == "__main__":

@@ -215,7 +215,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
     p.add_argument("--log", default=None, help="JSON-lines log file (rank 0)")
     p.add_argument("--timing-skip", type=int, default=1, help="warm-up steps left out of the summary's means")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a stuck collective fails")
+    p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
+                   help="seconds before a stuck collective fails")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.add_argument("--save", default=None, help="checkpoint directory (hook: issue 6 part 4)")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")

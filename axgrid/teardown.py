@@ -1,0 +1,61 @@
+"""How a rank leaves the job: at once when it fails; with its process groups released while Python is still
+whole when it succeeds.
+
+Failure. Once a grid exists, an uncaught exception prints its traceback, flushes open files and ends the
+process at once with ``os._exit`` (exit code 1; 130 for KeyboardInterrupt): no atexit handlers, no interpreter
+teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every other rank -- which are blocked in a
+collective with this one -- and the job sat until the collective timeout; and interpreter teardown with live
+gloo groups is where the exit-134 abort below happens. The other ranks see the closed connections at their
+next collective with this rank and fail the same way. A rank that leaves MPI unfinalised makes mpiexec (Hydra)
+end the whole job at once, with that rank's exit code.
+
+Success. ``Grid.destroy()`` releases the groups and drops every reference to them, so gloo joins its worker
+and network threads right there; a grid still alive when the program ends is destroyed by an atexit handler,
+which runs before mpi4py's ``MPI_Finalize`` and before the interpreter tears down its modules. Before, the
+groups outlived ``destroy()`` (the grid stayed referenced) and died during interpreter finalisation, when a
+gloo thread that releases a Python-owned tensor (of a finished collective) can no longer take the GIL: CPython
+ends such a thread with ``pthread_exit``, whose unwinding through a C++ ``noexcept`` frame calls
+``std::terminate`` -- "terminate called without an active exception", exit 134. It showed under mpiexec,
+where the main thread sits in ``MPI_Finalize`` at exit while such a thread waits for the GIL.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import io
+import os
+import sys
+from types import TracebackType
+from typing import Callable, Optional
+
+
+def _flush() -> None:
+    """Flush stdout, stderr and every open file written through Python (os._exit would drop their buffers)."""
+    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
+    for f in [sys.stdout, sys.stderr, *files]:
+        try:
+            if not f.closed and f.writable():
+                f.flush()
+        except Exception:
+            pass
+
+
+def _fail_fast(previous: Callable[..., object]) -> Callable[..., None]:
+    def hook(kind: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        try:
+            previous(kind, value, tb)
+        finally:
+            _flush()
+            os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    hook.axgrid_fail_fast = True  # type: ignore[attr-defined]
+    return hook
+
+
+def install(release: Callable[[], None]) -> None:
+    """Make an uncaught exception end this rank at once, and run ``release`` at exit (before mpi4py's
+    ``MPI_Finalize``: call this after MPI is initialised). Each is installed once per process."""
+    if not getattr(sys.excepthook, "axgrid_fail_fast", False):
+        sys.excepthook = _fail_fast(sys.excepthook)
+    atexit.unregister(release)
+    atexit.register(release)

@@ -1,0 +1,58 @@
+"""Teardown time of a failing 2-rank job, per failure and launcher: the figures of the README's "Reliability".
+
+    python experiments/bench_teardown.py                         # every launcher, every case, once
+    python experiments/bench_teardown.py --launchers plain,torchrun --cases raise,kill --repeat 3
+
+Each job is tests/fault_rank.py (2 ranks all-reducing in a loop; see tests/faultjob.py). Cases: ``raise`` (rank 1
+raises), ``exit`` (rank 1 calls sys.exit(7)), ``kill`` (rank 1 SIGKILLs itself), ``hang`` (rank 1 sleeps; the
+collective timeout is --hang-timeout), ``sigterm`` (SIGTERM to the launcher once both ranks are up). Printed per
+job: the launcher's exit code, seconds from the fault to the launcher's exit, and how many of the job's
+processes / temporary folders were left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from faultjob import MPIEXEC, JobHung, run_job  # noqa: E402
+
+CASES = ("raise", "exit", "kill", "hang", "sigterm")
+
+
+def main() -> None:
+    launchers = ["mpiexec", "plain", "bare-mpiexec", "torchrun"] if MPIEXEC else ["plain", "torchrun"]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--launchers", default=",".join(launchers))
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--hang-timeout", type=float, default=5.0, help="collective timeout (s) of the hang jobs")
+    args = p.parse_args()
+    print(f"{'launcher':<13} {'case':<8} {'exit':>5} {'teardown s':>11} {'left procs':>10} {'left dirs':>9}")
+    for launcher in args.launchers.split(","):
+        for case in args.cases.split(","):
+            if case == "sigterm" and launcher == "bare-mpiexec":
+                continue   # mpiexec's own signal handling, not axgrid's
+            for _ in range(args.repeat):
+                with tempfile.TemporaryDirectory() as tmp:
+                    kw = dict(send=signal.SIGTERM) if case == "sigterm" else {}
+                    mode = {"sigterm": "run"}.get(case, case)
+                    timeout = args.hang_timeout if case == "hang" else 60.0
+                    try:
+                        job = run_job(launcher, mode, Path(tmp), timeout_s=timeout, **kw)
+                    except JobHung:
+                        print(f"{launcher:<13} {case:<8} {'-':>5} {'> 120 (hung)':>11}", flush=True)
+                        continue
+                    print(f"{launcher:<13} {case:<8} {job.code:>5} {job.teardown_s:>11.2f} {len(job.left):>10} "
+                          f"{len(job.folders):>9}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,40 @@
+"""One rank of a fault-injection job, run by tests/test_faults.py and experiments/bench_teardown.py.
+
+    python tests/fault_rank.py MODE BAD_RANK TIMEOUT_S [TAG]
+
+Every rank builds a pure data-parallel grid (collective timeout TIMEOUT_S) and all-reduces a small tensor in a
+loop. At step 3 rank BAD_RANK prints ``FAIL <unix time>`` and misbehaves: ``raise`` (an uncaught exception),
+``exit`` (``sys.exit(7)``), ``hang`` (sleeps, never reaching the next collective), ``kill`` (SIGKILLs itself).
+With ``run`` nobody fails and the job runs until it is signalled; with ``finish`` it ends cleanly after 5 steps.
+Each rank prints ``READY <rank> <pid>`` once its grid is up. TAG is ignored: tests find the job's processes
+by it on their command lines.
+"""
+import os
+import signal
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import axgrid  # noqa: E402
+
+mode, bad, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+grid = axgrid.init("1x1x1", timeout_s=timeout_s)
+print(f"READY {grid.rank} {os.getpid()}", flush=True)
+t = torch.ones(4)
+for step in range(10**9):
+    if mode == "finish" and step == 5:
+        break
+    if grid.rank == bad and step == 3 and mode in ("raise", "exit", "hang", "kill"):
+        print(f"FAIL {time.time():.3f}", flush=True)
+        if mode == "raise":
+            raise RuntimeError(f"rank {grid.rank} fails on purpose")
+        if mode == "exit":
+            sys.exit(7)
+        if mode == "hang":
+            time.sleep(3600)
+        os.kill(os.getpid(), signal.SIGKILL)
+    grid.comm.all_reduce(t, "d")
+    time.sleep(0.05)
+grid.destroy()

@@ -1,0 +1,109 @@
+"""Failures end the whole job, fast, with the failing rank's exit code, and leave nothing behind.
+
+Real jobs of tests/fault_rank.py (2 ranks, see tests/faultjob.py) under ``axgrid launch`` (mpiexec, the
+default), ``axgrid launch --no-mpi`` (the plain launcher) and a bare ``mpiexec``: one rank raises, hangs or is
+SIGKILLed, or the launcher gets SIGTERM/SIGHUP. Afterwards no process of the job may be alive and no
+axgrid-launch-* folder left. The time bounds are generous for a loaded 2-core machine (the goal is 5 s).
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from faultjob import MPIEXEC, Job, JobHung, run_job
+
+LAUNCHERS = ["plain"] + (["mpiexec"] if MPIEXEC else [])
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not installed (pip install 'axgrid[mpi]')")
+
+RAISE_BOUND_S = 15.0     # a raising or killed rank: all ranks gone within this (goal: 5 s)
+HANG_TIMEOUT_S = 5.0     # the collective timeout of the hang jobs; they must end within it + RAISE_BOUND_S
+
+
+def job_of(*args, **kwargs) -> Job:
+    try:
+        return run_job(*args, **kwargs)
+    except JobHung as e:
+        pytest.fail(str(e))
+
+
+def check_clean(job: Job) -> None:
+    assert not job.left, f"processes of the job are still alive:\n" + "\n".join(job.left)
+    assert not job.folders, f"temporary folders left behind: {job.folders}"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_raising_rank_ends_the_job_with_its_exit_code(launcher, tmp_path):
+    job = job_of(launcher, "raise", tmp_path)
+    assert job.code == 1, job.output
+    assert "rank 1 exited with code 1; the other ranks were ended" in job.output
+    assert job.teardown_s < RAISE_BOUND_S, job.output
+    check_clean(job)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_killed_rank_ends_the_job_with_137(launcher, tmp_path):
+    job = job_of(launcher, "kill", tmp_path)
+    assert job.code == 137, job.output
+    assert "rank 1 exited with code 137" in job.output
+    assert job.teardown_s < RAISE_BOUND_S, job.output
+    check_clean(job)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_path):
+    job = job_of(launcher, "hang", tmp_path, timeout_s=HANG_TIMEOUT_S)
+    # rank 0 times out in its all-reduce with the sleeping rank 1: its failure ends the job
+    assert job.code == 1, job.output
+    assert "rank 0 exited with code 1" in job.output
+    assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + RAISE_BOUND_S, job.output
+    check_clean(job)
+
+
+@pytest.mark.parametrize("launcher,sig", [("plain", signal.SIGHUP)] + ([("mpiexec", signal.SIGTERM)] if MPIEXEC else []))
+def test_a_signal_to_the_launcher_is_forwarded_and_the_job_cleaned_up(launcher, sig, tmp_path):
+    job = job_of(launcher, "run", tmp_path, send=sig)
+    assert job.code == 128 + sig, job.output
+    assert f"got {signal.Signals(sig).name}; forwarded it to the ranks" in job.output
+    assert job.teardown_s < RAISE_BOUND_S, job.output
+    check_clean(job)
+
+
+@needs_mpiexec
+def test_a_raising_rank_ends_a_bare_mpiexec_job(tmp_path):
+    """Without axgrid launch: the rank leaves without MPI_Finalize, and Hydra ends the others."""
+    job = job_of("bare-mpiexec", "raise", tmp_path)
+    assert job.code == 1, job.output
+    assert job.teardown_s < RAISE_BOUND_S, job.output
+    check_clean(job)
+
+
+def _gloo_threads() -> int:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return sum(n.startswith(("pt_gloo", "gloo")) for n in names)
+
+
+def _threads_after_destroy() -> tuple[int, int, int]:
+    import axgrid
+    before = _gloo_threads()
+    grid = axgrid.init("2x1x1", timeout_s=30)
+    grid.comm.all_reduce(torch.ones(3), "x")
+    during = _gloo_threads()
+    grid.destroy()
+    return before, during, _gloo_threads()
+
+
+def test_destroy_joins_the_gloo_threads_of_its_groups(ranks):
+    """The cause of the exit-134 aborts at teardown: groups outlived destroy() and died during interpreter
+    shutdown. Now their threads are joined by destroy() itself."""
+    for before, during, after in ranks(2, _threads_after_destroy):
+        assert during > before
+        assert after == before
