@@ -173,6 +173,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         launch = detect_launch(use_mpi=False)   # no MPI rendezvous (a collective) before the checks below
     else:
         launch = _launch_from_world()
+    teardown.install(_release_at_exit, launch.world_size)   # a rank failing from here on ends at once
     if isinstance(gx, (str, GridShape)) or not isinstance(gx, int):
         if gy is not None or gz is not None or gdata is not None:
             raise GridError("give the grid either as one spec (e.g. '2x2x2x1') or as gx, gy, gz, gdata, not both")
@@ -185,6 +186,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         if launch.launcher in ("mpich", "openmpi"):
             launch = detect_launch()            # now agree on the rendezvous address through mpi4py
         used = init_distributed(launch, backend, config.timeout_s)
+        teardown.install(_release_at_exit, launch.world_size)   # again: run before mpi4py's MPI_Finalize
     else:
         used = dist.get_backend()
     hosts: list[Optional[str]] = [None] * launch.world_size
@@ -195,7 +197,6 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     grid = Grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seeds[0])
     _ACTIVE.add(id(grid))
     _CURRENT[:] = [grid]
-    teardown.install(_release_at_exit)
     return grid
 
 

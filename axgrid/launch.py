@@ -9,11 +9,16 @@ import datetime
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist
+
+
+#: Set by ``axgrid launch`` in every process of a job (see axgrid.proctree).
+LAUNCH_JOB_VAR = "AXGRID_LAUNCH_JOB"
 
 
 class LaunchError(RuntimeError):
@@ -80,9 +85,15 @@ def _port_from_job(env: Mapping[str, str]) -> int:
 
 
 def _mpi_rendezvous(env: Mapping[str, str]) -> Optional[tuple[str, int]]:
-    """Use mpi4py (when installed) so rank 0 chooses the address and a free port and tells the others."""
+    """Use mpi4py (when installed) so rank 0 chooses the address and a free port and tells the others.
+
+    Under ``axgrid launch`` (which ends the ranks itself when one fails) MPI is finalised right here, unless the
+    program had started it: a failing rank then exits with its own code instead of waiting in MPI_Finalize for
+    the others. Under a bare mpiexec MPI stays up, so a rank leaving without MPI_Finalize makes Hydra end the job.
+    """
     if "MASTER_ADDR" in env and "MASTER_PORT" in env:
         return env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    started_before = "mpi4py.MPI" in sys.modules
     try:
         from mpi4py import MPI
     except ImportError:
@@ -91,7 +102,10 @@ def _mpi_rendezvous(env: Mapping[str, str]) -> Optional[tuple[str, int]]:
     answer = None
     if comm.Get_rank() == 0:
         answer = (env.get("MASTER_ADDR") or socket.gethostname(), free_port())
-    return comm.bcast(answer, root=0)
+    answer = comm.bcast(answer, root=0)
+    if LAUNCH_JOB_VAR in env and not started_before:
+        MPI.Finalize()
+    return answer
 
 
 def detect_launch(env: Optional[Mapping[str, str]] = None, use_mpi: bool = True) -> LaunchEnv:

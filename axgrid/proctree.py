@@ -12,8 +12,7 @@ import signal
 import time
 from typing import Iterable
 
-#: The environment variable that tags every process of a launched job.
-JOB_VAR = "AXGRID_LAUNCH_JOB"
+from .launch import LAUNCH_JOB_VAR as JOB_VAR   # tags every process of a launched job
 
 
 def _state(pid: int) -> str | None:

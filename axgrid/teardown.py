@@ -1,13 +1,14 @@
 """How a rank leaves the job: at once when it fails; with its process groups released while Python is still
 whole when it succeeds.
 
-Failure. Once a grid exists, an uncaught exception prints its traceback, flushes open files and ends the
-process at once with ``os._exit`` (exit code 1; 130 for KeyboardInterrupt): no atexit handlers, no interpreter
-teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every other rank -- which are blocked in a
+Failure. From the start of ``axgrid.init`` in a job of several ranks (not an interactive session), an uncaught
+exception prints its traceback, flushes open files and ends the process at once with ``os._exit`` (exit code
+1; 130 for KeyboardInterrupt): no atexit handlers, no interpreter teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every other rank -- which are blocked in a
 collective with this one -- and the job sat until the collective timeout; and interpreter teardown with live
 gloo groups is where the exit-134 abort below happens. The other ranks see the closed connections at their
-next collective with this rank and fail the same way. A rank that leaves MPI unfinalised makes mpiexec (Hydra)
-end the whole job at once, with that rank's exit code.
+next collective with this rank and fail the same way. Under a bare mpiexec, a rank that leaves MPI
+unfinalised makes Hydra end the whole job at once, with that rank's exit code (under ``axgrid launch`` MPI is
+finalised right after the rendezvous, and the launcher ends the job).
 
 Success. ``Grid.destroy()`` releases the groups and drops every reference to them, so gloo joins its worker
 and network threads right there; a grid still alive when the program ends is destroyed by an atexit handler,
@@ -52,10 +53,12 @@ def _fail_fast(previous: Callable[..., object]) -> Callable[..., None]:
     return hook
 
 
-def install(release: Callable[[], None]) -> None:
-    """Make an uncaught exception end this rank at once, and run ``release`` at exit (before mpi4py's
-    ``MPI_Finalize``: call this after MPI is initialised). Each is installed once per process."""
-    if not getattr(sys.excepthook, "axgrid_fail_fast", False):
+def install(release: Callable[[], None], world_size: int) -> None:
+    """Run ``release`` at exit (before mpi4py's ``MPI_Finalize``: call this after MPI is initialised) and, in a
+    job of several ranks that is not an interactive session, make an uncaught exception end this rank at once.
+    Each is installed once per process."""
+    interactive = hasattr(sys, "ps1") or sys.flags.interactive
+    if world_size > 1 and not interactive and not getattr(sys.excepthook, "axgrid_fail_fast", False):
         sys.excepthook = _fail_fast(sys.excepthook)
     atexit.unregister(release)
     atexit.register(release)

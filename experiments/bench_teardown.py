@@ -47,7 +47,7 @@ def main() -> None:
                     try:
                         job = run_job(launcher, mode, Path(tmp), timeout_s=timeout, **kw)
                     except JobHung:
-                        print(f"{launcher:<13} {case:<8} {'-':>5} {'> 120 (hung)':>11}", flush=True)
+                        print(f"{launcher:<13} {case:<8} {'-':>5} {'> 300 (hung)':>11}", flush=True)
                         continue
                     print(f"{launcher:<13} {case:<8} {job.code:>5} {job.teardown_s:>11.2f} {len(job.left):>10} "
                           f"{len(job.folders):>9}", flush=True)
