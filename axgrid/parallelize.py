@@ -20,6 +20,8 @@ from torch import nn
 
 from .grid import Grid
 from .nn.linear import Linear
+from .export import guard_save_pretrained
+from .ties import report, tied_linears
 
 #: Modules that act on each element alone and are deterministic, so sharded tokens/features pass through.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.LeakyReLU, nn.ELU, nn.Mish,
@@ -101,12 +103,19 @@ def _check_pairs(plan: Plan, linears: dict[str, nn.Linear]) -> None:
                          f"replicated or pair them")
 
 
-def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_pair: bool = True) -> nn.Module:
+def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_pair: bool = True, *,
+                summary: bool = False) -> nn.Module:
     """Replace ``model``'s ``nn.Linear`` modules (in place) by ``axgrid.nn.Linear`` with the same weights.
 
     ``plan`` maps qualified module names to :class:`LinearPlan`; names not in it are drop-in
     (replicated in and out, normal). With ``auto_pair`` the pairs of :func:`auto_plan` are added for names the
     plan does not mention. Returns the model.
+
+    Left dense, with a warning: a Linear whose features do not divide the grid, a Linear whose weight is tied
+    to another module (see :mod:`axgrid.ties`), and matmul-like modules that are not ``nn.Linear`` (HF
+    ``Conv1D``). ``model.axgrid_summary`` lists what became parallel and what stayed dense and why
+    (``summary=True`` also prints it on rank 0). The parallel model's ``save_pretrained`` refuses; use
+    :func:`axgrid.export_pretrained` / :func:`axgrid.to_dense`.
     """
     full: Plan = dict(auto_plan(model, grid)) if auto_pair else {}
     full.update(plan or {})
@@ -125,13 +134,16 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
         raise ValueError(f"a Linear used at several paths ({shared}) cannot be part of a sharded pair; "
                          f"leave it drop-in")
     _check_pairs(full, linears)
-    dense_left = set()
+    tied = tied_linears(model, linears)
+    dense_left = dict(tied)
     for name, lin in linears.items():
+        if name in tied:
+            continue
         p = full.get(name, LinearPlan())
         why = _divisible(lin, grid, p)
         if why:
             warnings.warn(f"axgrid.parallelize: {name} left dense: {why}", stacklevel=2)
-            dense_left.add(name)
+            dense_left[name] = why
     # a pair whose partner stays dense falls back to drop-in on both sides
     for name, p in list(full.items()):
         if p.after is not None and (p.after in dense_left or name in dense_left):
@@ -154,4 +166,6 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
         p = full.get(name, LinearPlan())
         if p.after is not None:
             layer.pair_after(made[p.after])
+    report(model, grid.rank, list(made), dense_left, tied, summary)
+    guard_save_pretrained(model)
     return model

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from ..grid import Grid
 from ..redistribute import feature_part
-from ..sharding import TileSpec
+from ..sharding import TileSpec, add_state_hooks, deepcopy_keeping_marks
 from . import init as _init
 from .replicated_grad import reduce_over_z
 
@@ -68,6 +68,9 @@ class Embedding(nn.Module):
             self.weight.axgrid_tile = TileSpec((num, dim), (0, f0), (num, local))
             self.weight.axgrid_replicated = other + "zd"
         self.reset_parameters()
+        add_state_hooks(self)
+
+    __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
     def reset_parameters(self) -> None:
         """Fill this rank's columns from the hashed initialisation (no communication, no full table)."""
