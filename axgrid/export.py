@@ -105,8 +105,9 @@ def to_dense(model: nn.Module, grid: Grid) -> nn.Module:
             for p, q in ((made[id(mod)].weight, mod.weight), (made[id(mod)].bias, mod.bias)):
                 if p is not None:
                     p.requires_grad_(q.requires_grad)
-        parent = dense.get_submodule(path.rsplit(".", 1)[0]) if "." in path else dense
-        setattr(parent, path.rsplit(".", 1)[-1], made[id(mod)])
+        if path:                                                     # (the root itself: below)
+            parent = dense.get_submodule(path.rsplit(".", 1)[0]) if "." in path else dense
+            setattr(parent, path.rsplit(".", 1)[-1], made[id(mod)])
     if isinstance(dense, Linear):
         dense = made[id(dense)]
     dense.load_state_dict(state)

@@ -2,14 +2,14 @@
 
 Tied weights: an ``nn.Linear`` whose weight (or bias) is also held by another module -- HF GPT-2's ``lm_head``
 and ``wte``, LLaMA/Qwen with ``tie_word_embeddings=True``, two layers sharing one Parameter, or Parameters that
-share storage -- would be untied by replacing the Linear with a parallel one (the new layer gets its own
+alias the same memory -- would be untied by replacing the Linear with a parallel one (the new layer gets its own
 sharded copy, the other module keeps the old tensor, and training diverges from the dense model). Such a
 Linear stays a dense ``nn.Linear``: both users keep reading one tensor, its gradient sums both uses (every rank
 of the tensor-parallel block computes it on the same replicated activations) and ``sync_gradients`` averages it
 over d like any other dense parameter. It is correct, but the layer is not parallelised.
 
 Not parallelisable: anything that is not exactly ``nn.Linear`` but holds a 2-D ``weight`` (HF ``Conv1D``, an
-``nn.Linear`` subclass with its own forward such as ``nn.MultiheadAttention``'s ``out_proj``, ``nn.Bilinear``).
+``nn.Linear`` subclass with its own forward such as ``nn.MultiheadAttention``'s ``out_proj``).
 Embeddings are not matmul layers and are not reported.
 """
 from __future__ import annotations
@@ -34,22 +34,23 @@ def _owners(model: nn.Module) -> dict[int, list[tuple[str, nn.Module]]]:
     return out
 
 
-def _storage_key(p: torch.Tensor) -> Optional[tuple]:
+def _memory_key(p: torch.Tensor) -> Optional[tuple]:
+    """Identifies the memory a parameter reads (views of one flat buffer at different offsets differ)."""
     if p.device.type == "meta" or p.numel() == 0:
         return None
-    return (p.device, p.untyped_storage().data_ptr())
+    return (p.device, p.data_ptr(), tuple(p.shape), tuple(p.stride()))
 
 
 def tied_linears(model: nn.Module, linears: dict[str, nn.Linear]) -> dict[str, str]:
     """``{linear name: why it must stay dense}`` for every Linear whose weight or bias is shared with another
-    module (the same Parameter, or another Parameter over the same storage)."""
+    module (the same Parameter, or another Parameter over the same memory)."""
     owners = _owners(model)
     params = {id(p): p for m in model.modules() for p in m._parameters.values() if p is not None}
-    by_storage: dict[tuple, list[int]] = {}
+    by_memory: dict[tuple, list[int]] = {}
     for pid, p in params.items():
-        key = _storage_key(p)
+        key = _memory_key(p)
         if key is not None:
-            by_storage.setdefault(key, []).append(pid)
+            by_memory.setdefault(key, []).append(pid)
     out: dict[str, str] = {}
     for name, lin in linears.items():
         for attr in ("weight", "bias"):
@@ -57,7 +58,7 @@ def tied_linears(model: nn.Module, linears: dict[str, nn.Linear]) -> dict[str, s
             if p is None:
                 continue
             sharers = [f"{n} ({type(m).__name__})" for n, m in owners[id(p)] if m is not lin]
-            sharers += [f"{owners[q][0][0]} (same storage)" for q in by_storage.get(_storage_key(p), ())
+            sharers += [f"{owners[q][0][0]} (same memory)" for q in by_memory.get(_memory_key(p), ())
                         if q != id(p)]
             if sharers:
                 out[name] = (f"{attr} is tied to {', '.join(sharers)}; kept dense so they stay one tensor "
