@@ -5,7 +5,7 @@
     model = axgrid.parallelize(model, grid)
     ...; loss.backward(); axgrid.sync_gradients(model, grid); opt.step()
 """
-from . import checkpoint, nn
+from . import checkpoint, nn, plans
 from .comm import Communicator, Ledger
 from .config import OverlapConfig, RuntimeConfig
 from .data_parallel import clip_grad_norm_, finish_gradients, grad_norm, sync_gradients
@@ -17,6 +17,6 @@ from .redistribute import gather_tokens_features, shard_tokens_features
 
 __version__ = "0.1.0"
 __all__ = ["init", "Grid", "GridShape", "GridError", "Layout", "RuntimeConfig", "OverlapConfig", "Communicator",
-           "Ledger", "nn", "parallelize", "pair", "LinearPlan", "sync_gradients", "finish_gradients",
+           "Ledger", "nn", "plans", "parallelize", "pair", "LinearPlan", "sync_gradients", "finish_gradients",
            "clip_grad_norm_", "grad_norm", "shard_tokens_features", "gather_tokens_features", "detect_launch",
            "LaunchEnv", "current_grid"]
