@@ -80,11 +80,25 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _is_hf(model: nn.Module) -> bool:
+    return callable(getattr(type(model), "save_pretrained", None)) and hasattr(model, "config")
+
+
 def to_dense(model: nn.Module, grid: Grid) -> nn.Module:
-    """A dense copy of a parallel model (collective; every rank gets one): each ``axgrid.nn.Linear`` becomes
-    the ``nn.Linear`` it stands for, everything else is deep-copied. The original is untouched. Tied weights
-    stay tied (they were never parallelised). Raises before any collective if the model holds other parallel
-    modules (axgrid's own Embedding/LayerNorm): use :func:`dense_state_dict` for those."""
+    """A dense copy of a parallel model (collective; every rank gets one). The original is untouched.
+
+    A Hugging Face model is rebuilt from its config (``type(model)(model.config)``, tying what the config ties)
+    and loaded with the dense tensors, whatever plan parallelised it. Any other model is deep-copied with each
+    ``axgrid.nn.Linear`` turned back into the ``nn.Linear`` it stands for (tied weights stay tied: they were
+    never parallelised); if it holds other parallel modules (axgrid's Embedding/LayerNorm/RMSNorm) this raises
+    before any collective: use :func:`dense_state_dict` for those."""
+    if _is_hf(model):
+        state = dense_state_dict(model, grid)
+        fresh = type(model)(model.config)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        fresh.to(device=grid.device, dtype=dtype)
+        fresh.load_state_dict(state)
+        return fresh.train(model.training)
     for name, mod in model.named_modules():
         if not isinstance(mod, Linear) and any(getattr(p, "axgrid_tile", None) is not None
                                                for p in mod._parameters.values() if p is not None):
@@ -118,7 +132,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, **save_
     """Write a parallelised Hugging Face model as a dense HF checkpoint (safetensors + config) that
     ``from_pretrained`` loads. Collective: every rank calls it; rank 0 writes. ``save_kwargs`` go to
     ``save_pretrained``. Returns the dense model (on every rank)."""
-    if not callable(getattr(type(model), "save_pretrained", None)):
+    if not _is_hf(model):
         raise TypeError(f"export_pretrained: {type(model).__name__} is not a Hugging Face model (no "
                         f"save_pretrained); use axgrid.to_dense(model, grid) or axgrid.dense_state_dict(model, grid)")
     dense = to_dense(model, grid)

@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .nn.linear import Linear
+
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 
 
@@ -110,15 +112,17 @@ def _by_reason(reasons: dict[str, str]) -> dict[str, list[str]]:
     return groups
 
 
-def report(model: nn.Module, rank: int, parallel: list[str], dense: dict[str, str], tied: dict[str, str],
+def report(model: nn.Module, rank: int, dense: dict[str, str], tied: dict[str, str],
            show: bool = False) -> ParallelizeSummary:
     """Warn about tied and non-Linear layers left dense (one warning per reason), attach the summary to
-    ``model.axgrid_summary`` and print it on rank 0 when ``show``. ``dense``: Linear layers already left dense
-    (and warned about) by the caller; ``tied``: the subset kept dense for a tie."""
+    ``model.axgrid_summary`` and print it on rank 0 when ``show``. ``dense``: Linear layers the caller left dense
+    (it warned about those not in ``tied``); ``tied``: the ones kept dense for a tie. Parallel layers are the
+    model's ``axgrid.nn.Linear`` modules."""
     other = unsupported_modules(model)
     for why, names in _by_reason({**tied, **other}).items():
         warnings.warn(f"axgrid.parallelize: {_names(names)} left dense: {why}", stacklevel=3)
-    summary = ParallelizeSummary(sorted(parallel), {**dense, **other})
+    parallel = [n for n, m in model.named_modules() if isinstance(m, Linear)]
+    summary = ParallelizeSummary(parallel, {**dense, **other})
     model.__dict__["axgrid_summary"] = summary
     if show and rank == 0:
         print(summary, flush=True)

@@ -177,13 +177,13 @@ def cmd_machines(a: argparse.Namespace) -> int:
 
     t = Table(title="machines")
     for c in ("name", "GPU", "GPUs/node", "bf16 TFLOP/s", "fp32 TFLOP/s", "GiB", "intra GB/s", "NICs×GB/s",
-              "calibrated", "file"):
+              "bw table rows", "bf16 GEMM eff", "calibrated", "file"):
         t.add_column(c)
     for m in list_machines():
         t.add_row(m.name, m.gpu, str(m.gpus_per_node), f"{m.peak_flops_bf16 / 1e12:g}",
                   f"{m.peak_flops_fp32 / 1e12:g}", f"{m.memory_bytes / 2**30:g}", f"{m.intra_node_bandwidth / 1e9:g}",
-                  f"{m.nics_per_node}×{m.inter_node_bandwidth_per_nic / 1e9:g}",
-                  ",".join(m.placement) or "-", m.source.split("/")[-1])
+                  f"{m.nics_per_node}×{m.inter_node_bandwidth_per_nic / 1e9:g}", str(len(m.bandwidth_table) or "-"),
+                  f"{m.gemm_curve('bf16').eff_max:.2f}", ",".join(m.placement) or "-", m.source.split("/")[-1])
     Console(width=160).print(t)
     return 0
 

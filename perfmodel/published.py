@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .machines import load_machine
-from .pipeline import TPPPDP
 from .rank import rank
 from .row import Row
 from .spec import Problem, get_model
@@ -97,4 +96,4 @@ def check_all() -> list[Check]:
     return [check(p) for p in POINTS]
 
 
-__all__ = ["TOLERANCE", "Published", "POINTS", "Check", "check", "check_all", "TPPPDP"]
+__all__ = ["TOLERANCE", "Published", "POINTS", "Check", "check", "check_all"]

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import perfmodel as pm
 from perfmodel import pipeline as pl
@@ -164,7 +165,8 @@ KNOWN_MISSES = {"SC24 Frontier 320B": 1.50, "4D paper Perlmutter 80B": 0.84, "Fr
                 "Frontier study 175B": 1.38, "Frontier study 1T": 1.67}
 
 
-def test_check_published(capsys):
+def test_check_published(capsys, monkeypatch):
+    from perfmodel import published
     from perfmodel.published import POINTS, check_all
     checks = check_all()
     assert len(checks) == len(POINTS) == 7
@@ -173,6 +175,24 @@ def test_check_published(capsys):
             assert c.ratio == pytest.approx(KNOWN_MISSES[c.point.name], abs=0.02), c.point.name
         else:
             assert c.within, (c.point.name, c.ratio)
+    monkeypatch.setattr(published, "check_all", lambda: checks)     # the CLI prints these (priced once)
     assert main(["check-published"]) == 0
     out = capsys.readouterr().out
     assert all(p.name in out for p in POINTS) and "batch = 1 sequence per GPU" in out
+
+
+@settings(max_examples=6, deadline=None)
+@given(machine=st.sampled_from(["perlmutter", "frontier", "alps"]), bw=st.floats(1.0, 50.0),
+       fl=st.floats(1.0, 50.0), mem=st.floats(1e-3, 1.0))
+def test_tp_pp_dp_monotone_and_memory_checked(machine, bw, fl, mem):
+    prob = pm.Problem(pm.get_model("gpt-5b"), 64, 32)
+    m = pm.load_machine(machine)
+    cs = pl.enumerate_configs(prob, m)
+    base = pl.price(prob, m, cs)
+    for faster in (m.scaled(bandwidth=bw), m.scaled(flops=fl)):
+        for a, b in zip(base, pl.price(prob, faster, cs)):
+            assert a.feasible == b.feasible and (not a.feasible or b.time_s <= a.time_s * (1 + 1e-12))
+    small = m.scaled(memory=mem)
+    for r in pl.price(prob, small, cs):
+        over = r.memory_bytes > small.memory_bytes * prob.options.memory_usable
+        assert not (r.feasible and over) and (r.feasible or "memory" in r.reason)

@@ -205,6 +205,18 @@ def rank_hf_tied(spec: str, tmp: str) -> dict:
                 o["export"] = float((loaded(input_ids=ids).logits - model(input_ids=ids).logits).abs().max())
             o["export_tied"] = loaded.lm_head.weight is loaded.get_input_embeddings().weight
             out[name] = o
+        # untied: the built-in whole-model plan (sharded embedding, norms, vocabulary) exports the same way
+        from axgrid.plans import gather_logits
+        torch.manual_seed(0)
+        cfg = LlamaConfig(**{**configs["llama"][1].to_dict(), "tie_word_embeddings": False})
+        model = LlamaForCausalLM(cfg)
+        axgrid.parallelize(model, grid)
+        where = os.path.join(tmp, "llama-plan")
+        axgrid.export_pretrained(model, where, grid)
+        loaded = LlamaForCausalLM.from_pretrained(where)
+        with torch.no_grad():
+            out["plan"] = (len(model.axgrid_summary.parallel), float(
+                (loaded(input_ids=ids).logits - gather_logits(model(input_ids=ids).logits, grid)).abs().max()))
         return out
     finally:
         grid.destroy()
@@ -223,3 +235,4 @@ def test_hf_tied_gpt2_and_llama_train_like_dense_and_export(ranks, tmp_path):
             assert x["loss"] < 1e-5 and x["emb_grad"] < 1e-6 and x["train"] < 1e-4 and x["params_wrong"] == []
             assert "axgrid.export_pretrained" in x["save_pretrained"] and not x["trap_dir"]
             assert x["export"] < 1e-5
+        assert o["plan"][0] == 8 and o["plan"][1] < 1e-5
