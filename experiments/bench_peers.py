@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import time
 from typing import Optional, Sequence
 
 import torch
@@ -41,6 +43,12 @@ def _barrier() -> None:
 def _slowest(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _total(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
 
@@ -77,14 +85,15 @@ def rank_main(w: peers.Workload, a: argparse.Namespace) -> Optional[dict]:
     names = [c.name for c in contenders]
     before = {c.name: c.loss() for c in contenders}
     nbytes = {c.name: c.count_bytes() for c in contenders}          # one step each, untimed (also a warm-up)
-    res = harness.measure({c.name: c.step for c in contenders}, rounds=a.rounds, steps_per_round=a.steps,
-                          warmup=a.warmup, seed=a.seed, barrier=_barrier).reduced(_slowest)
+    raw = harness.measure({c.name: c.step for c in contenders}, rounds=a.rounds, steps_per_round=a.steps,
+                          warmup=a.warmup, seed=a.seed, barrier=_barrier, also={"cpu": time.process_time})
+    res, cpu = raw.reduced(_slowest), raw.extra["cpu"].reduced(_total)
     after = {c.name: c.loss() for c in contenders}
     for c in contenders:
         c.close()
     if not rank0:
         return None
-    return {"names": names, "res": res, "before": before, "after": after, "bytes": nbytes, "notes": notes,
+    return {"names": names, "res": res, "cpu": cpu, "before": before, "after": after, "bytes": nbytes, "notes": notes,
             "sweep": sweep_table, "tp1d": f"axgrid {tp1d}", "steps_each": 1 + a.warmup + a.rounds * a.steps}
 
 
@@ -97,8 +106,13 @@ def report(world: int, w: peers.Workload, r: dict) -> str:
     out = [f"\n== {world} ranks, {w.describe()}"]
     if r["sweep"]:
         out += ["axgrid grid sweep (quick, interleaved):", r["sweep"], ""]
-    out.append(f"main run (axgrid best = {best}, the fastest axgrid grid here):")
+    cpu: harness.Result = r["cpu"]
+    out.append(f"main run (axgrid best = {best}, the fastest axgrid grid here); wall time per step, the slowest "
+               f"rank's:")
     out.append(res.table(baseline=best, width=26))
+    out.append("\nthe same steps in CPU seconds, summed over all ranks (this job's work, whatever else runs on "
+               "the machine):")
+    out.append(cpu.table(baseline=best, width=26))
     out.append(f"\n{'contender':<26} {'bytes/step (rank 0)':>22} {'counted by':>14} {'loss before':>13} "
                f"{'loss after':>13}")
     for n in names:
@@ -109,15 +123,23 @@ def report(world: int, w: peers.Workload, r: dict) -> str:
     out.append(f"(losses after {r['steps_each']} SGD steps each agree to a relative {worst:.1e}: the same math)")
     if others:
         best_peer = res.best(others)
-        out.append(f"\nratios, time per step, within a round (median [min-max] over {len(res.orders)} rounds):")
-        for n in others:
-            tag = "   <- best peer" if n == best_peer else ""
-            out.append(f"  {best:<24} / {n:<24} {res.ratio(best, n).fmt(1.0, 3)}{tag}")
-        out.append(f"  headline: {best} / best peer ({best_peer}) = {res.ratio(best, best_peer).median:.3f}")
+        out.append(f"\nratios within a round, median [min-max] over {len(res.orders)} rounds:"
+                   f"{'wall time':>26} {'CPU seconds':>26}")
+        pairs = [(best, n, "   <- best peer" if n == best_peer else "") for n in others]
         tp = r["tp1d"]
         dt1 = next((n for n in others if n.startswith("DTensor 1D")), None)
         if tp in names and dt1:
-            out.append(f"  {tp:<24} / {dt1:<24} {res.ratio(tp, dt1).fmt(1.0, 3)}   <- same layout (1-D TP)")
+            pairs.append((tp, dt1, "   <- same layout (1-D TP)"))
+        for n in others:                               # DTensor 2-D TPt x DPd is axgrid's 1 x t x 1 x d
+            m = re.fullmatch(r"DTensor 2D TP(\d+)xDP(\d+)", n)
+            if m and f"axgrid 1x{m[1]}x1x{m[2]}" in names:
+                pairs.append((f"axgrid 1x{m[1]}x1x{m[2]}", n, "   <- same layout (2-D)"))
+        for x, y, tag in pairs:
+            out.append(f"  {x:<24} / {y:<24} {res.ratio(x, y).fmt(1.0, 3):>26} {cpu.ratio(x, y).fmt(1.0, 3):>26}"
+                       f"{tag}")
+        cpu_peer = cpu.best(others)
+        out.append(f"headline: {best} / the best peer = {res.ratio(best, best_peer).median:.3f} in wall time (best "
+                   f"peer {best_peer}), {cpu.ratio(best, cpu_peer).median:.3f} in CPU seconds (best peer {cpu_peer})")
     for note in r["notes"]:
         out.append("note: " + note)
     return "\n".join(out)
@@ -137,10 +159,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8, help="GPT sequences per step (global)")
     ap.add_argument("--grid", default=None, help="axgrid grid (default: the best of an interleaved quick sweep)")
     ap.add_argument("--overlap", default="none", help="axgrid overlap switches, e.g. 'none', 'all', 'oar,odp'")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per contender per round")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=1, help="timed steps per contender per round")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--sweep-rounds", type=int, default=3)
+    ap.add_argument("--sweep-rounds", type=int, default=2)
     ap.add_argument("--finalists", type=int, default=2, help="fastest grids of the sweep timed in the main run")
     ap.add_argument("--skip", nargs="*", default=[], choices=["dtensor1d", "dtensor2d", "ddp", "fsdp2"])
     ap.add_argument("--lr", type=float, default=1e-2)

@@ -138,6 +138,7 @@ class Result:
 def measure(steps: Mapping[str, Callable[[], object]], *, rounds: int = 5, steps_per_round: int = 2,
             warmup: int = 1, seed: int = 0, barrier: Callable[[], None] = lambda: None,
             clock: Callable[[], float] = time.perf_counter,
+            also: Optional[Mapping[str, Callable[[], float]]] = None,
             on_round: Optional[Callable[[int, list[str]], None]] = None) -> Result:
     """Time each ``steps[name]()`` (one training step) interleaved over ``rounds`` shuffled rounds.
 
@@ -145,6 +146,8 @@ def measure(steps: Mapping[str, Callable[[], object]], *, rounds: int = 5, steps
     every configuration runs ``steps_per_round`` timed steps, one configuration after the other, in the round's
     order. ``barrier()`` is called before each timed step (outside the timed span) and must leave the ranks
     lined up; the step's callable must return only when its work is done (synchronise devices inside it).
+    ``also``: more clocks read around the same steps (e.g. ``{"cpu": time.process_time}``: this process's CPU
+    seconds, robust to other jobs on a shared machine); their samples are ``result.extra[name]`` (Results).
     """
     if steps_per_round < 1:
         raise ValueError(f"steps_per_round={steps_per_round} must be >= 1")
@@ -156,16 +159,24 @@ def measure(steps: Mapping[str, Callable[[], object]], *, rounds: int = 5, steps
     for n in warm_order:
         for _ in range(warmup):
             steps[n]()
+    also = dict(also or {})
     samples: dict[str, list[list[float]]] = {n: [] for n in names}
+    extra: dict[str, dict[str, list[list[float]]]] = {k: {n: [] for n in names} for k in also}
     for r, order in enumerate(orders):
         if on_round is not None:
             on_round(r, order)
         for n in order:
-            got = []
+            got: list[float] = []
+            got_also: dict[str, list[float]] = {k: [] for k in also}
             for _ in range(steps_per_round):
                 barrier()
+                a0 = {k: c() for k, c in also.items()}
                 t0 = clock()
                 steps[n]()
                 got.append(clock() - t0)
+                for k, c in also.items():
+                    got_also[k].append(c() - a0[k])
             samples[n].append(got)
-    return Result(samples, orders)
+            for k in also:
+                extra[k][n].append(got_also[k])
+    return Result(samples, orders, {k: Result(v, orders) for k, v in extra.items()})

@@ -303,14 +303,6 @@ class DTensorContender(Contender):
     def _dp_mean(self, v: float) -> float:
         return v if self.dp_group is None else _world_mean(v, self.dp_group)
 
-    def loss(self) -> float:
-        if self.w.kind != "gpt":
-            return super().loss()
-        from torch.distributed.tensor.parallel import loss_parallel
-        with torch.no_grad(), loss_parallel():
-            v = self._loss()
-        return self._dp_mean(float(v.full_tensor() if hasattr(v, "full_tensor") else v))
-
 
 class DDPContender(Contender):
     family = "DDP"

@@ -49,8 +49,10 @@ def test_measure_interleaves_excludes_warmup_and_takes_ratios_within_rounds():
         log.append(("round", r, tuple(order)))
         slow[0] = [1.0, 3.0, 0.5, 10.0][r]        # rounds differ a lot: ratios within a round must not care
 
+    ticks = iter(range(10**6))
     res = harness.measure({n: step(n) for n in cost}, rounds=4, steps_per_round=2, warmup=3, seed=1,
-                          barrier=lambda: barriers.append(1), clock=clock, on_round=on_round)
+                          barrier=lambda: barriers.append(1), clock=clock, on_round=on_round,
+                          also={"ticks": lambda: next(ticks)})
     # warm-up: 3 untimed steps of each configuration before the first round, none timed
     first_round = next(i for i, e in enumerate(log) if isinstance(e, tuple))
     assert sorted(log[:first_round]) == sorted(["a", "b", "c"] * 3)
@@ -69,6 +71,8 @@ def test_measure_interleaves_excludes_warmup_and_takes_ratios_within_rounds():
     s = res.spread("a")
     assert (s.lo, s.hi, s.median) == (0.5, 10.0, 2.0)
     assert res.best() == "a"
+    # another clock read around the same timed steps only (one tick per read: 1 per step)
+    assert res.extra["ticks"].samples == {n: [[1, 1]] * 4 for n in cost}
     assert "÷ a" in res.table(baseline="a")
 
 
