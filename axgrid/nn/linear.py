@@ -28,7 +28,7 @@ from torch import nn
 from ..comm import Pending
 from ..grid import Grid, current_grid
 from ..redistribute import gather_tokens_features, shard_tokens_features
-from ..sharding import TileSpec
+from ..sharding import TileSpec, add_state_hooks, deepcopy_keeping_marks
 from . import init as _init
 
 Layout = Literal["replicated", "sharded"]
@@ -205,8 +205,11 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        add_state_hooks(self)
         if self.grid.pending_grads is not None:
             self.grid.pending_grads.watch(self.parameters())
+
+    __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
     # -- parameters -----------------------------------------------------------------------------------
     def reset_parameters(self) -> None:
