@@ -142,6 +142,10 @@ class Grid:
         if self._owns_world and dist.is_initialized():
             dist.destroy_process_group()
 
+    def __deepcopy__(self, memo: dict) -> "Grid":
+        """A grid is this process's place in the job (process groups, communicator): copies of a model share it."""
+        return self
+
     def __repr__(self) -> str:
         return f"Grid({self.shape}, order={self.order!r}, rank={self.rank}, coord={self.coord})"
 

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from .grid import Grid
 from .nn.linear import Linear
+from .export import guard_save_pretrained
+from .ties import report, tied_linears
+
+if TYPE_CHECKING:
+    from .plans import TransformerPlan
 
 #: Modules that act on each element alone and are deterministic, so sharded tokens/features pass through.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.LeakyReLU, nn.ELU, nn.Mish,
@@ -28,18 +33,38 @@ ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.L
 
 @dataclass(frozen=True)
 class LinearPlan:
+    """How one Linear is parallelized. ``after``: for a sharded-input layer, the layer -- or layers, e.g.
+    ``("q_proj", "k_proj", "v_proj")`` or ``("gate_proj", "up_proj")`` -- whose sharded outputs it consumes.
+    ``unit``: the features on the sharded side split over the grid only in whole units of this size (attention:
+    ``head_dim``, so every rank holds whole heads)."""
+
     transpose: bool = False
     input_layout: str = "replicated"
     output_layout: str = "replicated"
-    after: Optional[str] = None   # for a sharded-input layer: the layer whose sharded output it consumes
+    after: Optional[Union[str, tuple[str, ...]]] = None
+    unit: int = 1
+
+    @property
+    def producers(self) -> tuple[str, ...]:
+        """The names in ``after`` as a tuple (empty without one)."""
+        return () if self.after is None else (self.after,) if isinstance(self.after, str) else tuple(self.after)
 
 
 Plan = dict[str, LinearPlan]
 
 
-def pair(up: str, down: str) -> Plan:
-    """Plan entries for a normal layer ``up`` whose output feeds (through elementwise ops) the transposed ``down``."""
-    return {up: LinearPlan(False, "replicated", "sharded"), down: LinearPlan(True, "sharded", "replicated", after=up)}
+def pair(up: Union[str, Sequence[str]], down: str, unit: int = 1) -> Plan:
+    """Plan entries for normal layer(s) ``up`` whose outputs feed the transposed ``down`` through per-token ops:
+    one producer (an MLP), or several that share the input and are combined elementwise (SwiGLU's gate and up)
+    or per head (attention's q, k, v with ``unit=head_dim``). The first producer's width is ``down``'s input."""
+    ups = (up,) if isinstance(up, str) else tuple(up)
+    if not ups or down in ups:
+        raise ValueError(f"pair({up!r}, {down!r}): give one or more producers, distinct from the consumer")
+    if unit < 1:
+        raise ValueError(f"pair(..., unit={unit}): unit must be >= 1 (the head size for attention, else 1)")
+    plan = {u: LinearPlan(False, "replicated", "sharded", unit=unit) for u in ups}
+    plan[down] = LinearPlan(True, "sharded", "replicated", after=ups if len(ups) > 1 else ups[0], unit=unit)
+    return plan
 
 
 def _divisible(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Optional[str]:
@@ -47,6 +72,10 @@ def _divisible(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Optional[str]:
     if lin.in_features % gi or lin.out_features % go:
         return (f"in_features={lin.in_features}/out_features={lin.out_features} not divisible by the grid's "
                 f"{'Gy,Gx' if p.transpose else 'Gx,Gy'}=({gi},{go})")
+    for side, f, g in (("in", lin.in_features, gi), ("out", lin.out_features, go)):
+        if getattr(p, side + "put_layout") == "sharded" and (f // g) % p.unit:
+            return (f"{side}_features={f} over {g} ranks is not a whole number of units of {p.unit} (heads of "
+                    f"head_dim={p.unit}): the grid dimension must divide the head count {f // p.unit}")
     return None
 
 
@@ -83,31 +112,70 @@ def _check_pairs(plan: Plan, linears: dict[str, nn.Linear]) -> None:
     for name, p in plan.items():
         if p.input_layout != "sharded":
             continue
-        src = plan.get(p.after) if p.after else None
-        if p.after is None or p.after not in linears or src is None:
-            raise ValueError(f"plan: {name} takes a sharded input, so it needs after=<the layer producing it>; "
+        if not p.producers or any(a not in linears or a not in plan for a in p.producers):
+            raise ValueError(f"plan: {name} takes a sharded input, so it needs after=<the layer(s) producing it>; "
                              f"use axgrid.pair(up, down)")
-        if src.output_layout != "sharded" or src.transpose == p.transpose:
-            raise ValueError(f"plan: {name} (transpose={p.transpose}) follows {p.after} (transpose={src.transpose}, "
-                             f"output {src.output_layout}): the producer must have a sharded output and the opposite "
-                             f"orientation")
-        if linears[p.after].out_features != linears[name].in_features:
-            raise ValueError(f"plan: {p.after} gives {linears[p.after].out_features} features but {name} takes "
+        for a in p.producers:
+            src = plan[a]
+            if src.output_layout != "sharded" or src.transpose == p.transpose:
+                raise ValueError(f"plan: {name} (transpose={p.transpose}) follows {a} (transpose={src.transpose}, "
+                                 f"output {src.output_layout}): the producer must have a sharded output and the "
+                                 f"opposite orientation")
+        first = p.producers[0]
+        if linears[first].out_features != linears[name].in_features:
+            raise ValueError(f"plan: {first} gives {linears[first].out_features} features but {name} takes "
                              f"{linears[name].in_features}")
-        consumed.add(p.after)
+        consumed.update(p.producers)
     orphans = [n for n, p in plan.items() if p.output_layout == "sharded" and n not in consumed]
     if orphans:
         raise ValueError(f"plan: {orphans} produce sharded outputs that no layer takes (after=...); make them "
                          f"replicated or pair them")
 
 
-def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_pair: bool = True) -> nn.Module:
-    """Replace ``model``'s ``nn.Linear`` modules (in place) by ``axgrid.nn.Linear`` with the same weights.
+def set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
+    """Put ``new`` at the qualified ``path`` of ``model``."""
+    parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+    setattr(parent, path.rsplit(".", 1)[-1], new)
 
-    ``plan`` maps qualified module names to :class:`LinearPlan`; names not in it are drop-in
-    (replicated in and out, normal). With ``auto_pair`` the pairs of :func:`auto_plan` are added for names the
-    plan does not mention. Returns the model.
+
+def parallel_copy(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Linear:
+    """An ``axgrid.nn.Linear`` holding this rank's part of ``lin``'s weights, laid out as ``p`` says (frozen
+    parameters stay frozen)."""
+    made = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
+                             output_layout=p.output_layout)
+    for param, old in ((made.weight, lin.weight), (made.bias, lin.bias)):
+        if param is not None:
+            param.requires_grad_(old.requires_grad)
+    return made
+
+
+def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | TransformerPlan]" = None,
+                auto_pair: bool = True, *, summary: bool = False) -> nn.Module:
+    """Parallelize ``model`` in place on ``grid`` and return it.
+
+    Without ``plan``, a model :mod:`axgrid.plans` recognises (Hugging Face Llama, Mistral, Qwen2) gets its
+    built-in :class:`~axgrid.plans.TransformerPlan`: the residual stream sharded like axgrid's GPT, attention on
+    local heads, no redistribution between layers. A ``TransformerPlan`` is applied as given.
+
+    Otherwise ``model``'s ``nn.Linear`` modules are replaced by ``axgrid.nn.Linear`` with the same weights:
+    ``plan`` maps qualified module names to :class:`LinearPlan`; names not in it are drop-in (replicated in and
+    out, normal); ``plan={}`` asks for that alone. With ``auto_pair`` the pairs of :func:`auto_plan` are added for
+    names the plan does not mention.
+
+    Left dense, with a warning: a Linear whose features do not divide the grid, a Linear whose weight is tied
+    to another module (see :mod:`axgrid.ties`), and matmul-like modules that are not ``nn.Linear`` (HF
+    ``Conv1D``). ``model.axgrid_summary`` lists what became parallel and what stayed dense and why
+    (``summary=True`` also prints it on rank 0). The parallel model's ``save_pretrained`` refuses; use
+    :func:`axgrid.export_pretrained` / :func:`axgrid.to_dense`.
     """
+    if not isinstance(plan, dict):
+        from .plans import apply_plan, builtin_plan
+        whole = plan if plan is not None else builtin_plan(model, grid)
+        if whole is not None:
+            apply_plan(model, grid, whole)
+            report(model, grid.rank, {}, {}, summary)
+            guard_save_pretrained(model)
+            return model
     full: Plan = dict(auto_plan(model, grid)) if auto_pair else {}
     full.update(plan or {})
     paths: dict[int, list[str]] = {}          # a Linear used at several paths is replaced at every one
@@ -125,33 +193,32 @@ def parallelize(model: nn.Module, grid: Grid, plan: Optional[Plan] = None, auto_
         raise ValueError(f"a Linear used at several paths ({shared}) cannot be part of a sharded pair; "
                          f"leave it drop-in")
     _check_pairs(full, linears)
-    dense_left = set()
+    tied = tied_linears(model, linears)
+    dense_left = dict(tied)
     for name, lin in linears.items():
+        if name in tied:
+            continue
         p = full.get(name, LinearPlan())
         why = _divisible(lin, grid, p)
         if why:
             warnings.warn(f"axgrid.parallelize: {name} left dense: {why}", stacklevel=2)
-            dense_left.add(name)
-    # a pair whose partner stays dense falls back to drop-in on both sides
+            dense_left[name] = why
+    # a pair whose partner stays dense falls back to drop-in on every side
     for name, p in list(full.items()):
-        if p.after is not None and (p.after in dense_left or name in dense_left):
-            full[name] = LinearPlan(p.transpose)
-            full[p.after] = LinearPlan(full[p.after].transpose)
+        if p.producers and any(n in dense_left for n in (name, *p.producers)):
+            for n in (name, *p.producers):
+                full[n] = LinearPlan(full[n].transpose)
     made: dict[str, Linear] = {}
     for name, lin in linears.items():
         if name in dense_left:
             continue
-        p = full.get(name, LinearPlan())
-        made[name] = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
-                                       output_layout=p.output_layout)
-        for param, old in ((made[name].weight, lin.weight), (made[name].bias, lin.bias)):
-            if param is not None:
-                param.requires_grad_(old.requires_grad)    # frozen stays frozen
+        made[name] = parallel_copy(lin, grid, full.get(name, LinearPlan()))
         for path in paths[id(lin)]:
-            parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
-            setattr(parent, path.rsplit(".", 1)[-1], made[name])
+            set_submodule(model, path, made[name])
     for name, layer in made.items():
         p = full.get(name, LinearPlan())
-        if p.after is not None:
-            layer.pair_after(made[p.after])
+        if p.producers:
+            layer.pair_after(made[p.producers[0]])
+    report(model, grid.rank, dense_left, tied, summary)
+    guard_save_pretrained(model)
     return model

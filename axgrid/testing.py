@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from .launch import free_port
 
@@ -57,16 +57,19 @@ def _rank_main(rank: int, world: int, port: int, timeout_s: float, conn) -> None
 
 
 class RankPool:
-    """``world_size`` rank processes with a live gloo default group, reused across ``run`` calls."""
+    """``world_size`` rank processes with a live gloo default group, reused across ``run`` calls. ``preload``:
+    more modules the rank processes' forkserver imports once (e.g. ``transformers``' model modules), so that
+    each rank does not import them again."""
 
-    def __init__(self, world_size: int, timeout_s: float = 60.0) -> None:
-        self.world_size, self.timeout_s = world_size, timeout_s
+    def __init__(self, world_size: int, timeout_s: float = 60.0, preload: Sequence[str] = ()) -> None:
+        self.world_size, self.timeout_s, self.preload = world_size, timeout_s, list(preload)
         self._procs: list[Any] = []
         self._conns: list[Any] = []
 
     def _start(self) -> None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "axgrid"])
+        # the forkserver starts once per process: the first pool's list is what every rank has imported
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "axgrid", *self.preload])
         port = free_port()
         for r in range(self.world_size):
             parent, child = ctx.Pipe()

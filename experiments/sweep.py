@@ -127,7 +127,7 @@ def perfmodel_ranking(size: ModelSize, gpus: int, batch: int, machine: str, dtyp
             return []
         with open(out) as f:
             rows = list(csv.DictReader(f))
-    return [r for r in rows if r["feasible"] == "True"]
+    return [r for r in rows if r["feasible"] == "True" and r.get("layout", "4D") == "4D"]   # the runtime runs 4D only
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training.
+"""perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training, with
+Megatron-style TP×PP×DP priced by the same code for comparison.
 
 Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
 
@@ -8,14 +9,18 @@ Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
     FCLayer, transformer_layers, collective_bytes, collective_calls,
     collective_events, ring_time                                            collectives (ledger-exact volumes;
                                                                             a TransformerSpec: the whole GPT step)
-    evaluate, rank, Ranking, Row                                            the model and the ranking
+    evaluate, rank, Ranking, Row, price_grid                                the model and the ranking
+    TPPPDP, price_tp_pp_dp (pipeline.price), price_named                    Megatron-style TP×PP×DP
+    perfmodel.published.check_all                                           predicted vs published points
 """
 from .comm import FCLayer, collective_bytes, collective_calls, collective_events, ring_time
 from .errors import MachineFileError, NoFeasibleConfig, PerfModelError
 from .layers import transformer_layers
 from .machines import Machine, list_machines, load_machine
 from .model import Evaluation, evaluate
-from .rank import Ranking, Row, rank
+from .pipeline import TPPPDP, price_named
+from .pipeline import price as price_tp_pp_dp
+from .rank import Ranking, Row, price_grid, rank
 from .space import Grids, enumerate_grids
 from .spec import MODELS, Options, Problem, TransformerSpec, get_model, model_flops
 
@@ -23,5 +28,6 @@ __all__ = [
     "FCLayer", "collective_bytes", "collective_calls", "collective_events", "ring_time",
     "MachineFileError", "NoFeasibleConfig", "PerfModelError", "transformer_layers",
     "Machine", "list_machines", "load_machine", "Evaluation", "evaluate", "Ranking", "Row", "rank",
+    "price_grid", "TPPPDP", "price_tp_pp_dp", "price_named",
     "Grids", "enumerate_grids", "MODELS", "Options", "Problem", "TransformerSpec", "get_model", "model_flops",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m perfmodel {rank, machines, calibrate, validate}``."""
+"""Command line: ``python -m perfmodel {rank, machines, calibrate, validate, check-published}``."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
-from .rank import Ranking, rank
+from .rank import Ranking, price_grid, rank
 from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
 
 
@@ -39,14 +39,27 @@ def _bucket_bytes(mib: float) -> int:
     return max(1, int(round(mib * 2**20)))
 
 
+POSITIVE_ARGS = ("layers", "hidden", "heads", "seq", "vocab", "gpus", "batch", "microbatches")
+
+
+def check_positive(a: argparse.Namespace, names: tuple[str, ...] = POSITIVE_ARGS) -> None:
+    """Refuse a given size that is zero or negative (rather than silently falling back to a default)."""
+    for name in names:
+        v = getattr(a, name, None)
+        if v is not None and v <= 0:
+            flag = "--" + name.replace("_", "-")
+            raise PerfModelError(f"{flag} must be a positive integer, got {v}")
+
+
 def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
+    check_positive(a)
     if a.model:
         spec = get_model(a.model)
     elif a.layers and a.hidden and a.heads:
         spec = TransformerSpec("custom", a.layers, a.hidden, a.heads)
     else:
         raise PerfModelError("give --model NAME or all of --layers, --hidden, --heads")
-    if a.seq or a.vocab:
+    if a.seq is not None or a.vocab is not None:
         spec = replace(spec, seq=a.seq or spec.seq, vocab=a.vocab or spec.vocab)
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
@@ -63,53 +76,97 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
 
     p, m = rk.problem, rk.machine
     t = Table(title=f"{p.model.name} ({p.model.params / 1e9:.1f}B params), batch {p.batch}×{p.model.seq}, "
-                    f"{p.gpus} × {m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}")
-    for c in ("rank", "Gx×Gy×Gz×Gd", "s/batch", "TFLOP/s/GPU", "% peak", "GiB/GPU", "mb", "compute s",
-              "x s", "y s", "z s", "d s"):
+                    f"{p.gpus} × {m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}: "
+                    f"4D grids and Megatron-style TP×PP×DP ranked together")
+    for c in ("#", "config", "s/batch", "TFLOP/s/GPU", "%peak", "GiB/GPU", "mb", "compute", "x", "y", "z", "d",
+              "bubble", "p2p"):
         t.add_column(c, justify="right")
-    for r in rk.top(top):
-        t.add_row(str(r.rank), r.grid_str, f"{r.time_s:.3f}", f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
+    for i, r in enumerate(rk.combined[:top], 1):
+        pipe = r.layout != "4D"
+        t.add_row(str(i), r.grid_str, f"{r.time_s:.3f}", f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
                   f"{r.memory_bytes / 2**30:.1f}", str(r.microbatches), f"{r.compute_s:.3f}",
-                  *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"))
-    con = Console(width=max(120, Console().width))
+                  *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"),
+                  f"{r.bubble_s:.3f}" if pipe else "-", f"{r.p2p_s:.3f}" if pipe else "-")
+    con = Console(width=max(150, Console().width))
     con.print(t)
     n_bad = len(rk.rows) - len(rk.feasible)
-    con.print(f"{len(rk.feasible)} feasible of {len(rk.rows)} factorisations; {n_bad} rejected. "
-              f"Exposed communication per grid dimension after overlap (x/y/z/d s).")
-    mt = Table(title="Megatron-style 1D tensor parallel (TP t inside a node × DP, distributed optimizer, "
-                     "same overlaps; no pipeline)")
-    for c in ("TP×DP", "s/batch", "TFLOP/s/GPU", "% peak", "GiB/GPU", "note"):
-        mt.add_column(c, justify="right")
-    for r in rk.megatron:
-        mt.add_row(f"{r.grid[1]}×{r.grid[3]}", f"{r.time_s:.3f}" if r.feasible else "-",
-                   f"{r.tflops_per_gpu:.1f}" if r.feasible else "-", f"{r.pct_peak:.1f}" if r.feasible else "-",
-                   f"{r.memory_bytes / 2**30:.1f}", r.reason or "")
-    con.print(mt)
-    if rk.feasible and rk.megatron and rk.megatron[0].feasible:
-        con.print(f"best 4D grid is {rk.megatron[0].time_s / rk.best.time_s:.2f}× the speed of the best 1D TP layout")
+    n_mf = sum(r.feasible for r in rk.megatron)
+    con.print(f"4D: {len(rk.feasible)} feasible of {len(rk.rows)} factorisations ({n_bad} rejected); TP×PP×DP: "
+              f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
+              f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
+              f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
+    best4 = rk.feasible[0] if rk.feasible else None
+    bestm = next((r for r in rk.megatron if r.feasible), None)
+    if best4 and bestm:
+        faster, slower = (best4, bestm) if best4.time_s <= bestm.time_s else (bestm, best4)
+        con.print(f"best 4D {best4.grid_str}: {best4.tflops_per_gpu:.1f} TFLOP/s/GPU; best TP×PP×DP "
+                  f"{bestm.grid_str}: {bestm.tflops_per_gpu:.1f}; {faster.layout} is "
+                  f"{slower.time_s / faster.time_s:.2f}× faster")
+    elif best4 or bestm:
+        con.print(f"no feasible {'TP×PP×DP configuration' if best4 else '4D grid'}")
     if show_infeasible:
         bad = [r for r in rk.rows if not r.feasible][:show_infeasible]
         for r in bad:
             con.print(f"  rejected {r.grid_str}: {r.reason}")
 
 
+def _output(what: str, path: str, write) -> None:
+    """Run ``write(path)``; an unwritable path is a one-line PerfModelError naming it."""
+    try:
+        write(path)
+    except OSError as e:
+        raise PerfModelError(f"cannot write {what} to {path!r}: {e.strerror or e}; choose a writable path") from None
+
+
+def parse_grid(text: str) -> tuple[int, int, int, int]:
+    """"2x4x8x16" → (2, 4, 8, 16)."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        g = tuple(int(v) for v in parts)
+    except ValueError:
+        g = ()
+    if len(g) != 4 or min(g) <= 0:
+        raise PerfModelError(f"--grid must be four positive integers GXxGYxGZxGD (e.g. 2x4x8x16), got {text!r}")
+    return g  # type: ignore[return-value]
+
+
 def cmd_rank(a: argparse.Namespace) -> int:
+    from .explain import explain
+
     prob, machine = problem_from_args(a)
+    named = [f for f in ("tp", "pp", "dp") if getattr(a, f) is not None]
+    check_positive(a, ("tp", "pp", "dp", "vpp", "mbs", "top"))
+    if a.grid and named:
+        raise PerfModelError("give either --grid or --tp/--pp/--dp, not both")
+    if a.grid:
+        print(explain(prob, machine, price_grid(prob, machine, parse_grid(a.grid))))
+        return 0
+    if named:
+        from .pipeline import price_named
+        tp, pp = a.tp or 1, a.pp or 1
+        dp = a.dp if a.dp is not None else prob.gpus // (tp * pp)
+        if tp * pp * dp != prob.gpus:
+            raise PerfModelError(f"TP·PP·DP = {tp}·{pp}·{dp} = {tp * pp * dp} is not --gpus {prob.gpus}")
+        row = price_named(prob, machine, tp, pp, dp, a.vpp or 1, a.sp, a.mbs)
+        print(explain(prob, machine, row))
+        return 0
     rk = rank(prob, machine)
     if a.csv:
-        rk.to_csv(a.csv)
+        _output("the CSV", a.csv, rk.to_csv)
     if a.json:
-        rk.to_json(a.json)
+        _output("the JSON", a.json, rk.to_json)
     if a.explain:
-        from .explain import explain
-        if not 1 <= a.explain <= len(rk.feasible):
-            raise PerfModelError(f"--explain N needs 1 ≤ N ≤ {len(rk.feasible)} (feasible rows)")
-        print(explain(rk, rk.feasible[a.explain - 1]))
+        rows = rk.combined
+        if not 1 <= a.explain <= len(rows):
+            raise PerfModelError(f"--explain N needs 1 ≤ N ≤ {len(rows)} (feasible rows)")
+        print(explain(prob, machine, rows[a.explain - 1], position=a.explain))
     else:
         print_ranking(rk, a.top, a.show_infeasible)
     if a.emit_slurm:
         from .slurm import emit_slurm
-        for f in emit_slurm(rk, a.emit_slurm, a.top):
+        written: list = []
+        _output("sbatch scripts", a.emit_slurm, lambda d: written.extend(emit_slurm(rk, d, a.top)))
+        for f in written:
             print(f"wrote {f}")
     return 0
 
@@ -120,13 +177,13 @@ def cmd_machines(a: argparse.Namespace) -> int:
 
     t = Table(title="machines")
     for c in ("name", "GPU", "GPUs/node", "bf16 TFLOP/s", "fp32 TFLOP/s", "GiB", "intra GB/s", "NICs×GB/s",
-              "calibrated", "file"):
+              "bw table rows", "bf16 GEMM eff", "calibrated", "file"):
         t.add_column(c)
     for m in list_machines():
         t.add_row(m.name, m.gpu, str(m.gpus_per_node), f"{m.peak_flops_bf16 / 1e12:g}",
                   f"{m.peak_flops_fp32 / 1e12:g}", f"{m.memory_bytes / 2**30:g}", f"{m.intra_node_bandwidth / 1e9:g}",
-                  f"{m.nics_per_node}×{m.inter_node_bandwidth_per_nic / 1e9:g}",
-                  ",".join(m.placement) or "-", m.source.split("/")[-1])
+                  f"{m.nics_per_node}×{m.inter_node_bandwidth_per_nic / 1e9:g}", str(len(m.bandwidth_table) or "-"),
+                  f"{m.gemm_curve('bf16').eff_max:.2f}", ",".join(m.placement) or "-", m.source.split("/")[-1])
     Console(width=160).print(t)
     return 0
 
@@ -209,6 +266,25 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_published(a: argparse.Namespace) -> int:
+    from .published import TOLERANCE, check_all
+
+    checks = check_all()
+    print(f"{'point':26} {'layout':8} {'GPUs':>6} {'published':>9} {'predicted':>9} {'ratio':>6}  {'top 5':8} "
+          f"predicted config")
+    for c in checks:
+        p, r = c.point, c.predicted
+        top5 = "n/a" if c.top5 is None else ("yes" if c.top5 else "no")
+        print(f"{p.name:26} {p.layout:8} {p.gpus:6d} {p.tflops_per_gpu:9.1f} {r.tflops_per_gpu:9.1f} "
+              f"{c.ratio:6.2f}{'' if c.within else '*'} {top5:8} {r.grid_str} ({r.microbatches} mb)")
+    bad = [c for c in checks if not c.within]
+    print(f"TFLOP/s per GPU, bf16. Assumptions: sequence 2048, vocabulary 51200, batch = 1 sequence per GPU, "
+          f"recompute and all overlaps on, machine files as shipped; published configurations not held, so "
+          f"'predicted' is the best-ranked configuration of the published layout (top 5: n/a). "
+          f"* = outside ±{TOLERANCE:.0%}: {len(bad)} of {len(checks)}.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m perfmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -217,7 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top", type=int, default=10)
     r.add_argument("--csv")
     r.add_argument("--json")
-    r.add_argument("--explain", type=int, metavar="N", help="print the breakdown of rank N")
+    r.add_argument("--explain", type=int, metavar="N", help="print the breakdown of row N of the ranking")
+    r.add_argument("--grid", metavar="GXxGYxGZxGD", help="price this one 4D grid and print its breakdown")
+    r.add_argument("--tp", type=int, help="price one Megatron-style configuration: tensor parallel degree")
+    r.add_argument("--pp", type=int, help="... pipeline stages")
+    r.add_argument("--dp", type=int, help="... data parallel degree (default: GPUs / (TP·PP))")
+    r.add_argument("--vpp", type=int, help="... interleaved model chunks per stage (default 1)")
+    r.add_argument("--sp", action="store_true", help="... with sequence parallelism")
+    r.add_argument("--mbs", type=int, help="... micro-batch size in sequences (default: the fastest of 1/2/4/8)")
     r.add_argument("--emit-slurm", metavar="DIR", help="write an sbatch script per top-k configuration")
     r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
     r.set_defaults(fn=cmd_rank)
@@ -249,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--rounds", type=int, default=2, help="interleaved passes over the configurations; best kept")
     v.add_argument("--out-dir", default="runs/validate")
     v.set_defaults(fn=cmd_validate)
+    cp = sub.add_parser("check-published", help="predicted vs published throughput for every published point held")
+    cp.set_defaults(fn=cmd_check_published)
     return ap
 
 

@@ -246,9 +246,12 @@ def ring_alpha_beta(p, stride, machine: Machine) -> tuple[np.ndarray, np.ndarray
     """α [s], β [bytes/s] and an intra-node mask for rings of p members spaced ``stride`` ranks apart, when all
     groups of that dimension run at once (they do: every rank posts the same collective).
 
-    A group fits a node when p·stride ≤ gpus_per_node and divides it: intra-node α, β. Otherwise each node holds
-    q = clip(gpus_per_node // stride, 1, p) members of a ring, so gpus_per_node / q rings leave every node at once
-    and share its NICs: β = min(β_intra, β_inter_node · q / gpus_per_node)."""
+    A group fits a node when p·stride ≤ gpus_per_node and divides it: intra-node, else inter-node. β, in order
+    of precedence: a fitted (calibrated) α-β of that class; the machine's measured ``bandwidth_table`` row of
+    that class with the largest stride ≤ the ring's stride, then the largest group ≤ p; else the link-sharing
+    rule: intra-node β_intra; across nodes each node holds q = clip(gpus_per_node // stride, 1, p) members of a
+    ring, so gpus_per_node / q rings leave every node at once and share its NICs:
+    β = min(β_intra, β_inter_node · q / gpus_per_node). α is always the class's latency."""
     p = np.asarray(p, dtype=np.int64)
     stride = np.asarray(stride, dtype=np.int64)
     g = machine.gpus_per_node
@@ -260,6 +263,12 @@ def ring_alpha_beta(p, stride, machine: Machine) -> tuple[np.ndarray, np.ndarray
     beta_inter = np.minimum(ib, eb * q / g)
     alpha = np.where(intra, ia, ea)
     beta = np.where(intra, ib, beta_inter)
+    for cls, mask in (("intra", intra), ("inter", ~intra)):
+        if cls in machine.placement:          # calibrated: the fitted α-β form stays
+            continue
+        for row in sorted((r for r in machine.bandwidth_table if r.placement == cls),
+                          key=lambda r: (r.stride, r.group)):
+            beta = np.where(mask & (stride >= row.stride) & (p >= row.group), row.beta, beta)
     return alpha, beta, intra
 
 

@@ -1,6 +1,9 @@
 """GEMM time: a roofline (peak × efficiency). Efficiency comes from a measured table (nearest measured shape in
 log space, as written by ``python -m kernels export-efficiency``) or from a saturating curve of the smallest GEMM
-dimension, eff = eff_max · d / (d + dim_half), whose two parameters calibration fits."""
+dimension, eff = eff_max · d / (d + dim_half): per dtype from the machine file's ``gemm_efficiency`` (measured
+large-GEMM rates of that GPU), else the two parameters calibration fits (default 0.75, 96).
+Operand layouts are not modelled: the runtime's layout tuner picks the best layout per shape, and no per-layout
+table is held for any shipped GPU."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +38,8 @@ def gemm_rate(m, n, k, machine: Machine, dtype: str) -> np.ndarray:
     peak = machine.peak_flops(dtype)
     rate = _table_rate(m, n, k, machine, dtype)
     if rate is None:
-        return peak * curve_efficiency(m, n, k, machine.gemm_eff_max, machine.gemm_dim_half)
+        c = machine.gemm_curve(dtype)
+        return peak * curve_efficiency(m, n, k, c.eff_max, c.dim_half)
     return np.minimum(rate, peak)
 
 

@@ -1,6 +1,17 @@
 """Machine descriptions: TOML files under perfmodel/machines/ (or any path), read with tomllib.
 
 Schema (units: FLOP/s, bytes, bytes/s, seconds). Required top-level keys are in ``REQUIRED``.
+
+Optional measured tables (each with a ``# source:`` comment line in the shipped files):
+
+    bandwidth_table = [{placement = "intra"|"inter", stride = <int>, group = <int>, beta = <bytes/s>}, ...]
+        measured ring bandwidth per GPU (bus bandwidth, every group of that dimension running at once) of a group
+        of ``group`` or more members spaced ``stride`` or more ranks apart, in that placement class. A ring uses
+        the row of its class with the largest stride ≤ its stride, then the largest group ≤ its size; a ring no
+        row covers falls back to the α-β link-sharing rule (``comm.ring_alpha_beta``).
+    gemm_efficiency = {bf16 = {eff_max = <0..1>, dim_half = <elements>}, fp32 = {...}}
+        per-dtype GEMM efficiency curve eff = eff_max · d / (d + dim_half), d = the smallest GEMM dimension.
+
 Optional ``[fitted]`` table, written by calibration:
 
     [fitted.placement.intra]   alpha = <s>, beta = <bytes/s>      # a ring inside one node
@@ -44,6 +55,24 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class BandwidthRow:
+    """One measured ring bandwidth: groups of ≥ ``group`` members, ≥ ``stride`` ranks apart, in ``placement``."""
+
+    placement: str
+    stride: int
+    group: int
+    beta: float
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    """GEMM efficiency eff_max · d / (d + dim_half) of the smallest dimension d, for one dtype."""
+
+    eff_max: float
+    dim_half: float
+
+
+@dataclass(frozen=True)
 class GemmRecord:
     """One measured GEMM: C[m,n] = A[m,k]·B[k,n] in ``dtype`` ran at ``flops_per_s`` (2·m·n·k / seconds)."""
 
@@ -76,10 +105,20 @@ class Machine:
     gemm_dim_half: float = 96.0
     gemm_table: tuple[GemmRecord, ...] = ()
     source: str = ""
+    bandwidth_table: tuple[BandwidthRow, ...] = ()
+    gemm_curves: dict[str, GemmCurve] = field(default_factory=dict)
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s per GPU for a dtype (fp16 uses the bf16 figure: same tensor-core rate)."""
         return self.peak_flops_fp32 if dtype == "fp32" else self.peak_flops_bf16
+
+    def gemm_curve(self, dtype: str) -> GemmCurve:
+        """The efficiency curve of a dtype: the machine file's ``gemm_efficiency`` (fp16 falls back to bf16),
+        else the fitted/default curve."""
+        for key in (dtype, "bf16" if dtype == "fp16" else None):
+            if key in self.gemm_curves:
+                return self.gemm_curves[key]
+        return GemmCurve(self.gemm_eff_max, self.gemm_dim_half)
 
     def placement_of(self, cls: str) -> Placement:
         """α, β of a placement class: fitted values if calibrated, else from the spec sheet."""
@@ -99,6 +138,7 @@ class Machine:
             inter_node_bandwidth_per_nic=self.inter_node_bandwidth_per_nic * bandwidth,
             placement={k: Placement(p.alpha, p.beta * bandwidth) for k, p in self.placement.items()},
             gemm_table=tuple(replace(g, flops_per_s=g.flops_per_s * flops) for g in self.gemm_table),
+            bandwidth_table=tuple(replace(r, beta=r.beta * bandwidth) for r in self.bandwidth_table),
             memory_bytes=int(self.memory_bytes * memory),
         )
 
@@ -139,6 +179,40 @@ def _gemm_rows(where: str, rows: Any) -> tuple[GemmRecord, ...]:
     return tuple(out)
 
 
+def _bandwidth_rows(where: str, rows: Any) -> tuple[BandwidthRow, ...]:
+    if not isinstance(rows, list):
+        raise MachineFileError(f"{where}: field 'bandwidth_table' must be a list of "
+                               "{placement, stride, group, beta}")
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: field 'bandwidth_table' entry {i}"
+        if not isinstance(r, dict):
+            raise MachineFileError(f"{w} is not a table")
+        for key in ("placement", "stride", "group", "beta"):
+            if key not in r:
+                raise MachineFileError(f"{w}: missing field {key!r}")
+        if r["placement"] not in PLACEMENT_CLASSES:
+            raise MachineFileError(f"{w}: placement must be one of {PLACEMENT_CLASSES}, got {r['placement']!r}")
+        out.append(BandwidthRow(r["placement"], _check(w, "stride", r["stride"], int),
+                                _check(w, "group", r["group"], int), _check(w, "beta", r["beta"], float)))
+    return tuple(out)
+
+
+def _gemm_curves(where: str, tab: Any) -> dict[str, GemmCurve]:
+    if not isinstance(tab, dict):
+        raise MachineFileError(f"{where}: field 'gemm_efficiency' must be a table of dtype = {{eff_max, dim_half}}")
+    out = {}
+    for dtype, c in tab.items():
+        w = f"gemm_efficiency.{dtype}"
+        if not isinstance(c, dict) or "eff_max" not in c or "dim_half" not in c:
+            raise MachineFileError(f"{where}: field {w!r} needs eff_max and dim_half")
+        e = _check(where, f"{w}.eff_max", c["eff_max"], float)
+        if e > 1:
+            raise MachineFileError(f"{where}: field '{w}.eff_max' must be <= 1, got {e}")
+        out[dtype] = GemmCurve(e, _check(where, f"{w}.dim_half", c["dim_half"], float))
+    return out
+
+
 def parse_machine(data: dict[str, Any], where: str) -> Machine:
     """Validate a parsed TOML table; ``where`` (the file name) prefixes every error."""
     kw: dict[str, Any] = {}
@@ -149,6 +223,10 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
     for key in ("description", "gpu"):
         if key in data:
             kw[key] = _check(where, key, data[key], str)
+    if "bandwidth_table" in data:
+        kw["bandwidth_table"] = _bandwidth_rows(where, data["bandwidth_table"])
+    if "gemm_efficiency" in data:
+        kw["gemm_curves"] = _gemm_curves(where, data["gemm_efficiency"])
     fitted = data.get("fitted", {})
     if not isinstance(fitted, dict):
         raise MachineFileError(f"{where}: field 'fitted' must be a table")
@@ -227,7 +305,16 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
     lines = [f"# {c}" for c in comment.splitlines()] if comment else []
     for key in REQUIRED:
         lines.append(f"{key} = {_fmt(getattr(m, key))}")
-    lines += [f"description = {_fmt(m.description)}", f"gpu = {_fmt(m.gpu)}", ""]
+    lines += [f"description = {_fmt(m.description)}", f"gpu = {_fmt(m.gpu)}"]
+    if m.bandwidth_table:
+        rows = ", ".join(f'{{placement = "{r.placement}", stride = {r.stride}, group = {r.group}, beta = {r.beta!r}}}'
+                         for r in m.bandwidth_table)
+        lines.append(f"bandwidth_table = [{rows}]")
+    if m.gemm_curves:
+        curves = ", ".join(f"{d} = {{eff_max = {c.eff_max!r}, dim_half = {c.dim_half!r}}}"
+                           for d, c in m.gemm_curves.items())
+        lines.append(f"gemm_efficiency = {{{curves}}}")
+    lines.append("")
     for cls, pl in m.placement.items():
         lines += [f"[fitted.placement.{cls}]", f"alpha = {pl.alpha!r}", f"beta = {pl.beta!r}", ""]
     lines += ["[fitted.gemm_curve]", f"eff_max = {m.gemm_eff_max!r}", f"dim_half = {m.gemm_dim_half!r}", ""]

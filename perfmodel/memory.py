@@ -42,10 +42,15 @@ def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
 
 
 def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
-                   opt: Options) -> Memory:
-    """Memory per GPU with ``mprime`` tokens per GPU per micro-batch (all arguments broadcast)."""
+                   opt: Options, inflight=1.0, seq_split=1) -> Memory:
+    """Memory per GPU with ``mprime`` tokens per GPU per micro-batch (all arguments broadcast).
+
+    Pipeline stages (``perfmodel.pipeline``): ``inflight`` micro-batches keep their stored activations alive at
+    once (1F1B: up to the pipeline depth on the first stage); ``seq_split`` > 1 is sequence parallelism, which
+    splits the h/Gx activations (block input, layer-norm outputs, residual) that many ways as well."""
     gx, gy, gz, gd = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd))
     mp = np.asarray(mprime, dtype=float)
+    inflight, seq_split = np.asarray(inflight, dtype=float), np.asarray(seq_split, dtype=float)
     h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
     b = dtype_bytes
     pg, optb = bytes_per_param(b, fp32)
@@ -68,11 +73,11 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
         buffers = buffers + sum(v.padded for v in vols) * float(b)
     buffers = buffers + (V * hx).astype(float) * 4.0
 
-    full_block = 4.0 * h / gx + 12.0 * h / gy
+    full_block = 4.0 * h / (gx * seq_split) + 12.0 * h / gy
     if opt.recompute:
-        act = mp * b * (L * h / gx + full_block)
+        act = mp * b * (inflight * L * h / (gx * seq_split) + full_block)
     else:
-        act = mp * b * L * full_block
+        act = mp * b * inflight * L * full_block
     act = act + mp * _ceil(V, gy) * (b + 4) + 2 * mp * 4.0 * h / gy * b
     buffers = np.broadcast_to(buffers, act.shape).astype(float)
     static = np.broadcast_to(static, act.shape).astype(float)

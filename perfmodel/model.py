@@ -19,7 +19,8 @@ layer norms, FC weight shards and biases) is packed into buckets of ``Options.bu
 the order gradients become final, ``gpt.gpt_step``), and each bucket is one ring all-reduce over d paying
 2(Gd−1)·α once (see ``comm.dp_buckets``). With ODP the buckets hide under the slack left in the last
 micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is exposed.
-Not modelled: element-wise kernels, the optimizer step, contention between different dimensions' rings.
+Not modelled: element-wise kernels, the optimizer step, contention between different dimensions' rings, GEMM
+operand layouts. Pipeline parallelism (Megatron-style TP×PP×DP) is priced on top of this by ``perfmodel.pipeline``.
 """
 from __future__ import annotations
 
@@ -136,10 +137,16 @@ def _dp_buckets(spec, V, hx, gz, b: int, opt) -> tuple[np.ndarray, np.ndarray, n
     return out[0], out[1], out[2]
 
 
-def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.ndarray, np.ndarray]:
+def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0,
+                         seq_split=1, fixed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per grid: the fewest micro-batches (from the options) that divide the local batch and fit in memory;
-    returns (choice, valid) where valid is False when no choice divides (then choice = the first candidate)."""
+    returns (choice, valid) where valid is False when no choice divides (then choice = the first candidate).
+    ``fixed`` [N]: the micro-batch count of every grid, given (valid where it splits the batch)."""
     opt, spec = prob.options, prob.model
+    if fixed is not None:
+        fixed = np.asarray(fixed, dtype=np.int64)
+        ok = (prob.batch % (g.gd * fixed) == 0) & ((prob.batch // fixed) % (g.gd * g.gz) == 0)
+        return fixed, ok
     choices = [opt.microbatches] if opt.microbatches is not None else list(opt.microbatch_choices)
     limit = opt.memory_usable * machine.memory_bytes
     chosen = np.zeros(len(g), dtype=np.int64)
@@ -150,7 +157,8 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.
         if prob.batch % c:
             ok[:] = False
         mprime = np.where(ok, (prob.batch // c) * spec.seq / (g.gd * g.gz), 1.0)
-        mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, prob.dtype_bytes, prob.dtype == "fp32", opt)
+        mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, prob.dtype_bytes, prob.dtype == "fp32", opt,
+                             inflight, seq_split)
         fits = ok & (mem.total <= limit)
         pick = fits & (chosen == 0)
         chosen[pick] = c
@@ -167,13 +175,17 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids) -> tuple[np.
     return chosen, valid
 
 
-def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
-    """Model every configuration in ``grids`` for ``prob`` on ``machine``."""
+def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_split=1,
+             microbatches: np.ndarray | None = None) -> Evaluation:
+    """Model every configuration in ``grids`` for ``prob`` on ``machine``. For pipeline stages
+    (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change only the
+    activation memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``) and
+    ``microbatches`` fixes each grid's micro-batch count."""
     spec, opt, dt = prob.model, prob.options, prob.dtype
     b = prob.dtype_bytes
     g = grids
     L, h, S = spec.layers, spec.hidden, spec.seq
-    mb, mb_valid = _choose_microbatches(prob, machine, g)
+    mb, mb_valid = _choose_microbatches(prob, machine, g, inflight, seq_split, microbatches)
     mprime = (prob.batch // mb) * S / (g.gd * g.gz)  # float tokens per GPU per micro-batch
     mp_int = np.maximum(np.floor(mprime), 1).astype(np.int64)
 
@@ -320,7 +332,7 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids) -> Evaluation:
     step_bytes["d"] += d_bytes * on["d"]
 
     # ---- feasibility
-    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt)
+    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt, inflight, seq_split)
     limit = opt.memory_usable * machine.memory_bytes
     bad = divisibility(spec, prob.batch, g, opt.microbatches)
     bad["microbatches"] = ~mb_valid

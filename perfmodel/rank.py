@@ -1,52 +1,31 @@
 """Ranking: evaluate a search space, order feasible configurations by predicted time per batch (ties broken by
 the grid tuple, so the order never depends on enumeration order), keep infeasible ones with their reasons, and
-price the Megatron-style 1D tensor-parallel layout (TP degree t inside a node × data parallel) alongside."""
+price the Megatron-style TP×PP×DP configurations (``perfmodel.pipeline``) alongside, so one table answers
+"4D or TP×PP×DP, and which shape"."""
 from __future__ import annotations
 
 import csv
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from .comm import DIMS
-from .errors import NoFeasibleConfig
+from .errors import NoFeasibleConfig, PerfModelError
 from .machines import Machine
 from .model import Evaluation, evaluate
-from .space import Grids, divisors, enumerate_grids
+from .pipeline import best_of, enumerate_configs, price
+from .space import Grids, enumerate_grids
+from .row import Row
 from .spec import Problem
-
-
-@dataclass(frozen=True)
-class Row:
-    """One configuration. Times in seconds per batch, memory in bytes per GPU, bytes per step per dimension."""
-
-    rank: int | None
-    grid: tuple[int, int, int, int]
-    feasible: bool
-    reason: str
-    time_s: float
-    tflops_per_gpu: float
-    pct_peak: float
-    memory_bytes: float
-    microbatches: int
-    compute_s: float
-    exposed_s: dict[str, float] = field(default_factory=dict)
-    raw_comm_s: dict[str, float] = field(default_factory=dict)
-    step_bytes: dict[str, float] = field(default_factory=dict)
-    memory_parts: dict[str, float] = field(default_factory=dict)
-    dp_buckets: int = 0  # data-parallel all-reduces per step (gradient buckets; 0 when Gd = 1)
-
-    @property
-    def grid_str(self) -> str:
-        return "x".join(str(v) for v in self.grid)
 
 
 @dataclass
 class Ranking:
-    """Feasible rows (best first, rank 1..) followed by infeasible rows (rank None)."""
+    """4D rows: feasible (best first, rank 1..) then infeasible (rank None); ``megatron``: the TP×PP×DP rows,
+    likewise (ranked among themselves); ``combined``: the feasible rows of both, best first."""
 
     problem: Problem
     machine: Machine
@@ -64,29 +43,52 @@ class Ranking:
     def top(self, k: int) -> list[Row]:
         return self.feasible[:k]
 
+    @property
+    def combined(self) -> list[Row]:
+        """Feasible 4D and TP×PP×DP rows in one list by predicted time (ties: 4D first, then by name), one per
+        configuration name (the best micro-batch size); a sequence-parallel row only when its time differs from
+        the same configuration without (SP changes memory, not time, in this model)."""
+        both = sorted((r for r in self.rows + self.megatron if r.feasible),
+                      key=lambda r: (r.time_s, r.layout != "4D", r.grid_str))
+        out, seen = [], {}
+        for r in both:      # one row per configuration name (its best micro-batch size); SP only when it changes time
+            if r.grid_str in seen:
+                continue
+            twin = seen.get(r.grid_str.replace("+SP", "")) if r.sp else None
+            seen[r.grid_str] = r
+            if twin is not None and twin.time_s == r.time_s:
+                continue
+            out.append(r)
+        return out
+
     def to_csv(self, path: str | Path) -> None:
+        """Every row (4D, then TP×PP×DP); ``rank`` is the rank within its layout."""
         cols = ["rank", "grid", "feasible", "time_s", "tflops_per_gpu", "pct_peak", "memory_gib", "microbatches",
-                "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [f"bytes_{d}" for d in DIMS] + ["reason"]
+                "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [f"bytes_{d}" for d in DIMS] + [
+                "bubble_s", "p2p_s", "layout", "reason"]
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
-            for r in self.rows:
+            for r in self.rows + self.megatron:
                 w.writerow([r.rank, r.grid_str, r.feasible, r.time_s, r.tflops_per_gpu, r.pct_peak,
                             r.memory_bytes / 2**30, r.microbatches, r.compute_s]
                            + [r.exposed_s.get(d, 0.0) for d in DIMS] + [r.step_bytes.get(d, 0.0) for d in DIMS]
-                           + [r.reason])
+                           + [r.bubble_s, r.p2p_s, r.layout, r.reason])
 
     def to_json(self, path: str | Path) -> None:
-        def clean(r: Row) -> dict:
-            d = asdict(r)
-            d["grid"] = r.grid_str
-            d["time_s"] = None if not np.isfinite(r.time_s) else r.time_s
-            return d
         p = self.problem
         doc = {"model": asdict(p.model), "batch": p.batch, "gpus": p.gpus, "dtype": p.dtype,
                "options": asdict(p.options), "machine": self.machine.name,
-               "rows": [clean(r) for r in self.rows], "megatron_1d": [clean(r) for r in self.megatron]}
+               "rows": [row_json(r) for r in self.rows], "tp_pp_dp": [row_json(r) for r in self.megatron]}
         Path(path).write_text(json.dumps(doc, indent=1))
+
+
+def row_json(r: Row) -> dict:
+    """A row as JSON-ready data (grid as its string, infinite times as null)."""
+    d = asdict(r)
+    d["grid"] = r.grid_str
+    d["time_s"] = None if not np.isfinite(r.time_s) else r.time_s
+    return d
 
 
 def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
@@ -118,16 +120,18 @@ def order_of(ev: Evaluation) -> np.ndarray:
     return np.lexsort((g.gd, g.gz, g.gy, g.gx, ev.time, ~ev.feasible))
 
 
-def megatron_grids(prob: Problem, machine: Machine) -> Grids:
-    """1D tensor parallel inside a node: grids (1, t, 1, G/t) for t dividing gpus_per_node, heads and G."""
-    ts = [int(t) for t in divisors(machine.gpus_per_node) if prob.gpus % t == 0 and prob.model.heads % t == 0]
-    return Grids.of([(1, t, 1, prob.gpus // t) for t in ts])
+def _ranked(rows: list[Row]) -> list[Row]:
+    """TP×PP×DP rows best first with ranks 1.. on the feasible ones."""
+    rows = best_of(rows)
+    return [replace(r, rank=i + 1) if r.feasible else r for i, r in enumerate(rows)]
 
 
-def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_feasible: bool = True) -> Ranking:
-    """Rank every configuration (all factorisations of prob.gpus unless ``grids`` is given).
+def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_feasible: bool = True,
+         tp_pp_dp: bool = True) -> Ranking:
+    """Rank every configuration (all factorisations of prob.gpus unless ``grids`` is given), and (unless
+    ``tp_pp_dp`` is False) every Megatron-style TP×PP×DP configuration (``pipeline.enumerate_configs``).
 
-    Raises NoFeasibleConfig (with a summary of the reasons) when nothing is feasible and ``require_feasible``."""
+    Raises NoFeasibleConfig (with a summary of the reasons) when no 4D grid is feasible and ``require_feasible``."""
     grids = enumerate_grids(prob.gpus) if grids is None else grids
     ev = evaluate(prob, machine, grids)
     order = order_of(ev)
@@ -142,7 +146,15 @@ def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_fe
         raise NoFeasibleConfig(
             f"no feasible grid for {prob.model.name} with batch {prob.batch} on {prob.gpus} GPUs of {machine.name} "
             f"({len(rows)} factorisations tried): {summary}")
-    mg = megatron_grids(prob, machine)
-    mprob = Problem(prob.model, prob.batch, prob.gpus, prob.dtype, prob.options.with_(zero1_over_d=True))
-    mev = evaluate(mprob, machine, mg)
-    return Ranking(prob, machine, rows, _rows(mev, order_of(mev), ranked=True))
+    mrows = _ranked(price(prob, machine, enumerate_configs(prob, machine))) if tp_pp_dp else []
+    return Ranking(prob, machine, rows, mrows)
+
+
+def price_grid(prob: Problem, machine: Machine, grid: tuple[int, int, int, int]) -> Row:
+    """One named 4D grid, priced (feasible or not, with the reason); rank None."""
+    gx, gy, gz, gd = grid
+    if gx * gy * gz * gd != prob.gpus:
+        raise PerfModelError(f"grid {'x'.join(map(str, grid))} has {gx * gy * gz * gd} GPUs, not --gpus "
+                             f"{prob.gpus}")
+    ev = evaluate(prob, machine, Grids.of([grid]))
+    return _rows(ev, np.array([0]), ranked=False)[0]

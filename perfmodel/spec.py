@@ -2,7 +2,9 @@
 
 Named GPT sizes (layers / hidden / heads) are the ones of the AxoNN papers (REFERENCE.md). Sequence length and
 vocabulary are not given there; we use seq = 2048 and vocab = 51200 (GPT-NeoX's 50,257 padded to a multiple of
-1024) for all of them. ``gpt-1t`` is 128 / 25600 / 160 (≈1.01e12 parameters, the Megatron-LM 1T shape).
+1024) for all of them. ``gpt-1t`` is 128 / 25600 / 160 (≈1.01e12 parameters, the Megatron-LM 1T shape); ``gpt-175b`` is the GPT-3 shape
+96 / 12288 / 96 and ``gpt-22b`` 48 / 6144 / 48 (≈21.8e9): our assumption for the Frontier study's 22B and 175B,
+whose exact shapes are not held here.
 ``gpt-tiny`` and ``gpt-mini`` are sized to run on a laptop CPU with gloo.
 """
 from __future__ import annotations
@@ -57,6 +59,8 @@ MODELS: dict[str, TransformerSpec] = {
         TransformerSpec("gpt-160b", 84, 12288, 96),
         TransformerSpec("gpt-320b", 96, 16384, 128),
         TransformerSpec("gpt-640b", 192, 16384, 128),
+        TransformerSpec("gpt-22b", 48, 6144, 48),
+        TransformerSpec("gpt-175b", 96, 12288, 96),
         TransformerSpec("gpt-1t", 128, 25600, 160),
     )
 }

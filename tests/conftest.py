@@ -1,6 +1,7 @@
 """Shared fixtures: real gloo ranks from a forkserver pool (see axgrid.testing)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections import OrderedDict
 
@@ -15,6 +16,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: Seconds every collective in a test may take before it fails (2 cores, up to 8 ranks).
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("AXGRID_TEST_TIMEOUT", "60"))
 
+#: Imported once by the ranks' forkserver when installed (seconds per import; the Hugging Face tests use them).
+PRELOAD = [f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral", "qwen2")] \
+    if importlib.util.find_spec("transformers") else []
+
 
 class Ranks:
     """``ranks(n, fn, *args)``: run ``fn`` on ``n`` gloo ranks; pools are reused (at most two kept alive)."""
@@ -23,7 +28,7 @@ class Ranks:
         self.pools: "OrderedDict[int, RankPool]" = OrderedDict()
 
     def __call__(self, n: int, fn, *args, **kwargs):
-        pool = self.pools.pop(n, None) or RankPool(n, timeout_s=COLLECTIVE_TIMEOUT_S)
+        pool = self.pools.pop(n, None) or RankPool(n, timeout_s=COLLECTIVE_TIMEOUT_S, preload=PRELOAD)
         self.pools[n] = pool
         while len(self.pools) > 2:
             _, old = self.pools.popitem(last=False)

@@ -130,8 +130,9 @@ def test_tokens_must_split():
         pm.collective_bytes([FCLayer(8, 8)], (1, 1, 2, 2), 6, 1, 2)
 
 
-def test_placement_bandwidth_perlmutter():
-    m = pm.load_machine("perlmutter")
+def test_placement_bandwidth_link_sharing_rule():
+    from dataclasses import replace
+    m = replace(pm.load_machine("perlmutter"), bandwidth_table=(), inter_node_bandwidth_per_nic=25e9)   # spec only
     a, b, intra = ring_alpha_beta(np.array([4, 8, 8, 4, 2]), np.array([1, 1, 4, 2, 2]), m)
     assert intra.tolist() == [True, False, False, False, True]
     assert b[0] == 200e9                # inside a node: NVLink

@@ -17,7 +17,7 @@ def test_cli_rank_outputs(tmp_path, capsys):
     assert main(["rank", *TINY, "--top", "3", "--csv", str(tmp_path / "r.csv"), "--json", str(tmp_path / "r.json"),
                  "--emit-slurm", str(tmp_path / "slurm")]) == 0
     out = capsys.readouterr().out
-    assert "Gx×Gy×Gz×Gd" in out and "Megatron" in out
+    assert "TP1xPP" in out and "best TP×PP×DP" in out          # 4D and TP×PP×DP ranked in one table
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["rows"][0]["rank"] == 1 and doc["machine"] == "perlmutter"
     assert (tmp_path / "r.csv").read_text().startswith("rank,grid,")

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from ..grid import Grid
 from ..redistribute import feature_part
-from ..sharding import TileSpec
+from ..sharding import TileSpec, add_state_hooks, deepcopy_keeping_marks
 from . import init as _init
 from .replicated_grad import reduce_over_z
 
@@ -43,6 +43,8 @@ class _ShardedLookup(torch.autograd.Function):
         w = layer.weight
         grad = torch.zeros((ctx.num, dout.shape[-1]), dtype=torch.float32, device=dout.device)
         grad.index_add_(0, ids, dout.float())
+        if layer.padding_idx is not None:
+            grad[layer.padding_idx] = 0          # like nn.Embedding: the padding row never learns
         (grad,) = reduce_over_z(layer.grid, [w], [grad])
         return None, (grad.to(w.dtype) if grad is not None else None), None
 
@@ -54,10 +56,13 @@ class Embedding(nn.Module):
     """
 
     def __init__(self, num: int, dim: int, grid: Optional[Grid] = None, *, feature_dim: str = "x", seed: int = 0,
-                 std: float = 0.02, dtype: Optional[torch.dtype] = None,
+                 std: float = 0.02, padding_idx: Optional[int] = None, dtype: Optional[torch.dtype] = None,
                  device: Optional[torch.device] = None) -> None:
         super().__init__()
         self.grid, self.num, self.dim, self.feature_dim = grid, num, dim, feature_dim
+        if padding_idx is not None and not -num <= padding_idx < num:
+            raise ValueError(f"padding_idx={padding_idx} is outside the table's {num} rows")
+        self.padding_idx = None if padding_idx is None else padding_idx % num
         self.seed, self.std = seed, std
         local, f0 = feature_part(grid, dim, feature_dim, "Embedding dim")
         device = device or (grid.device if grid is not None else torch.device("cpu"))
@@ -68,6 +73,9 @@ class Embedding(nn.Module):
             self.weight.axgrid_tile = TileSpec((num, dim), (0, f0), (num, local))
             self.weight.axgrid_replicated = other + "zd"
         self.reset_parameters()
+        add_state_hooks(self)
+
+    __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
     def reset_parameters(self) -> None:
         """Fill this rank's columns from the hashed initialisation (no communication, no full table)."""
@@ -76,11 +84,22 @@ class Embedding(nn.Module):
             self.weight.copy_(_init.uniform_block(self.seed, EMBEDDING_STREAM, self.dim, range(self.num),
                                                   range(self.f0, self.f0 + self.local), bound, torch.float64))
 
+    @classmethod
+    def from_dense(cls, dense: nn.Embedding, grid: Grid, feature_dim: str = "x") -> "Embedding":
+        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank); padding row kept."""
+        w = dense.weight
+        emb = cls(dense.num_embeddings, dense.embedding_dim, grid, feature_dim=feature_dim,
+                  padding_idx=dense.padding_idx, dtype=w.dtype, device=w.device)
+        with torch.no_grad():
+            emb.weight.copy_(w.detach()[:, emb.f0: emb.f0 + emb.local])
+        emb.weight.requires_grad_(w.requires_grad)
+        return emb
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"embedding ids must be int64 or int32, got {ids.dtype}")
         if self.grid is None:
-            return F.embedding(ids, self.weight)
+            return F.embedding(ids, self.weight, self.padding_idx)
         flat = ids.reshape(-1).long()
         out = _ShardedLookup.apply(flat, self.weight, self)
         return out.reshape(*ids.shape, self.local)

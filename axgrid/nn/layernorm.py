@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from ..grid import Grid
 from ..redistribute import feature_part
-from ..sharding import TileSpec
+from ..sharding import TileSpec, add_state_hooks, deepcopy_keeping_marks
 from .replicated_grad import reduce_over_z
 
 
@@ -90,6 +90,9 @@ class LayerNorm(nn.Module):
                 if p is not None:
                     p.axgrid_tile = TileSpec((hidden,), (f0,), (local,))
                     p.axgrid_replicated = other + "zd"
+        add_state_hooks(self)
+
+    __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.local:

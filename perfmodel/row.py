@@ -1,0 +1,39 @@
+"""One priced configuration (a row of the ranking table)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration. Times in seconds per batch, memory in bytes per GPU, bytes per step per dimension."""
+
+    rank: int | None
+    grid: tuple[int, int, int, int]
+    feasible: bool
+    reason: str
+    time_s: float
+    tflops_per_gpu: float
+    pct_peak: float
+    memory_bytes: float
+    microbatches: int
+    compute_s: float
+    exposed_s: dict[str, float] = field(default_factory=dict)
+    raw_comm_s: dict[str, float] = field(default_factory=dict)
+    step_bytes: dict[str, float] = field(default_factory=dict)
+    memory_parts: dict[str, float] = field(default_factory=dict)
+    dp_buckets: int = 0  # data-parallel all-reduces per step (gradient buckets; 0 when Gd = 1)
+    layout: str = "4D"   # "4D" (Gx×Gy×Gz×Gd) or "TPxPPxDP" (Megatron-style; grid = (1, TP, 1, DP))
+    pp: int = 1          # pipeline stages (TPxPPxDP rows)
+    vpp: int = 1         # interleaved model chunks per stage (1 = plain 1F1B)
+    sp: bool = False     # sequence parallel
+    bubble_s: float = 0.0  # pipeline bubble: (PP−1)/VPP stage-slots of one micro-batch
+    p2p_s: float = 0.0     # activation sends between stages, exposed
+
+    @property
+    def grid_str(self) -> str:
+        """``2x4x8x16`` for a 4D grid; ``TP4xPP8xDP32`` (``v2`` interleaved, ``+SP``) for TP×PP×DP."""
+        if self.layout == "4D":
+            return "x".join(str(v) for v in self.grid)
+        return (f"TP{self.grid[1]}xPP{self.pp}xDP{self.grid[3]}" + (f"v{self.vpp}" if self.vpp > 1 else "")
+                + ("+SP" if self.sp else ""))

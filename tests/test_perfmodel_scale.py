@@ -1,0 +1,198 @@
+"""perfmodel at scale: measured bandwidth tables, per-GPU GEMM curves, Megatron-style TP×PP×DP, named
+configurations, the published-points check, and the CLI's one-line errors."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import perfmodel as pm
+from perfmodel import pipeline as pl
+from perfmodel.cli import main
+from perfmodel.comm import ring_alpha_beta
+from perfmodel.compute import gemm_rate
+from perfmodel.machines import MACHINE_DIR, Placement
+from perfmodel.space import Grids
+
+TINY = ["--model", "gpt-tiny", "--gpus", "8", "--machine", "perlmutter", "--batch", "16"]
+
+
+def test_bandwidth_table_by_placement_stride_and_group():
+    m = pm.load_machine("perlmutter")
+    p = np.array([2, 4, 8, 64, 2, 4, 2, 32])
+    s = np.array([1, 1, 1, 1, 2, 2, 4, 64])
+    a, b, intra = ring_alpha_beta(p, s, m)
+    assert (b / 1e9).tolist() == [76, 225, 80, 80, 76, 40, 20, 20]      # REFERENCE.md's Perlmutter table
+    assert intra.tolist() == [True, True, False, False, True, False, False, False]
+    f = pm.load_machine("frontier")
+    _, b, _ = ring_alpha_beta(np.array([2, 4, 8, 16, 2, 4, 8, 2, 4, 2]), np.array([1, 1, 1, 1, 2, 2, 2, 4, 4, 8]), f)
+    assert (b / 1e9).tolist() == [129, 52, 135, 40, 50, 72, 20, 36, 10, 5]
+    # a calibrated (fitted) class keeps its α-β form; the table still serves the other class
+    cal = replace(m, placement={"intra": Placement(1e-6, 1e9)})
+    _, b, _ = ring_alpha_beta(np.array([4, 8]), np.array([1, 1]), cal)
+    assert b.tolist() == [1e9, 80e9]
+
+
+def test_gemm_efficiency_per_gpu_from_the_machine_file():
+    for name, eff in (("perlmutter", 0.869), ("frontier", 0.663), ("alps", 0.838), ("dgx-h100", 0.803)):
+        m = pm.load_machine(name)
+        big = float(gemm_rate(8192, 8192, 8192, m, "bf16"))
+        assert big == pytest.approx(m.peak_flops_bf16 * eff * 8192 / (8192 + 96.0))
+        assert float(gemm_rate(8192, 8192, 8192, m, "fp16")) == big          # fp16 uses the bf16 curve
+    m = pm.load_machine("perlmutter")
+    assert float(gemm_rate(64, 64, 64, m, "fp32")) == pytest.approx(m.peak_flops_fp32 * 0.75 * 64 / 160)  # default
+
+
+def test_machine_tables_carry_sources_and_bad_tables_are_named(tmp_path):
+    for f in MACHINE_DIR.glob("*.toml"):
+        lines = f.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith(("bandwidth_table", "gemm_efficiency")):
+                assert "# source:" in lines[i - 1] or "# source:" in lines[i - 2], (f.name, line)
+    good = (MACHINE_DIR / "perlmutter.toml").read_text()
+    bad = tmp_path / "m.toml"
+    bad.write_text(good.replace('placement = "inter", stride = 4', 'placement = "attic", stride = 4'))
+    with pytest.raises(pm.MachineFileError, match=r"m\.toml.*bandwidth_table.*entry 5.*placement"):
+        pm.load_machine(bad)
+    bad.write_text(good.replace("eff_max = 0.869", "eff_max = 1.5"))
+    with pytest.raises(pm.MachineFileError, match=r"gemm_efficiency\.bf16\.eff_max"):
+        pm.load_machine(bad)
+
+
+def test_machine_tables_roundtrip(tmp_path):
+    from perfmodel.machines import machine_to_toml
+    m = pm.load_machine("frontier")
+    f = tmp_path / "f.toml"
+    f.write_text(machine_to_toml(m))
+    back = pm.load_machine(f)
+    assert back.bandwidth_table == m.bandwidth_table and back.gemm_curves == m.gemm_curves
+
+
+def test_pipeline_time_is_bubble_plus_stage_by_hand():
+    spec = pm.get_model("gpt-5b")            # 24 layers
+    prob = pm.Problem(spec, 64, 32)
+    m = pm.load_machine("perlmutter")
+    c = pl.TPPPDP(tp=4, pp=4, dp=2, mbs=2)
+    row = pl.price(prob, m, [c])[0]
+    assert row.feasible and row.microbatches == 16
+    stage = pm.Problem(replace(spec, layers=6), 64, 32, options=pm.Options(microbatches=16, zero1_over_d=True))
+    ev = pm.evaluate(stage, m, Grids.of([(1, 4, 1, 2)]), inflight=4.0)
+    t_mb = (ev.compute[0] + sum(ev.exposed[d][0] for d in "xyz")) / 16
+    assert row.bubble_s == pytest.approx(3 * t_mb)                          # (p-1) · t_mb: (p-1)/(m+p-1) of 19 slots
+    assert row.compute_s == pytest.approx(ev.compute[0])
+    send = 2 * 2048 * spec.hidden * 2 / 4                                     # [mbs·S, h/t] bf16
+    a, b, _ = ring_alpha_beta(np.array([2]), np.array([8]), m)
+    assert row.p2p_s == pytest.approx(19 * 2 * (send / b[0] + a[0]))
+    assert row.time_s == pytest.approx(row.compute_s + sum(row.exposed_s.values()) + row.bubble_s + row.p2p_s)
+    # interleaving shrinks the bubble by VPP and sends VPP times as often
+    r2 = pl.price(prob, m, [replace(c, vpp=2)])[0]
+    assert r2.bubble_s == pytest.approx(row.bubble_s / 2)
+    assert r2.p2p_s == pytest.approx(row.p2p_s * (16 + 1.5) / 19 * 2)
+
+
+def test_pp1_is_the_4d_model_of_the_same_grid():
+    prob = pm.Problem(pm.get_model("gpt-mini"), 16, 8)
+    m = pm.load_machine("frontier")
+    row = pl.price(prob, m, [pl.TPPPDP(2, 1, 4, mbs=2)])[0]
+    ev = pm.evaluate(pm.Problem(prob.model, 16, 8, options=pm.Options(microbatches=2, zero1_over_d=True)), m,
+                     Grids.of([(1, 2, 1, 4)]))
+    assert row.time_s == pytest.approx(float(ev.time[0])) and row.bubble_s == 0 and row.p2p_s == 0
+
+
+def test_pipeline_memory_sequence_parallel_and_checks():
+    prob = pm.Problem(pm.get_model("gpt-5b"), 64, 32, options=pm.Options(recompute=False))
+    m = pm.load_machine("perlmutter")
+    a, b, c = pl.price(prob, m, [pl.TPPPDP(4, 4, 2), pl.TPPPDP(4, 4, 2, sp=True), pl.TPPPDP(4, 2, 4)])
+    assert b.memory_parts["activations"] < a.memory_parts["activations"] and b.time_s == a.time_s
+    assert a.memory_parts["static"] < c.memory_parts["static"]               # fewer layers per stage
+    for bad, msg in ((pl.TPPPDP(4, 4, 4), "is not the 32 GPUs"), (pl.TPPPDP(1, 32, 1), "more than the 24 layers"),
+                     (pl.TPPPDP(1, 4, 8, mbs=8, vpp=2), "micro-batches 1 divisible by PP 4"),
+                     (pl.TPPPDP(1, 4, 8, sp=True), "needs TP > 1")):
+        with pytest.raises(pm.PerfModelError, match=msg):
+            pl.price(prob, m, [bad])
+
+
+def test_rank_puts_4d_and_tp_pp_dp_in_one_table():
+    rk = pm.rank(pm.Problem(pm.get_model("gpt-5b"), 64, 32), pm.load_machine("perlmutter"))
+    both = rk.combined
+    assert {r.layout for r in both} == {"4D", "TPxPPxDP"}
+    assert all(both[i].time_s <= both[i + 1].time_s for i in range(len(both) - 1))
+    assert len({r.grid_str for r in both}) == len(both)
+    ranks = [r.rank for r in rk.megatron if r.feasible]
+    assert ranks == list(range(1, len(ranks) + 1))
+
+
+def test_cli_prices_one_named_configuration(capsys):
+    args = ["rank", "--model", "gpt-5b", "--gpus", "32", "--machine", "perlmutter", "--batch", "64"]
+    assert main([*args, "--grid", "2x2x2x4"]) == 0
+    out = capsys.readouterr().out
+    assert "4D 2x2x2x4" in out and "bytes/step/GPU" in out and "memory/GPU" in out
+    assert main([*args, "--tp", "4", "--pp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "TP4xPP4xDP2" in out and "bubble" in out and "TFLOP/s/GPU" in out
+    assert main([*args, "--tp", "4", "--pp", "4", "--dp", "4"]) == 2
+    assert "is not --gpus 32" in capsys.readouterr().err
+    assert main([*args, "--grid", "2x2x2"]) == 2
+    assert "GXxGYxGZxGD" in capsys.readouterr().err
+    assert main([*args, "--grid", "2x2x2x2"]) == 2
+    assert "not --gpus 32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--json", "--emit-slurm"])
+def test_cli_unwritable_output_is_one_line(flag, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["rank", *TINY, flag, str(blocker / "sub" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write") and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--seq", "--vocab", "--batch", "--gpus", "--microbatches", "--layers"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_cli_refuses_non_positive_sizes(flag, value, capsys):
+    args = [a for a in TINY]
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    assert main(["rank", *args]) == 2
+    assert f"{flag} must be a positive integer, got {value}" in capsys.readouterr().err
+
+
+#: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see README):
+#: kept here so a change that moves them is seen; a change that brings one within 15% moves it to WITHIN.
+KNOWN_MISSES = {"SC24 Frontier 320B": 1.51, "4D paper Perlmutter 80B": 0.82, "Frontier study 22B": 1.20,
+                "Frontier study 175B": 1.41, "Frontier study 1T": 1.70}
+
+
+def test_check_published(capsys, monkeypatch):
+    from perfmodel import published
+    from perfmodel.published import POINTS, check_all
+    checks = check_all()
+    assert len(checks) == len(POINTS) == 7
+    for c in checks:
+        if c.point.name in KNOWN_MISSES:
+            assert c.ratio == pytest.approx(KNOWN_MISSES[c.point.name], abs=0.02), c.point.name
+        else:
+            assert c.within, (c.point.name, c.ratio)
+    monkeypatch.setattr(published, "check_all", lambda: checks)     # the CLI prints these (priced once)
+    assert main(["check-published"]) == 0
+    out = capsys.readouterr().out
+    assert all(p.name in out for p in POINTS) and "batch = 1 sequence per GPU" in out
+
+
+@settings(max_examples=6, deadline=None)
+@given(machine=st.sampled_from(["perlmutter", "frontier", "alps"]), bw=st.floats(1.0, 50.0),
+       fl=st.floats(1.0, 50.0), mem=st.floats(1e-3, 1.0))
+def test_tp_pp_dp_monotone_and_memory_checked(machine, bw, fl, mem):
+    prob = pm.Problem(pm.get_model("gpt-5b"), 64, 32)
+    m = pm.load_machine(machine)
+    cs = pl.enumerate_configs(prob, m)
+    base = pl.price(prob, m, cs)
+    for faster in (m.scaled(bandwidth=bw), m.scaled(flops=fl)):
+        for a, b in zip(base, pl.price(prob, faster, cs)):
+            assert a.feasible == b.feasible and (not a.feasible or b.time_s <= a.time_s * (1 + 1e-12))
+    small = m.scaled(memory=mem)
+    for r in pl.price(prob, small, cs):
+        over = r.memory_bytes > small.memory_bytes * prob.options.memory_usable
+        assert not (r.feasible and over) and (r.feasible or "memory" in r.reason)
