@@ -98,6 +98,8 @@ def _mpi_rendezvous(env: Mapping[str, str]) -> Optional[tuple[str, int]]:
         from mpi4py import MPI
     except ImportError:
         return None
+    if MPI.Is_finalized():      # a second init under axgrid launch: fall back to MASTER_PORT or the job id
+        return None
     comm = MPI.COMM_WORLD
     answer = None
     if comm.Get_rank() == 0:
