@@ -170,7 +170,7 @@ class GradientPipeline:
             g = flat[off: off + param.numel()].view_as(param).to(param.dtype)
             off += param.numel()
             if param.grad is None:
-                param.grad = g.clone()
+                param.grad = g      # a slice of the collective's own fresh result: no copy needed
             else:
                 param.grad.add_(g)
             self._grad_ready(param)

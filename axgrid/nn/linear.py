@@ -102,10 +102,14 @@ class _LinearFunction(torch.autograd.Function):
                 layer: "Linear") -> torch.Tensor:
         grid, sh = layer.grid, layer.sharding
         w_blk = layer.gathered_weight(weight)                       # [n_blk, k_blk]
-        y = _gemm(grid, x_loc, w_blk.t(), "forward")                    # [m', n_blk], partial over in_dim
-        y = grid.comm.all_reduce(y, sh.in_dim)
-        if bias is not None:
-            y = y + bias.to(y.dtype)        # under autocast, like F.linear: the output keeps the GEMM's dtype
+        if bias is not None and grid.size(sh.in_dim) == 1 and grid.gemm is None and grid.tracer is None:
+            # nothing to reduce: the bias rides in the GEMM (as in F.linear), no extra pass over the output
+            y = torch.addmm(bias, x_loc, w_blk.t())                  # [m', n_blk]
+        else:
+            y = _gemm(grid, x_loc, w_blk.t(), "forward")                # [m', n_blk], partial over in_dim
+            y = grid.comm.all_reduce(y, sh.in_dim)                      # a fresh buffer: safe to add into
+            if bias is not None:
+                y.add_(bias.to(y.dtype))    # under autocast, like F.linear: the output keeps the GEMM's dtype
         keep = grid.config.overlap.keep_gathered_weights
         ctx.layer = layer
         ctx.has_bias = bias is not None
@@ -294,6 +298,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., in_features]`` (replicated input) or ``[..., k_blk]`` (sharded input) -> see the class doc."""
         sh = self.sharding
+        if x.dim() == 0:                # checked before any collective, identically on every rank
+            feats = self.in_features if self.input_layout == "replicated" else sh.k_blk
+            raise ValueError(f"axgrid.nn.Linear got a 0-d tensor (a scalar); it takes inputs of shape "
+                             f"[..., {feats}] ({self.input_layout} input features)")
         lead = x.shape[:-1]
         if self.input_layout == "replicated":
             if x.shape[-1] != self.in_features:

@@ -1,0 +1,41 @@
+"""experiments/gpu_check.sh on a CPU-only machine: it fails fast with a one-line reason and exit status 2, both
+at the device-node probe and (when a GPU tool is on PATH but torch sees no GPU) at torch's check."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "experiments", "gpu_check.sh")
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the script itself")
+
+
+def run(env_path: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, PATH=env_path, PYTHON=sys.executable)
+    t0 = time.perf_counter()
+    p = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    return p, time.perf_counter() - t0
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None,
+                    reason="a GPU device node or nvidia-smi exists here")
+def test_fails_at_once_without_a_device():
+    p, dt = run(os.environ["PATH"])
+    assert p.returncode == 2
+    assert p.stderr.strip().startswith("gpu_check: FAIL: no GPU") and len(p.stderr.strip().splitlines()) == 1
+    assert dt < 5
+
+
+def test_fails_clearly_when_torch_sees_no_gpu(tmp_path):
+    fake = tmp_path / "nvidia-smi"                    # a GPU tool on PATH gets past the probe to torch's check
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    p, _ = run(f"{tmp_path}:{os.environ['PATH']}")
+    assert p.returncode == 2
+    assert "gpu_check: FAIL: torch" in p.stderr and "sees no CUDA GPU" in p.stderr
+    assert "Traceback" not in p.stderr
