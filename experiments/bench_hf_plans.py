@@ -53,7 +53,7 @@ def run(model: torch.nn.Module, grid: axgrid.Grid, args: argparse.Namespace, com
         loss.backward()
         axgrid.sync_gradients(model, grid)
         opt.step()
-        return float(loss)
+        return loss.item()
 
     if compiled:
         import torch._dynamo as dynamo
