@@ -342,9 +342,7 @@ def _gpt_workload(spec: dict[str, Any], grid: Any, dtype: torch.dtype, batch_d: 
                          f"Gz={gz} (z splits whole sequences)")
     cfg = GPTConfig(layers=spec["layers"], hidden=spec["hidden"], heads=spec["heads"], seq=spec["seq"],
                     vocab=spec["vocab"], bias=spec["bias"], recompute=recompute)
-    model = _GPTLoss(GPT(cfg, grid))
-    if dtype != torch.float32:
-        model = model.to(dtype)
+    model = _GPTLoss(GPT(cfg, grid), autocast_dtype=None if dtype == torch.float32 else dtype)
     grid.watch(model)                     # ODP covers every parameter, as in train_gpt
     gen = torch.Generator().manual_seed(1000 + grid.index("d"))
     ids = [torch.randint(0, spec["vocab"], (batch_d, spec["seq"] + 1), generator=gen) for _ in range(microbatches)]
@@ -352,14 +350,19 @@ def _gpt_workload(spec: dict[str, Any], grid: Any, dtype: torch.dtype, batch_d: 
 
 
 class _GPTLoss(nn.Module):
-    """``ids [B, S+1] -> loss`` of next-token prediction."""
+    """``ids [B, S+1] -> loss`` of next-token prediction; low precision runs as train_gpt runs it: fp32 parameters
+    under autocast (casting the whole model would leave the fp32 embedding sums meeting bf16 weights)."""
 
-    def __init__(self, gpt: nn.Module) -> None:
+    def __init__(self, gpt: nn.Module, autocast_dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         self.gpt = gpt
+        self.autocast_dtype = autocast_dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.gpt(ids[:, :-1], targets=ids[:, 1:])
+        device_type = next(self.gpt.parameters()).device.type
+        with torch.autocast(device_type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            return self.gpt(ids[:, :-1], targets=ids[:, 1:])
 
 
 def time_configs(model: Any, grids: Sequence[tuple[int, int, int, int]], batch: int, dtype: str = "fp32",

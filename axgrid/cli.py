@@ -5,12 +5,18 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .layout import GridShape, Layout
+from .layout import GridError, GridShape, Layout
 
 
 def _describe(args: argparse.Namespace) -> int:
-    shape = GridShape.parse(args.grid, args.world)
-    layout = Layout(shape, args.order)
+    try:
+        if args.gpus_per_node is not None and args.gpus_per_node < 1:
+            raise GridError(f"--gpus-per-node {args.gpus_per_node} must be >= 1 (or left out: one node)")
+        shape = GridShape.parse(args.grid, args.world)
+        layout = Layout(shape, args.order)
+    except GridError as e:
+        print(f"axgrid describe: {e}", file=sys.stderr)
+        return 2
     per_node = args.gpus_per_node or shape.size
     print(f"grid {shape} (Gx x Gy x Gz x Gdata), order {args.order!r}, {shape.size} ranks, "
           f"{per_node} per node ({-(-shape.size // per_node)} node(s))")

@@ -28,8 +28,9 @@ time, tokens/s, TFLOP/s, peak memory, ledger bytes per grid dimension for the st
 and a ``summary`` record; a tqdm progress bar on stderr. ``main(argv)`` returns the summary dict (every rank), so
 sweeps and validation scripts can call it in-process.
 
-Checkpoints: ``--save DIR --save-every K --resume DIR`` call :func:`save_checkpoint` / :func:`load_checkpoint`
-below -- the hooks where the checkpoint module plugs in (issue 6, part 4).
+Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid: loading reshards). The run's settings
+(:func:`run_config`: model, seed, data, schedule, batch) are saved with each checkpoint; ``--resume`` refuses a
+checkpoint saved with other settings, naming them, unless ``--allow-config-change steps[,...]`` accepts the change.
 """
 from __future__ import annotations
 
@@ -102,32 +103,45 @@ class SyntheticBatches:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# checkpoint hooks (issue 6, part 4 plugs in here)
+# checkpoints
 # ----------------------------------------------------------------------------------------------------------------
-def checkpoints_available() -> bool:
-    """Whether :func:`save_checkpoint` / :func:`load_checkpoint` are implemented (checked before the run starts)."""
-    return True
+def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
+    """What a resumed run must share with the run that saved: the model, seed, data, schedule and batch (not
+    the grid, overlap, dtype or timeout: loading reshards, and those do not change what is trained)."""
+    model = {k: getattr(cfg, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed",
+                                          "emb_std")}
+    return {"model": model, "seed": args.seed, "data": args.data,
+            "text_file": os.path.abspath(args.text_file) if args.data == "text" else None,
+            "steps": args.steps, "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
+            "optimizer": {"weight_decay": args.weight_decay, "beta2": args.beta2, "clip": args.clip},
+            "batch": args.batch, "microbatches": args.microbatches,
+            "goldfish": {"k": args.goldfish_k, "h": args.goldfish_h, "mode": args.goldfish_mode}}
 
 
 def save_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimizer, step: int,
                     grid: axgrid.Grid, args: argparse.Namespace) -> None:
-    """HOOK: save model + optimizer state after ``step`` optimizer steps (collective: every rank calls it).
+    """Save model + optimizer state after ``step`` optimizer steps (collective: every rank calls it).
 
     Everything else a resumed run needs is a function of ``args`` and ``step``: the data of step ``s`` is drawn
-    from ``(args.seed, s)``, the learning rate from the schedule at ``s``.
+    from ``(args.seed, s)``, the learning rate from the schedule at ``s``; :func:`run_config` goes with it.
     """
     from axgrid.checkpoint import save_checkpoint as save
-    save(directory, model, optimizer, grid, step=step, extra={"model": args.model, "seed": args.seed,
-                                                             "data": args.data, "steps": args.steps})
+    save(directory, model, optimizer, grid, step=step, config=run_config(args, model.config))
 
 
 def load_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimizer, grid: axgrid.Grid,
                     args: argparse.Namespace) -> int:
-    """HOOK: load model + optimizer state (resharding if the grid differs); return the number of steps done."""
-    from axgrid.checkpoint import CheckpointError, load_checkpoint as load
+    """Load model + optimizer state (resharding if the grid differs); return the number of steps done. Refuses a
+    checkpoint saved with another :func:`run_config` unless ``--allow-config-change`` names the fields."""
+    from axgrid.checkpoint import CheckpointError, ConfigMismatch, load_checkpoint as load
+    allow = [f for f in (args.allow_config_change or "").split(",") if f]
     try:
-        info = load(directory, model, optimizer, grid)
-    except CheckpointError as e:          # raised on every rank alike: a clean exit, not a traceback per rank
+        info = load(directory, model, optimizer, grid, config=run_config(args, model.config), allow_changes=allow)
+    except ConfigMismatch as e:           # raised on every rank alike: a clean exit, not a traceback per rank
+        msg = str(e).split("; resume with")[0]
+        raise SystemExit(f"--resume {directory}: {msg}; resume with the checkpoint's settings, or pass "
+                         f"--allow-config-change {','.join(e.fields)} to change them deliberately") from None
+    except CheckpointError as e:
         raise SystemExit(f"--resume {directory}: {e}") from None
     if grid.rank == 0:
         print(f"train_gpt: resumed from {info.path} at step {info.step} (saved on grid {info.saved_grid}"
@@ -217,9 +231,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--timing-skip", type=int, default=1, help="warm-up steps left out of the summary's means")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a stuck collective fails")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    p.add_argument("--save", default=None, help="checkpoint directory (hook: issue 6 part 4)")
+    p.add_argument("--save", default=None, help="checkpoint directory")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
+                   help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10
@@ -247,10 +263,18 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
                              f"--batch a multiple of {args.microbatches * shape.gd * shape.gz}")
     if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
         raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
+    try:
+        axgrid.OverlapConfig.parse(args.overlap)
+    except ValueError as e:
+        raise SystemExit(f"--overlap {args.overlap}: {e}") from None
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SystemExit(f"--timeout {args.timeout}: the seconds a stuck collective may take must be a number > 0, "
+                         f"e.g. --timeout 120")
+    if args.data == "text" and not os.path.isfile(args.text_file):
+        raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass an existing UTF-8 text "
+                         f"file, or use --data synthetic")
     if args.goldfish_k == 1 or args.goldfish_k < 0:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
-    if (args.save or args.resume) and not checkpoints_available():
-        raise SystemExit("--save/--resume: checkpointing is not wired into train_gpt yet (issue 6, part 4)")
     if args.save_every and not args.save:
         raise SystemExit("--save-every needs --save DIR")
 
@@ -302,8 +326,11 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     grid.watch(model)                     # ODP: gradients enter the d buckets during backward
     opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
                             eps=1e-8)
-    data = (TextBatches(Path(args.text_file), cfg.seq, args.seed) if args.data == "text"
-            else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
+    try:
+        data = (TextBatches(Path(args.text_file), cfg.seq, args.seed) if args.data == "text"
+                else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
+    except (OSError, ValueError) as e:    # the same on every rank, before any collective
+        raise SystemExit(f"--text-file {args.text_file}: {e}") from None
     start = load_checkpoint(args.resume, model=model, optimizer=opt, grid=grid, args=args) if args.resume else 0
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
     flops = cfg.flops_per_iteration(args.batch)

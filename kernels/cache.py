@@ -12,19 +12,22 @@ File format (``FORMAT`` below)::
 Location: explicit argument, else ``$AXGRID_GEMM_CACHE``, else ``$XDG_CACHE_HOME/axgrid/gemm.json``,
 else ``~/.cache/axgrid/gemm.json``. Writes merge with what is on disk under an ``fcntl.flock`` on a
 side ``.lock`` file and land atomically (temp file in the same directory + ``os.replace``), so
-concurrent writers never lose or corrupt entries. A corrupt or unreadable file produces exactly one
-``GemmCacheWarning`` and is rebuilt on the next write; it never raises.
+concurrent writers never lose or corrupt entries; the file's mode is 0666 minus the umask (0644 by default).
+A corrupt or unreadable file produces exactly one ``GemmCacheWarning`` and is rebuilt on the next write; an
+unusable entry (no valid ``winner``, wrong types) is ignored with one warning naming it and dropped on the
+next write, the other entries are kept. It never raises.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import tempfile
+import secrets
 import warnings
 from pathlib import Path
 from typing import Iterator
 
+from .candidates import Candidate
 from .signature import GemmSignature
 
 try:
@@ -52,14 +55,46 @@ class _Corrupt(Exception):
     pass
 
 
-def _parse(text: str) -> dict[str, dict]:
+def entry_problem(entry: object) -> str | None:
+    """Why a cache entry cannot be used (None when it can): the tuner needs a valid ``winner``; sizes, times
+    and validators, when present, must have the right types. Descriptive fields may be missing."""
+    if not isinstance(entry, dict):
+        return f"not an object but {type(entry).__name__}"
+    winner = entry.get("winner")
+    if not isinstance(winner, str):
+        return "no 'winner'" if winner is None else f"'winner' is {winner!r}, not a candidate name"
+    try:
+        Candidate.parse(winner)
+    except ValueError:
+        return f"'winner' {winner!r} is not a candidate name"
+    for size in ("m", "n", "k"):
+        v = entry.get(size)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            return f"{size!r} is {v!r}, not a positive integer"
+    for times in ("times_s", "confirm_s"):
+        v = entry.get(times)
+        if v is not None and not (isinstance(v, dict) and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                              for t in v.values())):
+            return f"{times!r} is not an object of seconds"
+    v = entry.get("validators")
+    if v is not None and not isinstance(v, dict):
+        return "'validators' is not an object"
+    return None
+
+
+def _parse(text: str) -> tuple[dict[str, dict], dict[str, str]]:
+    """(usable entries, {bad key: why}) of a cache document; raises _Corrupt when it is not one at all."""
     data = json.loads(text)
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
         raise _Corrupt(f"not an {FORMAT} document")
-    entries = data["entries"]
-    if not all(isinstance(e, dict) and isinstance(e.get("winner"), str) for e in entries.values()):
-        raise _Corrupt("an entry lacks a 'winner'")
-    return entries
+    good, bad = {}, {}
+    for key, entry in data["entries"].items():
+        why = entry_problem(entry)
+        if why is None:
+            good[key] = entry
+        else:
+            bad[key] = why
+    return good, bad
 
 
 class GemmCache:
@@ -85,11 +120,19 @@ class GemmCache:
                                     f"Delete it or set {ENV_VAR} to another file to silence this.")
             return {}
         try:
-            return _parse(text)
+            entries, bad = _parse(text)
         except (ValueError, _Corrupt) as exc:
             self._warn_once("read", f"GEMM cache {self.path} is corrupt ({exc}); ignoring it, it will be rebuilt. "
                                     f"Delete it or set {ENV_VAR} to another file to silence this.")
             return {}
+        if bad:
+            shown = "; ".join(f"{k!r}: {why}" for k, why in sorted(bad.items())[:5])
+            more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+            self._warn_once("entries:" + ",".join(sorted(bad)),
+                            f"GEMM cache {self.path}: ignoring {len(bad)} corrupt entr{'y' if len(bad) == 1 else 'ies'} "
+                            f"({shown}{more}); the next write drops {'it' if len(bad) == 1 else 'them'} and keeps "
+                            f"the other {len(entries)}")
+        return entries
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -105,8 +148,11 @@ class GemmCache:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
     def _write_atomic(self, entries: dict[str, dict]) -> None:
+        """Write via a temporary file in the same folder and ``os.replace``. The file is created with mode 0666
+        minus the umask (0644 under the usual 022, 0664 under 002), so a group-shared cache stays readable."""
         text = json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
+        tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)     # the kernel applies the umask
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)

@@ -16,7 +16,7 @@ import torch
 from .cache import GemmCache
 from .candidates import DEFAULT
 from .shapes import MODELS, layer_gemm_shapes, parse_grid
-from .signature import GemmSignature, parse_dtype
+from .signature import parse_dtype
 from .tuner import GemmTuner
 from .validators import current_validators
 
@@ -26,23 +26,31 @@ def entry_times(entry: dict) -> dict[str, float]:
     return entry.get("confirm_s") or entry.get("times_s", {})
 
 
+def _sizes(e: dict) -> tuple[int, int, int] | None:
+    """(m, n, k) of an entry, None when any is missing (entries written by hand or by older versions)."""
+    mnk = tuple(e.get(f) for f in ("m", "n", "k"))
+    return mnk if all(isinstance(v, int) for v in mnk) else None  # type: ignore[return-value]
+
+
 def efficiency_records(entries: dict[str, dict]) -> list[dict]:
-    """[{m, n, k, dtype, role, device, device_name, flops_per_s}] for the winner of every cache entry."""
+    """[{m, n, k, dtype, role, device, device_name, flops_per_s}] for the winner of every complete cache entry."""
     out = []
     for e in entries.values():
         t = entry_times(e).get(e["winner"])
-        if not t:
+        mnk = _sizes(e)
+        if not t or mnk is None or not all(isinstance(e.get(f), str) for f in ("dtype", "role", "device")):
             continue
-        out.append({"m": e["m"], "n": e["n"], "k": e["k"], "dtype": e["dtype"], "role": e["role"],
-                    "device": e["device"], "device_name": e.get("validators", {}).get("device_name"),
-                    "flops_per_s": 2.0 * e["m"] * e["n"] * e["k"] / t})
+        m, n, k = mnk
+        out.append({"m": m, "n": n, "k": k, "dtype": e["dtype"], "role": e["role"],
+                    "device": e["device"], "device_name": (e.get("validators") or {}).get("device_name"),
+                    "flops_per_s": 2.0 * m * n * k / t})
     return out
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # noqa: PLC0415
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _tune_device(args.device)
     parse_dtype(args.dtype)
     shapes: dict[tuple[int, int, int, str], None] = {}
     for grid in args.grid:
@@ -50,15 +58,40 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             shapes.setdefault(s, None)
     tuner = GemmTuner("on-first-use", cache_path=args.cache, margin=args.margin,
                       max_tune_seconds=args.max_tune_seconds, warmup=args.warmup, repeats=args.repeats)
-    changed = 0
+    changed = capped = 0
     bar = tqdm(list(shapes), desc=f"tuning {args.model} {'/'.join(args.grid)}", unit="gemm")
     for m, n, k, role in bar:
         bar.set_postfix_str(f"{role} {m}x{n}x{k}")
         entry = tuner.tune(m, n, k, args.dtype, device, role, force=args.force)
         changed += entry["winner"] != DEFAULT
+        capped += bool(entry.get("untimed"))
     print(f"{len(shapes)} signatures ({tuner.stats.tuned} timed, {tuner.stats.cache_hits} already cached); "
           f"{changed} use a non-default candidate. Cache: {tuner.cache.path}")
+    if capped:
+        print(f"{capped} signature(s) reached --max-tune-seconds {args.max_tune_seconds:g} before every candidate was "
+              f"timed; they keep what was measured (raise the cap and pass --force to time them fully)")
     return 0
+
+
+def _tune_device(name: str | None) -> torch.device:
+    """The device to tune on: ``cpu`` or an existing CUDA device; a ValueError naming the fix otherwise."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {name!r} is not a device name; use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"--device {name}: the tuner times cpu and cuda devices only; use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is visible here (torch.cuda.is_available() is False); run "
+                         f"on a GPU node, or tune for this machine with --device cpu")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible "
+                         f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return device
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -72,21 +105,27 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 "GFLOP/s", "device name", "valid here"):
         table.add_column(col, justify="right" if col in ("m", "n", "k") or col.endswith(("ms", "/s", "up")) else "left")
     current: dict[str, dict | None] = {}
-    for key in sorted(entries, key=lambda k: (entries[k]["device"], entries[k]["dtype"], entries[k]["role"],
-                                              entries[k]["m"], entries[k]["n"], entries[k]["k"])):
+
+    def text(e: dict, f: str) -> str:
+        return "?" if e.get(f) is None else str(e[f])
+
+    for key in sorted(entries, key=lambda k: tuple(text(entries[k], f) for f in ("device", "dtype", "role", "m", "n",
+                                                                                   "k"))):
         e = entries[key]
         times = entry_times(e)
         t_def, t_win = times.get(DEFAULT), times.get(e["winner"])
-        dev = e["device"]
+        dev = text(e, "device")
         if dev not in current:
-            current[dev] = current_validators(dev) if dev == "cpu" or torch.cuda.is_available() else None
+            current[dev] = (current_validators(dev) if dev == "cpu" or (dev == "cuda" and torch.cuda.is_available())
+                            else None)
         valid = "?" if current[dev] is None else ("yes" if e.get("validators") == current[dev] else "stale")
-        sig = GemmSignature.make(e["m"], e["n"], e["k"], e["dtype"], dev, e["role"])
-        table.add_row(dev, e["dtype"], e["role"], str(e["m"]), str(e["n"]), str(e["k"]), e["winner"],
+        mnk = _sizes(e)
+        flops = 2.0 * mnk[0] * mnk[1] * mnk[2] if mnk else None
+        table.add_row(dev, text(e, "dtype"), text(e, "role"), text(e, "m"), text(e, "n"), text(e, "k"), e["winner"],
                       f"{t_def * 1e3:.3f}" if t_def else "-", f"{t_win * 1e3:.3f}" if t_win else "-",
                       f"{t_def / t_win:.2f}x" if t_def and t_win else "-",
-                      f"{sig.flops / t_win / 1e9:.1f}" if t_win else "-",
-                      str(e.get("validators", {}).get("device_name")), valid)
+                      f"{flops / t_win / 1e9:.1f}" if t_win and flops else "-",
+                      str((e.get("validators") or {}).get("device_name")), valid)
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         console = Console(width=240)

@@ -42,7 +42,10 @@ def measure(fns: dict[str, Callable[[], object]], device: torch.device | str, wa
             repeats: int = 10, max_seconds: float = 10.0) -> Measurement:
     """Time each callable in ``fns``: ``warmup`` untimed rounds, then up to ``repeats`` timed rounds.
 
-    Stops early (after at least one warm-up and one timed round) once ``max_seconds`` have passed.
+    ``max_seconds`` bounds the whole measurement, warm-up included (which may take at most half of it): each
+    phase stops at the first call that ends past its deadline, so the total overruns by at most one call per
+    phase; the first callable always gets one timed sample. A callable that never got a timed sample is left out
+    of ``median_s`` (big GEMMs on a short budget).
     """
     if warmup < 0 or repeats < 1 or max_seconds <= 0:
         raise ValueError(f"need warmup >= 0, repeats >= 1, max_seconds > 0; got {warmup}, {repeats}, {max_seconds}")
@@ -51,21 +54,24 @@ def measure(fns: dict[str, Callable[[], object]], device: torch.device | str, wa
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     names = list(fns)
-    deadline = time.perf_counter() + max_seconds
-    for i in range(max(warmup, 1)):
-        for name in names:
-            fns[name]()
-        if time.perf_counter() > deadline:
+    start = time.perf_counter()
+    deadline = start + max_seconds
+
+    def over(limit: float) -> bool:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() > limit
+
+    for name in [name for _ in range(warmup) for name in names]:                # interleaved warm-up rounds
+        fns[name]()
+        if over(start + 0.5 * max_seconds):
             break
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
     samples: dict[str, list[float]] = {name: [] for name in names}
     rounds = 0
-    while rounds < repeats:
-        shift = rounds % len(names)
-        for name in names[shift:] + names[:shift]:
-            samples[name].append(timer(fns[name]))
-        rounds += 1
-        if time.perf_counter() > deadline:
+    for r, name in [(r, name) for r in range(repeats)                             # each round in a rotated order
+                    for name in names[r % len(names):] + names[:r % len(names)]]:
+        rounds = r + 1
+        samples[name].append(timer(fns[name]))
+        if over(deadline):
             break
-    return Measurement({n: statistics.median(s) for n, s in samples.items()}, rounds, samples)
+    return Measurement({n: statistics.median(s) for n, s in samples.items() if s}, rounds, samples)

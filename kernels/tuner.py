@@ -37,7 +37,7 @@ class TunerStats:
     cache_hits: int = 0     # decisions taken from a valid cache entry
     cache_stale: int = 0    # cache entries rejected because validators differ
     cache_misses: int = 0   # cache-only lookups that found nothing (default used)
-    unconfirmed: int = 0    # tentative winners that did not beat the default again on fresh samples
+    unconfirmed: int = 0    # tentative winners that did not beat the default again on fresh samples (or no time)
     rejected: int = 0       # tuned winners that failed the numerical check (default kept)
     layout_mismatch: int = 0  # calls whose operand layouts differ from the role's usual ones
 
@@ -78,7 +78,9 @@ class GemmTuner:
       (use valid cache entries, else plain torch.matmul; never times anything), "off" (plain torch.matmul).
     cache_path: decision file; None = $AXGRID_GEMM_CACHE or ~/.cache/axgrid/gemm.json (XDG_CACHE_HOME honoured).
     margin: a candidate replaces the default only when its median time is lower by more than this fraction.
-    max_tune_seconds: cap on the wall time spent timing one signature.
+    max_tune_seconds: cap on the wall time spent timing one signature (warm-up and confirmation included; it is
+      overrun by at most the GEMM call running when it expires, plus the numerical check of a winner).
+      Candidates it leaves untimed are listed in the entry's ``untimed``.
     warmup, repeats: untimed and timed rounds (each round runs every candidate once).
     group: None, a torch.distributed ProcessGroup, or a ``kernels.Agreement``; with one, the group's
       source rank decides each signature and broadcasts it, so all ranks of the group use the same
@@ -204,13 +206,15 @@ class GemmTuner:
         confirm_s: dict[str, float] = {}
         with torch.no_grad():
             meas = measure(fns, device, self.warmup, self.repeats, 0.75 * self.max_tune_seconds)
+            untimed = sorted(set(fns) - set(meas.median_s))      # the budget ran out first (big GEMMs)
             winner = pick_winner(meas.median_s, self.margin)
             if winner != cands.DEFAULT:
-                # The fastest of many noisy medians is biased low: the default must lose again, on fresh samples.
+                # The fastest of many noisy medians is biased low: the default must lose again, on fresh samples,
+                # within what is left of the budget (none left: the default stays).
                 pair = {cands.DEFAULT: fns[cands.DEFAULT], winner: fns[winner]}
-                left = max(deadline - time.perf_counter(), 1e-3)
-                confirm_s = measure(pair, device, 1, self.repeats, left).median_s
-                if pick_winner(confirm_s, self.margin) != winner:
+                left = deadline - time.perf_counter()
+                confirm_s = measure(pair, device, 1, self.repeats, left).median_s if left > 0 else {}
+                if set(confirm_s) != set(pair) or pick_winner(confirm_s, self.margin) != winner:
                     self.stats.unconfirmed += 1
                     winner = cands.DEFAULT
             if winner != cands.DEFAULT:
@@ -221,7 +225,7 @@ class GemmTuner:
                     winner = cands.DEFAULT
         entry = {"m": sig.m, "n": sig.n, "k": sig.k, "dtype": sig.dtype, "device": sig.device, "role": sig.role,
                  "winner": winner, "times_s": meas.median_s, "rounds": meas.rounds, "margin": self.margin,
-                 "confirm_s": confirm_s,
+                 "confirm_s": confirm_s, "untimed": untimed,
                  "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "validators": current_validators(device)}
         self.stats.tuned += 1

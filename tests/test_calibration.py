@@ -147,3 +147,10 @@ def test_model_gemm_shapes_cover_the_models_gemms():
     assert (128, 192, 64) in shapes and (128, 64, 192) in shapes and (192, 64, 128) in shapes
     assert (64, 64, 16) in shapes                                     # attention: seq x seq x head_dim
     assert len(cal.model_gemm_shapes(pm.get_model("gpt-tiny"), 8, 4, limit=10)) <= 10
+
+
+def test_time_configs_gpt_in_bf16_runs_under_autocast():
+    """``validate``'s default dtype: the GPT workload in bf16 runs as train_gpt runs it (fp32 parameters under
+    autocast); casting the whole model used to fail in the first GEMM (float != BFloat16)."""
+    secs = calibration.time_configs(TINY, [(1, 2, 1, 1)], batch=2, dtype="bf16", steps=1, warmup=0, rounds=1)
+    assert len(secs) == 1 and 0 < secs[0] < 30

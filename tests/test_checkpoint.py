@@ -342,3 +342,302 @@ def test_save_on_signal(ranks, tmp_path):
     assert [o["stopped_after"] for o in out] == [4] * 4
     assert [o["signal"] for o in out] == [None, "SIGUSR1", None, None]
     assert all(o["resumed_step"] == 4 and o["restored"] for o in out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# run config: resume refuses a checkpoint saved by a run with other settings
+# ---------------------------------------------------------------------------------------------------------
+def rank_config(root: str) -> list[str]:
+    from dataclasses import asdict
+
+    from axgrid.checkpoint import ConfigMismatch
+    from axgrid.models.gpt import GPT, GPTConfig
+    grid = axgrid.init("2x1x1x1", timeout_s=30)
+    try:
+        def run(heads: int, seed: int = 0, steps: int = 10) -> tuple[GPT, dict]:
+            cfg = GPTConfig(layers=1, hidden=16, heads=heads, seq=8, vocab=32)
+            return GPT(cfg, grid), {"model": asdict(cfg), "seed": seed, "data": "synthetic", "steps": steps}
+
+        model, config = run(heads=2)
+        save_checkpoint(root, model, None, grid, step=1, config=config)
+        out = []
+        for heads, seed, steps, allow in ((4, 0, 10, ()), (4, 1, 20, ()), (2, 0, 20, ("steps",)),
+                                          (4, 0, 10, ("model",))):
+            other, cfg = run(heads, seed, steps)
+            try:
+                info = load_checkpoint(root, other, None, grid, config=cfg, allow_changes=allow)
+                out.append(f"ok {info.config['model.heads']} {info.config['steps']}")
+            except ConfigMismatch as e:
+                out.append(f"{sorted(e.fields)}: {e}")
+        return out
+    finally:
+        grid.destroy()
+
+
+def test_resume_compares_run_config(ranks, tmp_path):
+    out = ranks(2, rank_config, str(tmp_path / "ck"))
+    assert out[0] == out[1]
+    heads, three, steps_ok, model_ok = out[0]
+    # 2 and 4 heads have the same weight shapes: only the recorded config tells them apart
+    assert heads.startswith("['model.heads']") and "model.heads 2 -> 4" in heads and "allow_changes" in heads
+    assert three.startswith("['model.heads', 'seed', 'steps']") and "seed 0 -> 1" in three
+    assert "steps 10 -> 20" in three and "step-00000001" in three
+    assert steps_ok == "ok 2 10" and model_ok == "ok 2 10"
+
+
+def _train_gpt_module():
+    import importlib.util
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train_gpt.py")
+    spec = importlib.util.spec_from_file_location("train_gpt_under_test", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rank_train_gpt_resume(root: str) -> list[str]:
+    main = _train_gpt_module().main
+    common = ["--model", "gpt-tiny", "--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "8", "--batch", "2",
+              "--no-progress", "--grid", "1x1x1x1", "--save", root]
+    out = [str(len(main(common + ["--steps", "2"])["losses"]))]
+    for extra in (["--steps", "3", "--heads", "4"], ["--steps", "3"]):
+        try:
+            main(common + extra + ["--resume", root])
+            out.append("no error")
+        except SystemExit as e:
+            out.append(str(e))
+    out.append(str(len(main(common + ["--steps", "3", "--resume", root, "--allow-config-change", "steps"])["losses"])))
+    return out
+
+
+def test_train_gpt_resume_refuses_other_settings(ranks, tmp_path):
+    first, heads, steps, resumed = ranks(1, rank_train_gpt_resume, str(tmp_path / "ck"))[0]
+    assert first == "2" and resumed == "1"
+    assert "model.heads 2 -> 4" in heads and "--allow-config-change model.heads,steps" in heads, heads
+    assert "steps 2 -> 3" in steps and "--allow-config-change steps" in steps and "heads" not in steps, steps
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a save that dies between its renames, names that lead outside, bad manifest fields, leftovers
+# ---------------------------------------------------------------------------------------------------------
+class _OsFailingAt:
+    """Stands in for the ``os`` module inside axgrid.checkpoint.save: its ``k``-th rename/replace raises an
+    OSError, or (``die``) ends the process on the spot, instead of running."""
+
+    def __init__(self, k: int, die: bool = False) -> None:
+        self.k, self.die, self.calls = k, die, 0
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    def _step(self) -> None:
+        self.calls += 1
+        if self.calls == self.k:
+            if self.die:
+                os._exit(9)
+            raise OSError(f"injected failure at rename {self.k}")
+
+    def rename(self, *a):
+        self._step()
+        return os.rename(*a)
+
+    def replace(self, *a):
+        self._step()
+        return os.replace(*a)
+
+
+def _local(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def rank_resave_crash(root: str, die_at: int) -> list[str]:
+    """Re-save step 2 while the k-th rename of rank 0 fails (k = 1, 2, ...): after each attempt ``latest`` and
+    the loader name the same complete step 2, holding either the old or the new weights, and nothing is left."""
+    import axgrid.checkpoint.save as save_mod
+    grid = axgrid.init("2x1x1x1", timeout_s=30)
+    try:
+        model = Net(grid)
+        opt = _opt(model)
+        gen = torch.Generator().manual_seed(0)
+        for step in (1, 2):
+            _train(model, opt, grid, gen, 1)
+            save_checkpoint(root, model, opt, grid, step=step, keep=None)
+        committed, log, want = _local(model), [], os.path.join(root, "step-00000002")
+        for k in range(1, 12):
+            _train(model, opt, grid, gen, 1)
+            if grid.rank == 0:
+                save_mod.os = _OsFailingAt(die_at if die_at else k, die=bool(die_at))
+            try:
+                save_checkpoint(root, model, opt, grid, step=2, keep=None)
+                outcome = "saved"
+            except CheckpointError as e:
+                outcome = "failed" if "injected failure" in str(e) or "rank 0 failed" in str(e) else str(e)
+            finally:
+                save_mod.os = os
+            assert latest_checkpoint(root) == want, (k, latest_checkpoint(root))
+            fresh = Net(grid, seed=11)
+            info = load_checkpoint(root, fresh, _opt(fresh), grid)
+            got = _local(fresh)
+            new = _local(model)
+            same_old = all(torch.equal(got[n], committed[n]) for n in got)
+            same_new = all(torch.equal(got[n], new[n]) for n in got)
+            assert info.path == want and (same_new if outcome == "saved" else same_old or same_new), (k, outcome)
+            committed = got
+            leftovers = sorted(n for n in os.listdir(root) if ".tmp-" in n or ".old-" in n)
+            in_step = set(os.listdir(want)) - {"manifest.json"} - set(verify_checkpoint(want)["files"])
+            log.append(f"{k}:{outcome}:{'old' if same_old else 'new'}:{leftovers}:{sorted(in_step)}")
+            if outcome == "saved":
+                break
+        return log
+    finally:
+        grid.destroy()
+
+
+def test_resave_never_leaves_latest_dangling(ranks, tmp_path):
+    root = str(tmp_path / "ck")
+    log = ranks(2, rank_resave_crash, root, 0)
+    assert log[0] == log[1] and log[0][-1].split(":")[1] == "saved" and len(log[0]) >= 3, log
+    assert all(entry.endswith(":[]:[]") for entry in log[0]), log[0]       # failed saves cleaned up after themselves
+    assert any(":failed:old:" in e for e in log[0]), log[0]
+
+
+def rank_leftovers(root: str) -> list[str]:
+    import axgrid.checkpoint.save as save_mod
+    grid = axgrid.init("2x1x1x1", timeout_s=30)
+    try:
+        model = Net(grid)
+        save_checkpoint(root, model, None, grid, step=1)
+        if grid.rank == 0:                       # what saves killed on the way leave behind
+            os.makedirs(os.path.join(root, "step-00000002.tmp-00deadbeef"))
+            open(os.path.join(root, "step-00000002.tmp-00deadbeef", "rank-00000.pt"), "wb").close()
+            open(os.path.join(root, "latest.tmp-00deadbeef"), "w").close()
+            open(os.path.join(root, "step-00000001", "rank-00001.00deadbeef.pt"), "wb").close()
+        save_checkpoint(root, model, None, grid, step=2)
+        listing = [sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, "step-00000001")))]
+        real_write = save_mod._write_bytes
+
+        def failing_write(path, data):              # not an OSError: still every rank must learn of it
+            raise RuntimeError("simulated pickling failure")
+        if grid.rank == 1:
+            save_mod._write_bytes = failing_write
+        try:
+            save_checkpoint(root, model, None, grid, step=3)
+            msg = "no error"
+        except CheckpointError as e:
+            msg = str(e)
+        finally:
+            save_mod._write_bytes = real_write
+        return listing + [sorted(os.listdir(root)), [msg]]
+    finally:
+        grid.destroy()
+
+
+def test_failed_and_killed_saves_leave_nothing(ranks, tmp_path):
+    out = ranks(2, rank_leftovers, str(tmp_path / "ck"))
+    root_after, step1, root_failed, (msg,) = out[1]
+    assert root_after == root_failed == ["latest", "step-00000001", "step-00000002"], out[1]
+    assert step1 == ["manifest.json", "rank-00000.pt", "rank-00001.pt"], step1
+    assert "simulated pickling failure" in msg and out[0][3][0].startswith("1 rank(s) failed writing"), out
+
+
+@pytest.fixture(scope="module")
+def saved(ranks, tmp_path_factory):
+    """A small checkpoint (2 gloo ranks, steps 1 and 2) to copy and damage."""
+    root = str(tmp_path_factory.mktemp("saved") / "ck")
+    assert ranks(2, rank_save_two, root)[0][1].endswith("step-00000002")
+    return root
+
+
+def _copy(saved: str, tmp_path) -> str:
+    import shutil
+    root = str(tmp_path / "ck")
+    shutil.copytree(saved, root, symlinks=True)
+    return root
+
+
+def _serial_load(path: str) -> str:
+    model = Net(None)
+    try:
+        return f"ok {load_checkpoint(path, model, _opt(model), None, restore_rng=False).step}"
+    except CheckpointError as e:
+        return f"error: {e}"
+
+
+def test_names_leading_outside_are_refused(saved, tmp_path):
+    import json
+    import shutil
+    root = _copy(saved, tmp_path)
+    outside = str(tmp_path / "outside")
+    shutil.copytree(os.path.join(root, "step-00000001"), os.path.join(outside, "step-00000001"))
+    pointer = os.path.join(root, "latest")
+    for name in ("../outside/step-00000001", os.path.join(outside, "step-00000001"), "step-00000001/../.."):
+        open(pointer, "w").write(name + "\n")
+        with pytest.raises(CheckpointError, match="not a checkpoint folder of this root") as e:
+            latest_checkpoint(root)
+        assert _serial_load(root) == f"error: {e.value}"            # one resolver: the loader says the same
+    os.symlink(os.path.join(outside, "step-00000001"), os.path.join(root, "step-00000009"))
+    open(pointer, "w").write("step-00000009\n")
+    with pytest.raises(CheckpointError, match="outside"):
+        latest_checkpoint(root)
+    assert _serial_load(root).startswith("error:") and "outside" in _serial_load(root)
+    os.remove(pointer)
+    assert latest_checkpoint(root).endswith("step-00000002")         # the link is no checkpoint of this root
+
+    # a manifest naming files outside its folder; a rank file that is a link to one
+    s2 = os.path.join(root, "step-00000002")
+    mpath = os.path.join(s2, "manifest.json")
+    good = json.load(open(mpath))
+    for bad in ("../step-00000001/rank-00000.pt", os.path.join(outside, "step-00000001", "rank-00000.pt")):
+        man = json.loads(json.dumps(good).replace('"rank-00000.pt"', json.dumps(bad)))
+        json.dump(man, open(mpath, "w"))
+        msg = _serial_load(s2)
+        assert "not a plain file name inside the checkpoint folder" in msg and bad in msg, msg
+    json.dump(good, open(mpath, "w"))
+    assert _serial_load(s2) == "ok 2"
+    os.remove(os.path.join(s2, "rank-00000.pt"))
+    os.symlink(os.path.join(saved, "step-00000002", "rank-00000.pt"), os.path.join(s2, "rank-00000.pt"))
+    msg = _serial_load(s2)
+    assert "rank-00000.pt is a link to" in msg and "outside the checkpoint folder" in msg, msg
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda m: m.pop("world_size"), "field world_size must be an integer >= 1, found nothing"),
+    (lambda m: m.update(step="2"), "field step must be an integer >= 0, found '2'"),
+    (lambda m: next(iter(m["files"].values())).update(bytes=None), "bytes must be an integer"),
+    (lambda m: next(iter(m["tensors"].values()))["tiles"][0].pop("offsets"), "tiles[0].offsets must be a list"),
+    (lambda m: next(iter(m["tensors"].values())).update(dtype="float99"), "dtype must be a torch dtype name"),
+    (lambda m: m["optimizer"].pop("state_keys"), "field optimizer.state_keys must be"),
+])
+def test_bad_manifest_fields_are_named(saved, tmp_path, edit, field):
+    import json
+    root = _copy(saved, tmp_path)
+    mpath = os.path.join(root, "step-00000002", "manifest.json")
+    man = json.load(open(mpath))
+    edit(man)
+    json.dump(man, open(mpath, "w"))
+    msg = _serial_load(root)
+    assert msg.startswith("error:") and field in msg and "step-00000001" in msg, msg
+    with pytest.raises(CheckpointError, match="manifest is damaged"):
+        verify_checkpoint(root)
+
+
+def test_bad_manifest_field_fails_on_every_rank(ranks, saved, tmp_path):
+    import json
+    root = _copy(saved, tmp_path)
+    mpath = os.path.join(root, "step-00000002", "manifest.json")
+    man = json.load(open(mpath))
+    del man["tensors"]["model/norm.weight"]["kind"]
+    json.dump(man, open(mpath, "w"))
+    msgs = ranks(2, rank_load, root)
+    assert all("field tensors['model/norm.weight'].kind must be one of" in m for m in msgs), msgs
+
+
+def test_rank_killed_during_resave(ranks, tmp_path):
+    """Real process death of rank 0 between the renames of a re-save (last here: it costs the pool a restart)."""
+    from axgrid.testing import RankFailure
+    root = str(tmp_path / "killed")
+    with pytest.raises(RankFailure, match="rank 0 died"):
+        ranks(2, rank_resave_crash, root, 2)
+    step2 = os.path.join(root, "step-00000002")
+    assert latest_checkpoint(root) == step2
+    model = Net(None, seed=11)
+    assert load_checkpoint(root, model, _opt(model), None, restore_rng=False).path == step2

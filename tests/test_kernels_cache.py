@@ -141,3 +141,73 @@ def test_concurrent_writers_keep_all_entries(tmp_path):
     entries = GemmCache(path).load()
     assert len(entries) == nproc * count
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_bad_entries_are_dropped_one_by_one(tmp_path):
+    path = tmp_path / "gemm.json"
+    good = {GemmSignature.make(12, 10, 8, "fp32", "cpu", r).key: _entry(GemmSignature.make(12, 10, 8, "fp32", "cpu", r),
+                                                                       "torch:TT:BtAt")
+            for r in ("forward", "input_grad")}
+    bad = {"no-winner": {"m": 12, "n": 10, "k": 8}, "text-size": {"winner": "default", "m": "12"},
+           "odd-winner": {"winner": "torch:XX:AB"}}
+    path.write_text(json.dumps({"format": "axgrid-gemm-cache/1", "entries": {**good, **bad}}))
+    cache = GemmCache(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.load() == good
+        cache.load()                                                   # the same bad entries: no second warning
+    assert [w.category for w in caught] == [GemmCacheWarning]
+    msg = str(caught[0].message)
+    assert all(repr(k) in msg for k in bad) and "no 'winner'" in msg and "'m' is '12'" in msg, msg
+    sig = GemmSignature.make(5, 6, 7, "fp32", "cpu", "forward")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cache.put(sig, _entry(sig, "default"))
+    assert set(json.loads(path.read_text())["entries"]) == set(good) | {sig.key}   # only the bad ones are gone
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_cache_file_mode_follows_the_umask(tmp_path, umask, mode):
+    path = tmp_path / "gemm.json"
+    sig = GemmSignature.make(5, 6, 7, "fp32", "cpu", "forward")
+    old = os.umask(umask)
+    try:
+        assert GemmCache(path).put(sig, _entry(sig, "default"))
+        assert GemmCache(path).put(sig, _entry(sig, "default"))       # a rewrite too
+    finally:
+        os.umask(old)
+    assert (path.stat().st_mode & 0o777) == mode
+
+
+def test_show_and_export_tolerate_missing_fields(tmp_path, capsys):
+    from kernels.cli import main
+    path = tmp_path / "gemm.json"
+    sig = GemmSignature.make(12, 10, 8, "fp32", "cpu", "forward")
+    entries = {sig.key: _entry(sig, "torch:TT:BtAt"), "hand-written": {"winner": "default"},
+               "no-sizes": {"winner": "torch:NN:AB", "device": "cpu", "times_s": {"torch:NN:AB": 1e-3}}}
+    path.write_text(json.dumps({"format": "axgrid-gemm-cache/1", "entries": entries}))
+    assert main(["show", "--cache", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "(3 entries)" in out and "hand-written" not in out and out.count("?") >= 5, out
+    assert main(["export-efficiency", str(tmp_path / "eff.json"), "--cache", str(path)]) == 0
+    assert len(json.loads((tmp_path / "eff.json").read_text())) == 1
+
+
+def test_measure_keeps_to_its_time_budget():
+    import time
+    from kernels.timing import measure
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name) or time.sleep(0.05)) for name in "dabcefgh"}
+    t0 = time.perf_counter()
+    meas = measure(fns, "cpu", warmup=5, repeats=20, max_seconds=0.12)
+    took = time.perf_counter() - t0
+    assert took < 0.45, took                       # 8 candidates x (warm-up + one timed round) would take 0.8 s
+    assert "d" in meas.median_s and len(calls) <= 5, calls
+
+
+def test_tuner_budget_leaves_candidates_untimed(tmp_path):
+    t = GemmTuner(cache_path=tmp_path / "gemm.json", max_tune_seconds=1e-4, warmup=5, repeats=20)
+    entry = t.tune(384, 384, 384, "fp32", "cpu", "forward")
+    assert entry["winner"] == "default" and set(entry["times_s"]) == {"default"}
+    assert len(entry["untimed"]) == len(cands.candidates_for(GemmSignature.make(384, 384, 384, "fp32", "cpu",
+                                                                                "forward"))) - 1

@@ -22,6 +22,8 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{resolve_checkpoint(a.path)}: step {man['step']}, grid {man['grid']} (order {man['order']}), "
           f"{man['world_size']} ranks, {len(man['tensors'])} tensors, {len(man['files'])} files, {total:,} bytes, "
           f"optimizer {man['optimizer']['class'] if man['optimizer'] else 'none'}: OK")
+    if man.get("config"):
+        print("  run config: " + ", ".join(f"{k}={v}" for k, v in man["config"].items()))
     for name, t in man["tensors"].items():
         print(f"  {name:<48} {t['dtype']:<9} {str(tuple(t['dense_shape'])):<16} {len(t['tiles'])} tile(s)")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
@@ -23,6 +23,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read: the message names the file and what to do."""
 
 
+class CheckpointWarning(UserWarning):
+    """A checkpoint loads, but something could not be checked (e.g. it records no run config)."""
+
+
 @dataclass
 class LoadInfo:
     """What :func:`load_checkpoint` restored."""
@@ -35,6 +39,7 @@ class LoadInfo:
     resharded: bool              # grid, order or world size differ from the saving run
     rng: str                     # "per-rank", "from rank 0" (resharded) or "not restored"
     optimizer: bool              # optimizer state was restored
+    config: dict[str, Any] = field(default_factory=dict)   # the run config it was saved with (flat, dotted names)
 
 
 @dataclass

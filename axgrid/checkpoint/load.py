@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Optional, Sequence
+import warnings
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..sharding import tile_of
-from .format import (CheckpointError, LoadInfo, _agree, _dtype_of, _Entry, _grid_str, _like, _overlap, _rank_world,
+from .format import (CheckpointError, CheckpointWarning, LoadInfo, _agree, _dtype_of, _Entry, _grid_str, _like, _overlap, _rank_world,
                      _sha256_file)
+from .runconfig import compare_config
 from .state import _check_entry, _model_entries, _param_names, _restore_rng
 from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoint
 
@@ -77,14 +79,18 @@ def _target(reader: _Reader, e: _Entry, where: str) -> torch.Tensor:
 
 def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, grid=None, *,
                     generators: Optional[Mapping[str, torch.Generator]] = None, strict: bool = True,
-                    verify: bool = True, restore_rng: bool = True) -> LoadInfo:
+                    verify: bool = True, restore_rng: bool = True, config: Optional[Mapping[str, Any]] = None,
+                    allow_changes: Iterable[str] = ()) -> LoadInfo:
     """Load the checkpoint at ``path`` (a checkpoint directory, or a root with a ``latest`` pointer) into
     ``model`` (and ``optimizer``), on any grid.
 
     Collective (one agreement all-reduce, posted after all checks): every rank of ``grid`` calls it. ``strict``:
     the model's tensors and the checkpoint's must match by name. ``verify``: check the sha256 of every file read.
     RNG states (global and ``generators``) are restored per rank when the grid is unchanged, else from the
-    saving rank 0 on every rank. On any error every rank raises :class:`CheckpointError` and nothing is changed.
+    saving rank 0 on every rank. ``config``: this run's settings, compared field by field with those the
+    checkpoint was saved with (see :func:`save_checkpoint`); a difference raises :class:`ConfigMismatch` naming
+    the fields, unless listed in ``allow_changes`` (field names like ``"steps"``, or prefixes like ``"model"``).
+    On any error every rank raises :class:`CheckpointError` and nothing is changed.
     """
     rank, world = _rank_world(grid)
     err: Optional[CheckpointError] = None
@@ -97,6 +103,9 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
         ckdir = resolve_checkpoint(path)
         where = ckdir
         man = _read_manifest(ckdir)
+        note = compare_config(man.get("config"), config, allow_changes, ckdir)
+        if note is not None and rank == 0:
+            warnings.warn(note, CheckpointWarning, stacklevel=2)
         _check_files(ckdir, man)
         reader = _Reader(ckdir, man, verify)
         saved = man["tensors"]
@@ -121,14 +130,14 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
         rng_note = "not restored"
         if restore_rng:
             src = rank if same else 0
-            rng_state = reader.file(f"rank-{src:05d}.pt")["rng"]
+            rng_state = reader.file(_rank_file(man, src, ckdir))["rng"]
             missing = [k for k in (generators or {}) if k not in rng_state.get("generators", {})]
             if missing:
                 raise CheckpointError(f"generator(s) {missing} are not in the checkpoint {ckdir} (it holds "
                                       f"{man.get('generators')}): pass the same generators= to save and load")
             rng_note = "per-rank" if same else "from rank 0"
         info = LoadInfo(ckdir, int(man["step"]), dict(man.get("extra") or {}), man["grid"], man["world_size"],
-                        not same, rng_note, opt_state is not None)
+                        not same, rng_note, opt_state is not None, dict(man.get("config") or {}))
     except CheckpointError as ex:
         err = ex
     (failed,) = _agree(grid, [int(err is not None)])
@@ -146,6 +155,15 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     if rng_state is not None:
         _restore_rng(rng_state, generators, where)
     return info
+
+
+def _rank_file(man: Mapping[str, Any], rank: int, ckdir: str) -> str:
+    """The manifest's file written by ``rank`` (it holds that rank's RNG state)."""
+    for fname, meta in man["files"].items():
+        if meta.get("rank", rank if fname == f"rank-{rank:05d}.pt" else None) == rank:
+            return fname
+    raise CheckpointError(f"the manifest of {ckdir} lists no file of rank {rank}: the manifest is damaged; "
+                          f"{_alternatives(ckdir)}")
 
 
 def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimizer, grid,

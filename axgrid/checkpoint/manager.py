@@ -12,10 +12,14 @@ from .save import save_checkpoint
 from .store import latest_checkpoint
 
 class CheckpointManager:
-    """Checkpoints of one run under ``root``: ``save(step, ...)``, ``resume(...)``, keeping the newest ``keep``."""
+    """Checkpoints of one run under ``root``: ``save(step, ...)``, ``resume(...)``, keeping the newest ``keep``.
 
-    def __init__(self, root: str, grid=None, keep: Optional[int] = 2) -> None:
-        self.root, self.grid, self.keep = root, grid, keep
+    ``config``: the run's settings (model sizes, seed, data, schedule), saved with every checkpoint and compared
+    on resume (``resume(..., allow_changes=["steps"])`` accepts a deliberate change)."""
+
+    def __init__(self, root: str, grid=None, keep: Optional[int] = 2,
+                 config: Optional[Mapping[str, Any]] = None) -> None:
+        self.root, self.grid, self.keep, self.config = root, grid, keep, config
 
     def latest(self) -> Optional[str]:
         return latest_checkpoint(self.root)
@@ -24,12 +28,15 @@ class CheckpointManager:
              extra: Optional[Mapping[str, Any]] = None,
              generators: Optional[Mapping[str, torch.Generator]] = None) -> str:
         return save_checkpoint(self.root, model, optimizer, self.grid, step=step, extra=extra,
-                               generators=generators, keep=self.keep)
+                               generators=generators, keep=self.keep, config=self.config)
 
     def resume(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any
                ) -> Optional[LoadInfo]:
         """Load the latest checkpoint if there is one (all ranks must agree it exists); None otherwise."""
-        found = self.latest() is not None
+        try:
+            found = self.latest() is not None
+        except CheckpointError:            # a damaged pointer: load_checkpoint below says why, on every rank
+            found = True
         (n,) = _agree(self.grid, [int(found)])
         world = _rank_world(self.grid)[1]
         if n == 0:
@@ -37,4 +44,5 @@ class CheckpointManager:
         if n != world:
             raise CheckpointError(f"only {n} of {world} ranks see a checkpoint under {self.root}: the checkpoint "
                                   f"directory must be on a file system shared by all ranks")
+        kwargs.setdefault("config", self.config)
         return load_checkpoint(self.root, model, optimizer, self.grid, **kwargs)

@@ -1,11 +1,13 @@
 """Saving: every rank writes its tiles into a temporary directory, rank 0 finishes it atomically."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import time
@@ -14,8 +16,9 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from .format import (FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _agree, _dtype_name, _Entry, _fingerprint,
-                     _fsync_dir, _grid_str, _rank_world, _write_bytes)
+from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _agree, _dtype_name, _Entry,
+                     _fingerprint, _fsync_dir, _grid_str, _rank_world, _write_bytes)
+from .runconfig import config_record
 from .state import _check_entry, _model_entries, _optim_entries, _rng_state
 from .store import list_checkpoints
 
@@ -39,15 +42,18 @@ def _whole_tile(grid, e: _Entry) -> torch.Tensor:
 
 def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                     grid=None, *, step: int, extra: Optional[Mapping[str, Any]] = None,
-                    generators: Optional[Mapping[str, torch.Generator]] = None, keep: Optional[int] = 2) -> str:
+                    generators: Optional[Mapping[str, torch.Generator]] = None, keep: Optional[int] = 2,
+                    config: Optional[Mapping[str, Any]] = None) -> str:
     """Save ``model`` (and ``optimizer``) as ``root/step-<step>`` and point ``root/latest`` at it.
 
     Collective: every rank of ``grid`` must call it with the same arguments (``grid=None``: a serial model in
     one process). ``extra``: JSON-serialisable run state (data position, scheduler, ...) returned by
     :func:`load_checkpoint`. ``generators``: named ``torch.Generator`` whose per-rank states are saved with the
-    global torch / python / numpy RNG states. ``keep``: complete checkpoints to keep (None: all). Returns the
-    checkpoint directory. Raises :class:`CheckpointError` on every rank when any rank fails; the previous
-    checkpoints and ``latest`` are then untouched.
+    global torch / python / numpy RNG states. ``keep``: complete checkpoints to keep (None: all). ``config``: the
+    run's settings (model sizes, seed, data, schedule; nested mappings allowed), which :func:`load_checkpoint`
+    compares with the resuming run's. Returns the checkpoint directory. Raises :class:`CheckpointError` on every
+    rank when any rank fails; the previous checkpoints and ``latest`` are then untouched, and the failed save's
+    files are removed (those of a save killed on the way are removed by the next save).
     """
     rank, world = _rank_world(grid)
     final = os.path.join(root, f"step-{int(step):08d}")
@@ -55,6 +61,10 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     entries: list[_Entry] = []
     optim_desc: Optional[dict[str, Any]] = None
     rng: dict[str, Any] = {}
+    record: Optional[dict[str, Any]] = None
+    if rank == 0:
+        with contextlib.suppress(OSError):  # before any rank can create this save's temporary directory
+            _sweep(root)
     try:
         entries = _model_entries(model)
         if optimizer is not None:
@@ -67,6 +77,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
                 json.dumps(extra)
             except (TypeError, ValueError) as ex:
                 raise CheckpointError(f"extra= must be JSON-serialisable ({ex})") from None
+        record = config_record(config)
         rng = _rng_state(generators)
     except CheckpointError as ex:
         err = ex
@@ -100,20 +111,25 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
         index = {"rank": rank, "file": fname, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                  "tiles": tiles}
         _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
-    except OSError as ex:
-        err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {ex}")
+    except Exception as ex:  # OSError, or torch.save failing: every rank must still reach the agreement below
+        err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {type(ex).__name__}: {ex}")
     (failed,) = _agree(grid, [int(err is not None)])
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        _agree(grid, [0])                   # every rank raises only once the files are gone
         raise err or CheckpointError(f"{failed} rank(s) failed writing {final} (see their errors); the previous "
                                      f"checkpoints and {os.path.join(root, LATEST)} are untouched")
     if rank == 0:
         try:
-            _finish(root, tmp, final, entries, optim_desc, grid, world, int(step), extra, generators, keep, token)
-        except (OSError, CheckpointError) as ex:
+            _finish(root, tmp, final, entries, optim_desc, grid, world, int(step), extra, record, generators, keep,
+                    token)
+        except Exception as ex:
             shutil.rmtree(tmp, ignore_errors=True)
-            err = ex if isinstance(ex, CheckpointError) else CheckpointError(f"finishing {final} failed: {ex}")
+            _remove(os.path.join(root, f"{LATEST}.tmp-{token:010x}"))
+            err = ex if isinstance(ex, CheckpointError) else CheckpointError(
+                f"finishing {final} failed ({type(ex).__name__}: {ex}); {os.path.join(root, LATEST)} still names "
+                f"a complete checkpoint")
     (failed,) = _agree(grid, [int(err is not None)])
     if failed:
         raise err or CheckpointError(f"rank 0 failed to finish {final} (see its error); the previous checkpoints "
@@ -122,20 +138,29 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
 
 
 def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_desc: Optional[dict[str, Any]],
-            grid, world: int, step: int, extra: Optional[Mapping[str, Any]],
+            grid, world: int, step: int, extra: Optional[Mapping[str, Any]], record: Optional[dict[str, Any]],
             generators: Optional[Mapping[str, torch.Generator]], keep: Optional[int], token: int) -> None:
-    """Rank 0, after every rank wrote its file: manifest, rename into place, ``latest``, pruning."""
+    """Rank 0, after every rank wrote its file: manifest, move into place, ``latest``, pruning.
+
+    A new step: ``tmp`` (manifest included) is renamed to ``final`` in one step. Saving a step again: the new
+    rank files move into the existing ``final`` under fresh names, then its manifest is replaced in one step
+    (the commit), then the old files go. Either way ``final`` holds one complete checkpoint at every moment, so
+    ``latest`` never names a missing or half-written one, whenever the process dies."""
+    again = os.path.isfile(os.path.join(final, MANIFEST)) and not os.path.islink(final)
+    names = {f"rank-{r:05d}.pt": (f"rank-{r:05d}.{token:010x}.pt" if again else f"rank-{r:05d}.pt")
+             for r in range(world)}
     files: dict[str, Any] = {}
     tiles: dict[str, list[dict[str, Any]]] = {}
     for r in range(world):
         ipath = os.path.join(tmp, f"rank-{r:05d}.json")
         with open(ipath) as f:
             idx = json.load(f)
-        files[idx["file"]] = {"bytes": idx["bytes"], "sha256": idx["sha256"], "rank": r}
+        fname = names[idx["file"]]
+        files[fname] = {"bytes": idx["bytes"], "sha256": idx["sha256"], "rank": r}
         for t in idx["tiles"]:
             lst = tiles.setdefault(t["name"], [])
             if not any(o["offsets"] == t["offsets"] and o["shape"] == t["shape"] for o in lst):
-                lst.append({"file": idx["file"], "key": t["key"], "offsets": t["offsets"], "shape": t["shape"]})
+                lst.append({"file": fname, "key": t["key"], "offsets": t["offsets"], "shape": t["shape"]})
     tensors: dict[str, Any] = {}
     for e in entries:
         if e.name in tensors:
@@ -150,17 +175,17 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_de
     man = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(),
            "torch": torch.__version__, "grid": _grid_str(grid), "order": None if grid is None else grid.order,
            "world_size": world, "tensors": tensors, "optimizer": optim_desc, "files": files,
-           "generators": sorted(generators or {}), "extra": dict(extra or {})}
-    _write_bytes(os.path.join(tmp, MANIFEST), json.dumps(man, indent=1).encode())
+           "generators": sorted(generators or {}), "extra": dict(extra or {}), "config": record}
+    text = json.dumps(man, indent=1).encode()
     for r in range(world):
         os.remove(os.path.join(tmp, f"rank-{r:05d}.json"))
-    _fsync_dir(tmp)
-    if os.path.exists(final):                 # saving the same step again: swap, then drop the old one
-        old = f"{final}.old-{token:010x}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+    if again:
+        _replace_in_place(tmp, final, names, text, token)
     else:
+        if os.path.lexists(final):            # a step-N without manifest (damaged): not a checkpoint, replace it
+            _remove(final)
+        _write_bytes(os.path.join(tmp, MANIFEST), text)
+        _fsync_dir(tmp)
         os.rename(tmp, final)
     _fsync_dir(root)
     pointer_tmp = os.path.join(root, f"{LATEST}.tmp-{token:010x}")
@@ -172,3 +197,68 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_de
         for p in done[:-keep]:
             if os.path.abspath(p) != os.path.abspath(final):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def _replace_in_place(tmp: str, final: str, names: Mapping[str, str], manifest: bytes, token: int) -> None:
+    """Saving an existing step again: move the new files in beside the old ones, swap the manifest (atomic),
+    drop the old files. On failure before the swap the moved-in files are removed again."""
+    moved = []
+    try:
+        for src, dst in names.items():
+            os.rename(os.path.join(tmp, src), os.path.join(final, dst))
+            moved.append(os.path.join(final, dst))
+        staged = os.path.join(final, f"{MANIFEST}.tmp-{token:010x}")
+        moved.append(staged)
+        _write_bytes(staged, manifest)
+        os.replace(staged, os.path.join(final, MANIFEST))           # the commit
+    except BaseException:
+        for path in moved:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
+    _fsync_dir(final)
+    keep = set(names.values()) | {MANIFEST}
+    for name in os.listdir(final):
+        if name not in keep:
+            _remove(os.path.join(final, name))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove(path: str) -> None:
+    """Remove a file, a link (not its target) or a directory tree; errors are ignored."""
+    with contextlib.suppress(OSError):
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.remove(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_LEFTOVER = re.compile(r"^(step-\d+\.(tmp|old)|latest\.tmp)-[0-9a-f]+$")
+_STEP_FILE = re.compile(r"^(rank-\d+(\.[0-9a-f]+)?\.pt|manifest\.json\.tmp-[0-9a-f]+)$")
+
+
+def _sweep(root: str) -> None:
+    """Rank 0, before a save: remove what saves killed on the way left behind -- ``step-N.tmp-*`` directories,
+    ``latest.tmp-*`` files, rank files a re-save moved in but never committed -- and put back a complete
+    ``step-N.old-*`` (an interrupted re-save of an older axgrid) whose ``step-N`` is gone."""
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if _LEFTOVER.match(name):
+            step_dir = os.path.join(root, name.split(".")[0])
+            if (".old-" in name and not os.path.lexists(step_dir) and not os.path.islink(path)
+                    and os.path.isfile(os.path.join(path, MANIFEST))):
+                with contextlib.suppress(OSError):
+                    os.rename(path, step_dir)
+                continue                       # never delete the only complete copy of a step
+            _remove(path)
+        elif _STEP_DIR.match(name) and not os.path.islink(path) and os.path.isdir(path):
+            try:
+                with open(os.path.join(path, MANIFEST)) as f:
+                    listed = set(json.load(f).get("files", {}))
+            except (OSError, ValueError, AttributeError):
+                continue                       # no readable manifest: not ours to tidy
+            for fname in os.listdir(path):
+                if _STEP_FILE.match(fname) and fname not in listed:
+                    _remove(os.path.join(path, fname))

@@ -6,6 +6,7 @@ import os
 from typing import Any, Mapping, Optional
 
 from .format import _STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _sha256_file
+from .manifest import check_manifest, inside
 
 def _alternatives(ckdir: str) -> str:
     """A hint naming the other complete checkpoints next to ``ckdir``."""
@@ -16,33 +17,63 @@ def _alternatives(ckdir: str) -> str:
     return "load an earlier complete checkpoint instead, e.g. " + others[-1]
 
 def list_checkpoints(root: str) -> list[str]:
-    """Complete checkpoints (directories ``step-N`` with a manifest) under ``root``, oldest first."""
+    """Complete checkpoints (directories ``step-N`` with a manifest, inside ``root``) under ``root``, oldest first."""
     if not os.path.isdir(root):
         return []
     found = []
     for name in os.listdir(root):
         m = _STEP_DIR.match(name)
-        if m and os.path.isfile(os.path.join(root, name, MANIFEST)):
-            found.append((int(m.group(1)), os.path.join(root, name)))
+        path = os.path.join(root, name)
+        if m and os.path.isfile(os.path.join(path, MANIFEST)) and inside(root, path):
+            found.append((int(m.group(1)), path))
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(root: str) -> Optional[str]:
-    """The checkpoint ``root/latest`` points to (or the newest complete one when the pointer is missing);
-    None when there is none. Does not verify the files (loading does)."""
+def _pointer(root: str) -> Optional[str]:
+    """The directory ``root/latest`` names (complete or not), None without a pointer; raises when the pointer
+    is not a plain ``step-N`` name inside ``root``."""
     pointer = os.path.join(root, LATEST)
-    if os.path.isfile(pointer):
+    if not os.path.lexists(pointer):
+        return None
+    if os.path.islink(pointer) or not os.path.isfile(pointer):
+        raise CheckpointError(f"{pointer} is not a plain file (axgrid writes it as one, holding a step-N name): "
+                              f"remove it to resume from the newest complete checkpoint")
+    try:
         with open(pointer) as f:
-            name = f.read().strip()
-        path = os.path.join(root, name)
-        if name and os.path.isfile(os.path.join(path, MANIFEST)):
-            return path
-    done = list_checkpoints(root)
-    return done[-1] if done else None
+            name = f.read(4096).strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{pointer} cannot be read ({e}): remove it to resume from the newest complete "
+                              f"checkpoint") from None
+    if not _STEP_DIR.match(name):
+        raise CheckpointError(f"{pointer} names {name[:80]!r}, not a checkpoint folder of this root (step-N; "
+                              f"paths, '..' and absolute names are refused): it is damaged or was edited; "
+                              f"remove it to resume from the newest complete checkpoint")
+    path = os.path.join(root, name)
+    if os.path.lexists(path) and not inside(root, path):
+        raise CheckpointError(f"{path} (named by {pointer}) is a link to {os.path.realpath(path)}, outside "
+                              f"{root}: checkpoints are only read inside their root; copy the checkpoint into "
+                              f"{root} instead")
+    return path
+
+
+def latest_checkpoint(root: str) -> Optional[str]:
+    """The checkpoint a resume from ``root`` loads: the one ``root/latest`` names, or the newest complete
+    ``step-N`` when there is no pointer; None when there is neither. Raises :class:`CheckpointError` (exactly as
+    :func:`load_checkpoint` would) when the pointer names a missing or incomplete checkpoint, or one outside
+    ``root``. Does not verify the files (loading does)."""
+    target = _pointer(root)
+    if target is None:
+        done = list_checkpoints(root)
+        return done[-1] if done else None
+    if not os.path.isfile(os.path.join(target, MANIFEST)):
+        raise CheckpointError(f"{os.path.join(root, LATEST)} names {os.path.basename(target)!r}, which has no "
+                              f"{MANIFEST}: the checkpoint is missing or incomplete; {_alternatives(target)}")
+    return target
 
 
 def resolve_checkpoint(path: str) -> str:
-    """A checkpoint directory from ``path``: a checkpoint directory itself, or a root with a ``latest`` pointer."""
+    """A checkpoint directory from ``path``: a checkpoint directory itself, or a root (resolved by
+    :func:`latest_checkpoint`)."""
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
     if not os.path.isdir(path):
@@ -51,15 +82,6 @@ def resolve_checkpoint(path: str) -> str:
     if _STEP_DIR.match(os.path.basename(os.path.normpath(path))) or any(n.startswith("rank-") for n in names):
         raise CheckpointError(f"{os.path.join(path, MANIFEST)} is missing: the checkpoint {path} is incomplete "
                               f"(its save was interrupted or it was damaged); {_alternatives(path)}")
-    pointer = os.path.join(path, LATEST)
-    if os.path.isfile(pointer):
-        with open(pointer) as f:
-            name = f.read().strip()
-        target = os.path.join(path, name)
-        if os.path.isfile(os.path.join(target, MANIFEST)):
-            return target
-        raise CheckpointError(f"{pointer} names {name!r}, which has no {MANIFEST}: the checkpoint is missing or "
-                              f"incomplete; {_alternatives(target)}")
     found = latest_checkpoint(path)
     if found is None:
         raise CheckpointError(f"no checkpoint found under {path} (no {LATEST} pointer, no complete step-N "
@@ -69,6 +91,9 @@ def resolve_checkpoint(path: str) -> str:
 
 def _read_manifest(ckdir: str) -> dict[str, Any]:
     mpath = os.path.join(ckdir, MANIFEST)
+    if os.path.lexists(mpath) and not inside(ckdir, mpath):
+        raise CheckpointError(f"{mpath} is a link to {os.path.realpath(mpath)}, outside the checkpoint folder: "
+                              f"refused; {_alternatives(ckdir)}")
     try:
         with open(mpath) as f:
             man = json.load(f)
@@ -83,6 +108,7 @@ def _read_manifest(ckdir: str) -> dict[str, Any]:
     if man.get("version") != VERSION:
         raise CheckpointError(f"{mpath} has format version {man.get('version')}, this axgrid reads version "
                               f"{VERSION}: load it with the axgrid version that wrote it")
+    check_manifest(man, mpath, lambda: _alternatives(ckdir))
     return man
 
 
@@ -90,6 +116,9 @@ def _check_files(ckdir: str, man: Mapping[str, Any]) -> None:
     """Every file of the manifest exists with its recorded size (cheap; the same answer on every rank)."""
     for fname, meta in man["files"].items():
         path = os.path.join(ckdir, fname)
+        if os.path.lexists(path) and not inside(ckdir, path):
+            raise CheckpointError(f"{path} is a link to {os.path.realpath(path)}, outside the checkpoint folder: "
+                                  f"refused (every file of a checkpoint must lie inside it); {_alternatives(ckdir)}")
         try:
             size = os.path.getsize(path)
         except OSError:

@@ -298,6 +298,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., in_features]`` (replicated input) or ``[..., k_blk]`` (sharded input) -> see the class doc."""
         sh = self.sharding
+        if x.dim() == 0:                # checked before any collective, identically on every rank
+            feats = self.in_features if self.input_layout == "replicated" else sh.k_blk
+            raise ValueError(f"axgrid.nn.Linear got a 0-d tensor (a scalar); it takes inputs of shape "
+                             f"[..., {feats}] ({self.input_layout} input features)")
         lead = x.shape[:-1]
         if self.input_layout == "replicated":
             if x.shape[-1] != self.in_features:

@@ -1,0 +1,85 @@
+"""Command lines answer bad input with one clear line (and a non-zero exit), never a traceback: ``axgrid describe``,
+``python -m kernels tune``, ``experiments/train_gpt.py``; a 0-d input to a parallel Linear fails before any
+collective, on every rank."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import axgrid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_GPT = os.path.join(ROOT, "experiments", "train_gpt.py")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["describe", "2x2x3x1", "--world", "8"], "has 12 ranks but the world size is 8"),
+    (["describe", "2x2x1x1", "--order", "xyzq"], "must be a permutation of the letters 'xyzd'"),
+    (["describe", "2x0x1x1"], "gy=0 is invalid"),
+    (["describe", "2x2x1x1", "--gpus-per-node", "0"], "--gpus-per-node 0 must be >= 1"),
+])
+def test_describe_bad_grid_is_one_line(capsys, argv, msg):
+    from axgrid.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("axgrid describe: ") and msg in err and err.count("\n") == 1, err
+
+
+def rank_scalar_input() -> list[str]:
+    grid = axgrid.init("2x1x1x1", timeout_s=30)
+    try:
+        layer = axgrid.nn.Linear(4, 6)
+        try:
+            layer(torch.tensor(1.0))
+            msg = "no error"
+        except ValueError as e:
+            msg = str(e)
+        after = grid.comm.all_reduce(torch.ones(2), "x")     # nothing was posted: the ranks are still in step
+        return [msg, str(after.tolist())]
+    finally:
+        grid.destroy()
+
+
+def test_zero_dim_input_to_linear(ranks):
+    for msg, after in ranks(2, rank_scalar_input):
+        assert "got a 0-d tensor" in msg and "[..., 4]" in msg and after == "[2.0, 2.0]", msg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_kernels_tune_on_cuda_without_gpu(capsys, tmp_path):
+    from kernels.cli import main
+    argv = ["tune", "--model", "gpt-tiny", "--grid", "1x1x1x1", "--cache", str(tmp_path / "g.json"), "--device"]
+    assert main(argv + ["cuda"]) == 2
+    assert "no CUDA GPU is visible here" in capsys.readouterr().err
+    assert main(argv + ["tpu"]) == 2
+    assert "use cpu, cuda or cuda:N" in capsys.readouterr().err
+    assert not (tmp_path / "g.json").exists()
+
+
+def _train_gpt_main():
+    spec = importlib.util.spec_from_file_location("train_gpt_under_test", TRAIN_GPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--overlap", "bogus"], "--overlap bogus: unknown overlap switch(es) ['bogus']"),
+    (["--timeout", "0"], "--timeout 0.0: the seconds a stuck collective may take must be a number > 0"),
+    (["--timeout", "nan"], "--timeout nan"),
+    (["--data", "text", "--text-file", "/nonexistent/corpus.txt"], "--text-file /nonexistent/corpus.txt does not exist"),
+])
+def test_train_gpt_bad_arguments(argv, msg):
+    """Checked before the grid is built (so in this process, with no ranks)."""
+    with pytest.raises(SystemExit) as e:
+        _train_gpt_main()(argv + ["--steps", "1"])
+    assert msg in str(e.value), str(e.value)
+
+
+def test_train_gpt_bad_argument_is_one_line_on_stderr():
+    res = subprocess.run([sys.executable, TRAIN_GPT, "--overlap", "bogus"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "--overlap bogus" in res.stderr, res.stderr
