@@ -34,7 +34,7 @@ def test_bandwidth_table_by_placement_stride_and_group():
 
 
 def test_gemm_efficiency_per_gpu_from_the_machine_file():
-    for name, eff in (("perlmutter", 0.90), ("frontier", 0.65), ("alps", 0.82), ("dgx-h100", 0.82)):
+    for name, eff in (("perlmutter", 0.869), ("frontier", 0.663), ("alps", 0.838), ("dgx-h100", 0.803)):
         m = pm.load_machine(name)
         big = float(gemm_rate(8192, 8192, 8192, m, "bf16"))
         assert big == pytest.approx(m.peak_flops_bf16 * eff * 8192 / (8192 + 96.0))
@@ -54,7 +54,7 @@ def test_machine_tables_carry_sources_and_bad_tables_are_named(tmp_path):
     bad.write_text(good.replace('placement = "inter", stride = 4', 'placement = "attic", stride = 4'))
     with pytest.raises(pm.MachineFileError, match=r"m\.toml.*bandwidth_table.*entry 5.*placement"):
         pm.load_machine(bad)
-    bad.write_text(good.replace("eff_max = 0.90", "eff_max = 1.5"))
+    bad.write_text(good.replace("eff_max = 0.869", "eff_max = 1.5"))
     with pytest.raises(pm.MachineFileError, match=r"gemm_efficiency\.bf16\.eff_max"):
         pm.load_machine(bad)
 
@@ -178,8 +178,8 @@ def test_cli_refuses_non_positive_sizes(flag, value, capsys):
 
 #: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see README):
 #: kept here so a change that moves them is seen; a change that brings one within 15% moves it to WITHIN.
-KNOWN_MISSES = {"SC24 Frontier 320B": 1.50, "4D paper Perlmutter 80B": 0.84, "Frontier study 22B": 1.19,
-                "Frontier study 175B": 1.38, "Frontier study 1T": 1.67}
+KNOWN_MISSES = {"SC24 Frontier 320B": 1.51, "4D paper Perlmutter 80B": 0.82, "Frontier study 22B": 1.20,
+                "Frontier study 175B": 1.41, "Frontier study 1T": 1.70}
 
 
 def test_check_published(capsys, monkeypatch):
