@@ -144,6 +144,8 @@ def cmd_rank(a: argparse.Namespace) -> int:
     if one and outputs:      # they would be silently skipped: one configuration is priced, no ranking is built
         raise PerfModelError(f"{' and '.join(outputs)} work(s) on the full ranking, not with {one} (which prices one "
                              f"configuration and prints its breakdown): drop one or the other")
+    if a.show_infeasible < 0:
+        raise PerfModelError(f"--show-infeasible {a.show_infeasible}: give the number of rejected grids to list (>= 0)")
     single = [f for f, v in (("--vpp", a.vpp), ("--sp", a.sp), ("--mbs", a.mbs)) if v]
     if single and not named:
         raise PerfModelError(f"{' and '.join(single)} describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp "

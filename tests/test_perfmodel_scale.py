@@ -144,6 +144,7 @@ def test_cli_prices_one_named_configuration(capsys):
     (["--grid", "2x2x2x4", "--explain", "1"], "--explain work(s) on the full ranking"),
     (["--vpp", "2"], "--vpp describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp"),
     (["--sp", "--mbs", "2"], "--sp and --mbs describe(s) one TP×PP×DP configuration"),
+    (["--show-infeasible", "-1"], "--show-infeasible -1: give the number of rejected grids to list (>= 0)"),
 ])
 def test_cli_refuses_flags_it_would_ignore(extra, msg, tmp_path, capsys):
     """Review fix: these were silently skipped (no CSV written, the ranking printed without VPP 2), exit 0."""
