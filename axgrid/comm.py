@@ -16,7 +16,9 @@ the reduce-scatter's input); ``wire_bytes`` are what each rank sends in a ring a
 """
 from __future__ import annotations
 
+import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -84,7 +86,7 @@ class Pending:
                  entry: Optional[LedgerEntry] = None, timed: bool = False, tracer=None, label: str = "") -> None:
         self._work, self._finish, self._entry = work, finish, entry
         self._timed, self._tracer, self._label = timed, tracer, label
-        self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter() if timed or tracer is not None else 0.0
         self._result: Optional[torch.Tensor] = None
         self.done = False
 
@@ -111,6 +113,48 @@ class Pending:
         return self._result
 
 
+#: Live communicators by key, so that the compiled-graph ops below can reach them (a registry, not a switch).
+_COMMUNICATORS: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+
+
+# Under torch.compile a synchronous collective is one opaque op in the graph (no graph break): the op runs the
+# communicator's own eager method, so the ledger, timing and tracing count it exactly as in eager mode.
+@torch.library.custom_op("axgrid::all_reduce", mutates_args=())
+def _compiled_all_reduce(t: torch.Tensor, key: int, dim: str, average: bool) -> torch.Tensor:
+    return _COMMUNICATORS[key].all_reduce(t.clone(), dim, average=average)
+
+
+@_compiled_all_reduce.register_fake
+def _(t: torch.Tensor, key: int, dim: str, average: bool) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
+@torch.library.custom_op("axgrid::all_gather", mutates_args=())
+def _compiled_all_gather(t: torch.Tensor, key: int, dim: str) -> torch.Tensor:
+    return _COMMUNICATORS[key].all_gather(t, dim)
+
+
+@_compiled_all_gather.register_fake
+def _(t: torch.Tensor, key: int, dim: str) -> torch.Tensor:
+    return t.new_empty((_COMMUNICATORS[key].sizes[dim], *t.shape))
+
+
+@torch.library.custom_op("axgrid::reduce_scatter", mutates_args=())
+def _compiled_reduce_scatter(t: torch.Tensor, key: int, dim: str, average: bool) -> torch.Tensor:
+    return _COMMUNICATORS[key].reduce_scatter(t.clone(), dim, average=average)
+
+
+@_compiled_reduce_scatter.register_fake
+def _(t: torch.Tensor, key: int, dim: str, average: bool) -> torch.Tensor:
+    return t.new_empty((t.shape[0] // _COMMUNICATORS[key].sizes[dim], *t.shape[1:]))
+
+
+def _compiling(async_op: bool, p: int) -> bool:
+    """True while torch.compile traces a synchronous collective over more than one rank."""
+    return not async_op and p > 1 and torch.compiler.is_compiling()
+
+
 def _done(t: torch.Tensor) -> Pending:
     p = Pending(None, lambda: t)
     p.wait()
@@ -134,6 +178,8 @@ class Communicator:
         self.record_timing = record_timing
         self.tracer = tracer
         self.ledger = Ledger()
+        self.key = next(_KEYS)
+        _COMMUNICATORS[self.key] = self
 
     # -- helpers --------------------------------------------------------------------------------------
     def size(self, dim: str) -> int:
@@ -168,6 +214,8 @@ class Communicator:
         p = self.sizes[dim]
         if p == 1:
             return _done(t) if async_op else t
+        if _compiling(async_op, p):
+            return torch.ops.axgrid.all_reduce(t, self.key, dim, average)
         buf = self._buffer(t, reduce=True)
 
         def finish() -> torch.Tensor:
@@ -185,6 +233,8 @@ class Communicator:
         if p == 1:
             out = t.unsqueeze(0)
             return _done(out) if async_op else out
+        if _compiling(async_op, p):
+            return torch.ops.axgrid.all_gather(t, self.key, dim)
         src = t.contiguous().reshape(-1)
         out = torch.empty(p * src.numel(), dtype=t.dtype, device=t.device)
         return self._post(dim, "all_gather", out.numel() * out.element_size(),
@@ -231,6 +281,8 @@ class Communicator:
         if p == 1:
             out = t / p if average else t
             return _done(out) if async_op else out
+        if _compiling(async_op, p):
+            return torch.ops.axgrid.reduce_scatter(t, self.key, dim, average)
         buf = self._buffer(t, reduce=True)
         chunk = t.shape[0] // p
         idx = self.indices[dim]

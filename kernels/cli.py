@@ -135,8 +135,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     records = efficiency_records(GemmCache(args.cache).load())
-    with open(args.file, "w", encoding="utf-8") as f:
-        json.dump(records, f, indent=1)
+    try:
+        with open(args.file, "w", encoding="utf-8") as f:
+            json.dump(records, f, indent=1)
+    except OSError as exc:
+        raise ValueError(f"cannot write {args.file!r}: {exc.strerror or exc}; choose a writable path") from None
     print(f"wrote {len(records)} records to {args.file}")
     return 0
 

@@ -138,6 +138,18 @@ def cmd_rank(a: argparse.Namespace) -> int:
     check_positive(a, ("tp", "pp", "dp", "vpp", "mbs", "top"))
     if a.grid and named:
         raise PerfModelError("give either --grid or --tp/--pp/--dp, not both")
+    one = "--grid" if a.grid else ("--tp/--pp/--dp" if named else "")
+    outputs = [f for f, v in (("--csv", a.csv), ("--json", a.json), ("--explain", a.explain),
+                              ("--emit-slurm", a.emit_slurm)) if v]
+    if one and outputs:      # they would be silently skipped: one configuration is priced, no ranking is built
+        raise PerfModelError(f"{' and '.join(outputs)} work(s) on the full ranking, not with {one} (which prices one "
+                             f"configuration and prints its breakdown): drop one or the other")
+    if a.show_infeasible < 0:
+        raise PerfModelError(f"--show-infeasible {a.show_infeasible}: give the number of rejected grids to list (>= 0)")
+    single = [f for f, v in (("--vpp", a.vpp), ("--sp", a.sp), ("--mbs", a.mbs)) if v]
+    if single and not named:
+        raise PerfModelError(f"{' and '.join(single)} describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp "
+                             f"with it (the ranking already tries VPP 1/2/4, micro-batch sizes 1/2/4/8 and SP)")
     if a.grid:
         print(explain(prob, machine, price_grid(prob, machine, parse_grid(a.grid))))
         return 0

@@ -83,3 +83,11 @@ def test_train_gpt_bad_argument_is_one_line_on_stderr():
     res = subprocess.run([sys.executable, TRAIN_GPT, "--overlap", "bogus"], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "--overlap bogus" in res.stderr, res.stderr
+
+
+def test_kernels_export_to_unwritable_path_is_one_line(capsys, tmp_path):
+    """Review fix: an unwritable export-efficiency target leaked a FileNotFoundError traceback."""
+    from kernels.cli import main
+    assert main(["export-efficiency", str(tmp_path / "missing" / "eff.json"), "--cache", str(tmp_path / "g.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write") and "choose a writable path" in err and err.count("\n") == 1, err

@@ -138,6 +138,24 @@ def test_cli_prices_one_named_configuration(capsys):
     assert "not --gpus 32" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra,msg", [
+    (["--grid", "2x2x2x4", "--csv", "OUT"], "--csv work(s) on the full ranking, not with --grid"),
+    (["--tp", "4", "--pp", "4", "--json", "OUT"], "--json work(s) on the full ranking, not with --tp/--pp/--dp"),
+    (["--grid", "2x2x2x4", "--explain", "1"], "--explain work(s) on the full ranking"),
+    (["--vpp", "2"], "--vpp describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp"),
+    (["--sp", "--mbs", "2"], "--sp and --mbs describe(s) one TP×PP×DP configuration"),
+    (["--show-infeasible", "-1"], "--show-infeasible -1: give the number of rejected grids to list (>= 0)"),
+])
+def test_cli_refuses_flags_it_would_ignore(extra, msg, tmp_path, capsys):
+    """Review fix: these were silently skipped (no CSV written, the ranking printed without VPP 2), exit 0."""
+    out = tmp_path / "out.csv"
+    args = ["rank", "--model", "gpt-5b", "--gpus", "32", "--machine", "perlmutter", "--batch", "64"]
+    assert main(args + [str(out) if a == "OUT" else a for a in extra]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flag", ["--csv", "--json", "--emit-slurm"])
 def test_cli_unwritable_output_is_one_line(flag, tmp_path, capsys):
     blocker = tmp_path / "file"
