@@ -155,8 +155,8 @@ def _end(job: _Job, sig: int, grace_s: float, signals: _Signals) -> None:
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and signals.count == seen and any(proctree.alive(p) for p in ranks):
         time.sleep(0.02)
-    if job.mpi:     # let mpiexec notice its ranks are gone before it is killed
-        proctree.wait_gone([job.procs[0].pid], min(deadline, time.monotonic() + 0.5))
+    if job.mpi:     # mpiexec exits once its ranks have: let it pass on their last lines (tracebacks) first
+        proctree.wait_gone([job.procs[0].pid], time.monotonic() + 3.0)
     proctree.kill_job(os.path.basename(job.tmp))
     for p in job.procs:
         p.wait()

@@ -41,8 +41,14 @@ def _flush() -> None:
             pass
 
 
-def _fail_fast(previous: Callable[..., object]) -> Callable[..., None]:
+def _fail_fast(previous: Callable[..., object], running: list[bool]) -> Callable[..., None]:
+    """A hook that prints through ``previous``, then exits. Hooks installed later (torch's rank prefix, which
+    prints through a buffer) may wrap it: only the outermost of ours exits, after everything was printed."""
     def hook(kind: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        if running:                     # called from inside another hook wrapping ours: just print
+            previous(kind, value, tb)
+            return
+        running.append(True)
         try:
             previous(kind, value, tb)
         finally:
@@ -53,12 +59,16 @@ def _fail_fast(previous: Callable[..., object]) -> Callable[..., None]:
     return hook
 
 
+#: Non-empty while one of our hooks runs (shared by all of them: nested ones only print).
+_RUNNING: list[bool] = []
+
+
 def install(release: Callable[[], None], world_size: int) -> None:
     """Run ``release`` at exit (before mpi4py's ``MPI_Finalize``: call this after MPI is initialised) and, in a
     job of several ranks that is not an interactive session, make an uncaught exception end this rank at once.
-    Each is installed once per process."""
+    Call it again after ``init_process_group`` (which wraps the hook) so that ours is outermost."""
     interactive = hasattr(sys, "ps1") or sys.flags.interactive
     if world_size > 1 and not interactive and not getattr(sys.excepthook, "axgrid_fail_fast", False):
-        sys.excepthook = _fail_fast(sys.excepthook)
+        sys.excepthook = _fail_fast(sys.excepthook, _RUNNING)
     atexit.unregister(release)
     atexit.register(release)

@@ -19,7 +19,8 @@ LAUNCHERS = ["plain"] + (["mpiexec"] if MPIEXEC else [])
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not installed (pip install 'axgrid[mpi]')")
 
 RAISE_BOUND_S = 15.0     # a raising or killed rank: all ranks gone within this (goal: 5 s)
-HANG_TIMEOUT_S = 5.0     # the collective timeout of the hang jobs; they must end within it + RAISE_BOUND_S
+HANG_TIMEOUT_S = 5.0     # the collective timeout of the hang jobs
+HANG_SLACK_S = 20.0      # ... which must end within HANG_TIMEOUT_S + this
 
 
 def job_of(*args, **kwargs) -> Job:
@@ -39,6 +40,7 @@ def test_a_raising_rank_ends_the_job_with_its_exit_code(launcher, tmp_path):
     job = job_of(launcher, "raise", tmp_path)
     assert job.code == 1, job.output
     assert "rank 1 exited with code 1; the other ranks were ended" in job.output
+    assert "RuntimeError: rank 1 fails on purpose" in job.output     # its traceback was printed before it left
     assert job.teardown_s < RAISE_BOUND_S, job.output
     check_clean(job)
 
@@ -58,7 +60,7 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_pat
     # rank 0 times out in its all-reduce with the sleeping rank 1: its failure ends the job
     assert job.code == 1, job.output
     assert "rank 0 exited with code 1" in job.output
-    assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + RAISE_BOUND_S, job.output
+    assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + HANG_SLACK_S, job.output
     check_clean(job)
 
 
@@ -76,7 +78,7 @@ def test_a_hung_rank_ends_a_bare_mpiexec_job(tmp_path):
     """Without axgrid launch: the rank that times out leaves without MPI_Finalize, so Hydra ends the hung one."""
     job = job_of("bare-mpiexec", "hang", tmp_path, timeout_s=HANG_TIMEOUT_S)
     assert job.code == 1, job.output
-    assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + RAISE_BOUND_S, job.output
+    assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + HANG_SLACK_S, job.output
     check_clean(job)
 
 
