@@ -4,8 +4,9 @@
     python experiments/bench_peers.py --workload mlp --ranks 4 --hidden 512 --tokens 2048 --rounds 7
     python experiments/bench_peers.py --workload gpt --ranks 8 --grid 1x2x1x4
 
-Contenders (see ``experiments/peers.py``): axgrid on its best grid (picked by an interleaved quick sweep over
-every grid the workload fits, or ``--grid``) and on 1-D tensor parallelism (``1xNx1x1``: Megatron's layout);
+Contenders (see ``experiments/peers.py``): axgrid on its best grid (the fastest of the ``--finalists`` of an
+interleaved quick sweep over every grid the workload fits, or ``--grid``), on 1-D tensor parallelism
+(``1xNx1x1``: Megatron's layout) and on pure data parallelism (``1x1x1xN``: DDP's layout);
 PyTorch DTensor 1-D TP; DTensor 2-D TP x DP for every TP size that fits; DDP; FSDP2 (``fully_shard``). All start
 from the same weights, train on the same global batch with SGD, and their losses before and after the timed
 steps are printed side by side (they must agree: the same math).
@@ -78,9 +79,11 @@ def rank_main(w: peers.Workload, a: argparse.Namespace) -> Optional[dict]:
             c.close()
     # 2. the contenders, all alive, the same number of steps each
     contenders = [peers.AxgridContender(w, g, overlap, a.timeout) for g in finalists]
-    if tp1d not in {str(c.grid.shape) for c in contenders} and \
-            w.grid_fits(axgrid.layout.GridShape.parse(tp1d, world)):
-        contenders.append(peers.AxgridContender(w, tp1d, overlap, a.timeout))
+    dp = f"1x1x1x{world}"
+    for same in (tp1d, dp):            # the layouts of DTensor 1-D TP and of DDP, always measured
+        if same not in {str(c.grid.shape) for c in contenders} and \
+                w.grid_fits(axgrid.layout.GridShape.parse(same, world)):
+            contenders.append(peers.AxgridContender(w, same, overlap, a.timeout))
     contenders += peers.build_peers(w, set(a.skip), log)
     names = [c.name for c in contenders]
     before = {c.name: c.loss() for c in contenders}
@@ -94,7 +97,7 @@ def rank_main(w: peers.Workload, a: argparse.Namespace) -> Optional[dict]:
     if not rank0:
         return None
     return {"names": names, "res": res, "cpu": cpu, "before": before, "after": after, "bytes": nbytes, "notes": notes,
-            "sweep": sweep_table, "tp1d": f"axgrid {tp1d}", "steps_each": 1 + a.warmup + a.rounds * a.steps}
+            "sweep": sweep_table, "tp1d": f"axgrid {tp1d}", "world": world, "steps_each": 1 + a.warmup + a.rounds * a.steps}
 
 
 def report(world: int, w: peers.Workload, r: dict) -> str:
@@ -130,6 +133,8 @@ def report(world: int, w: peers.Workload, r: dict) -> str:
         dt1 = next((n for n in others if n.startswith("DTensor 1D")), None)
         if tp in names and dt1:
             pairs.append((tp, dt1, "   <- same layout (1-D TP)"))
+        if f"axgrid 1x1x1x{r['world']}" in names and "DDP" in names:
+            pairs.append((f"axgrid 1x1x1x{r['world']}", "DDP", "   <- same layout (data parallel)"))
         for n in others:                               # DTensor 2-D TPt x DPd is axgrid's 1 x t x 1 x d
             m = re.fullmatch(r"DTensor 2D TP(\d+)xDP(\d+)", n)
             if m and f"axgrid 1x{m[1]}x1x{m[2]}" in names:
