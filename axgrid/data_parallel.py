@@ -7,7 +7,7 @@ parallelized model) are replicated over the whole grid: ``"xyzd"``.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -52,7 +52,8 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     for bucket in _buckets(todo, grid.config.bucket_bytes):
-        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket), "d", average=True))
+        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket, grid.grad_buffers), "d", average=True))
+    grid.grad_buffers.end_step()
 
 
 def _buckets(params: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
@@ -70,9 +71,58 @@ def _buckets(params: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]
     return out
 
 
-def flat_grads(params: list[torch.Tensor]) -> torch.Tensor:
-    """The gradients of ``params`` concatenated into one 1-D tensor (one collective for a bucket)."""
-    return torch.cat([p.grad.reshape(-1) for p in params])
+class BucketBuffers:
+    """Flat bucket buffers kept across steps (as DDP keeps its buckets), one per bucket layout.
+
+    A layout is the ordered list of a bucket's parameters with their gradients' shape, dtype and device; a
+    buffer is ``[sum of numels]`` of that dtype on that device, fully overwritten on each use, so a layout only
+    ever gets a buffer of exactly its size. The owner calls :meth:`end_step` after every step's collectives
+    completed (never while one on a buffer is in flight); a buffer no step used in the last ``keep_steps``
+    steps that used any is freed, so a changed model does not keep the old one's buffers alive. A layout asked
+    for twice in one step (its first buffer may still be in flight) gets a fresh tensor the second time.
+    """
+
+    def __init__(self, keep_steps: int = 2) -> None:
+        self.keep_steps = keep_steps
+        self.buffers: dict[tuple, torch.Tensor] = {}
+        self.last_used: dict[tuple, int] = {}
+        self.step = 0
+        self.taken: set[tuple] = set()      # layouts handed out since the last end_step
+
+    def get(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """The buffer for ``params``' layout: ``[sum(p.grad.numel())]``, contents undefined."""
+        g0 = params[0].grad
+        key = (g0.dtype, g0.device, *((id(p), p.grad.shape) for p in params))
+        numel = sum(p.grad.numel() for p in params)
+        if key in self.taken:
+            return torch.empty(numel, dtype=g0.dtype, device=g0.device)
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = torch.empty(numel, dtype=g0.dtype, device=g0.device)
+        self.last_used[key] = self.step
+        self.taken.add(key)
+        return buf
+
+    def end_step(self) -> None:
+        """Every collective on the buffers completed: age them; free those unused for ``keep_steps`` steps."""
+        if not self.taken:
+            return                          # e.g. a no_sync backward: nothing reduced, nothing ages
+        self.step += 1
+        self.taken.clear()
+        for key in [k for k, s in self.last_used.items() if self.step - s > self.keep_steps]:
+            del self.buffers[key], self.last_used[key]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
+
+def flat_grads(params: list[torch.Tensor], buffers: Optional[BucketBuffers] = None) -> torch.Tensor:
+    """The gradients of ``params`` concatenated into one 1-D tensor (one collective for a bucket): into the
+    persistent buffer ``buffers`` keeps for this layout when given (not while torch.compile traces)."""
+    grads = [p.grad.detach().reshape(-1) for p in params]
+    if buffers is None or torch.compiler.is_compiling():
+        return torch.cat(grads)
+    return torch.cat(grads, out=buffers.get(params))
 
 
 def write_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:

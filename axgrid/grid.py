@@ -59,6 +59,8 @@ class Grid:
         ov = config.overlap
         self.prefetcher = WeightPrefetcher(self) if ov.oag and self.shape.gz > 1 else None
         self.pending_grads = GradientPipeline(self, ov.ors, ov.odp) if (ov.ors or ov.odp) else None
+        from .data_parallel import BucketBuffers
+        self.grad_buffers = BucketBuffers()   # sync_gradients' flat buckets, kept across steps
 
     def _gemm_tuner(self):
         """A kernels.GemmTuner whose decisions rank 0 of each x-y group makes for the whole group."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import torch
 
 from .comm import Pending
-from .data_parallel import flat_grads, write_grads
+from .data_parallel import BucketBuffers, flat_grads, write_grads
 
 if TYPE_CHECKING:
     from .grid import Grid
@@ -116,6 +116,7 @@ class GradientPipeline:
         self.bucket: list[torch.nn.Parameter] = []
         self.bucket_bytes = 0
         self.dp_inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
+        self.dp_buffers = BucketBuffers()  # reused once ``finish`` has waited for every bucket's all-reduce
         self.callback_queued = False
         self.sync_enabled = True
         self.hooked: set[int] = set()
@@ -192,8 +193,8 @@ class GradientPipeline:
     def _flush(self) -> None:
         if not self.bucket:
             return
-        self.dp_inflight.append((self.bucket, self.grid.comm.all_reduce(flat_grads(self.bucket), "d", average=True,
-                                                                        async_op=True)))
+        flat = flat_grads(self.bucket, self.dp_buffers)
+        self.dp_inflight.append((self.bucket, self.grid.comm.all_reduce(flat, "d", average=True, async_op=True)))
         self.bucket, self.bucket_bytes = [], 0
 
     @contextmanager
@@ -215,6 +216,7 @@ class GradientPipeline:
             write_grads(params, pending.wait())
             self.synced.update(id(p) for p in params)
         self.dp_inflight.clear()
+        self.dp_buffers.end_step()
         self.callback_queued = False
 
     def empty(self) -> bool:

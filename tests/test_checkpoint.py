@@ -385,6 +385,20 @@ def test_resume_compares_run_config(ranks, tmp_path):
     assert steps_ok == "ok 2 10" and model_ok == "ok 2 10"
 
 
+def test_config_values_that_could_never_match_on_resume(tmp_path):
+    """Review fix: a config value whose text holds a memory address (a function, a plain object) was saved as
+    its repr and made every resume fail with ConfigMismatch; a NaN (e.g. an unset clip) never compared equal."""
+    root = str(tmp_path / "ck")
+    model = Net(None)
+    with pytest.raises(CheckpointError, match=r"config field model\.act is <function .*memory address"):
+        save_checkpoint(root, model, None, None, step=1, config={"model": {"act": lambda x: x}})
+    assert not os.path.exists(os.path.join(root, "step-00000001"))
+    config = {"clip": float("nan"), "betas": (0.9, float("nan")), "note": "kept at 0x10 as text"}
+    save_checkpoint(root, model, None, None, step=1, config=config)
+    info = load_checkpoint(root, Net(None), None, None, config=config, restore_rng=False)
+    assert info.step == 1 and info.config["note"] == "kept at 0x10 as text"
+
+
 def _train_gpt_module():
     import importlib.util
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train_gpt.py")

@@ -6,6 +6,8 @@ are compared by dotted name (``model.heads``). The grid is not part of it: loadi
 """
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Iterable, Mapping, Optional
 
 from .format import CheckpointError, _json_safe
@@ -29,7 +31,23 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(flatten(value, name + "."))
         else:
             out[name] = _json_safe(value)
+            if not isinstance(value, str) and _ADDRESS.search(str(out[name])):     # a repr() of an object
+                raise CheckpointError(f"config field {name} is {out[name]}: its text holds a memory address, which "
+                                      f"differs in every process, so every resume would report it changed; record "
+                                      f"a name or number for it instead")
     return out
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with NaN equal to NaN (a JSON round trip keeps NaN, but NaN != NaN)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def config_record(config: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
@@ -58,7 +76,7 @@ def compare_config(saved: Optional[Mapping[str, Any]], current: Optional[Mapping
     mine = config_record(current) or {}
     allow = list(allow_changes)
     diff = {f: (saved.get(f), mine.get(f)) for f in sorted(set(saved) | set(mine))
-            if saved.get(f, _ABSENT) != mine.get(f, _ABSENT) and not _allowed(f, allow)}
+            if not _same(saved.get(f, _ABSENT), mine.get(f, _ABSENT)) and not _allowed(f, allow)}
     if diff:
         shown = ", ".join(f"{f} {_show(s, f in saved)} -> {_show(c, f in mine)}" for f, (s, c) in diff.items())
         raise ConfigMismatch(f"the checkpoint {where} was saved by a run with another config: {shown} (checkpoint "
