@@ -25,7 +25,7 @@ def test_cli_rank_outputs(tmp_path, capsys):
     assert len(scripts) == 3
     text = scripts[0].read_text()
     g = doc["rows"][0]["grid"]
-    assert f"--grid {g}" in text and "srun" in text and "experiments/train_gpt.py --model gpt-tiny" in text
+    assert f"--grid {g}" in text and "srun --kill-on-bad-exit=1" in text and "experiments/train_gpt.py --model gpt-tiny" in text
     assert "#SBATCH --nodes=2" in text
 
 
