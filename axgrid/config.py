@@ -1,6 +1,7 @@
 """Configuration objects of the runtime. Behaviour is switched here, never by module-level flags."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -77,5 +78,5 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.gemm_tuning not in ("off", "on-first-use", "cache-only"):
             raise ValueError(f"gemm_tuning={self.gemm_tuning!r}: choose 'off', 'on-first-use' or 'cache-only'")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0 seconds")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s={self.timeout_s!r} must be a finite number of seconds > 0, e.g. 120")

@@ -107,3 +107,10 @@ def test_launched_job_with_bad_grid_fails_fast():
     assert res.returncode != 0
     assert "grid 3x1x1x1 has 3 ranks but the world size is 2" in res.stdout
     assert time.monotonic() - t < 90
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, float("nan"), float("inf")])
+def test_runtime_config_refuses_a_timeout_that_is_not_a_positive_finite_number(timeout_s):
+    """``nan <= 0`` is False, so a nan timeout used to pass the check and fail later, far from its cause."""
+    with pytest.raises(ValueError, match="timeout_s=.* must be a finite number of seconds > 0"):
+        axgrid.RuntimeConfig(timeout_s=timeout_s)
