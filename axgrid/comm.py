@@ -155,7 +155,8 @@ def _compiling(async_op: bool, p: int) -> bool:
     return not async_op and p > 1 and torch.compiler.is_compiling()
 
 
-def _done(t: torch.Tensor) -> Pending:
+def ready(t: torch.Tensor) -> Pending:
+    """A completed :class:`Pending` holding ``t`` (a collective that ran synchronously, or had nothing to do)."""
     p = Pending(None, lambda: t)
     p.wait()
     return p
@@ -213,7 +214,7 @@ class Communicator:
         self._check(dim)
         p = self.sizes[dim]
         if p == 1:
-            return _done(t) if async_op else t
+            return ready(t) if async_op else t
         if _compiling(async_op, p):
             return torch.ops.axgrid.all_reduce(t, self.key, dim, average)
         buf = self._buffer(t, reduce=True)
@@ -232,7 +233,7 @@ class Communicator:
         p = self.sizes[dim]
         if p == 1:
             out = t.unsqueeze(0)
-            return _done(out) if async_op else out
+            return ready(out) if async_op else out
         if _compiling(async_op, p):
             return torch.ops.axgrid.all_gather(t, self.key, dim)
         src = t.contiguous().reshape(-1)
@@ -280,7 +281,7 @@ class Communicator:
                              f"size {p}; pad it first")
         if p == 1:
             out = t / p if average else t
-            return _done(out) if async_op else out
+            return ready(out) if async_op else out
         if _compiling(async_op, p):
             return torch.ops.axgrid.reduce_scatter(t, self.key, dim, average)
         buf = self._buffer(t, reduce=True)

@@ -7,11 +7,12 @@ parallelized model) are replicated over the whole grid: ``"xyzd"``.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 
-from .grid import Grid
+if TYPE_CHECKING:
+    from .grid import Grid
 
 
 def replicated_over(p: torch.Tensor) -> str:
@@ -26,12 +27,11 @@ def _params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tens
 
 def finish_gradients(grid: Grid) -> None:
     """Complete every gradient collective still in flight (ORS / ODP) and write the results to ``.grad``."""
-    if grid.pending_grads is not None:
-        grid.pending_grads.finish()
+    grid.runtime.grads.finish()
 
 
 def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> None:
-    """Average ``.grad`` over the data-parallel dimension d, in buckets of ``grid.config.bucket_bytes``.
+    """Average ``.grad`` over the data-parallel dimension d, in buckets of ``RuntimeConfig.bucket_bytes``.
 
     Call once per optimizer step, after the last micro-batch's backward. Completes pending overlapped
     gradient collectives first. With the ODP overlap on, gradients already synchronised during backward
@@ -39,21 +39,21 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     on this rank contributes zeros (and receives the mean). ODP itself, like DDP's default, needs every
     watched parameter to get a gradient in every synchronised backward.
     """
-    finish_gradients(grid)
+    rt = grid.runtime
+    rt.grads.finish()
     if grid.size("d") == 1:
         return
-    done = set(grid.pending_grads.synced) if grid.pending_grads is not None else set()
-    if grid.pending_grads is not None:
-        grid.pending_grads.synced.clear()     # consumed: the next step starts from nothing synced
+    done = set(rt.grads.synced)
+    rt.grads.synced.clear()     # consumed: the next step starts from nothing synced
     # Every rank reduces the same parameters in the same order: a parameter without a gradient on this rank
     # (unused in its branch) contributes zeros, so buckets line up across d and the mean stays right.
     todo = [p for p in _params(params) if id(p) not in done]
     for p in todo:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    for bucket in _buckets(todo, grid.config.bucket_bytes):
-        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket, grid.grad_buffers), "d", average=True))
-    grid.grad_buffers.end_step()
+    for bucket in _buckets(todo, rt.config.bucket_bytes):
+        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket, rt.grad_buffers), "d", average=True))
+    rt.grad_buffers.end_step()
 
 
 def _buckets(params: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:

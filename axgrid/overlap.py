@@ -1,28 +1,33 @@
-"""Overlap of non-blocking collectives with compute: the machinery behind ``OverlapConfig``'s switches.
+"""Where parallel layers get their weights and send their gradients: plain, or overlapped with compute.
 
-- :class:`WeightPrefetcher` (OAG): records the order in which parallel layers run forward -- once for the
+A :class:`~axgrid.runtime.Runtime` always holds one weight source and one gradient sink, so layers call them
+unconditionally; ``OverlapConfig`` only chooses which class is built.
+
+- :class:`WeightGather` (OAG off): a layer all-gathers its weight block over z when it runs.
+  :class:`WeightPrefetcher` (OAG): records the order in which parallel layers run forward -- once for the
   forward pass and once for the recompute forwards inside backward -- and from then on, when a layer starts,
   posts the all-gather of the layer that ran after it last time. A prefetch that does not match the layer that
   actually runs is waited for and dropped (all ranks run the same sequence, so collectives stay in step).
-- :class:`GradientPipeline` (ORS, ODP): weight-gradient reduce-scatters over z (and the bias all-reduces over z)
-  are posted asynchronously and completed one layer later, under the backward of earlier layers; with ODP the
-  finished gradients are bucketed and all-reduced over d asynchronously during the backward. Everything still
-  in flight is completed by a callback at the end of the backward pass, so ``.grad`` is complete whenever
-  ``loss.backward()`` returns: nothing to forget before the optimizer step.
+- :class:`GradientSink` (ORS and ODP off): gradient collectives run at once and their results go back to
+  autograd. :class:`GradientPipeline` (ORS, ODP): weight-gradient reduce-scatters over z (and the bias
+  all-reduces over z) are posted asynchronously and completed one layer later, under the backward of earlier
+  layers; with ODP the finished gradients are bucketed and all-reduced over d asynchronously during the
+  backward. Everything still in flight is completed by a callback at the end of the backward pass, so ``.grad``
+  is complete whenever ``loss.backward()`` returns: nothing to forget before the optimizer step.
+- Both sinks post the input-gradient all-reduce: with OAR it stays in flight under the weight-gradient GEMM.
 """
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Optional
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, ContextManager, Iterator, Optional, Sequence
 
 import torch
 
-from .comm import Pending
+from .comm import Communicator, Pending, ready
 from .data_parallel import BucketBuffers, flat_grads, write_grads
 
 if TYPE_CHECKING:
-    from .grid import Grid
     from .nn.linear import Linear
 
 
@@ -31,24 +36,54 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-class WeightPrefetcher:
+class WeightGather:
+    """OAG off: each layer all-gathers its weight block over z when it runs. With ``keep`` (the config's
+    ``keep_gathered_weights``) the forward's block is saved for backward instead of the shard (one all-gather
+    fewer, more memory)."""
+
+    pending: Optional[tuple[int, int, Pending]] = None   # never a prefetch in flight
+    hits = misses = 0
+
+    def __init__(self, keep: bool) -> None:
+        self.keep = keep
+
+    def forward_block(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
+        """``layer``'s block ``[n_blk, k_blk]`` for its forward."""
+        return layer.gather_weight(shard)
+
+    def to_save(self, block: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+        """What the forward saves for backward: the block (``keep``) or the shard."""
+        return block if self.keep else shard
+
+    def backward_block(self, layer: "Linear", saved: torch.Tensor) -> torch.Tensor:
+        """The block for ``layer``'s input gradient, from what :meth:`to_save` returned."""
+        return saved if self.keep else layer.gather_weight(saved)
+
+    def note_backward(self) -> None:
+        """Called from inside a backward pass (a prefetcher learns the forward order is complete)."""
+
+    def drop(self) -> None:
+        """Complete and forget an outstanding prefetch (none here)."""
+
+
+class WeightPrefetcher(WeightGather):
     """OAG: prefetch the next layer's weight all-gather over z in execution order."""
 
-    def __init__(self, grid: "Grid") -> None:
-        self.grid = grid
+    def __init__(self, keep: bool) -> None:
+        super().__init__(keep)
         # layer id -> the layer that ran after it (weak: a deleted model is not kept alive)
         self.next_of: dict[str, dict[int, weakref.ref]] = {"fwd": {}, "bwd": {}}
         self.seen: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
         self.recording = {"fwd": True, "bwd": True}
         self.last: dict[str, Optional[int]] = {"fwd": None, "bwd": None}
-        self.pending: Optional[tuple[int, int, Pending]] = None   # (layer id, weight version, gather)
+        self.pending = None   # (layer id, weight version, gather)
         self.hits = self.misses = 0
         self.callback_queued = False
 
     def _mode(self) -> str:
         return "bwd" if in_backward() else "fwd"
 
-    def weight_for(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
+    def forward_block(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
         """The gathered block for ``layer`` (prefetched when it was), and the next layer's gather posted."""
         mode = self._mode()
         if mode == "bwd":
@@ -107,11 +142,65 @@ class WeightPrefetcher:
             self.misses += 1
 
 
-class GradientPipeline:
-    """ORS and ODP: gradient collectives in flight during the backward, completed at its end."""
+class GradientSink:
+    """ORS and ODP off: every gradient collective runs at once and its result goes back to autograd.
 
-    def __init__(self, grid: "Grid", ors: bool, odp: bool) -> None:
-        self.grid, self.ors, self.odp = grid, ors, odp
+    The interface every sink has: layers call :meth:`reduce_input_grad`, :meth:`reduce_scatter` and
+    :meth:`all_reduce` from their backward; :meth:`watch`, :meth:`no_sync`, :meth:`finish` and ``synced`` serve
+    ``grid.watch``, ``grid.no_sync`` and :func:`axgrid.sync_gradients`.
+    """
+
+    def __init__(self, comm: Communicator, oar: bool) -> None:
+        self.comm, self.oar = comm, oar
+        self.synced: set[int] = set()     # ids of parameters reduced over d by the latest backward (ODP)
+
+    def reduce_input_grad(self, dx: torch.Tensor, dim: str) -> Pending:
+        """``AR_dim(dx)``: with OAR left in flight (``.wait()`` it after the weight-gradient GEMM), else done."""
+        if self.oar:
+            return self.comm.all_reduce(dx, dim, async_op=True)
+        return ready(self.comm.all_reduce(dx, dim))
+
+    def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> Optional[torch.Tensor]:
+        """``RS_z(flat)``, ``param``'s padded flat gradient block: the shard's gradient, for autograd."""
+        return self.comm.reduce_scatter(flat, "z")
+
+    def all_reduce(self, params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor],
+                   dim: str) -> list[Optional[torch.Tensor]]:
+        """Sum ``grads`` (partial gradients of ``params``) over ``dim`` in ONE all-reduce, for autograd."""
+        if len(grads) == 1:
+            return [self.comm.all_reduce(grads[0], dim)]
+        flat = self.comm.all_reduce(torch.cat([g.reshape(-1) for g in grads]), dim)
+        out, off = [], 0
+        for g in grads:
+            out.append(flat[off: off + g.numel()].view_as(g))
+            off += g.numel()
+        return out
+
+    def watch(self, params: Iterator[torch.nn.Parameter]) -> None:
+        """ODP's registration (nothing to do without ODP)."""
+
+    def no_sync(self) -> ContextManager[None]:
+        """ODP's gradient accumulation (nothing to skip without ODP)."""
+        return nullcontext()
+
+    def finish(self) -> None:
+        """Complete every collective in flight (none here)."""
+
+    def empty(self) -> bool:
+        return True
+
+
+class GradientPipeline(GradientSink):
+    """ORS and ODP: gradient collectives in flight during the backward, completed at its end.
+
+    ``ors``: weight-gradient reduce-scatters and bias all-reduces over z complete one layer later.
+    ``odp``: finished gradients enter buckets of ``bucket_limit`` bytes, all-reduced over d during backward
+    (off when Gd = 1). A switch that is off leaves its collectives to :class:`GradientSink`.
+    """
+
+    def __init__(self, comm: Communicator, oar: bool, ors: bool, odp: bool, bucket_limit: int) -> None:
+        super().__init__(comm, oar)
+        self.ors, self.odp, self.bucket_limit = ors, odp and comm.size("d") > 1, bucket_limit
         self.inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
         self.bucket: list[torch.nn.Parameter] = []
         self.bucket_bytes = 0
@@ -121,12 +210,11 @@ class GradientPipeline:
         self.sync_enabled = True
         self.hooked: set[int] = set()
         self.delivered: set[int] = set()  # ids of parameters whose gradients this pipeline writes (ORS)
-        self.synced: set[int] = set()     # ids of parameters reduced over d by the latest backward
 
     # -- registration ----------------------------------------------------------------------------------
     def watch(self, params: Iterator[torch.nn.Parameter]) -> None:
         """ODP: have each parameter's finished gradient enter the data-parallel buckets during backward."""
-        if not self.odp or self.grid.size("d") == 1:
+        if not self.odp:
             return
         for p in params:
             if p.requires_grad and id(p) not in self.hooked:
@@ -146,18 +234,26 @@ class GradientPipeline:
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
 
     # -- ORS -------------------------------------------------------------------------------------------
-    def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> None:
-        """Post ``RS_z(flat)`` for ``param``'s gradient; complete the previous one (it ran under our GEMMs)."""
+    def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> Optional[torch.Tensor]:
+        """ORS: post ``RS_z(flat)`` for ``param``'s gradient and complete the one before last (it ran under our
+        GEMMs); None for autograd: the pipeline writes ``param.grad`` itself."""
+        if not self.ors:
+            return super().reduce_scatter(param, flat)
         self._queue_callback()
         self.delivered.add(id(param))
-        self._post([param], self.grid.comm.reduce_scatter(flat, "z", async_op=True))
+        self._post([param], self.comm.reduce_scatter(flat, "z", async_op=True))
+        return None
 
-    def all_reduce(self, params: list[torch.nn.Parameter], grads: list[torch.Tensor], dim: str) -> None:
-        """Post one ``AR_dim`` of the concatenated ``grads`` (partial gradients of ``params``)."""
+    def all_reduce(self, params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor],
+                   dim: str) -> list[Optional[torch.Tensor]]:
+        """ORS: post one ``AR_dim`` of the concatenated ``grads`` (partial gradients of ``params``); Nones."""
+        if not self.ors:
+            return super().all_reduce(params, grads, dim)
         self._queue_callback()
         self.delivered.update(id(p) for p in params)
         flat = grads[0].reshape(-1) if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
-        self._post(list(params), self.grid.comm.all_reduce(flat, dim, async_op=True))
+        self._post(list(params), self.comm.all_reduce(flat, dim, async_op=True))
+        return [None] * len(grads)
 
     def _post(self, params: list[torch.nn.Parameter], pending: Pending) -> None:
         self.inflight.append((params, pending))
@@ -178,7 +274,7 @@ class GradientPipeline:
 
     # -- ODP -------------------------------------------------------------------------------------------
     def _grad_ready(self, param: torch.nn.Parameter) -> None:
-        if not self.odp or self.grid.size("d") == 1:
+        if not self.odp:
             return
         self._queue_callback()                 # also under no_sync: a new backward clears `synced`
         if not self.sync_enabled:
@@ -187,14 +283,14 @@ class GradientPipeline:
             self._flush()
         self.bucket.append(param)
         self.bucket_bytes += param.grad.numel() * param.grad.element_size()
-        if self.bucket_bytes >= self.grid.config.bucket_bytes:
+        if self.bucket_bytes >= self.bucket_limit:
             self._flush()
 
     def _flush(self) -> None:
         if not self.bucket:
             return
         flat = flat_grads(self.bucket, self.dp_buffers)
-        self.dp_inflight.append((self.bucket, self.grid.comm.all_reduce(flat, "d", average=True, async_op=True)))
+        self.dp_inflight.append((self.bucket, self.comm.all_reduce(flat, "d", average=True, async_op=True)))
         self.bucket, self.bucket_bytes = [], 0
 
     @contextmanager
@@ -222,12 +318,3 @@ class GradientPipeline:
     def empty(self) -> bool:
         return not (self.inflight or self.bucket or self.dp_inflight)
 
-
-def kept_weight_bytes(model: torch.nn.Module) -> int:
-    """Extra memory ``keep_gathered_weights`` holds per micro-batch: each layer's gathered block minus its shard."""
-    from .nn.linear import Linear
-    total = 0
-    for m in model.modules():
-        if isinstance(m, Linear) and m.grid.size("z") > 1:
-            total += (m.sharding.block_numel - m.sharding.shard_numel) * m.weight.element_size()
-    return total

@@ -145,6 +145,6 @@ def deepcopy_keeping_marks(module: nn.Module, memo: dict) -> nn.Module:
             if hasattr(p, attr):
                 setattr(q, attr, getattr(p, attr))
     grid = new.__dict__.get("grid")
-    if grid is not None and getattr(grid, "pending_grads", None) is not None:
-        grid.pending_grads.watch(new.parameters())
+    if grid is not None:
+        grid.runtime.grads.watch(new.parameters())
     return new

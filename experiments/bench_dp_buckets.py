@@ -43,7 +43,7 @@ def rank_bench(n: int, mb: float, bucket_mb: float, rounds: int, steps: int, war
             p.grad = torch.randn(p.shape, generator=gen)
 
         def fresh() -> None:                   # the code before buffers were kept
-            for bucket in _buckets(params, grid.config.bucket_bytes):
+            for bucket in _buckets(params, grid.runtime.config.bucket_bytes):
                 write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket), "d", average=True))
 
         def kept() -> None:
@@ -53,7 +53,7 @@ def rank_bench(n: int, mb: float, bucket_mb: float, rounds: int, steps: int, war
                               barrier=dist.barrier, also={"cpu": time.process_time})
         wall = res.reduced(lambda v: _reduce(v, dist.ReduceOp.MAX))
         cpu = res.extra["cpu"].reduced(lambda v: _reduce(v, dist.ReduceOp.SUM))
-        return {"wall": wall, "cpu": cpu, "kept_mb": grid.grad_buffers.nbytes() / 1e6}
+        return {"wall": wall, "cpu": cpu, "kept_mb": grid.runtime.grad_buffers.nbytes() / 1e6}
     finally:
         grid.destroy()
 

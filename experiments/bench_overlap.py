@@ -59,8 +59,8 @@ def rank_bench(spec: str, hidden: int, depth: int, tokens: int, rounds: int, ste
         if r == 0:                                   # warm-up done: count only the timed steps
             for grid, _ in runs.values():
                 grid.ledger.reset()
-                if grid.tracer is not None:
-                    grid.tracer.clear()
+                if grid.runtime.tracer is not None:
+                    grid.runtime.tracer.clear()
 
     res = harness.measure({label(c): s for c, (_, s) in runs.items()}, rounds=rounds, steps_per_round=steps,
                           warmup=warmup, seed=seed, barrier=dist.barrier, on_round=start_timing)
@@ -69,9 +69,9 @@ def rank_bench(spec: str, hidden: int, depth: int, tokens: int, rounds: int, ste
     for combo, (grid, _) in runs.items():
         es = list(grid.ledger.entries.values())
         comm[label(combo)] = (sum(e.seconds for e in es), sum(e.wait_seconds for e in es))
-        if grid.tracer is not None:
+        if grid.runtime.tracer is not None:
             os.makedirs(trace_dir, exist_ok=True)
-            grid.tracer.write(os.path.join(trace_dir, "trace-{rank}.json"))
+            grid.runtime.tracer.write(os.path.join(trace_dir, "trace-{rank}.json"))
         grid.destroy()
     return {"res": res, "comm": comm}
 

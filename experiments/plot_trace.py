@@ -1,4 +1,4 @@
-"""Draw a Chrome trace written by axgrid (``RuntimeConfig(trace=True)``, ``grid.tracer.write``) as a PNG timeline:
+"""Draw a Chrome trace written by axgrid (``RuntimeConfig(trace=True)``, ``grid.runtime.tracer.write``) as a PNG timeline:
 one row per rank and track (compute, comm in flight, blocked in wait), so overlap can be seen without a browser.
 
     python experiments/plot_trace.py runs/trace/merged.json runs/trace/timeline.png [--last-ms 200]

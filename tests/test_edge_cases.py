@@ -103,14 +103,14 @@ def rank_two_models_prefetch(spec: str) -> tuple:
         first = MLPStack(8, 2, grid=grid, seed=1)
         for _ in range(2):
             first(torch.randn(4, 8)).sum().backward()
-        hits_first = grid.prefetcher.hits
+        hits_first = grid.runtime.weights.hits
         ref = weakref.ref(first)
         del first
         gc.collect()
         second = MLPStack(8, 2, grid=grid, seed=2)
         for _ in range(2):
             second(torch.randn(4, 8)).sum().backward()
-        return hits_first, grid.prefetcher.hits - hits_first, ref() is None
+        return hits_first, grid.runtime.weights.hits - hits_first, ref() is None
     finally:
         grid.destroy()
 

@@ -182,8 +182,7 @@ def _train_with(spec: str, overlap: "axgrid.OverlapConfig", recompute: bool) -> 
             axgrid.sync_gradients(model, grid)
             axgrid.clip_grad_norm_(model, 0.5, grid)
             opt.step()
-        pipe = grid.pending_grads
-        assert pipe is None or pipe.empty(), "gradient collectives left pending"
+        assert grid.runtime.grads.empty(), "gradient collectives left pending"
         return losses, [p.detach().clone() for p in model.parameters()]
     finally:
         grid.destroy()

@@ -32,10 +32,10 @@ def _fresh_mean(model: nn.Module, grid) -> list[torch.Tensor]:
     return out
 
 
-def _step(model: nn.Module, grid, d: int, step: int, buffers) -> tuple[bool, set[int]]:
+def _step(model: nn.Module, grid, d: int, step: int, buffers, odp: bool) -> tuple[bool, set[int]]:
     """One step: local gradients, the expected mean, the synchronised result; (bit-identical, buffer ptrs)."""
     model.zero_grad(set_to_none=True)
-    if grid.pending_grads is None:
+    if not odp:
         _local_grads(model, d, step)
         want = _fresh_mean(model, grid)
     else:                     # ODP reduces during backward: the expectation comes from an unwatched twin
@@ -54,14 +54,14 @@ def rank_reuse(odp: bool) -> dict:
     grid = axgrid.init("1x1x1x2", config=axgrid.RuntimeConfig(timeout_s=60, overlap=ov, bucket_bytes=BUCKET))
     try:
         d = grid.coord.d
-        buffers = grid.pending_grads.dp_buffers if odp else grid.grad_buffers
+        buffers = grid.runtime.grads.dp_buffers if odp else grid.runtime.grad_buffers
         a = _model([8, 16, 6, 4], 1)
         b = _model([8, 12, 6, 4], 2)       # another layout: same dtype, different sizes
         grid.watch(a)
         grid.watch(b)
         out = {"same": [], "ptrs": [], "count": [], "sizes": []}
         for step, model in enumerate([a, a, b, b, b, b]):
-            same, ptrs = _step(model, grid, d, step, buffers)
+            same, ptrs = _step(model, grid, d, step, buffers, odp)
             out["same"].append(same)
             out["ptrs"].append(ptrs)
             out["count"].append(len(buffers.buffers))

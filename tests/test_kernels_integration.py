@@ -25,10 +25,10 @@ def rank_tuned_layer(spec: str, mode: str, cache: str) -> dict:
         torch.testing.assert_close(layer(x), ref(x), rtol=1e-5, atol=1e-5)
         sh = layer.sharding
         m = 6 // grid.size("z")
-        choices = {role: grid.gemm.choice(*shape, torch.float32, "cpu", role) for role, shape in
+        choices = {role: grid.runtime.gemm_fn.choice(*shape, torch.float32, "cpu", role) for role, shape in
                    (("forward", (m, sh.n_blk, sh.k_blk)), ("input_grad", (m, sh.k_blk, sh.n_blk)),
                     ("weight_grad", (sh.n_blk, sh.k_blk, m)))}
-        return {"calls": dict(grid.gemm.stats.calls), "choices": choices, "xy": grid.index("xy"),
+        return {"calls": dict(grid.runtime.gemm_fn.stats.calls), "choices": choices, "xy": grid.index("xy"),
                 "group": tuple(grid.layout.group_of(grid.rank, "xy"))}
     finally:
         grid.destroy()

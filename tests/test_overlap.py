@@ -32,11 +32,11 @@ def train(spec: str, overlap: axgrid.OverlapConfig, recompute: bool, steps: int 
                 losses.append(loss.item())
             axgrid.sync_gradients(model, grid)
             opt.step()
-            pipe, pre = grid.pending_grads, grid.prefetcher
-            leaks.append((pipe is not None and not pipe.empty()) or (pre is not None and pre.pending is not None))
+            rt = grid.runtime
+            leaks.append(not rt.grads.empty() or rt.weights.pending is not None)
         dense = [l.to_dense() for l in list(model.ups) + list(model.downs)]
         params = [torch.cat([m.weight.reshape(-1), m.bias]) for m in dense]
-        hits = grid.prefetcher.hits if grid.prefetcher is not None else 0
+        hits = grid.runtime.weights.hits
         return losses, params, leaks, hits
     finally:
         grid.destroy()
@@ -75,7 +75,7 @@ def rank_keep_gathered(spec: str) -> tuple:
     ov = axgrid.OverlapConfig(keep_gathered_weights=True)
     grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=ov))
     try:
-        from axgrid.overlap import kept_weight_bytes
+        from axgrid.nn.linear import kept_weight_bytes
         model = MLPStack(12, 2, ffn=24, grid=grid, seed=4)
         grid.ledger.reset()
         model(torch.randn(6, 12)).sum().backward()
@@ -99,8 +99,8 @@ def rank_trace(spec: str, path: str) -> int:
         model = MLPStack(12, 2, ffn=24, grid=grid, seed=4)
         for _ in range(2):
             model(torch.randn(6, 12)).sum().backward()
-        grid.tracer.write(path)
-        return len(grid.tracer.events)
+        grid.runtime.tracer.write(path)
+        return len(grid.runtime.tracer.events)
     finally:
         grid.destroy()
 

@@ -82,41 +82,27 @@ class LinearSharding:
                               grid.index("z"))
 
 
-def _gemm(grid: Grid, a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
-    """``a @ b`` through the configured GEMM (e.g. a kernels.GemmTuner), traced when tracing is on."""
-    fn = grid.gemm
-    if fn is not None and torch.is_autocast_enabled(a.device.type):
-        dt = torch.get_autocast_dtype(a.device.type)   # what matmul would compute in under autocast
-        a, b = a.to(dt), b.to(dt)
-    if grid.tracer is None:
-        return fn(a, b, role) if fn is not None else a @ b
-    with grid.tracer.compute(f"gemm {role} {tuple(a.shape)}x{tuple(b.shape)}"):
-        return fn(a, b, role) if fn is not None else a @ b
-
-
 class _LinearFunction(torch.autograd.Function):
     """The 3D matmul on this rank's pieces: ``x_loc [m', k_blk]`` -> ``y_loc [m', n_blk]``."""
 
     @staticmethod
     def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
                 layer: "Linear") -> torch.Tensor:
-        grid, sh = layer.grid, layer.sharding
-        w_blk = layer.gathered_weight(weight)                       # [n_blk, k_blk]
-        if bias is not None and grid.size(sh.in_dim) == 1 and grid.gemm is None and grid.tracer is None:
+        grid, rt, sh = layer.grid, layer.runtime, layer.sharding
+        w_blk = rt.weights.forward_block(layer, weight)            # [n_blk, k_blk]
+        if bias is not None and grid.size(sh.in_dim) == 1 and rt.gemm_is_matmul:
             # nothing to reduce: the bias rides in the GEMM (as in F.linear), no extra pass over the output
             y = torch.addmm(bias, x_loc, w_blk.t())                  # [m', n_blk]
         else:
-            y = _gemm(grid, x_loc, w_blk.t(), "forward")                # [m', n_blk], partial over in_dim
+            y = rt.gemm(x_loc, w_blk.t(), "forward")                  # [m', n_blk], partial over in_dim
             y = grid.comm.all_reduce(y, sh.in_dim)                      # a fresh buffer: safe to add into
             if bias is not None:
                 y.add_(bias.to(y.dtype))    # under autocast, like F.linear: the output keeps the GEMM's dtype
-        keep = grid.config.overlap.keep_gathered_weights
         ctx.layer = layer
         ctx.has_bias = bias is not None
         dev = x_loc.device.type
         ctx.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
-        ctx.save_for_backward(x_loc, w_blk if keep else weight)
-        ctx.keep = keep
+        ctx.save_for_backward(x_loc, rt.weights.to_save(w_blk, weight))
         return y
 
     @staticmethod
@@ -128,37 +114,24 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, dy: torch.Tensor):
         layer: Linear = ctx.layer
-        grid, sh = layer.grid, layer.sharding
-        ov = grid.config.overlap
-        if grid.prefetcher is not None:
-            grid.prefetcher.note_backward()
+        grid, rt, sh = layer.grid, layer.runtime, layer.sharding
+        rt.weights.note_backward()
         x_loc, saved = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dy = dy.contiguous()
         dx = dx_pending = dw_shard = db = None
         if need_x:                                                  # (the same decision on every rank: SPMD)
-            w_blk = saved if ctx.keep else layer.gather_weight(saved)
-            dx = _gemm(grid, dy, w_blk, "input_grad")               # [m', k_blk], partial over out_dim
-            if ov.oar:
-                dx_pending = grid.comm.all_reduce(dx, sh.out_dim, async_op=True)
-            else:
-                dx = grid.comm.all_reduce(dx, sh.out_dim)
+            w_blk = rt.weights.backward_block(layer, saved)
+            dx = rt.gemm(dy, w_blk, "input_grad")                   # [m', k_blk], partial over out_dim
+            dx_pending = rt.grads.reduce_input_grad(dx, sh.out_dim)  # in flight under the next GEMM with OAR
         if need_w:
-            dw_blk = _gemm(grid, dy.t(), x_loc, "weight_grad")      # [n_blk, k_blk]
+            dw_blk = rt.gemm(dy.t(), x_loc, "weight_grad")          # [n_blk, k_blk]
             flat = dw_blk.reshape(-1).to(layer.weight.dtype)          # reduce in the parameter's precision
             if sh.padded_numel != sh.block_numel:
                 flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
-            if ov.ors:
-                grid.pending_grads.reduce_scatter(layer.weight, flat)
-            else:
-                dw_shard = grid.comm.reduce_scatter(flat, "z")
+            dw_shard = rt.grads.reduce_scatter(layer.weight, flat)  # None: the sink writes .grad itself (ORS)
         if need_b:
-            db = dy.sum(0).to(layer.bias.dtype)
-            if ov.ors:
-                grid.pending_grads.all_reduce([layer.bias], [db], "z")
-                db = None
-            else:
-                db = grid.comm.all_reduce(db, "z")
+            (db,) = rt.grads.all_reduce([layer.bias], [dy.sum(0).to(layer.bias.dtype)], "z")
         if dx_pending is not None:
             dx = dx_pending.wait()
         return dx, dw_shard, db, None
@@ -190,7 +163,8 @@ class Linear(nn.Module):
         self.in_features, self.out_features, self.transpose = in_features, out_features, transpose
         self.input_layout, self.output_layout = input_layout, output_layout
         self.sharding = LinearSharding.of(self.grid, in_features, out_features, transpose)
-        self.seed = self.grid.next_layer_seed() if seed is None else seed
+        self.runtime = self.grid.runtime
+        self.seed = self.runtime.seeds.next() if seed is None else seed
         dtype = dtype or torch.get_default_dtype()
         device = device or self.grid.device
         self.weight = nn.Parameter(torch.empty(self.sharding.shard_numel, dtype=dtype, device=device))
@@ -206,8 +180,7 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
         self.reset_parameters()
         add_state_hooks(self)
-        if self.grid.pending_grads is not None:
-            self.grid.pending_grads.watch(self.parameters())
+        self.runtime.grads.watch(self.parameters())
 
     __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
@@ -273,7 +246,7 @@ class Linear(nn.Module):
                 dense.bias.copy_(torch.cat(list(comm.all_gather(self.bias.detach(), sh.out_dim).unbind(0))))
         return dense
 
-    # -- weight gathering (prefetch hooks in here) -------------------------------------------------------
+    # -- weight gathering (the runtime's weight source calls these) --------------------------------------
     def _block(self, gathered: torch.Tensor) -> torch.Tensor:
         """The block ``[n_blk, k_blk]`` from the all-gathered shards ``[Gz, shard]`` (padding dropped)."""
         sh = self.sharding
@@ -287,12 +260,6 @@ class Linear(nn.Module):
         """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block."""
         pending = self.grid.comm.all_gather(self.weight.detach(), "z", async_op=True)
         return Pending(None, lambda: self._block(pending.wait()))
-
-    def gathered_weight(self, shard: torch.Tensor) -> torch.Tensor:
-        """The block for this forward: a prefetched one (OAG) when ready, else gathered now."""
-        if self.grid.prefetcher is not None:
-            return self.grid.prefetcher.weight_for(self, shard)
-        return self.gather_weight(shard)
 
     # -- forward ---------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -335,3 +302,12 @@ class Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"transpose={self.transpose}, grid={self.grid.shape}, input={self.input_layout}, "
                 f"output={self.output_layout}")
+
+
+def kept_weight_bytes(model: nn.Module) -> int:
+    """Extra memory ``keep_gathered_weights`` holds per micro-batch: each layer's gathered block minus its shard."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Linear) and m.grid.size("z") > 1:
+            total += (m.sharding.block_numel - m.sharding.shard_numel) * m.weight.element_size()
+    return total

@@ -1,0 +1,163 @@
+"""What parallel layers run with on a grid, and :func:`init`, which builds a grid and its runtime.
+
+A :class:`Runtime` is the one visible object holding the runtime machinery: the configuration, the GEMM, the
+tracer, the weight source (:class:`~axgrid.overlap.WeightGather` or, with OAG, the prefetcher), the gradient
+sink (:class:`~axgrid.overlap.GradientSink` or, with ORS/ODP, the pipeline), the stream of per-layer seeds and
+``sync_gradients``' bucket buffers. Every piece is always present, so layers call them without asking which
+overlap switches are on. Layers take it from their grid (``layer.runtime = grid.runtime``).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from dataclasses import replace
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from . import teardown
+from .config import GemmFn, RuntimeConfig
+from .data_parallel import BucketBuffers
+from .grid import Grid, make_current, refuse_if_active, release_at_exit
+from .launch import LaunchEnv, detect_launch, init_distributed
+from .layout import GridError, GridShape, Layout, check_order
+from .overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
+from .trace import Tracer
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
+    """The default GEMM: ``a @ b`` (``role`` is "forward", "input_grad" or "weight_grad")."""
+    return a @ b
+
+
+def _autocast_gemm(fn: GemmFn) -> GemmFn:
+    """``fn`` with its inputs cast to the autocast dtype when autocast is on (what ``a @ b`` would compute in)."""
+    def gemm(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
+        if torch.is_autocast_enabled(a.device.type):
+            dt = torch.get_autocast_dtype(a.device.type)
+            a, b = a.to(dt), b.to(dt)
+        return fn(a, b, role)
+    return gemm
+
+
+def _traced_gemm(fn: GemmFn, tracer: Tracer) -> GemmFn:
+    """``fn`` with every call recorded as a compute span."""
+    def gemm(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
+        with tracer.compute(f"gemm {role} {tuple(a.shape)}x{tuple(b.shape)}"):
+            return fn(a, b, role)
+    return gemm
+
+
+class LayerSeeds:
+    """Seeds for layers built without one: hashed from the grid's seed and the construction order, so every rank
+    draws the same sequence (SPMD construction order)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.count = seed, 0
+
+    def next(self) -> int:
+        self.count += 1
+        h = hashlib.sha256(f"{self.seed}:{self.count}".encode()).digest()
+        return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+class Runtime:
+    """The machinery parallel layers run with on ``grid`` (see the module docstring).
+
+    ``gemm``: the GEMM layers call, ``(a, b, role) -> a @ b`` (:func:`matmul` unless configured or traced).
+    ``gemm_fn``: ``config.gemm`` or the ``kernels.GemmTuner`` built for ``config.gemm_tuning`` (None: matmul).
+    ``weights``: how a layer gets its weight block. ``grads``: where its gradient collectives go.
+    """
+
+    def __init__(self, grid: Grid, config: RuntimeConfig, seed: int) -> None:
+        self.config = config
+        self.tracer: Optional[Tracer] = grid.comm.tracer
+        self.gemm_fn: Optional[GemmFn] = config.gemm or (
+            _gemm_tuner(grid, config) if config.gemm_tuning != "off" else None)
+        gemm = _autocast_gemm(self.gemm_fn) if self.gemm_fn is not None else matmul
+        self.gemm: GemmFn = _traced_gemm(gemm, self.tracer) if self.tracer is not None else gemm
+        self.gemm_is_matmul = self.gemm is matmul    # then a bias can ride in the GEMM (torch.addmm)
+        ov = config.overlap
+        keep = ov.keep_gathered_weights
+        self.weights = WeightPrefetcher(keep) if ov.oag and grid.size("z") > 1 else WeightGather(keep)
+        self.grads = GradientPipeline(grid.comm, ov.oar, ov.ors, ov.odp, config.bucket_bytes) \
+            if ov.ors or ov.odp else GradientSink(grid.comm, ov.oar)
+        self.seeds = LayerSeeds(seed)
+        self.grad_buffers = BucketBuffers()   # sync_gradients' flat buckets, kept across steps
+
+    def close(self) -> None:
+        """Complete what is in flight (a prefetch, gradient collectives)."""
+        self.weights.drop()
+        self.grads.finish()
+
+    def __deepcopy__(self, memo: dict) -> "Runtime":
+        """Shared, like the grid: copies of a model run with the same machinery."""
+        return self
+
+
+def _gemm_tuner(grid: Grid, config: RuntimeConfig) -> GemmFn:
+    """A kernels.GemmTuner whose decisions rank 0 of each x-y group makes for the whole group."""
+    import kernels   # optional: only with gemm_tuning on
+    agreement = kernels.Agreement(grid.index("xy"), lambda obj, src: grid.comm.broadcast_object(obj, "xy", src))
+    return kernels.GemmTuner(config.gemm_tuning, cache_path=config.gemm_cache, group=agreement)
+
+
+def build_grid(layout: Layout, launch: LaunchEnv, backend: str, config: RuntimeConfig, owns_world: bool,
+               hosts: Sequence[str], seed: int) -> Grid:
+    """A grid over an initialised default group, with its runtime attached (collective over the world)."""
+    grid = Grid(layout, launch, backend, config, owns_world, hosts)
+    grid.runtime = Runtime(grid, config, seed)
+    return grid
+
+
+def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None, gz: Optional[int] = None,
+         gdata: Optional[int] = None, order: str = "xyzd", *, config: Optional[RuntimeConfig] = None,
+         backend: Optional[str] = None, timeout_s: Optional[float] = None) -> Grid:
+    """Build the grid and its runtime on all ranks of the job. Every rank must call it with the same arguments.
+
+    ``gx`` may be a whole grid as a string ``"2x2x2x1"`` (or ``"2x2x2"``: Gdata inferred). With integers,
+    missing ``gy``/``gz`` are 1 and ``gdata`` is inferred from the world size. Errors about the grid are
+    raised on every rank, identically, before any collective is posted.
+    """
+    config = config or RuntimeConfig()
+    if timeout_s is not None:
+        config = replace(config, timeout_s=timeout_s)
+    check_order(order)
+    refuse_if_active()
+    owns_world = not dist.is_initialized()
+    if owns_world:
+        launch = detect_launch(use_mpi=False)   # no MPI rendezvous (a collective) before the checks below
+    else:
+        launch = _launch_from_world()
+    teardown.install(release_at_exit, launch.world_size)   # a rank failing from here on ends at once
+    if isinstance(gx, (str, GridShape)) or not isinstance(gx, int):
+        if gy is not None or gz is not None or gdata is not None:
+            raise GridError("give the grid either as one spec (e.g. '2x2x2x1') or as gx, gy, gz, gdata, not both")
+        shape = GridShape.parse(gx, launch.world_size)
+    else:
+        sizes = [gx, 1 if gy is None else gy, 1 if gz is None else gz]
+        shape = GridShape.parse(sizes if gdata is None else sizes + [gdata], launch.world_size)
+    layout = Layout(shape, order)
+    if owns_world:
+        if launch.launcher in ("mpich", "openmpi"):
+            launch = detect_launch()            # now agree on the rendezvous address through mpi4py
+        used = init_distributed(launch, backend, config.timeout_s)
+        teardown.install(release_at_exit, launch.world_size)   # again: run before mpi4py's MPI_Finalize
+    else:
+        used = dist.get_backend()
+    hosts: list[Optional[str]] = [None] * launch.world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    # rank 0's choice wins; drawn from the OS so the user's torch RNG stream is left untouched
+    seeds = [config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF]
+    dist.broadcast_object_list(seeds, src=0)
+    grid = build_grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seeds[0])
+    make_current(grid)
+    return grid
+
+
+def _launch_from_world() -> LaunchEnv:
+    """The launch description of an already-initialised default group (its rank and size win)."""
+    seen = detect_launch(use_mpi=False)
+    return replace(seen, rank=dist.get_rank(), world_size=dist.get_world_size(), launcher="existing")

@@ -1,0 +1,80 @@
+"""The grid is topology plus the communicator: it imports no runtime machinery, and the overlap machinery
+imports no layer, so there is no cycle grid -> overlap -> nn.linear -> grid. Checked on the source (every
+import statement, also inside functions, where a cycle would hide; ``if TYPE_CHECKING:`` blocks excepted)."""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "axgrid"
+
+
+def _module_file(name: str) -> pathlib.Path | None:
+    path = ROOT.joinpath(*name.split("."))
+    for f in (path.with_suffix(".py"), path / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(name: str, packages: bool) -> set[str]:
+    """The axgrid modules ``name`` imports (resolved, existing), and with ``packages`` the packages they live
+    in (whose ``__init__`` runs first)."""
+    f = _module_file(name)
+    package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    todo = list(ast.parse(f.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if _is_type_checking(node):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            file = _module_file(t) if t.startswith("axgrid.") else None
+            if file is not None and (packages or file.name != "__init__.py"):
+                found.add(t)
+                parent = t.rpartition(".")[0]
+                while packages and parent != "axgrid":          # a submodule runs its packages' __init__ first
+                    found.add(parent)
+                    parent = parent.rpartition(".")[0]
+    return found
+
+
+def closure(name: str, packages: bool = True) -> set[str]:
+    seen, todo = set(), [name]
+    while todo:
+        for m in _imports(todo.pop(), packages) - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_the_grid_imports_no_runtime_machinery_and_no_layer():
+    reach = closure("axgrid.grid")
+    banned = {m for m in reach if m in ("axgrid.runtime", "axgrid.overlap", "axgrid.data_parallel")
+              or m == "axgrid.nn" or m.startswith("axgrid.nn.")}
+    assert not banned, f"axgrid.grid reaches {sorted(banned)}"
+
+
+def test_overlap_imports_no_layer_and_nothing_reaches_back():
+    assert not {m for m in closure("axgrid.overlap") if m.startswith(("axgrid.nn", "axgrid.runtime"))}
+    for name in ("axgrid.grid", "axgrid.overlap", "axgrid.runtime", "axgrid.nn.linear", "axgrid.data_parallel"):
+        assert name not in closure(name, packages=False), f"{name} imports itself through a cycle"
+
+
+def test_the_checker_sees_imports_inside_functions():
+    """The check must not pass by missing imports: the runtime's optional tuner import is inside a function."""
+    assert "axgrid.overlap" in closure("axgrid.runtime") and "axgrid.grid" in closure("axgrid.nn.linear")
+    assert "axgrid.nn.linear" in closure("axgrid.nn")
