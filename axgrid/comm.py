@@ -156,9 +156,10 @@ def _compiling(async_op: bool, p: int) -> bool:
 
 
 def ready(t: torch.Tensor) -> Pending:
-    """A completed :class:`Pending` holding ``t`` (a collective that ran synchronously, or had nothing to do)."""
+    """A completed :class:`Pending` holding ``t`` (a collective that ran synchronously, or had nothing to do).
+    Built complete, without a clock read, so torch.compile traces it without a graph break."""
     p = Pending(None, lambda: t)
-    p.wait()
+    p._result, p.done = t, True
     return p
 
 
