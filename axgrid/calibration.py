@@ -275,7 +275,7 @@ def _check_options(overlap: str, recompute: bool, workload: str = "auto") -> Any
         raise ValueError(f"unknown overlap switch(es) {unknown}; choose from {', '.join(OVERLAPS)}, all, none")
     if recompute and not _use_gpt(workload):
         raise ValueError("activation recompute is not implemented by the timed workload; predict without it "
-                         "(python -m perfmodel validate ... --no-recompute)")
+                         "(python -m axgrid.perfmodel validate ... --no-recompute)")
     return OverlapConfig.parse(",".join(sorted(names)) or "none")
 
 

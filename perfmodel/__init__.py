@@ -1,7 +1,8 @@
-"""perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training, with
-Megatron-style TP×PP×DP priced by the same code for comparison.
+"""axgrid.perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training,
+with Megatron-style TP×PP×DP priced by the same code for comparison.
 
-Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
+Pure Python + numpy/scipy (no torch, none of the axgrid runtime: ``import axgrid`` alone loads nothing).
+Public surface:
 
     TransformerSpec, Options, Problem, MODELS, get_model, model_flops     inputs
     Machine, load_machine, list_machines                                    machine library

@@ -204,7 +204,7 @@ def runtime_available() -> bool:
 
 NEEDS_RUNTIME = ("measuring needs the axgrid runtime (torch + axgrid importable: `pip install -e .` in the repo); "
                  "perfmodel alone can only fit samples you already have: "
-                 "`python -m perfmodel calibrate --samples FILE.json --out machines/local.toml`")
+                 "`python -m axgrid.perfmodel calibrate --samples FILE.json --out machines/local.toml`")
 
 
 def model_gemm_shapes(spec, batch: int, gpus: int, microbatches: int = 1, limit: int = 48

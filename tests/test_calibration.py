@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-import perfmodel as pm
+from axgrid import perfmodel as pm
 from axgrid import calibration
 from axgrid.layout import GridShape, Layout
-from perfmodel import calibrate as cal
-from perfmodel import validate as val
-from perfmodel.cli import main
-from perfmodel.errors import PerfModelError
+from axgrid.perfmodel import calibrate as cal
+from axgrid.perfmodel import validate as val
+from axgrid.perfmodel.cli import main
+from axgrid.perfmodel.errors import PerfModelError
 
 TINY = pm.TransformerSpec("tiny-test", layers=1, hidden=8, heads=2, seq=8, vocab=16)
 

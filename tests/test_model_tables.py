@@ -1,7 +1,7 @@
 """The runtime, the tuner and the performance model know the same named GPT sizes (each package keeps its own
 table because perfmodel and kernels must not import axgrid)."""
-import kernels
-import perfmodel
+from axgrid import kernels
+from axgrid import perfmodel
 from axgrid.models.gpt import NAMED_SIZES
 
 
