@@ -42,6 +42,7 @@ if not torch.cuda.is_available():
 import axgrid
 from axgrid import kernels
 from axgrid.models.gpt import GPT, GPTConfig
+from axgrid.train import train_step
 
 dev = torch.device("cuda", 0)
 props = torch.cuda.get_device_properties(dev)
@@ -102,15 +103,17 @@ x = torch.randint(0, cfg.vocab, (batch, seq), device=dev)
 y = torch.randint(0, cfg.vocab, (batch, seq), device=dev)
 torch.cuda.reset_peak_memory_stats(dev)
 times, losses = [], []
+
+
+def bf16_loss(x, y):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return model(x, y)
+
+
 for s in range(steps + 2):                     # the first two steps warm up (tuning, allocator), not timed
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(x, y)
-    loss.backward()
-    axgrid.sync_gradients(model, grid)
-    opt.step()
+    loss = train_step(model, opt, lambda _: bf16_loss(x, y), grid).loss
     end.record()
     end.synchronize()
     losses.append(float(loss))

@@ -13,9 +13,11 @@ from typing import Sequence
 
 import torch
 
+from axgrid.spec import NAMED_SIZES, GridShape
+
 from .cache import GemmCache
 from .candidates import DEFAULT
-from .shapes import MODELS, layer_gemm_shapes, parse_grid
+from .shapes import layer_gemm_shapes
 from .signature import parse_dtype
 from .tuner import GemmTuner
 from .validators import current_validators
@@ -54,7 +56,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     parse_dtype(args.dtype)
     shapes: dict[tuple[int, int, int, str], None] = {}
     for grid in args.grid:
-        for s in layer_gemm_shapes(args.model, parse_grid(grid), args.tokens):
+        for s in layer_gemm_shapes(args.model, GridShape.parse(grid), args.tokens):
             shapes.setdefault(s, None)
     tuner = GemmTuner("on-first-use", cache_path=args.cache, margin=args.margin,
                       max_tune_seconds=args.max_tune_seconds, warmup=args.warmup, repeats=args.repeats)
@@ -150,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache_help = "cache file (default: $AXGRID_GEMM_CACHE or ~/.cache/axgrid/gemm.json)"
 
     t = sub.add_parser("tune", help="tune the per-rank GEMMs of a model on a grid ahead of time")
-    t.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
+    t.add_argument("--model", required=True, help=f"one of {', '.join(NAMED_SIZES)}")
     t.add_argument("--grid", nargs="+", required=True, help="GXxGYxGZxGD, e.g. 2x2x2x1 (several allowed)")
     t.add_argument("--dtype", default="bf16", help="bf16, fp16, fp32 (default bf16)")
     t.add_argument("--tokens", type=int, default=4096, help="tokens per micro-batch (batch x sequence)")

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from axgrid.kernels import Agreement, GemmCache, GemmSignature, GemmTuner, layer_gemm_shapes, parse_grid
+from axgrid.kernels import Agreement, GemmCache, GemmSignature, GemmTuner, layer_gemm_shapes
 from axgrid.kernels.cli import main
 
 torch.set_num_threads(1)
@@ -108,8 +108,8 @@ def test_layer_gemm_shapes_hand_checked():
 
 
 def test_bad_grid_and_sizes_are_named():
-    with pytest.raises(ValueError, match="bad grid '2x2x2'"):
-        parse_grid("2x2x2")
+    with pytest.raises(ValueError, match="grid '2x2x2' leaves Gdata out"):
+        layer_gemm_shapes("gpt-tiny", "2x2x2", 8)
     with pytest.raises(ValueError, match="tokens .* = 30 is not divisible by 4"):
         layer_gemm_shapes("gpt-tiny", "1x1x2x2", 30)
     with pytest.raises(ValueError, match="unknown model 'gpt-7b'"):
