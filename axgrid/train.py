@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-if TYPE_CHECKING:
-    from .grid import Grid
+from .data_parallel import clip_grad_norm_, sync_gradients
+from .grid import Grid
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class StepResult:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[int], torch.Tensor],
-               grid: Optional["Grid"], microbatches: int = 1, clip: float = 0.0) -> StepResult:
+               grid: Optional[Grid], microbatches: int = 1, clip: float = 0.0) -> StepResult:
     """Run one optimizer step of ``microbatches`` forward/backward passes; ``loss_of(i)`` is micro-batch i's
     forward (autocast included, if any) returning the scalar loss whose gradient is wanted.
 
@@ -53,7 +53,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
         total = part if total is None else total + part
     gnorm = math.nan
     if grid is not None:
-        from .data_parallel import clip_grad_norm_, sync_gradients
         sync_gradients(model, grid)
         if clip > 0:
             gnorm = float(clip_grad_norm_(model, clip, grid))
