@@ -27,11 +27,11 @@ test: install
 
 calibrate: install
 	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python experiments/measure_runtime.py collectives --out runs/calibration.json
-	$(BIN)/python -m perfmodel calibrate --samples runs/calibration.json --out runs/local.toml
+	$(BIN)/python -m axgrid.perfmodel calibrate --samples runs/calibration.json --out runs/local.toml
 
 validate: install
 	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python experiments/measure_runtime.py steps $(PROBLEM) --gpus $(RANKS) \
 		--top 4 --sample 4 --out runs/steps.json
-	$(BIN)/python -m perfmodel validate $(PROBLEM) --gpus $(RANKS) --measured runs/steps.json --out-dir runs/validate
+	$(BIN)/python -m axgrid.perfmodel validate $(PROBLEM) --gpus $(RANKS) --measured runs/steps.json --out-dir runs/validate
 
 .PHONY: install demo test calibrate validate

@@ -64,7 +64,7 @@ class Grid:
 
     def _gemm_tuner(self):
         """A kernels.GemmTuner whose decisions rank 0 of each x-y group makes for the whole group."""
-        import kernels
+        from . import kernels
         agreement = kernels.Agreement(self.index("xy"), lambda obj, src: self.comm.broadcast_object(obj, "xy", src))
         return kernels.GemmTuner(self.config.gemm_tuning, cache_path=self.config.gemm_cache, group=agreement)
 

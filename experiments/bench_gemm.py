@@ -20,11 +20,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kernels import GemmSignature, GemmTuner, layer_gemms  # noqa: E402
-from kernels import candidates as cands  # noqa: E402
+from axgrid.kernels import GemmSignature, GemmTuner, layer_gemms  # noqa: E402
+from axgrid.kernels import candidates as cands  # noqa: E402
 from axgrid.spec import NAMED_SIZES  # noqa: E402
-from kernels.timing import measure  # noqa: E402
-from kernels.tuner import synthetic_operands  # noqa: E402
+from axgrid.kernels.timing import measure  # noqa: E402
+from axgrid.kernels.tuner import synthetic_operands  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "MI250X": 191.5, "MI300X": 1307.0}
 

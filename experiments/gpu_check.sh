@@ -40,7 +40,7 @@ if not torch.cuda.is_available():
     fail(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False); this check needs one")
 
 import axgrid
-import kernels
+from axgrid import kernels
 from axgrid.models.gpt import GPT, GPTConfig
 from axgrid.train import train_step
 
@@ -76,7 +76,7 @@ if float(one.sum()) != 1024.0:
 print(f"gpu_check: NCCL world size 1 ok ({time.perf_counter() - t0:.2f} s to init and all-reduce)", flush=True)
 
 # 3. the GEMM tuner's GPU path (cupy/cuBLAS candidates when cupy is installed)
-from kernels.candidates import cupy_version
+from axgrid.kernels.candidates import cupy_version
 tuner = grid.gemm
 m, n, k = 4096, 4096, 4096
 for role in ("forward", "input_grad", "weight_grad"):

@@ -2,12 +2,12 @@
 
     # collectives + GEMMs -> samples that `perfmodel calibrate` fits into a machine file
     axgrid launch -n 4 -- python experiments/measure_runtime.py collectives --out runs/calibration.json
-    python -m perfmodel calibrate --samples runs/calibration.json --out perfmodel/machines/local.toml
+    python -m axgrid.perfmodel calibrate --samples runs/calibration.json --out perfmodel/machines/local.toml
 
     # seconds per training step of the configurations `perfmodel validate` compares with its predictions
     axgrid launch -n 4 -- python experiments/measure_runtime.py steps --model gpt-tiny --gpus 4 --machine local-4 \\
         --batch 8 --dtype fp32 --top 4 --sample 4 --out runs/steps.json
-    python -m perfmodel validate --model gpt-tiny --gpus 4 --machine local-4 --batch 8 --dtype fp32 \\
+    python -m axgrid.perfmodel validate --model gpt-tiny --gpus 4 --machine local-4 --batch 8 --dtype fp32 \\
         --measured runs/steps.json
 
 ``collectives``: every collective the grid posts (all-reduce, all-gather, reduce-scatter) over each (group
@@ -43,12 +43,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
-import perfmodel as pm  # noqa: E402
+from axgrid import perfmodel as pm  # noqa: E402
 from axgrid.models.gpt import GPT, GPTConfig  # noqa: E402
 from axgrid.train import train_step  # noqa: E402
-from perfmodel import calibrate as pm_calibrate  # noqa: E402
-from perfmodel import cli as pm_cli  # noqa: E402
-from perfmodel import validate as pm_validate  # noqa: E402
+from axgrid.perfmodel import calibrate as pm_calibrate  # noqa: E402
+from axgrid.perfmodel import cli as pm_cli  # noqa: E402
+from axgrid.perfmodel import validate as pm_validate  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,4 +1,4 @@
-"""kernels: GEMM layout auto-tuner with a persistent cache.
+"""axgrid.kernels: GEMM layout auto-tuner with a persistent cache.
 
 Public surface:
     GemmTuner          callable ``tuner(a, b, role) -> a @ b`` with tuned layout/order per signature

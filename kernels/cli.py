@@ -1,8 +1,8 @@
-"""Command line: ``python -m kernels {tune,show,export-efficiency}``.
+"""Command line: ``python -m axgrid.kernels {tune,show,export-efficiency}``.
 
-    python -m kernels tune --model gpt-20b --grid 2x2x2x1 --dtype bf16 --tokens 4096
-    python -m kernels show
-    python -m kernels export-efficiency efficiency.json
+    python -m axgrid.kernels tune --model gpt-20b --grid 2x2x2x1 --dtype bf16 --tokens 4096
+    python -m axgrid.kernels show
+    python -m axgrid.kernels export-efficiency efficiency.json
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels", description="axgrid GEMM layout auto-tuner")
+    p = argparse.ArgumentParser(prog="python -m axgrid.kernels", description="axgrid GEMM layout auto-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     cache_help = "cache file (default: $AXGRID_GEMM_CACHE or ~/.cache/axgrid/gemm.json)"
 

@@ -1,8 +1,8 @@
-"""perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training, with
-Megatron-style TP×PP×DP priced by the same code for comparison.
+"""axgrid.perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training,
+with Megatron-style TP×PP×DP priced by the same code for comparison.
 
-Pure Python + numpy/scipy (no torch; of axgrid only the torch-free leaf axgrid.spec, which holds the model sizes,
-the layer list, their per-rank volumes and the FLOP count). Public surface:
+Pure Python + numpy/scipy (no torch, none of the axgrid runtime: ``import axgrid`` alone loads nothing; of axgrid
+only the torch-free leaf ``axgrid.spec``: model sizes, the layer list, per-rank volumes, FLOPs). Public surface:
 
     TransformerSpec, Options, Problem, MODELS, get_model, model_flops     inputs
     Machine, load_machine, list_machines                                    machine library

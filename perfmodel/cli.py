@@ -1,4 +1,4 @@
-"""Command line: ``python -m perfmodel {rank, machines, calibrate, validate, check-published}``."""
+"""Command line: ``python -m axgrid.perfmodel {rank, machines, calibrate, validate, check-published}``."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +32,7 @@ def _add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", default="xyzd", help="rank order, fastest first (default xyzd)")
     p.add_argument("--bucket-mib", type=float, default=25.0,
                    help="data-parallel gradient bucket in MiB (the runtime's RuntimeConfig.bucket_bytes; default 25)")
-    p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m kernels export-efficiency FILE)")
+    p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m axgrid.kernels export-efficiency FILE)")
 
 
 def _bucket_bytes(mib: float) -> int:
@@ -261,7 +261,7 @@ def cmd_check_published(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m perfmodel", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m axgrid.perfmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rank", help="rank every grid configuration")
     _add_problem_args(r)

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-import perfmodel as pm
+from axgrid import perfmodel as pm
 from axgrid.layout import GridShape, Layout
-from perfmodel import calibrate as cal
-from perfmodel.cli import main
+from axgrid.perfmodel import calibrate as cal
+from axgrid.perfmodel.cli import main
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
                       "measure_runtime.py")

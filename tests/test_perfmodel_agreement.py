@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import axgrid
+from axgrid.perfmodel import FCLayer, collective_bytes, collective_calls
 from axgrid.spec import block_layers
-from perfmodel import FCLayer, collective_bytes, collective_calls
 from ledger_compare import assert_ledger_matches
 
 # (world, grid, hidden, microbatches, m_loc tokens per rank per micro-batch, bias, keep_gathered_weights)
@@ -116,7 +116,7 @@ def test_predicted_bytes_equal_ledger(ranks, world):
 
 def test_padding_case_really_pads():
     """The padding cases above do exercise a block that Gz does not divide (guards the case list)."""
-    from perfmodel.comm import layer_volumes
+    from axgrid.perfmodel.comm import layer_volumes
     v = layer_volumes(FCLayer(18, 6, False), 1, 2, 4, 3)
     assert int(v.block) == 54 and int(v.padded) == 56
     v = layer_volumes(FCLayer(6, 6, True), 1, 2, 4, 3)

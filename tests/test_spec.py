@@ -8,10 +8,10 @@ import sys
 import torch
 
 import axgrid
-import perfmodel as pm
+import axgrid.perfmodel as pm
 from axgrid.models.gpt import GPT, GPTConfig
 from axgrid.spec import BLOCK_MODULES, block_layers, fc_volumes, head_layer
-from perfmodel.gpt import gpt_parameters
+from axgrid.perfmodel.gpt import gpt_parameters
 
 # layers, hidden, heads, seq, vocab, ffn: on both grids below the QKV block (27 or 54 elements) and the head's
 # are not multiples of Gz, so the shards are padded
