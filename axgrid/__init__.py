@@ -4,6 +4,7 @@
     layer = axgrid.nn.Linear(1024, 4096)   # drop-in for nn.Linear
     model = axgrid.parallelize(model, grid)
     ...; loss.backward(); axgrid.sync_gradients(model, grid); opt.step()
+    axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batched
     dense = axgrid.to_dense(model, grid)   # or axgrid.export_pretrained(hf_model, "out", grid)
 
 The public names below load on first use (PEP 562), so the torch-free subpackages (axgrid.layout,
@@ -29,12 +30,14 @@ _SOURCES = {
     "LinearPlan": "parallelize", "pair": "parallelize", "parallelize": "parallelize",
     "gather_tokens_features": "redistribute", "shard_tokens_features": "redistribute",
     "ParallelizeSummary": "ties",
+    "StepResult": "train", "train_step": "train",
 }
 
 __all__ = ["init", "Grid", "GridShape", "GridError", "Layout", "RuntimeConfig", "OverlapConfig", "Communicator",
            "Ledger", "nn", "plans", "parallelize", "pair", "LinearPlan", "sync_gradients", "finish_gradients",
            "clip_grad_norm_", "grad_norm", "shard_tokens_features", "gather_tokens_features", "detect_launch",
-           "LaunchEnv", "current_grid", "to_dense", "dense_state_dict", "export_pretrained", "ParallelizeSummary"]
+           "LaunchEnv", "current_grid", "to_dense", "dense_state_dict", "export_pretrained", "ParallelizeSummary",
+           "train_step", "StepResult"]
 
 
 def __getattr__(name: str):
