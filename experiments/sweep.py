@@ -59,14 +59,14 @@ class ModelSize:
     """What train_gpt needs to build the model: a named size plus overrides."""
 
     label: str
-    base: str                      # a NAMED_SIZES key of axgrid.models.gpt
+    base: str                      # a key of axgrid.spec.NAMED_SIZES
     layers: Optional[int] = None
     hidden: Optional[int] = None
     heads: Optional[int] = None
 
     def dims(self) -> tuple[int, int, int, int, int]:
         """layers, hidden, heads, seq, vocab."""
-        from axgrid.models.gpt import NAMED_SIZES
+        from axgrid.spec import NAMED_SIZES
         layers, hidden, heads, seq, vocab = NAMED_SIZES[self.base]
         return (self.layers or layers, self.hidden or hidden, self.heads or heads, seq, vocab)
 

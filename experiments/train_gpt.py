@@ -51,7 +51,7 @@ import axgrid  # noqa: E402
 from axgrid.goldfish import goldfish_mask, kept_count  # noqa: E402
 from axgrid.layout import GridError, GridShape  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
-from axgrid.models.gpt import NAMED_SIZES  # noqa: E402
+from axgrid.spec import NAMED_SIZES  # noqa: E402
 from axgrid.train import train_step  # noqa: E402
 
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "kjv_selections.txt"

@@ -51,8 +51,7 @@ from ..nn.init import reference_linear
 from ..nn.layernorm import LayerNorm
 from ..nn.linear import Linear
 from ..nn.vocab_parallel import vocab_parallel_cross_entropy
-from ..spec import (GPT2_PADDED_VOCAB, NAMED_SIZES, FCLayer, block_layers, gpt_flops_per_iteration, gpt_parameters,
-                    head_layer, named_size)
+from ..spec import NAMED_SIZES, FCLayer, block_layers, gpt_flops_per_iteration, gpt_parameters, head_layer, named_size
 
 
 @dataclass(frozen=True)
@@ -284,4 +283,4 @@ class GPT(nn.Module):
                 f"ffn={c.ffn}, params={c.parameters():,}, {where}")
 
 
-__all__ = ["GPT", "GPTConfig", "Block", "NAMED_SIZES", "GPT2_PADDED_VOCAB", "param_seed"]
+__all__ = ["GPT", "GPTConfig", "Block", "param_seed"]

@@ -2,7 +2,7 @@
 
 =====================  =======================================================================================
 grid shape, layout     :class:`GridShape`, :class:`Layout`, :class:`Coord` (defined in :mod:`axgrid.layout`)
-named model sizes      :data:`NAMED_SIZES`, :class:`ModelSize`, :func:`named_size` (:mod:`.sizes`)
+named model sizes      :data:`NAMED_SIZES`, :class:`GPTSize`, :func:`named_size` (:mod:`.sizes`)
 the layer list         :class:`FCLayer`, :data:`BLOCK_MODULES`, :func:`block_layers`, :func:`head_layer`,
                        :func:`model_layers` (:mod:`.layers`)
 per-rank sharding      :func:`fc_volumes`, :class:`LinearSharding` (:mod:`.fc`); :class:`TileSpec`,
@@ -18,10 +18,10 @@ from .fc import FCVolumes, LinearSharding, fc_volumes
 from .flops import gpt_flops_per_iteration, gpt_parameters
 from .layers import BLOCK_MODULES, FCLayer, block_layers, head_layer, model_layers
 from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW
-from .sizes import GPT2_PADDED_VOCAB, NAMED_SIZES, ModelSize, named_size
+from .sizes import GPT2_PADDED_VOCAB, NAMED_SIZES, GPTSize, named_size
 from .tiles import TileSpec, ceil_div, split_part
 
 __all__ = ["Coord", "GridError", "GridShape", "Layout", "FCVolumes", "LinearSharding", "fc_volumes",
            "gpt_flops_per_iteration", "gpt_parameters", "BLOCK_MODULES", "FCLayer", "block_layers", "head_layer",
            "model_layers", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "GPT2_PADDED_VOCAB", "NAMED_SIZES",
-           "ModelSize", "named_size", "TileSpec", "ceil_div", "split_part"]
+           "GPTSize", "named_size", "TileSpec", "ceil_div", "split_part"]

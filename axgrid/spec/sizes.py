@@ -15,7 +15,7 @@ from typing import NamedTuple
 GPT2_PADDED_VOCAB = 51200
 
 
-class ModelSize(NamedTuple):
+class GPTSize(NamedTuple):
     """The sizes that fix a GPT's geometry: ``layers`` blocks of hidden size ``hidden`` with ``heads`` heads,
     at most ``seq`` tokens per sequence, ``vocab`` tokens."""
 
@@ -26,25 +26,25 @@ class ModelSize(NamedTuple):
     vocab: int
 
 
-NAMED_SIZES: dict[str, ModelSize] = {
-    "gpt-tiny": ModelSize(2, 64, 4, 64, 256),
-    "gpt-mini": ModelSize(4, 128, 4, 128, 256),
-    "gpt-5b": ModelSize(24, 4096, 32, 2048, GPT2_PADDED_VOCAB),
-    "gpt-10b": ModelSize(32, 5120, 40, 2048, GPT2_PADDED_VOCAB),
-    "gpt-20b": ModelSize(32, 7168, 56, 2048, GPT2_PADDED_VOCAB),
-    "gpt-22b": ModelSize(48, 6144, 48, 2048, GPT2_PADDED_VOCAB),
-    "gpt-40b": ModelSize(38, 9216, 72, 2048, GPT2_PADDED_VOCAB),
-    "gpt-60b": ModelSize(56, 9216, 72, 2048, GPT2_PADDED_VOCAB),
-    "gpt-80b": ModelSize(42, 12288, 96, 2048, GPT2_PADDED_VOCAB),
-    "gpt-160b": ModelSize(84, 12288, 96, 2048, GPT2_PADDED_VOCAB),
-    "gpt-175b": ModelSize(96, 12288, 96, 2048, GPT2_PADDED_VOCAB),
-    "gpt-320b": ModelSize(96, 16384, 128, 2048, GPT2_PADDED_VOCAB),
-    "gpt-640b": ModelSize(192, 16384, 128, 2048, GPT2_PADDED_VOCAB),
-    "gpt-1t": ModelSize(128, 25600, 160, 2048, GPT2_PADDED_VOCAB),
+NAMED_SIZES: dict[str, GPTSize] = {
+    "gpt-tiny": GPTSize(2, 64, 4, 64, 256),
+    "gpt-mini": GPTSize(4, 128, 4, 128, 256),
+    "gpt-5b": GPTSize(24, 4096, 32, 2048, GPT2_PADDED_VOCAB),
+    "gpt-10b": GPTSize(32, 5120, 40, 2048, GPT2_PADDED_VOCAB),
+    "gpt-20b": GPTSize(32, 7168, 56, 2048, GPT2_PADDED_VOCAB),
+    "gpt-22b": GPTSize(48, 6144, 48, 2048, GPT2_PADDED_VOCAB),
+    "gpt-40b": GPTSize(38, 9216, 72, 2048, GPT2_PADDED_VOCAB),
+    "gpt-60b": GPTSize(56, 9216, 72, 2048, GPT2_PADDED_VOCAB),
+    "gpt-80b": GPTSize(42, 12288, 96, 2048, GPT2_PADDED_VOCAB),
+    "gpt-160b": GPTSize(84, 12288, 96, 2048, GPT2_PADDED_VOCAB),
+    "gpt-175b": GPTSize(96, 12288, 96, 2048, GPT2_PADDED_VOCAB),
+    "gpt-320b": GPTSize(96, 16384, 128, 2048, GPT2_PADDED_VOCAB),
+    "gpt-640b": GPTSize(192, 16384, 128, 2048, GPT2_PADDED_VOCAB),
+    "gpt-1t": GPTSize(128, 25600, 160, 2048, GPT2_PADDED_VOCAB),
 }
 
 
-def named_size(name: str) -> ModelSize:
+def named_size(name: str) -> GPTSize:
     """The sizes of ``name`` (any case); an unknown name raises a ValueError listing the known ones."""
     try:
         return NAMED_SIZES[name.lower()]
