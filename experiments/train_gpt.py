@@ -18,7 +18,7 @@ Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: Ada
 decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
 [--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
 
-FLOPs per step (axgrid.models.flops; V = vocabulary, L layers, h hidden, B·S tokens):
+FLOPs per step (axgrid.spec.flops; V = vocabulary, L layers, h hidden, B·S tokens):
     with --recompute:     96·B·S·L·h²·(1 + S/(6h) + V/(16·L·h))
     without recompute:    72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))
 TFLOP/s per device = FLOPs per step / time per step / number of ranks / 1e12.

@@ -62,7 +62,8 @@ def layer_gemms(model: str | Sequence[int] | Mapping[str, int], grid: str | Sequ
 
 def layer_gemm_shapes(model: str | Sequence[int] | Mapping[str, int], grid: str | Sequence[int] | GridShape,
                       tokens: int) -> list[tuple[int, int, int, str]]:
-    """Distinct (m, n, k, role) a rank runs for ``model`` on ``grid`` with ``tokens`` per micro-batch, in layer order."""
+    """Distinct (m, n, k, role) a rank runs for ``model`` on ``grid`` with ``tokens`` per micro-batch, in layer
+    order."""
     seen: dict[tuple[int, int, int, str], None] = {}
     for g in layer_gemms(model, grid, tokens):
         seen.setdefault((g.m, g.n, g.k, g.role), None)

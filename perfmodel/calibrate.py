@@ -223,14 +223,13 @@ def model_gemm_shapes(spec, batch: int, gpus: int, microbatches: int = 1, limit:
     forward (m', n_loc, k_loc), input gradient (m', k_loc, n_loc), weight gradient (n_loc, k_loc, m') of every
     FC layer, and attention (S, S, head_dim). Distinct shapes, at most ``limit`` (evenly thinned by size)."""
     from .comm import layer_volumes
-    from .layers import block_layers, head_layer
     from .space import enumerate_grids
 
     g = enumerate_grids(gpus)
     tokens = batch // microbatches * spec.seq
     ok = (tokens % (g.gd * g.gz) == 0) & (spec.hidden % g.gx == 0) & (spec.hidden % g.gy == 0)
     shapes: set[tuple[int, int, int]] = {(spec.seq, spec.seq, spec.hidden // spec.heads)}
-    for layer in block_layers(spec) + [head_layer(spec)]:
+    for layer in spec.block_layers() + [spec.head_layer()]:
         for gx, gy, gz, gd in zip(g.gx[ok], g.gy[ok], g.gz[ok], g.gd[ok]):
             v = layer_volumes(layer, gx, gy, gz, tokens // (gd * gz))
             m, n, k = int(tokens // (gd * gz)), int(v.n_loc), int(v.k_loc)

@@ -5,6 +5,8 @@ import argparse
 import sys
 from dataclasses import replace
 
+from axgrid.spec import GridError, GridShape
+
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
 from .rank import Ranking, price_grid, rank
@@ -121,15 +123,11 @@ def _output(what: str, path: str, write) -> None:
 
 
 def parse_grid(text: str) -> tuple[int, int, int, int]:
-    """"2x4x8x16" → (2, 4, 8, 16)."""
-    parts = text.lower().replace("×", "x").split("x")
+    """"2x4x8x16" → (2, 4, 8, 16), read by ``axgrid.spec.GridShape.parse``."""
     try:
-        g = tuple(int(v) for v in parts)
-    except ValueError:
-        g = ()
-    if len(g) != 4 or min(g) <= 0:
-        raise PerfModelError(f"--grid must be four positive integers GXxGYxGZxGD (e.g. 2x4x8x16), got {text!r}")
-    return g  # type: ignore[return-value]
+        return GridShape.parse(text).as_tuple()
+    except GridError as e:
+        raise PerfModelError(f"--grid must be four positive integers GXxGYxGZxGD (e.g. 2x4x8x16): {e}") from None
 
 
 def cmd_rank(a: argparse.Namespace) -> int:

@@ -166,7 +166,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, grid: Optional[Grid], prefix: str) -> None:
         super().__init__()
         h = cfg.hidden
-        fc = {layer.name: layer for layer in block_layers(h, cfg.ffn, cfg.bias)}   # see axgrid.spec.layers
+        fc = {layer.name: layer for layer in block_layers(h, ffn=cfg.ffn, bias=cfg.bias)}   # see axgrid.spec.layers
         self.heads_local = cfg.heads // (grid.size("y") if grid is not None else 1)
         self.head_dim = cfg.head_dim
         self.ln1 = LayerNorm(h, grid, eps=cfg.eps)

@@ -37,7 +37,7 @@ class FCLayer(NamedTuple):
         return "x" if self.transposed else "y"
 
 
-def block_layers(hidden: int, ffn: Optional[int] = None, bias: bool = True) -> list[FCLayer]:
+def block_layers(hidden: int, *, ffn: Optional[int] = None, bias: bool = True) -> list[FCLayer]:
     """A block's FC layers: QKV ``[3h, h]`` normal (rows head by head, so y splits whole heads), attention-out
     ``[h, h]`` transposed, MLP-up ``[f, h]`` normal, MLP-down ``[h, f]`` transposed; ``f`` defaults to ``4h``."""
     h, f = hidden, ffn or 4 * hidden
