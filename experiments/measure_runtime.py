@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--reps", type=int, default=5, help="timed repetitions per collective")
     c.add_argument("--warmup", type=int, default=2, help="untimed repetitions per collective")
     s = sub.add_parser("steps", help="seconds per step for `perfmodel validate --measured`")
-    pm_cli._add_problem_args(s)
+    pm_cli.add_problem_args(s)
     s.add_argument("--top", type=int, default=8, help="the ranking's best configurations to time")
     s.add_argument("--sample", type=int, default=8, help="more configurations drawn at random from the rest")
     s.add_argument("--seed", type=int, default=0, help="seed of the random draw")

@@ -13,7 +13,9 @@ from .rank import Ranking, price_grid, rank
 from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
 
 
-def _add_problem_args(p: argparse.ArgumentParser) -> None:
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """The problem's arguments (model, GPUs, machine, batch, dtype, options): rank/validate here, and
+    experiments/measure_runtime.py steps, which times the same problem."""
     p.add_argument("--model", help="named model (gpt-tiny … gpt-1t); or give --layers/--hidden/--heads")
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
@@ -264,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m axgrid.perfmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rank", help="rank every grid configuration")
-    _add_problem_args(r)
+    add_problem_args(r)
     r.add_argument("--top", type=int, default=10)
     r.add_argument("--csv")
     r.add_argument("--json")
@@ -294,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_calibrate)
     v = sub.add_parser("validate", help="compare predicted step times with those measured by "
                                         "experiments/measure_runtime.py steps")
-    _add_problem_args(v)
+    add_problem_args(v)
     v.add_argument("--measured", help="step times: JSON written by `axgrid launch -n GPUS -- python "
                                       "experiments/measure_runtime.py steps PROBLEM-ARGS --out FILE.json` (the same "
                                       "problem arguments), or a CSV grid,seconds")
