@@ -1,10 +1,14 @@
 # Two set-up commands that work on a fresh machine (see README):
 #   make demo   -- the main job: 8 local gloo ranks train an MLP stack 3D-parallel on grid 2x2x2x1
 #   make test   -- the test suite
+#   make calibrate / make validate -- measure this host on $(RANKS) gloo ranks for the performance model (runs/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 TORCH  ?= torch==2.13.0
+RANKS  ?= 4
+# the problem `make validate` times and predicts (perfmodel's problem arguments; --gpus is $(RANKS))
+PROBLEM ?= --model gpt-tiny --machine local-4 --batch 8 --dtype fp32
 
 $(BIN)/axgrid: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -21,4 +25,13 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
-.PHONY: install demo test
+calibrate: install
+	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python experiments/measure_runtime.py collectives --out runs/calibration.json
+	$(BIN)/python -m axgrid.perfmodel calibrate --samples runs/calibration.json --out runs/local.toml
+
+validate: install
+	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python experiments/measure_runtime.py steps $(PROBLEM) --gpus $(RANKS) \
+		--top 4 --sample 4 --out runs/steps.json
+	$(BIN)/python -m axgrid.perfmodel validate $(PROBLEM) --gpus $(RANKS) --measured runs/steps.json --out-dir runs/validate
+
+.PHONY: install demo test calibrate validate

@@ -8,16 +8,18 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["axgrid", "axgrid.*", "kernels", "kernels.*", "perfmodel", "perfmodel.*",
-                                    "experiments", "experiments.*"]),
-    package_data={"perfmodel": ["machines/*.toml"], "experiments": ["data/*.txt", "*.sh", "*.sbatch"]},
+    # one import name: kernels/ and perfmodel/ install as axgrid.kernels and axgrid.perfmodel (through the symlinks
+    # axgrid/kernels and axgrid/perfmodel), so axgrid never shadows another package (Hugging Face's `kernels`);
+    # experiments/ are scripts run from a checkout and are not installed
+    packages=find_packages(include=["axgrid", "axgrid.*"]),
+    package_data={"axgrid.perfmodel": ["machines/*.toml"]},
     install_requires=["torch>=2.3", "numpy", "scipy", "tqdm", "rich"],
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib"],
         "hf": ["transformers>=5,<6", "safetensors"],
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis"],
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "setuptools>=64"],   # setuptools: the wheel test
     },
     entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},
 )

@@ -4,23 +4,65 @@
     layer = axgrid.nn.Linear(1024, 4096)   # drop-in for nn.Linear
     model = axgrid.parallelize(model, grid)
     ...; loss.backward(); axgrid.sync_gradients(model, grid); opt.step()
+    axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batched
     dense = axgrid.to_dense(model, grid)   # or axgrid.export_pretrained(hf_model, "out", grid)
+
+The public names below load on first use (PEP 562), so the torch-free subpackages (axgrid.layout,
+axgrid.perfmodel) import without torch.
 """
-from . import checkpoint, nn, plans
-from .comm import Communicator, Ledger
-from .config import OverlapConfig, RuntimeConfig
-from .data_parallel import clip_grad_norm_, finish_gradients, grad_norm, sync_gradients
-from .grid import Grid, current_grid
-from .launch import LaunchEnv, detect_launch
-from .layout import GridError, GridShape, Layout
-from .export import dense_state_dict, export_pretrained, to_dense
-from .parallelize import LinearPlan, pair, parallelize
-from .runtime import Runtime, init
-from .redistribute import gather_tokens_features, shard_tokens_features
-from .ties import ParallelizeSummary
+import importlib
+import importlib.util
+import sys
+import types
 
 __version__ = "0.1.0"
+
+# public name -> submodule that defines it; the subpackages nn, plans, checkpoint are public names themselves
+_SOURCES = {
+    "Communicator": "comm", "Ledger": "comm",
+    "OverlapConfig": "config", "RuntimeConfig": "config",
+    "clip_grad_norm_": "data_parallel", "finish_gradients": "data_parallel", "grad_norm": "data_parallel",
+    "sync_gradients": "data_parallel",
+    "Grid": "grid", "current_grid": "grid", "Runtime": "runtime", "init": "runtime",
+    "LaunchEnv": "launch", "detect_launch": "launch",
+    "GridError": "layout", "GridShape": "layout", "Layout": "layout",
+    "dense_state_dict": "export", "export_pretrained": "export", "to_dense": "export",
+    "LinearPlan": "parallelize", "pair": "parallelize", "parallelize": "parallelize",
+    "gather_tokens_features": "redistribute", "shard_tokens_features": "redistribute",
+    "ParallelizeSummary": "ties",
+    "StepResult": "train", "train_step": "train",
+}
+
 __all__ = ["init", "Grid", "GridShape", "GridError", "Layout", "RuntimeConfig", "OverlapConfig", "Communicator",
            "Ledger", "nn", "plans", "parallelize", "pair", "LinearPlan", "sync_gradients", "finish_gradients",
            "clip_grad_norm_", "grad_norm", "shard_tokens_features", "gather_tokens_features", "detect_launch",
-           "LaunchEnv", "current_grid", "Runtime", "to_dense", "dense_state_dict", "export_pretrained", "ParallelizeSummary"]
+           "LaunchEnv", "current_grid", "Runtime", "to_dense", "dense_state_dict", "export_pretrained",
+           "ParallelizeSummary", "train_step", "StepResult"]
+
+
+def __getattr__(name: str):
+    """Load public `name` (or the submodule `name`, e.g. axgrid.models) on first access and keep it here."""
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f".{name}", __name__) is not None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'axgrid' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The import system binds each loaded submodule onto its package; `axgrid.parallelize` names the function
+    (as it did when this file imported it eagerly), so the submodule of the same name is not bound over it."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if not (name in _SOURCES and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -7,6 +7,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .spec import DEFAULT_BUCKET_BYTES
+
 #: ``gemm(a, b, role) -> a @ b`` for 2-D tensors; ``role`` is "forward", "input_grad" or "weight_grad".
 GemmFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
@@ -70,7 +72,7 @@ class RuntimeConfig:
     gemm: Optional[GemmFn] = None
     record_timing: bool = False
     trace: bool = False
-    bucket_bytes: int = 25 * 2**20
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
     seed: Optional[int] = None
     gemm_tuning: str = "off"
     gemm_cache: Optional[str] = None

@@ -10,9 +10,11 @@ import sys
 import time
 
 import torch
+from torch.nn.functional import mse_loss
 
 import axgrid
 from axgrid.models import MLPStack
+from axgrid.train import train_step
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,22 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         x = torch.randn(args.tokens, args.hidden, generator=gen)
         target = torch.randn(args.tokens, args.hidden, generator=gen)
+        rows = slice(d * per_d, (d + 1) * per_d)
         t0 = time.perf_counter()
-        loss_p = torch.nn.functional.mse_loss(par(x[d * per_d:(d + 1) * per_d]), target[d * per_d:(d + 1) * per_d])
-        opt_p.zero_grad(set_to_none=True)
-        loss_p.backward()
-        axgrid.sync_gradients(par, grid)
-        opt_p.step()
+        loss_p = train_step(par, opt_p, lambda _: mse_loss(par(x[rows]), target[rows]), grid).loss
         dt = time.perf_counter() - t0
-        loss_s = torch.nn.functional.mse_loss(ser(x), target)
-        opt_s.zero_grad(set_to_none=True)
-        loss_s.backward()
-        opt_s.step()
-        mean_p = float(grid.comm.all_reduce(loss_p.detach().reshape(1), "d", average=True)[0])
-        diff = abs(mean_p - loss_s.item())
+        loss_s = float(train_step(ser, opt_s, lambda _: mse_loss(ser(x), target), None).loss)
+        mean_p = float(grid.comm.all_reduce(loss_p.reshape(1), "d", average=True)[0])
+        diff = abs(mean_p - loss_s)
         worst = max(worst, diff)
         if rank0:
-            print(f"{step:>4} {loss_s.item():>14.6f} {mean_p:>14.6f} {diff:>10.2e} {dt:>12.4f}")
+            print(f"{step:>4} {loss_s:>14.6f} {mean_p:>14.6f} {diff:>10.2e} {dt:>12.4f}")
     trained = grid.ledger.snapshot()
     # parameters after training: gather each parallel layer and compare with its serial twin
     pdiff = 0.0

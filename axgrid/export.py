@@ -2,7 +2,7 @@
 
 A parallel model's ``state_dict()`` holds each rank's part under the dense names (a Linear's weight is a 1-D
 shard of its ``[n/Gy, k/Gx]`` block): loadable back on the same rank of the same grid, useless elsewhere. The
-dense forms are gathered here through the parameters' :class:`~axgrid.sharding.TileSpec` (the checkpoint
+dense forms are gathered here through the parameters' :class:`~axgrid.spec.TileSpec` (the checkpoint
 package's entries and z-gather), so anything a checkpoint can save can be exported:
 
     sd = axgrid.dense_state_dict(model, grid)          # {name: dense tensor} on every rank

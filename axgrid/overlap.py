@@ -26,6 +26,7 @@ import torch
 
 from .comm import Communicator, Pending, ready
 from .data_parallel import BucketBuffers, flat_grads, write_grads
+from .spec import GRADIENT_WINDOW
 
 if TYPE_CHECKING:
     from .nn.linear import Linear
@@ -257,7 +258,7 @@ class GradientPipeline(GradientSink):
 
     def _post(self, params: list[torch.nn.Parameter], pending: Pending) -> None:
         self.inflight.append((params, pending))
-        while len(self.inflight) > 2:           # a window of two layers' gradients in flight
+        while len(self.inflight) > GRADIENT_WINDOW:   # a window of gradient collectives in flight
             self._complete(*self.inflight.pop(0))
 
     def _complete(self, params: list[torch.nn.Parameter], pending: Pending) -> None:

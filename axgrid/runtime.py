@@ -99,7 +99,7 @@ class Runtime:
 
 def _gemm_tuner(grid: Grid, config: RuntimeConfig) -> GemmFn:
     """A kernels.GemmTuner whose decisions rank 0 of each x-y group makes for the whole group."""
-    import kernels   # optional: only with gemm_tuning on
+    from . import kernels   # optional: only with gemm_tuning on
     agreement = kernels.Agreement(grid.index("xy"), lambda obj, src: grid.comm.broadcast_object(obj, "xy", src))
     return kernels.GemmTuner(config.gemm_tuning, cache_path=config.gemm_cache, group=agreement)
 

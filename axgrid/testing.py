@@ -56,6 +56,11 @@ def _rank_main(rank: int, world: int, port: int, timeout_s: float, conn) -> None
         pass
 
 
+#: The runtime a rank uses (``import axgrid`` alone loads none of it: its names load on first use).
+RUNTIME_MODULES = ("axgrid.grid", "axgrid.nn", "axgrid.parallelize", "axgrid.plans", "axgrid.checkpoint",
+                   "axgrid.data_parallel", "axgrid.export", "axgrid.redistribute", "axgrid.launch")
+
+
 class RankPool:
     """``world_size`` rank processes with a live gloo default group, reused across ``run`` calls. ``preload``:
     more modules the rank processes' forkserver imports once (e.g. ``transformers``' model modules), so that
@@ -69,7 +74,7 @@ class RankPool:
     def _start(self) -> None:
         ctx = mp.get_context("forkserver")
         # the forkserver starts once per process: the first pool's list is what every rank has imported
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "axgrid", *self.preload])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES, *self.preload])
         port = free_port()
         for r in range(self.world_size):
             parent, child = ctx.Pipe()

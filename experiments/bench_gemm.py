@@ -20,11 +20,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kernels import GemmSignature, GemmTuner, layer_gemms  # noqa: E402
-from kernels import candidates as cands  # noqa: E402
-from kernels.shapes import MODELS  # noqa: E402
-from kernels.timing import measure  # noqa: E402
-from kernels.tuner import synthetic_operands  # noqa: E402
+from axgrid.kernels import GemmSignature, GemmTuner, layer_gemms  # noqa: E402
+from axgrid.kernels import candidates as cands  # noqa: E402
+from axgrid.spec import NAMED_SIZES  # noqa: E402
+from axgrid.kernels.timing import measure  # noqa: E402
+from axgrid.kernels.tuner import synthetic_operands  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "MI250X": 191.5, "MI300X": 1307.0}
 
@@ -34,7 +34,7 @@ def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if gpu else "cpu")
     p.add_argument("--dtype", default=None, help="default: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--models", default="gpt-5b,gpt-20b", help=f"comma list from {', '.join(MODELS)}")
+    p.add_argument("--models", default="gpt-5b,gpt-20b", help=f"comma list from {', '.join(NAMED_SIZES)}")
     p.add_argument("--grids", default="4x2x1x1,2x4x1x1,8x8x1x1,2x2x2x1", help="comma list of GXxGYxGZxGD")
     p.add_argument("--tokens", type=int, default=None, help="tokens per micro-batch (default 4096 GPU, 256 CPU)")
     p.add_argument("--scale", type=int, default=None, help="divide hidden size by this (default 1 GPU, 4 CPU)")
@@ -76,7 +76,7 @@ def main() -> None:
     t_start, load0 = time.perf_counter(), _load()
     rows, results = [], {}
     for model in args.models.split(","):
-        layers, hidden, heads = MODELS[model]
+        layers, hidden, heads = NAMED_SIZES[model][:3]
         sizes = (layers, hidden // args.scale, heads)
         for grid in args.grids.split(","):
             for g in layer_gemms(sizes, grid, args.tokens):

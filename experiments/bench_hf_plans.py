@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
+from axgrid.train import train_step  # noqa: E402
 
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
@@ -48,12 +49,7 @@ def run(model: torch.nn.Module, grid: axgrid.Grid, args: argparse.Namespace, com
 
     def step(s: int) -> float:
         ids = batch_of(s, args, grid)
-        opt.zero_grad(set_to_none=True)
-        loss = fwd(input_ids=ids, labels=ids).loss
-        loss.backward()
-        axgrid.sync_gradients(model, grid)
-        opt.step()
-        return loss.item()
+        return float(train_step(model, opt, lambda _: fwd(input_ids=ids, labels=ids).loss, grid).loss)
 
     if compiled:
         import torch._dynamo as dynamo

@@ -27,6 +27,7 @@ import harness  # noqa: E402
 import axgrid  # noqa: E402
 from axgrid.models import MLPStack  # noqa: E402
 from axgrid.testing import RankPool  # noqa: E402
+from axgrid.train import train_step  # noqa: E402
 from peers import side_grid  # noqa: E402
 
 COMBOS = list(itertools.product([False, True], repeat=4))   # (oar, ors, oag, odp)
@@ -47,11 +48,7 @@ def rank_bench(spec: str, hidden: int, depth: int, tokens: int, rounds: int, ste
         x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(0))[d * per:(d + 1) * per]
 
         def step(model=model, opt=opt, grid=grid, x=x) -> None:
-            loss = model(x).pow(2).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            axgrid.sync_gradients(model, grid)
-            opt.step()
+            train_step(model, opt, lambda _: model(x).pow(2).mean(), grid)
 
         runs[combo] = (grid, step)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import perfmodel as pm
+from axgrid import perfmodel as pm
 
 
 def main() -> None:

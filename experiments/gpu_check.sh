@@ -40,8 +40,9 @@ if not torch.cuda.is_available():
     fail(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False); this check needs one")
 
 import axgrid
-import kernels
+from axgrid import kernels
 from axgrid.models.gpt import GPT, GPTConfig
+from axgrid.train import train_step
 
 dev = torch.device("cuda", 0)
 props = torch.cuda.get_device_properties(dev)
@@ -75,8 +76,8 @@ if float(one.sum()) != 1024.0:
 print(f"gpu_check: NCCL world size 1 ok ({time.perf_counter() - t0:.2f} s to init and all-reduce)", flush=True)
 
 # 3. the GEMM tuner's GPU path (cupy/cuBLAS candidates when cupy is installed)
-from kernels.candidates import cupy_version
-tuner = grid.gemm
+from axgrid.kernels.candidates import cupy_version
+tuner = grid.runtime.gemm_fn
 m, n, k = 4096, 4096, 4096
 for role in ("forward", "input_grad", "weight_grad"):
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -102,15 +103,17 @@ x = torch.randint(0, cfg.vocab, (batch, seq), device=dev)
 y = torch.randint(0, cfg.vocab, (batch, seq), device=dev)
 torch.cuda.reset_peak_memory_stats(dev)
 times, losses = [], []
+
+
+def bf16_loss(x, y):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return model(x, y)
+
+
 for s in range(steps + 2):                     # the first two steps warm up (tuning, allocator), not timed
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(x, y)
-    loss.backward()
-    axgrid.sync_gradients(model, grid)
-    opt.step()
+    loss = train_step(model, opt, lambda _: bf16_loss(x, y), grid).loss
     end.record()
     end.synchronize()
     losses.append(float(loss))

@@ -38,6 +38,7 @@ import axgrid  # noqa: E402
 from axgrid.grid import Grid  # noqa: E402
 from axgrid.runtime import build_grid  # noqa: E402
 from axgrid.launch import detect_launch  # noqa: E402
+from axgrid.train import train_step  # noqa: E402
 from axgrid.layout import GridShape, Layout, all_shapes  # noqa: E402
 from axgrid.models import MLPStack  # noqa: E402
 from axgrid.models.gpt import GPT, GPTConfig  # noqa: E402
@@ -189,8 +190,8 @@ class AxgridContender(Contender):
     def _loss(self) -> torch.Tensor:
         return mlp_loss(self.model(self.x)) if self.w.kind == "mlp" else self.model(self.x, self.y)
 
-    def _sync(self) -> None:
-        axgrid.sync_gradients(self.model, self.grid)
+    def step(self) -> None:
+        train_step(self.model, self.opt, lambda _: self._loss(), self.grid)
 
     def _dp_mean(self, v: float) -> float:
         return float(self.grid.comm.all_reduce(torch.tensor([v], dtype=torch.float64), "d", average=True)[0])

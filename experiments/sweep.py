@@ -2,7 +2,7 @@
 
     # every grid of gpt-tiny on 4 local ranks (each run started by `axgrid launch -n 4 -- python train_gpt.py ...`)
     python experiments/sweep.py grid --model gpt-tiny --gpus 4 --steps 6 --out experiments/results/grid.csv
-    # only the perf model's top 5 (python -m perfmodel rank ... --csv) for a machine, printed as srun commands
+    # only the perf model's top 5 (python -m axgrid.perfmodel rank ... --csv) for a machine, printed as srun commands
     python experiments/sweep.py grid --model gpt-20b --gpus 256 --batch 512 --top-k 5 --machine perlmutter --dry-run
     # weak scaling: the model grows with the GPU count (tiny CPU table, or the AxoNN GPT table on a machine)
     python experiments/sweep.py weak --table cpu --gpus 1,2,4,8 --out experiments/results/weak.csv
@@ -59,14 +59,14 @@ class ModelSize:
     """What train_gpt needs to build the model: a named size plus overrides."""
 
     label: str
-    base: str                      # a NAMED_SIZES key of axgrid.models.gpt
+    base: str                      # a key of axgrid.spec.NAMED_SIZES
     layers: Optional[int] = None
     hidden: Optional[int] = None
     heads: Optional[int] = None
 
     def dims(self) -> tuple[int, int, int, int, int]:
         """layers, hidden, heads, seq, vocab."""
-        from axgrid.models.gpt import NAMED_SIZES
+        from axgrid.spec import NAMED_SIZES
         layers, hidden, heads, seq, vocab = NAMED_SIZES[self.base]
         return (self.layers or layers, self.hidden or hidden, self.heads or heads, seq, vocab)
 
@@ -113,11 +113,11 @@ def grid_problem(size: ModelSize, shape: GridShape, batch: int, microbatches: in
 
 def perfmodel_ranking(size: ModelSize, gpus: int, batch: int, machine: str, dtype: str,
                       recompute: bool) -> list[dict[str, str]]:
-    """``python -m perfmodel rank ... --csv`` rows (feasible first, best first); [] when it fails."""
+    """``python -m axgrid.perfmodel rank ... --csv`` rows (feasible first, best first); [] when it fails."""
     layers, h, heads, seq, vocab = size.dims()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank.csv")
-        cmd = [sys.executable, "-m", "perfmodel", "rank", "--layers", str(layers), "--hidden", str(h), "--heads",
+        cmd = [sys.executable, "-m", "axgrid.perfmodel", "rank", "--layers", str(layers), "--hidden", str(h), "--heads",
                str(heads), "--seq", str(seq), "--vocab", str(vocab), "--gpus", str(gpus), "--machine", machine,
                "--batch", str(batch), "--dtype", dtype, "--top", "1", "--csv", out,
                *([] if recompute else ["--no-recompute"])]

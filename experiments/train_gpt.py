@@ -18,7 +18,7 @@ Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: Ada
 decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
 [--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
 
-FLOPs per step (axgrid.models.flops; V = vocabulary, L layers, h hidden, B·S tokens):
+FLOPs per step (axgrid.spec.flops; V = vocabulary, L layers, h hidden, B·S tokens):
     with --recompute:     96·B·S·L·h²·(1 + S/(6h) + V/(16·L·h))
     without recompute:    72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))
 TFLOP/s per device = FLOPs per step / time per step / number of ranks / 1e12.
@@ -35,7 +35,6 @@ checkpoint saved with other settings, naming them, unless ``--allow-config-chang
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -52,7 +51,8 @@ import axgrid  # noqa: E402
 from axgrid.goldfish import goldfish_mask, kept_count  # noqa: E402
 from axgrid.layout import GridError, GridShape  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
-from axgrid.models.gpt import NAMED_SIZES  # noqa: E402
+from axgrid.spec import NAMED_SIZES  # noqa: E402
+from axgrid.train import train_step  # noqa: E402
 
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "kjv_selections.txt"
 
@@ -381,21 +381,15 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
         e0 = energy.read()
         grid.ledger.reset()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=device)
-        for mb in range(args.microbatches):
+        def loss_of(mb: int) -> torch.Tensor:
             rows = slice(mb * per_mb + d * bd, mb * per_mb + (d + 1) * bd)
             x, y = inputs[rows].to(device), targets[rows].to(device)
             m = mask[rows].to(device) if mask is not None else None
-            # ODP: only the last micro-batch's backward reduces over d (the others accumulate locally)
-            with grid.no_sync() if mb < args.microbatches - 1 else contextlib.nullcontext():
-                with autocast:
-                    loss = model(x, y, m, normalizer=kept / gd)
-                loss.backward()
-            loss_sum += loss.detach().float()
-        axgrid.sync_gradients(model, grid)
-        gnorm = float(axgrid.clip_grad_norm_(model, args.clip, grid)) if args.clip > 0 else float("nan")
-        opt.step()
+            with autocast:
+                return model(x, y, m, normalizer=kept / gd)
+
+        out = train_step(model, opt, loss_of, grid, args.microbatches, clip=args.clip)
+        loss_sum, gnorm = out.loss, out.grad_norm
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import csv
 
-import perfmodel as pm
-from perfmodel.comm import dim_strides, ring_alpha_beta
-from perfmodel.validate import metrics
+from axgrid import perfmodel as pm
+from axgrid.perfmodel.comm import dim_strides, ring_alpha_beta
+from axgrid.perfmodel.validate import metrics
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     by = {r.grid_str: r for r in rk.feasible}
     with open(a.csv, newline="") as f:
         meas = {row["grid"]: float(row["measured_s"]) for row in csv.DictReader(f)}
-    from perfmodel.gpt import gpt_parameters
+    from axgrid.perfmodel.gpt import gpt_parameters
     n_tensors = len(gpt_parameters(spec, (1, 1, 1, 1)))   # every trainable tensor: embeddings, norms, FC, head
     pred_b, pred_t, ms = [], [], []
     for g, t in meas.items():

@@ -1,4 +1,4 @@
-"""``python -m kernels ...`` (see kernels.cli)."""
+"""``python -m axgrid.kernels ...`` (see axgrid.kernels.cli)."""
 import sys
 
 from .cli import main

@@ -1,8 +1,8 @@
-"""Command line: ``python -m kernels {tune,show,export-efficiency}``.
+"""Command line: ``python -m axgrid.kernels {tune,show,export-efficiency}``.
 
-    python -m kernels tune --model gpt-20b --grid 2x2x2x1 --dtype bf16 --tokens 4096
-    python -m kernels show
-    python -m kernels export-efficiency efficiency.json
+    python -m axgrid.kernels tune --model gpt-20b --grid 2x2x2x1 --dtype bf16 --tokens 4096
+    python -m axgrid.kernels show
+    python -m axgrid.kernels export-efficiency efficiency.json
 """
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from typing import Sequence
 
 import torch
 
+from axgrid.spec import NAMED_SIZES, GridShape
+
 from .cache import GemmCache
 from .candidates import DEFAULT
-from .shapes import MODELS, layer_gemm_shapes, parse_grid
+from .shapes import layer_gemm_shapes
 from .signature import parse_dtype
 from .tuner import GemmTuner
 from .validators import current_validators
@@ -54,7 +56,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     parse_dtype(args.dtype)
     shapes: dict[tuple[int, int, int, str], None] = {}
     for grid in args.grid:
-        for s in layer_gemm_shapes(args.model, parse_grid(grid), args.tokens):
+        for s in layer_gemm_shapes(args.model, GridShape.parse(grid), args.tokens):
             shapes.setdefault(s, None)
     tuner = GemmTuner("on-first-use", cache_path=args.cache, margin=args.margin,
                       max_tune_seconds=args.max_tune_seconds, warmup=args.warmup, repeats=args.repeats)
@@ -145,12 +147,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels", description="axgrid GEMM layout auto-tuner")
+    p = argparse.ArgumentParser(prog="python -m axgrid.kernels", description="axgrid GEMM layout auto-tuner")
     sub = p.add_subparsers(dest="cmd", required=True)
     cache_help = "cache file (default: $AXGRID_GEMM_CACHE or ~/.cache/axgrid/gemm.json)"
 
     t = sub.add_parser("tune", help="tune the per-rank GEMMs of a model on a grid ahead of time")
-    t.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
+    t.add_argument("--model", required=True, help=f"one of {', '.join(NAMED_SIZES)}")
     t.add_argument("--grid", nargs="+", required=True, help="GXxGYxGZxGD, e.g. 2x2x2x1 (several allowed)")
     t.add_argument("--dtype", default="bf16", help="bf16, fp16, fp32 (default bf16)")
     t.add_argument("--tokens", type=int, default=4096, help="tokens per micro-batch (batch x sequence)")

@@ -1,7 +1,8 @@
-"""perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training, with
-Megatron-style TP×PP×DP priced by the same code for comparison.
+"""axgrid.perfmodel: analytical performance model of 4D (Gx×Gy×Gz×Gd) hybrid tensor-parallel transformer training,
+with Megatron-style TP×PP×DP priced by the same code for comparison.
 
-Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
+Pure Python + numpy/scipy (no torch, none of the axgrid runtime: ``import axgrid`` alone loads nothing; of axgrid
+only the torch-free leaf ``axgrid.spec``: model sizes, the layer list, per-rank volumes, FLOPs). Public surface:
 
     TransformerSpec, Options, Problem, MODELS, get_model, model_flops     inputs
     Machine, load_machine, list_machines                                    machine library
@@ -15,14 +16,13 @@ Pure Python + numpy/scipy (no torch, no axgrid). Public surface:
 """
 from .comm import FCLayer, collective_bytes, collective_calls, collective_events, ring_time
 from .errors import MachineFileError, NoFeasibleConfig, PerfModelError
-from .layers import transformer_layers
 from .machines import Machine, list_machines, load_machine
 from .model import Evaluation, evaluate
 from .pipeline import TPPPDP, price_named
 from .pipeline import price as price_tp_pp_dp
 from .rank import Ranking, Row, price_grid, rank
 from .space import Grids, enumerate_grids
-from .spec import MODELS, Options, Problem, TransformerSpec, get_model, model_flops
+from .spec import MODELS, Options, Problem, TransformerSpec, get_model, model_flops, transformer_layers
 
 __all__ = [
     "FCLayer", "collective_bytes", "collective_calls", "collective_events", "ring_time",

@@ -1,4 +1,4 @@
-"""``python -m perfmodel``."""
+"""``python -m axgrid.perfmodel``."""
 import sys
 
 from .cli import main

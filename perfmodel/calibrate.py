@@ -1,8 +1,9 @@
 """Calibration: fit α, β per placement class and a GEMM efficiency curve from measured samples, and write a
-machine file. The fitting is pure numpy/scipy; measuring needs the ``axgrid`` runtime and plugs in through
-``measure_with_runtime`` (or any other source of samples: ``calibrate(comm_samples, gemm_samples, ...)``).
+machine file. The fitting is pure numpy/scipy; the samples are measured on real ranks by
+``experiments/measure_runtime.py collectives`` (JSON read by ``load_samples``), or come from anywhere else:
+``calibrate(comm_samples, gemm_samples, ...)``.
 
-Sample formats (also the JSON read by ``load_samples``):
+Sample formats:
   comm: {"op": "all_reduce"|"all_gather"|"reduce_scatter", "group_size": p, "stride": s, "bytes": S,
          "seconds": t, "concurrent": rings sharing the node's NICs (default 1)}
         S is the ledger's buffer size (all-reduced tensor / AG output / RS input).
@@ -175,36 +176,45 @@ def local_base(nranks: int, peak_flops: float, memory_bytes: int | None = None) 
                    description=f"this host, {nranks} gloo ranks (calibrated)", gpu="cpu rank")
 
 
-def load_samples(path: str | Path) -> tuple[list[CommSample], list[GemmSample]]:
-    """Read {"comm": [...], "gemm": [...]} JSON (formats in the module docstring)."""
-    doc = json.loads(Path(path).read_text())
+MEASURE_COMMAND = "axgrid launch -n 4 -- python experiments/measure_runtime.py collectives --out {path}"
+
+
+@dataclass(frozen=True)
+class Samples:
+    """What ``experiments/measure_runtime.py collectives`` wrote: the samples and the ranks they were measured on
+    (``nranks``; for a file without it, the widest group measured)."""
+    comm: list[CommSample]
+    gemm: list[GemmSample]
+    nranks: int
+
+
+def load_samples(path: str | Path) -> Samples:
+    """Read {"comm": [...], "gemm": [...], "nranks": n} JSON (formats in the module docstring); a missing or
+    malformed file is a one-line PerfModelError naming it and the command that writes it."""
+    fix = f"write it with `{MEASURE_COMMAND.format(path=path)}`"
     try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise PerfModelError(f"calibration samples {path}: {e.strerror or e}; {fix}") from None
+    except ValueError as e:
+        raise PerfModelError(f"calibration samples {path} are not JSON ({e}); {fix}") from None
+    try:
+        if not isinstance(doc, dict) or not doc.get("comm"):
+            raise TypeError("no 'comm' samples")
         comm = [CommSample(**{k: v for k, v in d.items() if k in CommSample.__dataclass_fields__})
-                for d in doc.get("comm", [])]
+                for d in doc["comm"]]
         gemm = [GemmSample(**{k: v for k, v in d.items() if k in GemmSample.__dataclass_fields__})
                 for d in doc.get("gemm", [])]
-    except TypeError as e:
-        raise PerfModelError(f"{path}: bad sample: {e}") from None
-    return comm, gemm
+    except (TypeError, AttributeError) as e:
+        raise PerfModelError(f"calibration samples {path}: bad sample ({e}); {fix}") from None
+    nranks = doc.get("nranks") or max(c.group_size * c.stride for c in comm)
+    return Samples(comm, gemm, int(nranks))
 
 
 def save_samples(path: str | Path, comm: list[CommSample], gemm: list[GemmSample]) -> None:
+    """Write samples in the format :func:`load_samples` reads (synthetic or converted measurements)."""
     Path(path).write_text(json.dumps({"comm": [asdict(c) for c in comm], "gemm": [asdict(g) for g in gemm]},
                                      indent=1))
-
-
-def runtime_available() -> bool:
-    """True when the axgrid runtime (and torch) can be imported."""
-    try:
-        import importlib.util
-        return importlib.util.find_spec("axgrid") is not None and importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-NEEDS_RUNTIME = ("measuring needs the axgrid runtime (torch + axgrid importable: `pip install -e .` in the repo); "
-                 "perfmodel alone can only fit samples you already have: "
-                 "`python -m perfmodel calibrate --samples FILE.json --out machines/local.toml`")
 
 
 def model_gemm_shapes(spec, batch: int, gpus: int, microbatches: int = 1, limit: int = 48
@@ -213,14 +223,13 @@ def model_gemm_shapes(spec, batch: int, gpus: int, microbatches: int = 1, limit:
     forward (m', n_loc, k_loc), input gradient (m', k_loc, n_loc), weight gradient (n_loc, k_loc, m') of every
     FC layer, and attention (S, S, head_dim). Distinct shapes, at most ``limit`` (evenly thinned by size)."""
     from .comm import layer_volumes
-    from .layers import block_layers, head_layer
     from .space import enumerate_grids
 
     g = enumerate_grids(gpus)
     tokens = batch // microbatches * spec.seq
     ok = (tokens % (g.gd * g.gz) == 0) & (spec.hidden % g.gx == 0) & (spec.hidden % g.gy == 0)
     shapes: set[tuple[int, int, int]] = {(spec.seq, spec.seq, spec.hidden // spec.heads)}
-    for layer in block_layers(spec) + [head_layer(spec)]:
+    for layer in spec.block_layers() + [spec.head_layer()]:
         for gx, gy, gz, gd in zip(g.gx[ok], g.gy[ok], g.gz[ok], g.gd[ok]):
             v = layer_volumes(layer, gx, gy, gz, tokens // (gd * gz))
             m, n, k = int(tokens // (gd * gz)), int(v.n_loc), int(v.k_loc)
@@ -230,28 +239,6 @@ def model_gemm_shapes(spec, batch: int, gpus: int, microbatches: int = 1, limit:
         idx = np.unique(np.linspace(0, len(out) - 1, limit).round().astype(int))
         out = [out[i] for i in idx]
     return out
-
-
-def measure_with_runtime(nranks: int, sizes_bytes: list[int], gemm_shapes: list[tuple[int, int, int]],
-                         **kw) -> tuple[list[CommSample], list[GemmSample]]:
-    """Measure collectives (every group size and stride of the grids of ``nranks``, each size in
-    ``sizes_bytes``) and GEMMs through the runtime: ``axgrid.calibration.measure`` (imported here, so perfmodel
-    itself never needs torch) returns the two sample lists as dicts in the formats above; ``kw`` (reps, warmup,
-    gemm_dtype, ...) is passed through."""
-    if not runtime_available():
-        raise PerfModelError(NEEDS_RUNTIME)
-    import importlib
-    try:
-        mod = importlib.import_module("axgrid.calibration")
-    except ImportError as e:
-        raise PerfModelError(f"axgrid is importable but provides no axgrid.calibration.measure yet ({e}); "
-                             + NEEDS_RUNTIME) from None
-    try:
-        comm, gemm = mod.measure(nranks=nranks, sizes_bytes=sizes_bytes, gemm_shapes=gemm_shapes, **kw)
-    except ValueError as e:
-        raise PerfModelError(f"calibration measurement: {e}") from None
-    return [c if isinstance(c, CommSample) else CommSample(**c) for c in comm], \
-           [g if isinstance(g, GemmSample) else GemmSample(**g) for g in gemm]
 
 
 def fit_by_group(samples: Iterable[CommSample]) -> dict[tuple[int, int], Placement]:

@@ -1,9 +1,11 @@
-"""Command line: ``python -m perfmodel {rank, machines, calibrate, validate, check-published}``."""
+"""Command line: ``python -m axgrid.perfmodel {rank, machines, calibrate, validate, check-published}``."""
 from __future__ import annotations
 
 import argparse
 import sys
 from dataclasses import replace
+
+from axgrid.spec import GridError, GridShape
 
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
@@ -11,7 +13,9 @@ from .rank import Ranking, price_grid, rank
 from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
 
 
-def _add_problem_args(p: argparse.ArgumentParser) -> None:
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """The problem's arguments (model, GPUs, machine, batch, dtype, options): rank/validate here, and
+    experiments/measure_runtime.py steps, which times the same problem."""
     p.add_argument("--model", help="named model (gpt-tiny … gpt-1t); or give --layers/--hidden/--heads")
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
@@ -30,7 +34,7 @@ def _add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", default="xyzd", help="rank order, fastest first (default xyzd)")
     p.add_argument("--bucket-mib", type=float, default=25.0,
                    help="data-parallel gradient bucket in MiB (the runtime's RuntimeConfig.bucket_bytes; default 25)")
-    p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m kernels export-efficiency FILE)")
+    p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m axgrid.kernels export-efficiency FILE)")
 
 
 def _bucket_bytes(mib: float) -> int:
@@ -119,15 +123,11 @@ def _output(what: str, path: str, write) -> None:
 
 
 def parse_grid(text: str) -> tuple[int, int, int, int]:
-    """"2x4x8x16" → (2, 4, 8, 16)."""
-    parts = text.lower().replace("×", "x").split("x")
+    """"2x4x8x16" → (2, 4, 8, 16), read by ``axgrid.spec.GridShape.parse``."""
     try:
-        g = tuple(int(v) for v in parts)
-    except ValueError:
-        g = ()
-    if len(g) != 4 or min(g) <= 0:
-        raise PerfModelError(f"--grid must be four positive integers GXxGYxGZxGD (e.g. 2x4x8x16), got {text!r}")
-    return g  # type: ignore[return-value]
+        return GridShape.parse(text).as_tuple()
+    except GridError as e:
+        raise PerfModelError(f"--grid must be four positive integers GXxGYxGZxGD (e.g. 2x4x8x16): {e}") from None
 
 
 def cmd_rank(a: argparse.Namespace) -> int:
@@ -200,33 +200,17 @@ def cmd_machines(a: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(float(v)) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise PerfModelError(f"expected a comma-separated list of integers, got {text!r}") from None
-
-
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from . import calibrate as cal
 
-    if a.samples:
-        comm, gemm = cal.load_samples(a.samples)
-    else:
-        sizes = _int_list(a.sizes)
-        shapes = [(s, s, s) for s in _int_list(a.gemm_cubes)]
-        if a.model:
-            spec = get_model(a.model)
-            shapes += cal.model_gemm_shapes(spec, a.batch, a.ranks)
-        shapes = sorted(set(shapes), key=lambda s: (s[0] * s[1] * s[2], s))
-        print(f"measuring on {a.ranks} gloo ranks: {len(sizes)} sizes {sizes} B per collective and (group size, "
-              f"stride); {len(shapes)} GEMM shapes" + (f" (cubes + {a.model}, batch {a.batch})" if a.model else ""),
-              flush=True)
-        comm, gemm = cal.measure_with_runtime(a.ranks, sizes, shapes, reps=a.reps)
-        if a.save_samples:
-            cal.save_samples(a.save_samples, comm, gemm)
+    if not a.samples:
+        raise PerfModelError("calibrate fits measured samples: give --samples FILE.json, written by `"
+                             + cal.MEASURE_COMMAND.format(path="FILE.json") + "`")
+    samples = cal.load_samples(a.samples)
+    comm, gemm = samples.comm, samples.gemm
+    ranks = a.ranks or samples.nranks
     peak = a.peak or max((2.0 * g.m * g.n * g.k / g.seconds for g in gemm), default=1e11)
-    base = load_machine(a.base) if a.base else cal.local_base(a.ranks, peak)
+    base = load_machine(a.base) if a.base else cal.local_base(ranks, peak)
     m = cal.calibrate(comm, gemm, base, name=a.name, out=a.out, peak=peak)
     fitted = cal.fit_placements(comm, base.gpus_per_node)
     errs = dict(cal.fit_report(comm, m))
@@ -244,34 +228,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    import time
-
     from . import validate as val
 
     prob, machine = problem_from_args(a)
+    if not a.measured:
+        raise PerfModelError("validate compares with measured step times: give --measured FILE.json, written by `"
+                             + val.MEASURE_COMMAND.format(gpus=prob.gpus, path="FILE.json") + "` (or a CSV grid,seconds)")
     rk = rank(prob, machine)
-    meta = {"model": prob.model.name, "gpus": prob.gpus, "batch": prob.batch, "dtype": prob.dtype,
-            "machine": machine.name, "options": prob.options.overlap_spec(), "recompute": prob.options.recompute,
-            "bucket_bytes": prob.options.bucket_bytes}
-    if a.measured:
-        measured = val.read_measured(a.measured)
-        meta["measured_from"] = a.measured
-    else:
-        rows = val.select_configs(rk, a.top, a.sample, a.seed)
-        workload = val.workload_name()
-        print(f"timing {len(rows)} of {len(rk.feasible)} feasible configurations × {a.rounds} rounds "
-              f"({a.warmup} warm-up + {a.steps} timed steps each); workload: {workload}; overlap "
-              f"{prob.options.overlap_spec()}, recompute {prob.options.recompute}, buckets "
-              f"{prob.options.bucket_bytes / 2**20:g} MiB", flush=True)
-        t0 = time.perf_counter()
-
-        def progress(i, grid, secs):
-            print(f"  {'x'.join(map(str, grid))}: {secs * 1e3:.1f} ms/step (predicted "
-                  f"{rows[i].time_s * 1e3:.1f})", flush=True)
-
-        measured = val.measure_with_runtime(rk, rows, a.steps, a.warmup, a.rounds, progress)
-        meta.update(workload=workload, steps=a.steps, warmup=a.warmup, rounds=a.rounds,
-                    wall_s=time.perf_counter() - t0)
+    measured = val.load_measured(a.measured, prob)
+    meta = {**val.problem_meta(prob), "machine": machine.name, "measured_from": a.measured}
     res = val.validate_measured(rk, measured, a.out_dir, meta)
     print(f"n={res['n']}  Spearman rho={res['spearman']:.3f}  Kendall tau={res['kendall']:.3f}  "
           f"top-1 regret={res['top1_regret']:.3f}  MAPE={res['mape']:.1f}%  (CSV/plot in {a.out_dir})")
@@ -298,10 +263,10 @@ def cmd_check_published(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m perfmodel", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m axgrid.perfmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rank", help="rank every grid configuration")
-    _add_problem_args(r)
+    add_problem_args(r)
     r.add_argument("--top", type=int, default=10)
     r.add_argument("--csv")
     r.add_argument("--json")
@@ -318,30 +283,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_rank)
     m = sub.add_parser("machines", help="list the machine library")
     m.set_defaults(fn=cmd_machines)
-    c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve on this machine (needs axgrid to measure)")
+    c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve to samples measured by "
+                                         "experiments/measure_runtime.py collectives")
+    c.add_argument("--samples", help="samples JSON, written by `axgrid launch -n 4 -- python "
+                                     "experiments/measure_runtime.py collectives --out FILE.json`")
     c.add_argument("--out", default="perfmodel/machines/local.toml")
     c.add_argument("--name", default="local")
-    c.add_argument("--nranks", "--ranks", dest="ranks", type=int, default=4, help="gloo ranks to measure on")
-    c.add_argument("--sizes", default="1024,8192,65536,524288,4194304",
-                   help="collective buffer sizes in bytes, comma-separated")
-    c.add_argument("--gemm-cubes", default="32,64,128,256,512", help="m=n=k of square GEMMs to time")
-    c.add_argument("--model", help="also time this model's GEMM shapes on the grids of --nranks")
-    c.add_argument("--batch", type=int, default=8, help="global batch for --model's GEMM shapes")
-    c.add_argument("--reps", type=int, default=5, help="timed repetitions per collective")
-    c.add_argument("--samples", help="fit these samples (JSON) instead of measuring")
-    c.add_argument("--save-samples", help="also write the measured samples (JSON)")
+    c.add_argument("--nranks", "--ranks", dest="ranks", type=int,
+                   help="ranks per 'node' of the fitted machine (default: the ranks the samples were measured on)")
     c.add_argument("--base", help="machine to start from (default: this host, one node of --ranks ranks)")
     c.add_argument("--peak", type=float, help="peak FLOP/s to express GEMM efficiency against")
     c.set_defaults(fn=cmd_calibrate)
-    v = sub.add_parser("validate", help="compare predicted and measured step times (needs axgrid to measure)")
-    _add_problem_args(v)
-    v.add_argument("--measured", help="CSV grid,seconds of measured runs (skips running them)")
-    v.add_argument("--top", type=int, default=8)
-    v.add_argument("--sample", type=int, default=8)
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
-    v.add_argument("--warmup", type=int, default=1, help="untimed steps per configuration")
-    v.add_argument("--rounds", type=int, default=2, help="interleaved passes over the configurations; best kept")
+    v = sub.add_parser("validate", help="compare predicted step times with those measured by "
+                                        "experiments/measure_runtime.py steps")
+    add_problem_args(v)
+    v.add_argument("--measured", help="step times: JSON written by `axgrid launch -n GPUS -- python "
+                                      "experiments/measure_runtime.py steps PROBLEM-ARGS --out FILE.json` (the same "
+                                      "problem arguments), or a CSV grid,seconds")
     v.add_argument("--out-dir", default="runs/validate")
     v.set_defaults(fn=cmd_validate)
     cp = sub.add_parser("check-published", help="predicted vs published throughput for every published point held")

@@ -7,83 +7,29 @@ OUTPUT, the reduce-scatter INPUT. A collective over a group of size 1 is not pos
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import numpy as np
 
+from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, FCVolumes, fc_volumes
+
 from .errors import PerfModelError
 from .machines import Machine
-from .spec import DEFAULT_BUCKET_BYTES, TransformerSpec
+from .spec import TransformerSpec
 
 DIMS = ("x", "y", "z", "d")
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
-
-
-class FCLayer(NamedTuple):
-    """An FC layer W [n, k] (n = out_features, k = in_features); transposed swaps the roles of x and y."""
-
-    n: int
-    k: int
-    transposed: bool = False
-    bias: bool = True
-    name: str = ""
-    recompute: bool = True  # part of a block whose forward is recomputed in backward (the LM head is not)
 
 
 def as_layer(t: FCLayer | tuple) -> FCLayer:
     return t if isinstance(t, FCLayer) else FCLayer(*t)
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
-@dataclass(frozen=True)
-class LayerVolumes:
-    """Per-call element counts for one FC layer on N grids (int64 arrays [N]).
-
-    fwd_ar_dim / bwd_ar_dim: "x"/"y" (normal) or "y"/"x" (transposed).
-    block: the local weight block n_loc·k_loc; padded: block rounded up to a multiple of Gz (AG/RS buffer);
-    shard: padded/Gz (AR_d of the weight); bias_loc: n_loc (AR_z in backward, AR_d per step) or 0 without bias.
-    """
-
-    fwd_ar_dim: str
-    bwd_ar_dim: str
-    fwd_ar: np.ndarray
-    bwd_ar: np.ndarray
-    n_loc: np.ndarray
-    k_loc: np.ndarray
-    block: np.ndarray
-    padded: np.ndarray
-    shard: np.ndarray
-    bias_loc: np.ndarray
-
-
-def layer_volumes(layer: FCLayer, gx, gy, gz, mprime) -> LayerVolumes:
-    """Elements per call for layer W [n, k] with m' tokens per GPU per micro-batch (arrays or scalars).
-
-    Normal: W block [n/Gy, k/Gx]; forward AR_x(m'·n/Gy); backward AR_y(m'·k/Gx). Transposed: block
-    [n/Gx, k/Gy]; forward AR_y(m'·n/Gx); backward AR_x(m'·k/Gy). n and k that do not divide are padded up.
-    """
+def layer_volumes(layer: FCLayer | tuple, gx, gy, gz, mprime) -> FCVolumes:
+    """``axgrid.spec.fc_volumes`` (elements per call of layer W [n, k], n and k that do not divide padded up)
+    on int64 arrays: scalars or one entry per grid [N]."""
     gx, gy, gz, mprime = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, mprime))
-    split_out, split_in = (gx, gy) if layer.transposed else (gy, gx)
-    n_loc = _ceil_div(np.int64(layer.n), split_out)
-    k_loc = _ceil_div(np.int64(layer.k), split_in)
-    block = n_loc * k_loc
-    padded = _ceil_div(block, gz) * gz
-    return LayerVolumes(
-        fwd_ar_dim="y" if layer.transposed else "x",
-        bwd_ar_dim="x" if layer.transposed else "y",
-        fwd_ar=mprime * n_loc,
-        bwd_ar=mprime * k_loc,
-        n_loc=n_loc,
-        k_loc=k_loc,
-        block=block,
-        padded=padded,
-        shard=padded // gz,
-        bias_loc=n_loc if layer.bias else np.zeros_like(n_loc),
-    )
+    return fc_volumes(as_layer(layer), gx, gy, gz, mprime)
 
 
 def dp_buckets(sizes_bytes: Iterable[int], bucket_bytes: int = DEFAULT_BUCKET_BYTES,

@@ -1,5 +1,5 @@
 """GEMM time: a roofline (peak × efficiency). Efficiency comes from a measured table (nearest measured shape in
-log space, as written by ``python -m kernels export-efficiency``) or from a saturating curve of the smallest GEMM
+log space, as written by ``python -m axgrid.kernels export-efficiency``) or from a saturating curve of the smallest GEMM
 dimension, eff = eff_max · d / (d + dim_half): per dtype from the machine file's ``gemm_efficiency`` (measured
 large-GEMM rates of that GPU), else the two parameters calibration fits (default 0.75, 96).
 Operand layouts are not modelled: the runtime's layout tuner picks the best layout per shape, and no per-layout

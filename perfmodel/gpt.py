@@ -20,28 +20,27 @@ table, position table, per block ln1 w/b, QKV w/b, out w/b, ln2 w/b, up w/b, dow
 buckets, in the gradient dtype. With ODP the buckets are filled in the order gradients become final during the
 last micro-batch's backward: immediately (autograd's post-accumulate hook) for gradients returned to autograd,
 and for gradients posted to the ORS pipeline (every FC weight and bias with ORS on; layer norms and embeddings
-with ORS on and Gz > 1) when the pipeline completes them, which it does two posts later (a window of two in
-flight) or at the end of the backward. This assumes every parameter is watched (``grid.watch(model)``, as
+with ORS on and Gz > 1) when the pipeline completes them, which it does ``axgrid.spec.GRADIENT_WINDOW`` (two)
+posts later or at the end of the backward. This assumes every parameter is watched (``grid.watch(model)``, as
 ``experiments/train_gpt.py`` does).
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from .comm import _ceil_div, dp_buckets, layer_volumes
+from axgrid.spec import BLOCK_MODULES, DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, ceil_div
+
+from .comm import dp_buckets, layer_volumes
 from .errors import PerfModelError
-from .layers import block_layers, head_layer
-from .spec import DEFAULT_BUCKET_BYTES, TransformerSpec
+from .spec import TransformerSpec
 
 #: Bytes per element of the runtime's fp32 side collectives (layer-norm statistics and parameter gradients,
 #: cross-entropy reductions, the loss, the embedding gradients over z).
 STAT_BYTES = 4
 
-BLOCK_FC = ("qkv", "attn_out", "mlp_up", "mlp_down")
-
 
 class GPTParam(NamedTuple):
-    """One trainable tensor of the GPT on one rank: ``key`` (e.g. "b3.mlp_up.w"), elements on this rank, and
+    """One trainable tensor of the GPT on one rank: ``key`` (e.g. "b3.up.w"), elements on this rank, and
     ``kind``: "fc_w", "fc_b", "ln" or "emb"."""
 
     key: str
@@ -52,19 +51,19 @@ class GPTParam(NamedTuple):
 def gpt_parameters(spec: TransformerSpec, grid: tuple[int, int, int, int]) -> list[GPTParam]:
     """The trainable tensors of one rank in ``model.parameters()`` order (zero-size tensors left out)."""
     gx, gy, gz, _ = (int(v) for v in grid)
-    hx = _ceil_div(spec.hidden, gx)
+    hx = ceil_div(spec.hidden, gx)
     out = [GPTParam("wte", spec.vocab * hx, "emb"), GPTParam("wpe", spec.seq * hx, "emb")]
-    vols = [layer_volumes(L, gx, gy, gz, 1) for L in block_layers(spec)]
+    fc = {L.name: layer_volumes(L, gx, gy, gz, 1) for L in spec.block_layers()}
     for i in range(spec.layers):
-        for j, (name, v) in enumerate(zip(BLOCK_FC, vols)):
-            if j in (0, 2):
-                ln = "ln1" if j == 0 else "ln2"
-                out += [GPTParam(f"b{i}.{ln}.w", hx, "ln"), GPTParam(f"b{i}.{ln}.b", hx, "ln")]
-            out.append(GPTParam(f"b{i}.{name}.w", int(v.shard), "fc_w"))
+        for name in BLOCK_MODULES:
+            if name not in fc:                            # a layer norm
+                out += [GPTParam(f"b{i}.{name}.w", hx, "ln"), GPTParam(f"b{i}.{name}.b", hx, "ln")]
+                continue
+            out.append(GPTParam(f"b{i}.{name}.w", int(fc[name].shard), "fc_w"))
             if spec.bias:
-                out.append(GPTParam(f"b{i}.{name}.b", int(v.bias_loc), "fc_b"))
+                out.append(GPTParam(f"b{i}.{name}.b", int(fc[name].bias_loc), "fc_b"))
     out += [GPTParam("ln_f.w", hx, "ln"), GPTParam("ln_f.b", hx, "ln")]
-    out.append(GPTParam("head.w", int(layer_volumes(head_layer(spec), gx, gy, gz, 1).shard), "fc_w"))
+    out.append(GPTParam("head.w", int(layer_volumes(spec.head_layer(), gx, gy, gz, 1).shard), "fc_w"))
     return out
 
 
@@ -78,9 +77,9 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
     gx, gy, gz, gd = (int(v) for v in grid)
     size = {"x": gx, "y": gy, "z": gz, "d": gd}
     b, gb = dtype_bytes, grad_dtype_bytes or dtype_bytes
-    hx = _ceil_div(spec.hidden, gx)
-    blk = [layer_volumes(L, gx, gy, gz, mprime) for L in block_layers(spec)]
-    head = layer_volumes(head_layer(spec), gx, gy, gz, mprime)
+    hx = ceil_div(spec.hidden, gx)
+    blk = {L.name: layer_volumes(L, gx, gy, gz, mprime) for L in spec.block_layers()}
+    head = layer_volumes(spec.head_layer(), gx, gy, gz, mprime)
     ev: list[tuple[str, str, int]] = []
     ready: list[str] = []
     inflight: list[tuple[str, ...]] = []
@@ -89,9 +88,9 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
         if size[dim] > 1 and nbytes > 0:
             ev.append((dim, op, int(nbytes)))
 
-    def pipe(*keys: str) -> None:        # ORS: GradientPipeline._post (one entry per call), two in flight
+    def pipe(*keys: str) -> None:        # ORS: GradientPipeline._post (one entry per call)
         inflight.append(keys)
-        while len(inflight) > 2:
+        while len(inflight) > GRADIENT_WINDOW:
             ready.extend(inflight.pop(0))
 
     def fc_fwd(v) -> None:
@@ -135,12 +134,11 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
             ready.append(key)
 
     def block_fwd() -> None:
-        ln_fwd()
-        fc_fwd(blk[0])
-        fc_fwd(blk[1])
-        ln_fwd()
-        fc_fwd(blk[2])
-        fc_fwd(blk[3])
+        for name in BLOCK_MODULES:
+            if name in blk:
+                fc_fwd(blk[name])
+            else:
+                ln_fwd()
 
     for _ in range(n_microbatches):
         ready.clear()
@@ -158,12 +156,11 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
         for i in reversed(range(spec.layers)):
             if recompute:
                 block_fwd()
-            fc_bwd(f"b{i}.mlp_down", blk[3], spec.bias)
-            fc_bwd(f"b{i}.mlp_up", blk[2], spec.bias)
-            ln_bwd(f"b{i}.ln2")
-            fc_bwd(f"b{i}.attn_out", blk[1], spec.bias)
-            fc_bwd(f"b{i}.qkv", blk[0], spec.bias)
-            ln_bwd(f"b{i}.ln1")
+            for name in reversed(BLOCK_MODULES):
+                if name in blk:
+                    fc_bwd(f"b{i}.{name}", blk[name], spec.bias)
+                else:
+                    ln_bwd(f"b{i}.{name}")
         emb_bwd("wpe", spec.seq)
         emb_bwd("wte", spec.vocab)
         for keys in inflight:                        # GradientPipeline.finish at the end of the backward

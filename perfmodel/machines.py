@@ -154,7 +154,7 @@ def _check(where: str, key: str, value: Any, typ: type) -> Any:
 
 
 def load_gemm_table(path: str | Path) -> tuple[GemmRecord, ...]:
-    """Read a JSON list of {m, n, k, dtype, flops_per_s} (``python -m kernels export-efficiency FILE``)."""
+    """Read a JSON list of {m, n, k, dtype, flops_per_s} (``python -m axgrid.kernels export-efficiency FILE``)."""
     p = Path(path)
     try:
         rows = json.loads(p.read_text())

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from axgrid.spec import ceil_div
+
 from .comm import layer_volumes
-from .layers import block_layers, head_layer
 from .spec import Options, TransformerSpec
 
 
@@ -54,9 +55,9 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
     b = dtype_bytes
     pg, optb = bytes_per_param(b, fp32)
-    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in block_layers(spec)]
-    head = layer_volumes(head_layer(spec), gx, gy, gz, 1)
-    hx = _ceil(h, gx)
+    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
+    head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
+    hx = ceil_div(h, gx)
     shard = L * sum(v.shard for v in vols) + head.shard
     small = L * sum(v.bias_loc for v in vols) + (2 * L + 1) * 2 * hx   # biases + layer norms, replicated over z
     small = small + (V + S) * hx                                        # embedding tables, replicated over y, z
@@ -78,11 +79,7 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
         act = mp * b * (inflight * L * h / (gx * seq_split) + full_block)
     else:
         act = mp * b * inflight * L * full_block
-    act = act + mp * _ceil(V, gy) * (b + 4) + 2 * mp * 4.0 * h / gy * b
+    act = act + mp * ceil_div(V, gy) * (b + 4) + 2 * mp * 4.0 * h / gy * b
     buffers = np.broadcast_to(buffers, act.shape).astype(float)
     static = np.broadcast_to(static, act.shape).astype(float)
     return Memory(static, buffers, act, static + buffers + act)
-
-
-def _ceil(a, b):
-    return -(-np.asarray(a, dtype=np.int64) // np.asarray(b, dtype=np.int64))

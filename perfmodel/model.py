@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from axgrid.spec import ceil_div
+
 from .comm import DIMS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
 from .compute import gemm_rate, gemm_time
-from .gpt import BLOCK_FC, STAT_BYTES, gpt_parameters, gpt_step
-from .layers import block_layers, head_layer
+from .gpt import STAT_BYTES, gpt_parameters, gpt_step
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
 from .space import Grids, describe, divisibility
@@ -73,8 +74,10 @@ def _pos(a):
 
 
 def _grad_sizes(spec, V, hx, grad_bytes: int) -> dict[str, np.ndarray]:
-    """Bytes of each gradient tensor per grid (arrays [N]), by parameter key (see ``perfmodel.gpt``)."""
+    """Bytes of each gradient tensor per grid (arrays [N]), by parameter key (see ``perfmodel.gpt``); ``V``: the
+    volumes of the block's FC layers and the head, in that order."""
     n = len(V[0].shard)
+    names = [layer.name for layer in spec.block_layers() + [spec.head_layer()]]
     out: dict[str, np.ndarray] = {}
     for p in gpt_parameters(spec, (1, 1, 1, 1)):
         if p.kind == "emb":
@@ -84,7 +87,7 @@ def _grad_sizes(spec, V, hx, grad_bytes: int) -> dict[str, np.ndarray]:
             out[p.key] = hx * grad_bytes
         else:
             layer, part = p.key.split(".")[-2:]
-            v = V[4] if layer == "head" else V[BLOCK_FC.index(layer)]
+            v = V[names.index(layer)]
             out[p.key] = (v.shard if part == "w" else v.bias_loc) * grad_bytes
     return {k: np.broadcast_to(np.asarray(a, dtype=np.int64), (n,)) for k, a in out.items()}
 
@@ -197,7 +200,7 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
         return ring_time(op, geo[dim][0], nbytes, a, be)
 
     # per layer type (QKV, out, up, down, head) collective and GEMM times per micro-batch
-    layers = block_layers(spec) + [head_layer(spec)]
+    layers = spec.block_layers() + [spec.head_layer()]
     reps = [L, L, L, L, 1]
     V = [layer_volumes(layer, g.gx, g.gy, g.gz, mp_int) for layer in layers]
     F = [gemm_time(mprime, v.n_loc, v.k_loc, machine, dt) for v in V]
@@ -213,7 +216,7 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
     q, o, u, dn, hd = range(5)
     # the GPT's other collectives per micro-batch (fp32, blocking; see perfmodel.gpt): layer norms, embeddings,
     # vocabulary-parallel cross entropy, loss
-    hx = -(-h // g.gx)
+    hx = ceil_div(h, g.gx)
     n_ln = 2 * L + 1
     ln_fwd = 2 * cost("all_reduce", "x", mp_int * STAT_BYTES)                  # per layer norm (mean, variance)
     ln_bwd_x = cost("all_reduce", "x", 2 * mp_int * STAT_BYTES)

@@ -1,4 +1,4 @@
-"""Published data points we hold, and the model's prediction for each (``python -m perfmodel check-published``).
+"""Published data points we hold, and the model's prediction for each (``python -m axgrid.perfmodel check-published``).
 
 Assumptions for every point (the publications' batch sizes are not held here): bf16, sequence 2048, vocabulary
 51200, global batch = one sequence per GPU (batch = GPUs), activation recompute and all overlaps on (the 4D

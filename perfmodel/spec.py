@@ -1,33 +1,31 @@
 """Inputs of the model: the transformer, the run options, the data types.
 
-Named GPT sizes (layers / hidden / heads) are the ones of the AxoNN papers (REFERENCE.md). Sequence length and
-vocabulary are not given there; we use seq = 2048 and vocab = 51200 (GPT-NeoX's 50,257 padded to a multiple of
-1024) for all of them. ``gpt-1t`` is 128 / 25600 / 160 (≈1.01e12 parameters, the Megatron-LM 1T shape); ``gpt-175b`` is the GPT-3 shape
-96 / 12288 / 96 and ``gpt-22b`` 48 / 6144 / 48 (≈21.8e9): our assumption for the Frontier study's 22B and 175B,
-whose exact shapes are not held here.
-``gpt-tiny`` and ``gpt-mini`` are sized to run on a laptop CPU with gloo.
+The named GPT sizes (layers / hidden / heads / seq / vocab) are ``axgrid.spec.NAMED_SIZES``, the table the runtime
+builds from; the FLOP and parameter counts are ``axgrid.spec.flops``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from axgrid.spec import (DEFAULT_BUCKET_BYTES, GPT2_PADDED_VOCAB, NAMED_SIZES, FCLayer, block_layers,
+                         gpt_flops_per_iteration, gpt_parameters, head_layer, model_layers, named_size)
+
 from .errors import PerfModelError
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
-#: The runtime's default data-parallel gradient bucket (``axgrid.RuntimeConfig.bucket_bytes``, 25 MiB).
-DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
 class TransformerSpec:
-    """A GPT-style decoder: ``layers`` blocks of 4 FC layers (QKV, attn-out, MLP-up, MLP-down) + an LM head."""
+    """A GPT-style decoder: ``layers`` blocks of 4 FC layers (QKV, attention-out, MLP-up, MLP-down) + an LM head,
+    as ``axgrid.spec.block_layers`` / ``head_layer`` list them."""
 
     name: str
     layers: int
     hidden: int
     heads: int
     seq: int = 2048
-    vocab: int = 51200
+    vocab: int = GPT2_PADDED_VOCAB
     bias: bool = True
 
     def __post_init__(self) -> None:
@@ -40,38 +38,34 @@ class TransformerSpec:
 
     @property
     def params(self) -> int:
-        """Parameter count: blocks (12h² weights + 13h biases/LN), embeddings V·h + S·h, untied head V·h."""
-        h, L, V, S = self.hidden, self.layers, self.vocab, self.seq
-        return L * (12 * h * h + 13 * h) + 2 * V * h + S * h + 2 * h
+        """Parameter count (``axgrid.spec.gpt_parameters``): blocks 12h² weights (+ 13h biases and layer norms),
+        embeddings V·h + S·h, untied head V·h."""
+        return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, bias=self.bias)
+
+    def block_layers(self) -> list[FCLayer]:
+        """One block's FC layers in forward order: QKV, attention-out, MLP-up, MLP-down."""
+        return block_layers(self.hidden, bias=self.bias)
+
+    def head_layer(self) -> FCLayer:
+        """The LM head [V×h], no bias, never recomputed."""
+        return head_layer(self.hidden, self.vocab)
 
 
-MODELS: dict[str, TransformerSpec] = {
-    s.name: s
-    for s in (
-        TransformerSpec("gpt-tiny", 2, 64, 4, seq=64, vocab=256),
-        TransformerSpec("gpt-mini", 4, 128, 4, seq=128, vocab=256),
-        TransformerSpec("gpt-5b", 24, 4096, 32),
-        TransformerSpec("gpt-10b", 32, 5120, 40),
-        TransformerSpec("gpt-20b", 32, 7168, 56),
-        TransformerSpec("gpt-40b", 38, 9216, 72),
-        TransformerSpec("gpt-60b", 56, 9216, 72),
-        TransformerSpec("gpt-80b", 42, 12288, 96),
-        TransformerSpec("gpt-160b", 84, 12288, 96),
-        TransformerSpec("gpt-320b", 96, 16384, 128),
-        TransformerSpec("gpt-640b", 192, 16384, 128),
-        TransformerSpec("gpt-22b", 48, 6144, 48),
-        TransformerSpec("gpt-175b", 96, 12288, 96),
-        TransformerSpec("gpt-1t", 128, 25600, 160),
-    )
-}
+MODELS: dict[str, TransformerSpec] = {name: TransformerSpec(name, *size) for name, size in NAMED_SIZES.items()}
+
+
+def transformer_layers(spec: TransformerSpec, head: bool = True) -> list[FCLayer]:
+    """All FC layers of the model in forward order: layers × block layers, then the head (when ``head``)."""
+    return model_layers(spec.layers, spec.hidden, spec.vocab, spec.bias, head)
 
 
 def get_model(name: str) -> TransformerSpec:
     """Look up a named model; an unknown name raises with the list of known ones."""
     try:
-        return MODELS[name.lower()]
-    except KeyError:
-        raise PerfModelError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+        named_size(name)
+    except ValueError as e:
+        raise PerfModelError(str(e)) from None
+    return MODELS[name.lower()]
 
 
 @dataclass(frozen=True)
@@ -158,10 +152,5 @@ class Problem:
 
 
 def model_flops(spec: TransformerSpec, batch: int, recompute: bool) -> float:
-    """FLOPs per batch (REFERENCE.md): 96·B·S·L·h²·(1 + S/(6h) + V/(16·L·h)) with full recompute,
-    72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h)) without (forward counted 3× instead of 4× in the blocks; the head is
-    never recomputed, so its 6·B·S·h·V stays the same in both)."""
-    B, S, L, h, V = batch, spec.seq, spec.layers, spec.hidden, spec.vocab
-    if recompute:
-        return 96.0 * B * S * L * h * h * (1 + S / (6 * h) + V / (16 * L * h))
-    return 72.0 * B * S * L * h * h * (1 + S / (6 * h) + V / (12 * L * h))
+    """FLOPs per batch of ``batch`` sequences (``axgrid.spec.gpt_flops_per_iteration``)."""
+    return gpt_flops_per_iteration(batch, spec.seq, spec.layers, spec.hidden, spec.vocab, recompute)

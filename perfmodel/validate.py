@@ -2,8 +2,9 @@
 
 Metrics (``metrics``): Spearman ρ and Kendall τ (scipy.stats) between predicted and measured times; top-1 regret =
 measured time of the predicted-best configuration ÷ the best measured time (1.0 = perfect); MAPE = mean
-|predicted − measured| / measured in percent. Measuring needs the runtime (``measure_with_runtime``); measured
-times from anywhere (CSV grid,seconds) go through ``validate_measured``."""
+|predicted − measured| / measured in percent. The measured times come from a file (``load_measured``): the JSON
+that ``experiments/measure_runtime.py steps`` writes (it times the configurations ``select_configs`` picks, on real
+ranks), or a CSV grid,seconds from anywhere."""
 from __future__ import annotations
 
 import csv
@@ -14,9 +15,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .calibrate import NEEDS_RUNTIME, runtime_available
 from .errors import PerfModelError
 from .rank import Ranking, Row
+from .spec import Problem
 
 
 def metrics(predicted, measured) -> dict[str, float]:
@@ -43,13 +44,49 @@ def select_configs(rk: Ranking, top: int, sample: int, seed: int = 0) -> list[Ro
     return feas[:top] + random.Random(seed).sample(rest, sample)
 
 
-def read_measured(path: str | Path) -> dict[str, float]:
-    """CSV with columns grid (e.g. 2x2x1x2) and seconds → {grid: seconds}."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or "grid" not in rows[0] or "seconds" not in rows[0]:
-        raise PerfModelError(f"{path}: need a CSV with columns 'grid' and 'seconds'")
-    return {r["grid"]: float(r["seconds"]) for r in rows}
+MEASURE_COMMAND = ("axgrid launch -n {gpus} -- python experiments/measure_runtime.py steps PROBLEM-ARGS "
+                   "--out {path}")
+#: The problem fields a measured file must agree on with the validation that reads it.
+PROBLEM_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "gpus", "batch", "dtype", "options", "recompute",
+                "bucket_bytes")
+
+
+def problem_meta(p: Problem) -> dict:
+    """The problem's sizes and runtime options as plain values (written into measured files, checked on read)."""
+    m = p.model
+    return {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
+            "vocab": m.vocab, "gpus": p.gpus, "batch": p.batch, "dtype": p.dtype,
+            "options": p.options.overlap_spec(), "recompute": p.options.recompute,
+            "bucket_bytes": p.options.bucket_bytes}
+
+
+def load_measured(path: str | Path, problem: Problem) -> dict[str, float]:
+    """{grid: seconds per step} from ``path``: the JSON of ``experiments/measure_runtime.py steps`` (its problem
+    must be ``problem``) or a CSV with columns grid (e.g. 2x2x1x2) and seconds. A missing, malformed or mismatched
+    file is a one-line PerfModelError naming it and the command that writes it."""
+    fix = f"write it with `{MEASURE_COMMAND.format(gpus=problem.gpus, path=path)}` (the same problem arguments as here)"
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise PerfModelError(f"measured step times {path}: {e.strerror or e}; {fix}") from None
+    if str(path).endswith(".csv"):
+        rows = list(csv.DictReader(text.splitlines()))
+        if not rows or "grid" not in rows[0] or "seconds" not in rows[0]:
+            raise PerfModelError(f"{path}: need a CSV with columns 'grid' and 'seconds'")
+        return {r["grid"]: float(r["seconds"]) for r in rows}
+    try:
+        doc = json.loads(text)
+        measured = {c["grid"]: float(c["seconds"]) for c in doc["configs"]}
+        recorded = doc["problem"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise PerfModelError(f"measured step times {path} are not measure_runtime.py steps JSON ({e!r}); "
+                             f"{fix}") from None
+    want = problem_meta(problem)
+    for k in PROBLEM_KEYS:
+        if recorded.get(k) != want[k]:
+            raise PerfModelError(f"{path} was measured with {k}={recorded.get(k)!r}, this validation has "
+                                 f"{k}={want[k]!r}; {fix}")
+    return measured
 
 
 def validate_measured(rk: Ranking, measured: dict[str, float], out_dir: str | Path | None = None,
@@ -97,38 +134,3 @@ def _plot(path: Path, rows: list[Row], meas: list[float], res: dict[str, float])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def measure_with_runtime(rk: Ranking, rows: list[Row], steps: int = 3, warmup: int = 1, rounds: int = 2,
-                         progress=None) -> dict[str, float]:
-    """Run each configuration for a few steps through the runtime; returns {grid: seconds per step}.
-
-    Plug point: ``axgrid.calibration.time_configs(model, grids, batch, dtype, microbatches, overlap, recompute,
-    steps, warmup, rounds, bucket_bytes=...)`` (one pool of ranks for all configurations, interleaved rounds, best
-    round kept). The run uses the problem's options as given -- the overlaps, activation recompute, keeping
-    gathered weights and the data-parallel bucket size -- so what is timed is what was predicted."""
-    if not runtime_available():
-        raise PerfModelError(NEEDS_RUNTIME.replace("measuring", "validation (running configurations)"))
-    import importlib
-    try:
-        mod = importlib.import_module("axgrid.calibration")
-    except ImportError as e:
-        raise PerfModelError(f"axgrid is importable but provides no axgrid.calibration.time_configs yet ({e})") from None
-    p = rk.problem
-    try:
-        secs = mod.time_configs(model=p.model, grids=[r.grid for r in rows], batch=p.batch, dtype=p.dtype,
-                                microbatches=[int(r.microbatches) for r in rows],
-                                overlap=p.options.overlap_spec(), recompute=p.options.recompute, steps=steps,
-                                warmup=warmup, rounds=rounds, progress=progress,
-                                bucket_bytes=p.options.bucket_bytes)
-    except ValueError as e:
-        raise PerfModelError(f"validation run: {e}") from None
-    return {r.grid_str: float(t) for r, t in zip(rows, secs)}
-
-
-def workload_name() -> str:
-    """What the runtime trains when validating (the GPT model, or the transformer-shaped stack)."""
-    if not runtime_available():
-        return "(runtime not available)"
-    import importlib
-    return importlib.import_module("axgrid.calibration").workload_name()

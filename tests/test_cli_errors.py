@@ -1,5 +1,5 @@
 """Command lines answer bad input with one clear line (and a non-zero exit), never a traceback: ``axgrid describe``,
-``python -m kernels tune``, ``experiments/train_gpt.py``; a 0-d input to a parallel Linear fails before any
+``python -m axgrid.kernels tune``, ``experiments/train_gpt.py``; a 0-d input to a parallel Linear fails before any
 collective, on every rank."""
 import importlib.util
 import os
@@ -50,7 +50,7 @@ def test_zero_dim_input_to_linear(ranks):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_kernels_tune_on_cuda_without_gpu(capsys, tmp_path):
-    from kernels.cli import main
+    from axgrid.kernels.cli import main
     argv = ["tune", "--model", "gpt-tiny", "--grid", "1x1x1x1", "--cache", str(tmp_path / "g.json"), "--device"]
     assert main(argv + ["cuda"]) == 2
     assert "no CUDA GPU is visible here" in capsys.readouterr().err
@@ -87,7 +87,7 @@ def test_train_gpt_bad_argument_is_one_line_on_stderr():
 
 def test_kernels_export_to_unwritable_path_is_one_line(capsys, tmp_path):
     """Review fix: an unwritable export-efficiency target leaked a FileNotFoundError traceback."""
-    from kernels.cli import main
+    from axgrid.kernels.cli import main
     assert main(["export-efficiency", str(tmp_path / "missing" / "eff.json"), "--cache", str(tmp_path / "g.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot write") and "choose a writable path" in err and err.count("\n") == 1, err

@@ -2,7 +2,10 @@
 imports no layer, so there is no cycle grid -> overlap -> nn.linear -> grid. Checked on the source (every
 import statement, also inside functions, where a cycle would hide; ``if TYPE_CHECKING:`` blocks excepted)."""
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG = ROOT / "axgrid"
@@ -78,3 +81,13 @@ def test_the_checker_sees_imports_inside_functions():
     """The check must not pass by missing imports: the runtime's optional tuner import is inside a function."""
     assert "axgrid.overlap" in closure("axgrid.runtime") and "axgrid.grid" in closure("axgrid.nn.linear")
     assert "axgrid.nn.linear" in closure("axgrid.nn")
+
+
+def test_importing_the_grid_loads_no_machinery():
+    """The same, as Python sees it: a fresh interpreter that imports axgrid.grid has no overlap, runtime or layer."""
+    code = "import sys, axgrid.grid; print(' '.join(m for m in sys.modules if m.startswith('axgrid')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    assert "axgrid.grid" in out
+    assert not [m for m in out if m in ("axgrid.runtime", "axgrid.overlap", "axgrid.data_parallel")
+                or m.startswith("axgrid.nn")], out

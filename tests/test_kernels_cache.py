@@ -7,10 +7,10 @@ import warnings
 import pytest
 import torch
 
-import kernels
-from kernels import GemmCache, GemmCacheWarning, GemmSignature, GemmTuner
-from kernels import candidates as cands
-from kernels.validators import current_validators
+from axgrid import kernels
+from axgrid.kernels import GemmCache, GemmCacheWarning, GemmSignature, GemmTuner
+from axgrid.kernels import candidates as cands
+from axgrid.kernels.validators import current_validators
 
 torch.set_num_threads(1)
 FAST = dict(max_tune_seconds=0.5, warmup=1, repeats=3)
@@ -180,7 +180,7 @@ def test_cache_file_mode_follows_the_umask(tmp_path, umask, mode):
 
 
 def test_show_and_export_tolerate_missing_fields(tmp_path, capsys):
-    from kernels.cli import main
+    from axgrid.kernels.cli import main
     path = tmp_path / "gemm.json"
     sig = GemmSignature.make(12, 10, 8, "fp32", "cpu", "forward")
     entries = {sig.key: _entry(sig, "torch:TT:BtAt"), "hand-written": {"winner": "default"},
@@ -195,7 +195,7 @@ def test_show_and_export_tolerate_missing_fields(tmp_path, capsys):
 
 def test_measure_keeps_to_its_time_budget():
     import time
-    from kernels.timing import measure
+    from axgrid.kernels.timing import measure
     calls = []
     fns = {name: (lambda name=name: calls.append(name) or time.sleep(0.05)) for name in "dabcefgh"}
     t0 = time.perf_counter()

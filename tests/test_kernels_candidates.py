@@ -4,10 +4,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import ROLE_INPUT_LAYOUTS, GemmSignature
-from kernels.candidates import DEFAULT, Candidate, candidates_for, run
-from kernels.timing import measure
-from kernels.tuner import pick_winner, synthetic_operands
+from axgrid.kernels import ROLE_INPUT_LAYOUTS, GemmSignature
+from axgrid.kernels.candidates import DEFAULT, Candidate, candidates_for, run
+from axgrid.kernels.timing import measure
+from axgrid.kernels.tuner import pick_winner, synthetic_operands
 
 torch.set_num_threads(1)
 

@@ -5,9 +5,9 @@ import json
 import torch
 
 import axgrid
-import kernels
-from kernels.signature import GemmSignature
-from kernels.validators import current_validators
+from axgrid import kernels
+from axgrid.kernels.signature import GemmSignature
+from axgrid.kernels.validators import current_validators
 from axgrid.nn.init import reference_linear
 
 

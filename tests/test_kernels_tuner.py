@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from kernels import Agreement, GemmCache, GemmSignature, GemmTuner, layer_gemm_shapes, parse_grid
-from kernels.cli import main
+from axgrid.kernels import Agreement, GemmCache, GemmSignature, GemmTuner, layer_gemm_shapes
+from axgrid.kernels.cli import main
 
 torch.set_num_threads(1)
 FAST = dict(max_tune_seconds=0.5, warmup=1, repeats=3)
@@ -65,7 +65,7 @@ def test_agreement_source_decides_others_adopt(tmp_path):
 
 
 def test_agreement_failure_reaches_other_ranks():
-    from kernels import agree_on
+    from axgrid.kernels import agree_on
     box = []
 
     def bcast(obj, src):
@@ -108,8 +108,8 @@ def test_layer_gemm_shapes_hand_checked():
 
 
 def test_bad_grid_and_sizes_are_named():
-    with pytest.raises(ValueError, match="bad grid '2x2x2'"):
-        parse_grid("2x2x2")
+    with pytest.raises(ValueError, match="grid '2x2x2' leaves Gdata out"):
+        layer_gemm_shapes("gpt-tiny", "2x2x2", 8)
     with pytest.raises(ValueError, match="tokens .* = 30 is not divisible by 4"):
         layer_gemm_shapes("gpt-tiny", "1x1x2x2", 30)
     with pytest.raises(ValueError, match="unknown model 'gpt-7b'"):
@@ -139,7 +139,7 @@ def test_cli_tune_show_export(tmp_path, capsys):
 def _gloo_rank(rank: int, store: str, tmp: str, out) -> None:
     import torch.distributed as dist
 
-    from kernels.tuner import GemmTuner as Tuner
+    from axgrid.kernels.tuner import GemmTuner as Tuner
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
@@ -154,7 +154,7 @@ def _gloo_rank(rank: int, store: str, tmp: str, out) -> None:
 def test_two_gloo_ranks_follow_rank0(tmp_path):
     import multiprocessing as mp
 
-    from kernels.validators import current_validators
+    from axgrid.kernels.validators import current_validators
     sig = GemmSignature.make(12, 10, 8, "fp32", "cpu", "forward")
     valid = {**current_validators("cpu"), "cpu_threads": 1}
     GemmCache(tmp_path / "rank1.json").put(sig, {"winner": "torch:TT:BtAt", "validators": valid, "times_s": {}})

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-import perfmodel as pm
-from perfmodel.comm import FCLayer, dim_strides, ring_alpha_beta, ring_time
-from perfmodel.memory import memory_per_gpu
-from perfmodel.space import enumerate_grids
+from axgrid import perfmodel as pm
+from axgrid.perfmodel.comm import FCLayer, dim_strides, ring_alpha_beta, ring_time
+from axgrid.perfmodel.memory import memory_per_gpu
+from axgrid.perfmodel.space import enumerate_grids
 
 
 def test_ring_costs_by_hand():
@@ -60,7 +60,7 @@ def test_padding_to_multiple_of_gz_and_data_parallel():
 
 
 def test_dp_buckets_pack_like_the_runtime():
-    from perfmodel.comm import dp_buckets
+    from axgrid.perfmodel.comm import dp_buckets
     # sync_gradients: join while the bucket stays <= limit, else post it; an oversized tensor gets its own bucket
     assert dp_buckets([4, 4, 4], 8) == [8, 4]
     assert dp_buckets([4, 20, 4], 8) == [4, 20, 4]
@@ -77,7 +77,7 @@ def test_dp_buckets_pack_like_the_runtime():
 def test_dp_term_priced_per_bucket_by_hand():
     # One layer W [8, 8] normal with bias on 1x1x1x4: weight shard 64 elements, bias 8; fp32 → 256 B + 32 B.
     # Buckets of 256 B: [256] then [32] → 2 all-reduces over d (p=4): 2·3/4·288/β + 2 · 2·3·α.
-    from perfmodel.comm import dp_gradient_sizes
+    from axgrid.perfmodel.comm import dp_gradient_sizes
     sizes = dp_gradient_sizes([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4)
     assert sizes == [256, 32]
     assert dp_gradient_sizes([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, overlap_dp=True) == [256, 32]
@@ -94,8 +94,8 @@ def test_dp_term_priced_per_bucket_by_hand():
         opt = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=odp, recompute=False,
                          bucket_bytes=bucket, microbatches=1)
         ev = pm.evaluate(pm.Problem(spec, 4, 4, "fp32", opt), m, pm.Grids.of([(1, 1, 1, 4)]))
-        from perfmodel.comm import dp_buckets
-        from perfmodel.gpt import gpt_dp_gradient_sizes
+        from axgrid.perfmodel.comm import dp_buckets
+        from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
         sz = gpt_dp_gradient_sizes(spec, (1, 1, 1, 4), 4, odp)     # every parameter: embeddings, norms, FC
         assert sum(sz) == spec.params * 4
         nb = len(dp_buckets(sz, bucket, odp))

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import axgrid
-from perfmodel import FCLayer, collective_bytes, collective_calls
+from axgrid.perfmodel import FCLayer, collective_bytes, collective_calls
+from axgrid.spec import block_layers
 from ledger_compare import assert_ledger_matches
 
 # (world, grid, hidden, microbatches, m_loc tokens per rank per micro-batch, bias, keep_gathered_weights)
@@ -50,11 +51,6 @@ BUCKET_CASES = [
 CASES = [c + (None, False) for c in CASES] + BUCKET_CASES
 
 
-def block_layers(h: int, bias: bool) -> list[FCLayer]:
-    return [FCLayer(3 * h, h, False, bias, "qkv"), FCLayer(h, h, True, bias, "attn_out"),
-            FCLayer(4 * h, h, False, bias, "mlp_up"), FCLayer(h, 4 * h, True, bias, "mlp_down")]
-
-
 def rank_ledgers(cases: list[tuple]) -> list[dict]:
     """On one rank: for every case, the ledger of one step as {(dim, op): (calls, bytes)}."""
     torch.set_num_threads(1)
@@ -68,7 +64,7 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
             layers = torch.nn.ModuleList(
                 axgrid.nn.Linear(L.k, L.n, L.bias, transpose=L.transposed, grid=grid, input_layout="sharded",
                                  output_layout="sharded", dtype=torch.float32)
-                for _ in range(2) for L in block_layers(h, bias))        # two blocks
+                for _ in range(2) for L in block_layers(h, bias=bias))        # two blocks
             k0 = layers[0].sharding.k_blk
             grid.ledger.reset()
             for i in range(mbs):
@@ -92,7 +88,7 @@ def predicted(case: tuple) -> tuple[dict, dict]:
     _, spec, h, mbs, m_loc, bias, keep, bucket, odp = case
     shape = tuple(int(v) for v in spec.split("x"))
     gz, gd = shape[2], shape[3]
-    layers = block_layers(h, bias) * 2
+    layers = block_layers(h, bias=bias) * 2
     kw = dict(layers=layers, grid=shape, tokens_per_microbatch_global=m_loc * gz * gd, n_microbatches=mbs,
               dtype_bytes=4, keep_gathered=keep, recompute=False, overlap_dp=odp,
               bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
@@ -120,7 +116,7 @@ def test_predicted_bytes_equal_ledger(ranks, world):
 
 def test_padding_case_really_pads():
     """The padding cases above do exercise a block that Gz does not divide (guards the case list)."""
-    from perfmodel.comm import layer_volumes
+    from axgrid.perfmodel.comm import layer_volumes
     v = layer_volumes(FCLayer(18, 6, False), 1, 2, 4, 3)
     assert int(v.block) == 54 and int(v.padded) == 56
     v = layer_volumes(FCLayer(6, 6, True), 1, 2, 4, 3)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import axgrid
-import perfmodel as pm
+from axgrid import perfmodel as pm
 from ledger_compare import assert_ledger_matches
 
 # layers, hidden, heads, seq, vocab: every Gx, Gy below divides hidden 24 and 4·24, heads 12 and vocab 48
@@ -87,8 +87,8 @@ def predicted(case: tuple) -> tuple[dict, dict]:
 def test_ors_case_changes_the_bucket_order():
     """Guards the case list: in the ORS case with Gz = 1 the pipeline's order gives other buckets than the
     backward order would (layer-norm gradients overtake the FC gradients still in the pipeline's window)."""
-    from perfmodel.comm import dp_buckets
-    from perfmodel.gpt import gpt_dp_gradient_sizes
+    from axgrid.perfmodel.comm import dp_buckets
+    from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
     layers, hidden, heads, seq, vocab = SIZES
     spec = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab)
     pipe, plain = (dp_buckets(gpt_dp_gradient_sizes(spec, (2, 2, 1, 2), 4, True, ors), 1200, True)

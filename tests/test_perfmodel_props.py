@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import perfmodel as pm
-from perfmodel.space import enumerate_grids
+from axgrid import perfmodel as pm
+from axgrid.perfmodel.space import enumerate_grids
 
 SPEC = pm.get_model("gpt-mini")
 MACHINES = ["perlmutter", "frontier", "dgx-h100"]
@@ -124,7 +124,7 @@ def test_machine_file_errors_name_file_and_field(tmp_path):
 def test_every_library_machine_loads_and_has_sources():
     ms = pm.list_machines()
     assert {"perlmutter", "frontier", "alps", "juwels-booster", "dgx-h100"} <= {m.name for m in ms}
-    from perfmodel.machines import MACHINE_DIR, REQUIRED
+    from axgrid.perfmodel.machines import MACHINE_DIR, REQUIRED
     for f in MACHINE_DIR.glob("*.toml"):
         lines = f.read_text().splitlines()
         for key in REQUIRED:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import perfmodel as pm
-from perfmodel import pipeline as pl
-from perfmodel.cli import main
-from perfmodel.comm import ring_alpha_beta
-from perfmodel.compute import gemm_rate
-from perfmodel.machines import MACHINE_DIR, Placement
-from perfmodel.space import Grids
+from axgrid import perfmodel as pm
+from axgrid.perfmodel import pipeline as pl
+from axgrid.perfmodel.cli import main
+from axgrid.perfmodel.comm import ring_alpha_beta
+from axgrid.perfmodel.compute import gemm_rate
+from axgrid.perfmodel.machines import MACHINE_DIR, Placement
+from axgrid.perfmodel.space import Grids
 
 TINY = ["--model", "gpt-tiny", "--gpus", "8", "--machine", "perlmutter", "--batch", "16"]
 
@@ -60,7 +60,7 @@ def test_machine_tables_carry_sources_and_bad_tables_are_named(tmp_path):
 
 
 def test_machine_tables_roundtrip(tmp_path):
-    from perfmodel.machines import machine_to_toml
+    from axgrid.perfmodel.machines import machine_to_toml
     m = pm.load_machine("frontier")
     f = tmp_path / "f.toml"
     f.write_text(machine_to_toml(m))
@@ -184,8 +184,8 @@ KNOWN_MISSES = {"SC24 Frontier 320B": 1.51, "4D paper Perlmutter 80B": 0.82, "Fr
 
 
 def test_check_published(capsys, monkeypatch):
-    from perfmodel import published
-    from perfmodel.published import POINTS, check_all
+    from axgrid.perfmodel import published
+    from axgrid.perfmodel.published import POINTS, check_all
     checks = check_all()
     assert len(checks) == len(POINTS) == 7
     for c in checks:

@@ -2,7 +2,7 @@
 
 A checkpoint saved on one grid loads on any other grid (or into the serial model, ``grid=None``) built with
 the same sizes: every tensor is written as the rectangular tiles of its *dense* form that the ranks hold
-(:class:`axgrid.sharding.TileSpec`), and a loading rank assembles its own tile from the saved tiles that
+(:class:`axgrid.spec.TileSpec`), and a loading rank assembles its own tile from the saved tiles that
 overlap it, then cuts its part with ``TileSpec.part_of``.
 
 Layout on disk (``root`` is what you pass to :class:`CheckpointManager` / :func:`save_checkpoint`)::

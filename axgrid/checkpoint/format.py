@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..sharding import TileSpec
+from ..spec import TileSpec
 
 FORMAT = "axgrid-checkpoint"
 VERSION = 1

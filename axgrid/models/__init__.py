@@ -1,5 +1,5 @@
 """Models built from axgrid layers."""
-from .flops import gpt_flops_per_iteration, gpt_parameters
+from ..spec import gpt_flops_per_iteration, gpt_parameters
 from .gpt import GPT, GPTConfig
 from .mlp import MLPStack
 

@@ -51,27 +51,7 @@ from ..nn.init import reference_linear
 from ..nn.layernorm import LayerNorm
 from ..nn.linear import Linear
 from ..nn.vocab_parallel import vocab_parallel_cross_entropy
-from .flops import gpt_flops_per_iteration, gpt_parameters
-
-#: GPT-2/NeoX's ~50,257 tokens padded to a multiple of 1024 (51200 = 2^11·5^2: divisible by every power-of-two
-#: Gy up to 2048, and by 5, 10, 20, ...); the same vocabulary perfmodel prices.
-GPT2_PADDED_VOCAB = 51200
-
-#: layers, hidden, heads, seq, vocab of the named sizes (AxoNN papers' GPT table, plus tiny CPU sizes).
-NAMED_SIZES: dict[str, tuple[int, int, int, int, int]] = {
-    "gpt-tiny": (2, 64, 4, 64, 256),       # byte-level, for CPU runs
-    "gpt-mini": (4, 128, 4, 128, 256),     # byte-level, for CPU runs
-    "gpt-5b": (24, 4096, 32, 2048, GPT2_PADDED_VOCAB),
-    "gpt-10b": (32, 5120, 40, 2048, GPT2_PADDED_VOCAB),
-    "gpt-20b": (32, 7168, 56, 2048, GPT2_PADDED_VOCAB),
-    "gpt-40b": (38, 9216, 72, 2048, GPT2_PADDED_VOCAB),
-    "gpt-60b": (56, 9216, 72, 2048, GPT2_PADDED_VOCAB),
-    "gpt-80b": (42, 12288, 96, 2048, GPT2_PADDED_VOCAB),
-    "gpt-160b": (84, 12288, 96, 2048, GPT2_PADDED_VOCAB),
-    "gpt-320b": (96, 16384, 128, 2048, GPT2_PADDED_VOCAB),
-    "gpt-640b": (192, 16384, 128, 2048, GPT2_PADDED_VOCAB),
-    "gpt-1t": (128, 25600, 160, 2048, GPT2_PADDED_VOCAB),   # the Megatron-LM 1T shape (~1.01e12 parameters)
-}
+from ..spec import NAMED_SIZES, FCLayer, block_layers, gpt_flops_per_iteration, gpt_parameters, head_layer, named_size
 
 
 @dataclass(frozen=True)
@@ -117,15 +97,12 @@ class GPTConfig:
     @staticmethod
     def named(name: str, **overrides: Any) -> "GPTConfig":
         """The named size (``gpt-tiny``, ``gpt-mini``, ``gpt-5b`` ... ``gpt-640b``), with fields overridden."""
-        key = name.lower()
-        if key not in NAMED_SIZES:
-            raise ValueError(f"unknown GPT size {name!r}; choose one of {', '.join(NAMED_SIZES)}")
-        layers, hidden, heads, seq, vocab = NAMED_SIZES[key]
+        layers, hidden, heads, seq, vocab = named_size(name)
         known = {f.name for f in fields(GPTConfig)}
         bad = set(overrides) - known
         if bad:
             raise ValueError(f"unknown GPTConfig field(s) {sorted(bad)}; fields are {sorted(known)}")
-        base = GPTConfig(layers, hidden, heads, seq, vocab, name=key)
+        base = GPTConfig(layers, hidden, heads, seq, vocab, name=name.lower())
         return replace(base, **overrides) if overrides else base
 
     @property
@@ -137,7 +114,7 @@ class GPTConfig:
         return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, self.ffn, self.bias)
 
     def flops_per_iteration(self, batch: int, seq: Optional[int] = None, recompute: Optional[bool] = None) -> float:
-        """FLOPs of one training iteration on ``batch`` sequences (see :mod:`axgrid.models.flops`)."""
+        """FLOPs of one training iteration on ``batch`` sequences (see :mod:`axgrid.spec.flops`)."""
         return gpt_flops_per_iteration(batch, seq or self.seq, self.layers, self.hidden, self.vocab,
                                        self.recompute if recompute is None else recompute)
 
@@ -158,14 +135,13 @@ def param_seed(seed: int, name: str) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
-def _fc(cfg: GPTConfig, grid: Optional[Grid], name: str, fan_in: int, fan_out: int, transpose: bool,
-        bias: bool) -> nn.Module:
-    """A dense ``nn.Linear`` (serial) or a sharded-layout ``axgrid.nn.Linear`` with the same values."""
+def _fc(cfg: GPTConfig, grid: Optional[Grid], name: str, layer: FCLayer) -> nn.Module:
+    """``layer`` as a dense ``nn.Linear`` (serial) or a sharded-layout ``axgrid.nn.Linear`` with the same values."""
     seed = param_seed(cfg.seed, name)
     if grid is None:
-        return reference_linear(fan_in, fan_out, bias, seed)
-    return Linear(fan_in, fan_out, bias, transpose=transpose, grid=grid, seed=seed, input_layout="sharded",
-                  output_layout="sharded")
+        return reference_linear(layer.k, layer.n, layer.bias, seed)
+    return Linear(layer.k, layer.n, layer.bias, transpose=layer.transposed, grid=grid, seed=seed,
+                  input_layout="sharded", output_layout="sharded")
 
 
 class _SumOverZ(torch.autograd.Function):
@@ -188,16 +164,16 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, grid: Optional[Grid], prefix: str) -> None:
         super().__init__()
-        h, f = cfg.hidden, cfg.ffn
-        assert f is not None
+        h = cfg.hidden
+        fc = {layer.name: layer for layer in block_layers(h, ffn=cfg.ffn, bias=cfg.bias)}   # see axgrid.spec.layers
         self.heads_local = cfg.heads // (grid.size("y") if grid is not None else 1)
         self.head_dim = cfg.head_dim
         self.ln1 = LayerNorm(h, grid, eps=cfg.eps)
-        self.qkv = _fc(cfg, grid, prefix + "qkv", h, 3 * h, False, cfg.bias)
-        self.proj = _fc(cfg, grid, prefix + "proj", h, h, True, cfg.bias)
+        self.qkv = _fc(cfg, grid, prefix + "qkv", fc["qkv"])
+        self.proj = _fc(cfg, grid, prefix + "proj", fc["proj"])
         self.ln2 = LayerNorm(h, grid, eps=cfg.eps)
-        self.up = _fc(cfg, grid, prefix + "up", h, f, False, cfg.bias)
-        self.down = _fc(cfg, grid, prefix + "down", f, h, True, cfg.bias)
+        self.up = _fc(cfg, grid, prefix + "up", fc["up"])
+        self.down = _fc(cfg, grid, prefix + "down", fc["down"])
 
     def forward(self, x: torch.Tensor, b: int, s: int) -> torch.Tensor:
         hl, dh = self.heads_local, self.head_dim
@@ -231,7 +207,7 @@ class GPT(nn.Module):
         self.wpe = Embedding(cfg.seq, cfg.hidden, grid, seed=param_seed(cfg.seed, "wpe"), std=cfg.emb_std)
         self.blocks = nn.ModuleList(Block(cfg, grid, f"blocks.{i}.") for i in range(cfg.layers))
         self.ln_f = LayerNorm(cfg.hidden, grid, eps=cfg.eps)
-        self.head = _fc(cfg, grid, "head", cfg.hidden, cfg.vocab, False, False)
+        self.head = _fc(cfg, grid, "head", head_layer(cfg.hidden, cfg.vocab))
 
     # -- data split -----------------------------------------------------------------------------------
     def check_batch(self, tokens: torch.Tensor) -> None:
@@ -307,4 +283,4 @@ class GPT(nn.Module):
                 f"ffn={c.ffn}, params={c.parameters():,}, {where}")
 
 
-__all__ = ["GPT", "GPTConfig", "Block", "NAMED_SIZES", "GPT2_PADDED_VOCAB", "param_seed"]
+__all__ = ["GPT", "GPTConfig", "Block", "param_seed"]

@@ -22,7 +22,8 @@ from torch.nn import functional as F
 
 from ..grid import Grid
 from ..redistribute import feature_part
-from ..sharding import TileSpec, add_state_hooks, deepcopy_keeping_marks
+from ..sharding import add_state_hooks, deepcopy_keeping_marks
+from ..spec import TileSpec
 from . import init as _init
 from .replicated_grad import reduce_over_z
 

@@ -18,8 +18,6 @@ normal layer's output layout is a transposed layer's input layout (and the other
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
@@ -28,58 +26,13 @@ from torch import nn
 from ..comm import Pending
 from ..grid import Grid, current_grid
 from ..redistribute import gather_tokens_features, shard_tokens_features
-from ..sharding import TileSpec, add_state_hooks, deepcopy_keeping_marks
+from ..sharding import add_state_hooks, deepcopy_keeping_marks
+from ..spec import LinearSharding
 from . import init as _init
 
 Layout = Literal["replicated", "sharded"]
 
 
-@dataclass(frozen=True)
-class LinearSharding:
-    """Which part of the dense layer one rank holds. Pure arithmetic from the grid coordinates."""
-
-    in_features: int
-    out_features: int
-    in_dim: str         # grid dimension splitting in_features ("x" normal, "y" transposed)
-    out_dim: str        # grid dimension splitting out_features
-    n_blk: int          # out_features / G_out
-    k_blk: int          # in_features / G_in
-    row0: int           # first row (output feature) of this rank's block
-    col0: int           # first column (input feature) of this rank's block
-    gz: int
-    z: int
-
-    @property
-    def block_numel(self) -> int:
-        return self.n_blk * self.k_blk
-
-    @property
-    def shard_numel(self) -> int:
-        return math.ceil(self.block_numel / self.gz)
-
-    @property
-    def padded_numel(self) -> int:
-        return self.shard_numel * self.gz
-
-    @property
-    def shard_start(self) -> int:
-        """Offset of this rank's shard in the flattened (row-major) block."""
-        return self.z * self.shard_numel
-
-    @staticmethod
-    def of(grid: Grid, in_features: int, out_features: int, transpose: bool) -> "LinearSharding":
-        in_dim, out_dim = ("y", "x") if transpose else ("x", "y")
-        g_in, g_out = grid.size(in_dim), grid.size(out_dim)
-        for name, f, g, d in (("in_features", in_features, g_in, in_dim), ("out_features", out_features, g_out,
-                                                                           out_dim)):
-            if f % g:
-                kind = "transposed" if transpose else "normal"
-                raise ValueError(f"{name}={f} is not divisible by G{d}={g} (grid {grid.shape}, {kind} layer); "
-                                 f"choose {name} divisible by {g}, another grid, or transpose={not transpose}")
-        n_blk, k_blk = out_features // g_out, in_features // g_in
-        return LinearSharding(in_features, out_features, in_dim, out_dim, n_blk, k_blk,
-                              grid.index(out_dim) * n_blk, grid.index(in_dim) * k_blk, grid.size("z"),
-                              grid.index("z"))
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -162,7 +115,7 @@ class Linear(nn.Module):
         self.grid = grid or current_grid()
         self.in_features, self.out_features, self.transpose = in_features, out_features, transpose
         self.input_layout, self.output_layout = input_layout, output_layout
-        self.sharding = LinearSharding.of(self.grid, in_features, out_features, transpose)
+        self.sharding = LinearSharding.of(self.grid.shape, self.grid.coord, in_features, out_features, transpose)
         self.runtime = self.grid.runtime
         self.seed = self.runtime.seeds.next() if seed is None else seed
         dtype = dtype or torch.get_default_dtype()
@@ -170,12 +123,11 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.sharding.shard_numel, dtype=dtype, device=device))
         sh = self.sharding
         self.weight.axgrid_replicated = "d"            # distinct over x, y, z
-        self.weight.axgrid_tile = TileSpec((out_features, in_features), (sh.row0, sh.col0), (sh.n_blk, sh.k_blk),
-                                           "z", sh.gz, sh.z)
+        self.weight.axgrid_tile = sh.weight_tile
         if bias:
             self.bias = nn.Parameter(torch.empty(self.sharding.n_blk, dtype=dtype, device=device))
             self.bias.axgrid_replicated = self.sharding.in_dim + "zd"
-            self.bias.axgrid_tile = TileSpec((out_features,), (sh.row0,), (sh.n_blk,))
+            self.bias.axgrid_tile = sh.bias_tile
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -198,7 +150,7 @@ class Linear(nn.Module):
     def _shard_from(self, block_of) -> torch.Tensor:
         """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix."""
         sh = self.sharding
-        start, stop = sh.shard_start, min(sh.shard_start + sh.shard_numel, sh.block_numel)
+        start, stop = sh.weight_tile.part_range()                # of the flattened block [n_blk·k_blk]
         out = torch.zeros(sh.shard_numel, dtype=torch.float64)
         if stop > start:
             r0, r1 = start // sh.k_blk, (stop - 1) // sh.k_blk + 1  # block rows touched by the shard

@@ -1,0 +1,62 @@
+"""One training step: the ritual every trainer in the project runs (demo, train_gpt, benchmarks).
+
+    for i in micro-batches:  loss_i = loss_of(i); loss_i.backward()   (all but the last under grid.no_sync())
+    axgrid.sync_gradients(model, grid)      # completes overlapped collectives, averages over d
+    optional global-norm clip; optimizer.step()
+
+Gradients are zeroed at the start of the step (``set_to_none``), so after it ``.grad`` holds this step's
+synchronised gradients. With ``grid=None`` the same step runs serially (a plain torch model: no no_sync, no
+gradient sync), which is how the demo trains its serial reference.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .data_parallel import clip_grad_norm_, sync_gradients
+from .grid import Grid
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """``loss``: the sum over micro-batches of the losses ``loss_of`` returned, detached, fp32, on their device
+    (no host sync: read it with ``float()`` when needed); ``grad_norm``: the global gradient norm before
+    clipping, or nan when not clipped."""
+    loss: torch.Tensor
+    grad_norm: float
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[int], torch.Tensor],
+               grid: Optional[Grid], microbatches: int = 1, clip: float = 0.0) -> StepResult:
+    """Run one optimizer step of ``microbatches`` forward/backward passes; ``loss_of(i)`` is micro-batch i's
+    forward (autocast included, if any) returning the scalar loss whose gradient is wanted.
+
+    ``clip > 0``: clip the global gradient norm (every parameter element counted once over the grid) to
+    ``clip`` after the gradient sync."""
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a positive int, got {microbatches!r}")
+    if not clip >= 0:
+        raise ValueError(f"clip must be >= 0 (0: off), got {clip!r}")
+    optimizer.zero_grad(set_to_none=True)
+    total = None
+    for i in range(microbatches):
+        # ODP: only the last micro-batch's backward reduces over d (the others accumulate locally)
+        last = i == microbatches - 1
+        with nullcontext() if (grid is None or last) else grid.no_sync():
+            loss = loss_of(i)
+            loss.backward()
+        part = loss.detach().float()
+        total = part if total is None else total + part
+    gnorm = math.nan
+    if grid is not None:
+        sync_gradients(model, grid)
+        if clip > 0:
+            gnorm = float(clip_grad_norm_(model, clip, grid))
+    elif clip > 0:
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    optimizer.step()
+    return StepResult(total, gnorm)
