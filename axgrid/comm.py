@@ -158,8 +158,8 @@ def _compiling(async_op: bool, p: int) -> bool:
 def ready(t: torch.Tensor) -> Pending:
     """A completed :class:`Pending` holding ``t`` (a collective that ran synchronously, or had nothing to do).
     Built complete, without a clock read, so torch.compile traces it without a graph break."""
-    p = Pending(None, lambda: t)
-    p._result, p.done = t, True
+    p = Pending.__new__(Pending)     # nothing to wait for or time: only the result
+    p._work, p._finish, p._result, p.done = None, None, t, True
     return p
 
 

@@ -48,20 +48,18 @@ class WeightGather:
     def __init__(self, keep: bool) -> None:
         self.keep = keep
 
-    def forward_block(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
-        """``layer``'s block ``[n_blk, k_blk]`` for its forward."""
-        return layer.gather_weight(shard)
+    def forward(self, layer: "Linear", shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer``'s block ``[n_blk, k_blk]`` for its forward, and what the forward saves for backward: the
+        block (``keep``) or the shard."""
+        block = layer.gather_weight(shard)
+        return block, (block if self.keep else shard)
 
-    def to_save(self, block: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-        """What the forward saves for backward: the block (``keep``) or the shard."""
-        return block if self.keep else shard
-
-    def backward_block(self, layer: "Linear", saved: torch.Tensor) -> torch.Tensor:
-        """The block for ``layer``'s input gradient, from what :meth:`to_save` returned."""
+    def backward(self, layer: "Linear", saved: torch.Tensor, need_block: bool) -> Optional[torch.Tensor]:
+        """Called once per layer backward: the block for the input gradient (None unless ``need_block``), from
+        what :meth:`forward` saved."""
+        if not need_block:
+            return None
         return saved if self.keep else layer.gather_weight(saved)
-
-    def note_backward(self) -> None:
-        """Called from inside a backward pass (a prefetcher learns the forward order is complete)."""
 
     def drop(self) -> None:
         """Complete and forget an outstanding prefetch (none here)."""
@@ -84,7 +82,15 @@ class WeightPrefetcher(WeightGather):
     def _mode(self) -> str:
         return "bwd" if in_backward() else "fwd"
 
-    def forward_block(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
+    def forward(self, layer: "Linear", shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        block = self._block(layer, shard)
+        return block, (block if self.keep else shard)
+
+    def backward(self, layer: "Linear", saved: torch.Tensor, need_block: bool) -> Optional[torch.Tensor]:
+        self.note_backward()
+        return super().backward(layer, saved, need_block)
+
+    def _block(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
         """The gathered block for ``layer`` (prefetched when it was), and the next layer's gather posted."""
         mode = self._mode()
         if mode == "bwd":

@@ -42,7 +42,7 @@ class _LinearFunction(torch.autograd.Function):
     def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
                 layer: "Linear") -> torch.Tensor:
         grid, rt, sh = layer.grid, layer.runtime, layer.sharding
-        w_blk = rt.weights.forward_block(layer, weight)            # [n_blk, k_blk]
+        w_blk, saved = rt.weights.forward(layer, weight)           # [n_blk, k_blk]; the block or the shard
         if bias is not None and grid.size(sh.in_dim) == 1 and rt.gemm_is_matmul:
             # nothing to reduce: the bias rides in the GEMM (as in F.linear), no extra pass over the output
             y = torch.addmm(bias, x_loc, w_blk.t())                  # [m', n_blk]
@@ -55,7 +55,7 @@ class _LinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         dev = x_loc.device.type
         ctx.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
-        ctx.save_for_backward(x_loc, rt.weights.to_save(w_blk, weight))
+        ctx.save_for_backward(x_loc, saved)
         return y
 
     @staticmethod
@@ -68,23 +68,24 @@ class _LinearFunction(torch.autograd.Function):
     def _backward(ctx, dy: torch.Tensor):
         layer: Linear = ctx.layer
         grid, rt, sh = layer.grid, layer.runtime, layer.sharding
-        rt.weights.note_backward()
         x_loc, saved = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dy = dy.contiguous()
         dx = dx_pending = dw_shard = db = None
+        w_blk = rt.weights.backward(layer, saved, need_x)          # [n_blk, k_blk] when need_x, else None
         if need_x:                                                  # (the same decision on every rank: SPMD)
-            w_blk = rt.weights.backward_block(layer, saved)
             dx = rt.gemm(dy, w_blk, "input_grad")                   # [m', k_blk], partial over out_dim
             dx_pending = rt.grads.reduce_input_grad(dx, sh.out_dim)  # in flight under the next GEMM with OAR
         if need_w:
+            weight = layer.weight
             dw_blk = rt.gemm(dy.t(), x_loc, "weight_grad")          # [n_blk, k_blk]
-            flat = dw_blk.reshape(-1).to(layer.weight.dtype)          # reduce in the parameter's precision
+            flat = dw_blk.reshape(-1).to(weight.dtype)                # reduce in the parameter's precision
             if sh.padded_numel != sh.block_numel:
                 flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
-            dw_shard = rt.grads.reduce_scatter(layer.weight, flat)  # None: the sink writes .grad itself (ORS)
+            dw_shard = rt.grads.reduce_scatter(weight, flat)        # None: the sink writes .grad itself (ORS)
         if need_b:
-            (db,) = rt.grads.all_reduce([layer.bias], [dy.sum(0).to(layer.bias.dtype)], "z")
+            bias = layer.bias
+            (db,) = rt.grads.all_reduce([bias], [dy.sum(0).to(bias.dtype)], "z")
         if dx_pending is not None:
             dx = dx_pending.wait()
         return dx, dw_shard, db, None
