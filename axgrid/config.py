@@ -50,7 +50,8 @@ class OverlapConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """Everything that changes how the runtime behaves, held by the Grid.
+    """Everything that changes how the runtime behaves; the grid's :class:`~axgrid.runtime.Runtime` holds it
+    (``grid.runtime.config``).
 
     ``timeout_s``: limit for every collective and for the start-up rendezvous (a lost or hung rank ends the
     job with an error, not a hang): 120 s by default; raise it when one rank may legitimately keep the others
@@ -61,9 +62,9 @@ class RuntimeConfig:
     the device on GPU). ``trace``: keep a per-rank timeline of compute and collectives.
     ``bucket_bytes``: size of the data-parallel gradient buckets.
     ``gemm_tuning``: "off", "on-first-use" or "cache-only": run the layers' three GEMMs through a
-    ``kernels.GemmTuner`` built by the grid, whose decisions every rank of an x-y group shares (rank 0 of the
-    group decides, so replicas never diverge). ``gemm_cache``: its cache file (None: $AXGRID_GEMM_CACHE or
-    the user cache directory). An explicit ``gemm`` callable wins over both.
+    ``kernels.GemmTuner`` built by the runtime (``grid.runtime.gemm_fn``), whose decisions every rank of an
+    x-y group shares (rank 0 of the group decides, so replicas never diverge). ``gemm_cache``: its cache file
+    (None: $AXGRID_GEMM_CACHE or the user cache directory). An explicit ``gemm`` callable wins over both.
     """
 
     timeout_s: float = 120.0
