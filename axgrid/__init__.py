@@ -33,11 +33,8 @@ _SOURCES = {
     "StepResult": "train", "train_step": "train",
 }
 
-__all__ = ["init", "Grid", "GridShape", "GridError", "Layout", "RuntimeConfig", "OverlapConfig", "Communicator",
-           "Ledger", "nn", "plans", "parallelize", "pair", "LinearPlan", "sync_gradients", "finish_gradients",
-           "clip_grad_norm_", "grad_norm", "shard_tokens_features", "gather_tokens_features", "detect_launch",
-           "LaunchEnv", "current_grid", "Runtime", "to_dense", "dense_state_dict", "export_pretrained",
-           "ParallelizeSummary", "train_step", "StepResult"]
+#: every public name: the table above plus the public subpackages (one list to edit when a name is added)
+__all__ = [*_SOURCES, "nn", "plans"]
 
 
 def __getattr__(name: str):
