@@ -20,10 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint.format import _agree, _fingerprint
-from .checkpoint.save import _whole_tile
-from .checkpoint.state import _model_entries
 from .grid import Grid
+from .io import agree, fingerprint, model_parts, whole_tile
 from .nn.linear import Linear
 
 
@@ -33,9 +31,9 @@ def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
     Parameters with a TileSpec are all-gathered over z (their whole tile) then over the tensor-parallel block
     (every rank's tile, placed at its offsets); the others are copied. Tensors stay on their device.
     """
-    entries = _model_entries(model)
-    fp = _fingerprint(entries)
-    s1, s2 = _agree(grid, [fp, fp * fp])
+    entries = model_parts(model)
+    fp = fingerprint(entries)
+    s1, s2 = agree(grid, [fp, fp * fp])
     if s1 != grid.world_size * fp or s2 != grid.world_size * fp * fp:
         raise ValueError("dense_state_dict: ranks hold different tensors (names, shapes or dtypes): every rank "
                          "must build and parallelise the same model")
@@ -53,7 +51,7 @@ def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
         if e.tile is None:
             out[key] = e.tensor.detach().clone()
             continue
-        whole = _whole_tile(grid, e).reshape(-1)                              # this rank's tile, flattened
+        whole = whole_tile(grid, e).reshape(-1)                              # this rank's tile, flattened
         nd = len(e.dense_shape)
         shapes = [tuple(int(s) for s in every[r, i, ndim: ndim + nd]) for r in range(every.shape[0])]
         big = max(_numel(s) for s in shapes)
@@ -142,7 +140,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, **save_
             dense.save_pretrained(save_directory, **save_kwargs)
         except Exception as ex:  # reported on every rank below
             err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if err is not None:
         raise err
     if failed:

@@ -1,17 +1,16 @@
-"""Loading on any grid: assemble each rank's tiles from the saved ones, then apply all at once."""
+"""Loading on any grid: assemble each rank's part from the saved tiles that overlap it (only the boxes of
+:func:`axgrid.io.part_boxes` are read), then apply all at once."""
 from __future__ import annotations
 
-import math
 import os
 import warnings
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 from torch import nn
 
-from ..sharding import tile_of
-from .format import (CheckpointError, CheckpointWarning, LoadInfo, _agree, _dtype_of, _Entry, _grid_str, _like, _overlap, _rank_world,
-                     _sha256_file)
+from ..io import Box, TensorPart, agree, overlap, read_part, replicated_letters, tile_of
+from .format import CheckpointError, CheckpointWarning, LoadInfo, _dtype_of, _grid_str, _like, _rank_world, _sha256_file
 from .runconfig import compare_config
 from .state import _check_entry, _model_entries, _param_names, _restore_rng
 from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoint
@@ -22,6 +21,7 @@ class _Reader:
     def __init__(self, ckdir: str, man: Mapping[str, Any], verify: bool) -> None:
         self.ckdir, self.man, self.verify = ckdir, man, verify
         self.cache: dict[str, dict[str, Any]] = {}
+        self.bytes_read = 0                                   # of tensor data, in the saved dtype
 
     def file(self, fname: str) -> dict[str, Any]:
         if fname not in self.cache:
@@ -40,31 +40,30 @@ class _Reader:
                                       f"{_alternatives(self.ckdir)}") from None
         return self.cache[fname]
 
-    def assemble(self, name: str, offsets: Sequence[int], shape: Sequence[int]) -> torch.Tensor:
-        """The box ``[offsets, offsets + shape)`` of tensor ``name``'s dense form, from the saved tiles."""
+    def assemble(self, name: str, box: Box) -> torch.Tensor:
+        """The ``box`` of tensor ``name``'s dense form, from the saved tiles (counted in ``bytes_read``)."""
         info = self.man["tensors"][name]
-        out = torch.empty(tuple(shape), dtype=_dtype_of(info["dtype"]))
+        out = torch.empty(box.shape, dtype=_dtype_of(info["dtype"]))
         covered = 0
         for t in info["tiles"]:
-            ov = _overlap(offsets, shape, t["offsets"], t["shape"])
+            saved = Box(tuple(t["offsets"]), tuple(t["shape"]))
+            ov = overlap(box, saved)
             if ov is None:
                 continue
-            lo, hi = ov
             src = self.file(t["file"])["tensors"].get(t["key"])
             if src is None or list(src.shape) != list(t["shape"]):
                 raise CheckpointError(f"{os.path.join(self.ckdir, t['file'])}: tile {t['key']!r} is missing or has "
                                       f"the wrong shape; {_alternatives(self.ckdir)}")
-            dst = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offsets))
-            srs = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, t["offsets"]))
-            out[dst] = src[srs]
-            covered += math.prod(h - l for l, h in zip(lo, hi))
-        if covered != math.prod(shape):
-            raise CheckpointError(f"{name}: the checkpoint's tiles cover {covered} of the {math.prod(shape)} "
+            out[ov.slices(box.offsets)] = src[ov.slices(saved.offsets)]
+            covered += ov.numel
+            self.bytes_read += ov.numel * out.element_size()
+        if covered != box.numel:
+            raise CheckpointError(f"{name}: the checkpoint's tiles cover {covered} of the {box.numel} "
                                   f"elements this rank needs; the manifest of {self.ckdir} is damaged")
         return out
 
 
-def _target(reader: _Reader, e: _Entry, where: str) -> torch.Tensor:
+def _target(reader: _Reader, e: TensorPart, where: str) -> torch.Tensor:
     """This rank's new data for entry ``e`` (shape and dtype of ``e.tensor``)."""
     info = reader.man["tensors"][e.name]
     if tuple(info["dense_shape"]) != e.dense_shape:
@@ -72,9 +71,8 @@ def _target(reader: _Reader, e: _Entry, where: str) -> torch.Tensor:
                               f"this model has {e.dense_shape}: it was saved from a model of other sizes (grid "
                               f"{reader.man['grid']}, step {reader.man['step']}); build the model with the "
                               f"checkpoint's sizes, or start fresh / point the resume path elsewhere")
-    tile = reader.assemble(e.name, e.offsets, e.tile_shape)
-    part = e.tile.part_of(tile) if e.tile is not None and e.tile.split_dim else tile.reshape(e.tensor.shape)
-    return part.to(e.tensor.dtype)
+    part = read_part(e.spec, lambda box: reader.assemble(e.name, box), dtype=e.tensor.dtype)
+    return part.reshape(e.tensor.shape)
 
 
 def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, grid=None, *,
@@ -140,7 +138,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
                         not same, rng_note, opt_state is not None, dict(man.get("config") or {}))
     except CheckpointError as ex:
         err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if err is not None:
         raise err
     if failed:
@@ -191,8 +189,7 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
         groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items() if k != "params" and k in cg}})
         for p, pname, idx in zip(g["params"], pnames, cg["params"]):
             st: dict[str, Any] = {}
-            tile = tile_of(p)
-            rep = getattr(p, "axgrid_replicated", None) or ("d" if tile is not None else "xyzd")
+            tile, rep = tile_of(p), replicated_letters(p)
             for key in desc["state_keys"].get(pname, []):
                 name = f"optim/{pname}/{key}"
                 info = reader.man["tensors"].get(name)
@@ -201,9 +198,10 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
                                           f"manifest is damaged; {_alternatives(ckdir)}")
                 if info["kind"] == "optim":
                     like = torch.empty(p.shape, dtype=_dtype_of(info["dtype"]))
-                    st[key] = _target(reader, _Entry(name, like, tile, rep, "optim"), ckdir)
+                    st[key] = _target(reader, TensorPart(name, like, tile, rep, "optim"), ckdir)
                 else:
-                    st[key] = reader.assemble(name, [0] * len(info["dense_shape"]), info["dense_shape"])
+                    shape = tuple(info["dense_shape"])
+                    st[key] = reader.assemble(name, Box((0,) * len(shape), shape))
             st.update(desc["values"].get(pname, {}))
             if st:
                 state[idx] = st

@@ -16,28 +16,19 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _agree, _dtype_name, _Entry,
-                     _fingerprint, _fsync_dir, _grid_str, _rank_world, _write_bytes)
+from ..io import TensorPart, agree, dtype_name, fingerprint, whole_tile
+from .format import _STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world, _write_bytes
 from .runconfig import config_record
 from .state import _check_entry, _model_entries, _optim_entries, _rng_state
 from .store import list_checkpoints
 
-def _is_writer(grid, e: _Entry) -> bool:
+def _is_writer(grid, e: TensorPart) -> bool:
     if grid is None:
         return True
     letters = set(e.replicated) & set("xyzd")
     if e.tile is not None and e.tile.split_dim:
         letters.add(e.tile.split_dim)
     return all(grid.coord[c] == 0 for c in letters)
-
-
-def _whole_tile(grid, e: _Entry) -> torch.Tensor:
-    """The entry's whole tile ``tile_shape`` (all-gathered over the split dimension: a collective)."""
-    t = e.tensor
-    if e.tile is not None and e.tile.split_dim:
-        full = grid.comm.all_gather(t.contiguous(), e.tile.split_dim).reshape(-1) if grid is not None else t
-        return full[: e.tile.tile_numel].view(e.tile.tile_shape)
-    return t.reshape(e.tile_shape)
 
 
 def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
@@ -58,7 +49,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     rank, world = _rank_world(grid)
     final = os.path.join(root, f"step-{int(step):08d}")
     err: Optional[CheckpointError] = None
-    entries: list[_Entry] = []
+    entries: list[TensorPart] = []
     optim_desc: Optional[dict[str, Any]] = None
     rng: dict[str, Any] = {}
     record: Optional[dict[str, Any]] = None
@@ -81,9 +72,9 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
         rng = _rng_state(generators)
     except CheckpointError as ex:
         err = ex
-    fp = _fingerprint(entries)
+    fp = fingerprint(entries)
     token = secrets.randbits(40) if rank == 0 else 0   # not torch's RNG: saving must not change training
-    failed, s1, s2, token = _agree(grid, [int(err is not None), fp, fp * fp, token])
+    failed, s1, s2, token = agree(grid, [int(err is not None), fp, fp * fp, token])
     if err is not None:
         raise err
     if failed:
@@ -98,7 +89,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     tensors: dict[str, torch.Tensor] = {}
     tiles: list[dict[str, Any]] = []
     for e in entries:                                   # collectives (z all-gathers) in the same order everywhere
-        whole = _whole_tile(grid, e)
+        whole = whole_tile(grid, e)
         if _is_writer(grid, e):
             tensors[e.name] = whole.detach().to("cpu", copy=True).contiguous()
             tiles.append({"name": e.name, "key": e.name, "offsets": list(e.offsets), "shape": list(e.tile_shape)})
@@ -113,11 +104,11 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
         _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
     except Exception as ex:  # OSError, or torch.save failing: every rank must still reach the agreement below
         err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {type(ex).__name__}: {ex}")
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        _agree(grid, [0])                   # every rank raises only once the files are gone
+        agree(grid, [0])                   # every rank raises only once the files are gone
         raise err or CheckpointError(f"{failed} rank(s) failed writing {final} (see their errors); the previous "
                                      f"checkpoints and {os.path.join(root, LATEST)} are untouched")
     if rank == 0:
@@ -130,14 +121,14 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
             err = ex if isinstance(ex, CheckpointError) else CheckpointError(
                 f"finishing {final} failed ({type(ex).__name__}: {ex}); {os.path.join(root, LATEST)} still names "
                 f"a complete checkpoint")
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if failed:
         raise err or CheckpointError(f"rank 0 failed to finish {final} (see its error); the previous checkpoints "
                                      f"are untouched")
     return final
 
 
-def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_desc: Optional[dict[str, Any]],
+def _finish(root: str, tmp: str, final: str, entries: Sequence[TensorPart], optim_desc: Optional[dict[str, Any]],
             grid, world: int, step: int, extra: Optional[Mapping[str, Any]], record: Optional[dict[str, Any]],
             generators: Optional[Mapping[str, torch.Generator]], keep: Optional[int], token: int) -> None:
     """Rank 0, after every rank wrote its file: manifest, move into place, ``latest``, pruning.
@@ -170,7 +161,7 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_de
         if covered != math.prod(e.dense_shape):
             raise CheckpointError(f"{e.name}: the saved tiles cover {covered} of {math.prod(e.dense_shape)} "
                                   f"elements; its parameters' axgrid_replicated / axgrid_tile marks are wrong")
-        tensors[e.name] = {"dense_shape": list(e.dense_shape), "dtype": _dtype_name(e.tensor.dtype),
+        tensors[e.name] = {"dense_shape": list(e.dense_shape), "dtype": dtype_name(e.tensor.dtype),
                            "kind": e.kind, "tiles": got}
     man = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(),
            "torch": torch.__version__, "grid": _grid_str(grid), "order": None if grid is None else grid.order,
