@@ -60,9 +60,10 @@ def _checked_entries(model: nn.Module, grid: Grid, who: str) -> list:
     return entries
 
 
-def _pieces(model_entries: Sequence, grid: Grid) -> dict[str, list[_Piece]]:
-    """For each tiled entry, the distinct pieces the members of this rank's xyz group hold, each from the first
-    member holding it (an all-gather of every member's tile geometry: ``[Gxyz, tensors, 2·ndim + 2]`` ints)."""
+def _pieces(model_entries: Sequence, grid: Grid, prefer: int = 0) -> dict[str, list[_Piece]]:
+    """For each tiled entry, the distinct pieces the members of this rank's xyz group hold, each from member
+    ``prefer`` when it holds it, else from the first member holding it (an all-gather of every member's tile
+    geometry: ``[Gxyz, tensors, 2·ndim + 2]`` ints)."""
     tiled = [e for e in model_entries if e.tile is not None]
     ndim = max((len(e.dense_shape) for e in tiled), default=1)
     meta = torch.zeros(max(len(tiled), 1), 2 * ndim + 2, dtype=torch.int64)
@@ -74,8 +75,8 @@ def _pieces(model_entries: Sequence, grid: Grid) -> dict[str, list[_Piece]]:
     out: dict[str, list[_Piece]] = {}
     for i, e in enumerate(tiled):
         nd, seen, pieces = len(e.dense_shape), set(), []
-        for r, rows in enumerate(every):
-            row = rows[i]
+        for r in [prefer] + [m for m in range(len(every)) if m != prefer]:
+            row = every[r][i]
             key = (tuple(row[:nd]), tuple(row[ndim: ndim + nd]), row[2 * ndim], row[2 * ndim + 1])
             if key not in seen and key[3] > key[2]:
                 seen.add(key)
@@ -126,8 +127,8 @@ def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str]) -> 
     group = grid.layout.group_of(rank, "xyz")
     if grid.rank not in group:
         return
-    pieces = _pieces(list(entries.values()), grid)
     me, dst = grid.comm.indices["xyz"], grid.layout.index_in(rank, "xyz")
+    pieces = _pieces(list(entries.values()), grid, prefer=dst)
     for name in order:
         e = entries[name]
         if e.tile is None:
