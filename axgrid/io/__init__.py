@@ -7,13 +7,12 @@ geometry               :class:`Box`, :func:`part_boxes`, :func:`part_shape`, :fu
 moving a part          :func:`read_part` (from any box reader: safetensors slice, dense tensor, saved tile),
                        :func:`part_of_dense`, :func:`place_part` (:mod:`.tiles`)
 a model's tensors      :class:`TensorPart`, :func:`model_parts`, :func:`replicated_letters`,
-                       :func:`fingerprint`, :func:`dtype_name`, :func:`agree`, :func:`whole_tile` (:mod:`.parts`)
+                       :func:`fingerprint`, :func:`dtype_name`, :func:`agree` (:mod:`.parts`)
 =====================  ====================================================================================
 """
-from .parts import TensorPart, agree, dtype_name, fingerprint, model_parts, replicated_letters, whole_tile
+from .parts import TensorPart, agree, dtype_name, fingerprint, model_parts, replicated_letters
 from .tiles import (Box, flat_boxes, overlap, part_boxes, part_of_dense, part_shape, place_part, read_part, tile_box,
                     tile_of)
 
 __all__ = ["Box", "flat_boxes", "overlap", "part_boxes", "part_of_dense", "part_shape", "place_part", "read_part",
-           "tile_box", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint", "model_parts", "replicated_letters",
-           "whole_tile"]
+           "tile_box", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint", "model_parts", "replicated_letters"]

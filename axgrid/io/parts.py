@@ -94,11 +94,3 @@ def agree(grid, values: Sequence[int]) -> list[int]:
         t = grid.comm.all_reduce(t, "d")
     return [int(v) for v in t.cpu().tolist()]
 
-
-def whole_tile(grid, e: TensorPart) -> torch.Tensor:
-    """The part's whole tile ``tile_shape`` (all-gathered over the split dimension: a collective)."""
-    t = e.tensor
-    if e.tile is not None and e.tile.split_dim:
-        full = grid.comm.all_gather(t.contiguous(), e.tile.split_dim).reshape(-1) if grid is not None else t
-        return full[: e.tile.tile_numel].view(e.tile.tile_shape)
-    return t.reshape(e.tile_shape)
