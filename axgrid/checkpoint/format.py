@@ -40,6 +40,7 @@ class LoadInfo:
     rng: str                     # "per-rank", "from rank 0" (resharded) or "not restored"
     optimizer: bool              # optimizer state was restored
     config: dict[str, Any] = field(default_factory=dict)   # the run config it was saved with (flat, dotted names)
+    bytes_read: int = 0          # tensor bytes this rank read from the files (its own parts, in the saved dtype)
 
 
 def _dtype_of(name: str) -> torch.dtype:

@@ -1,9 +1,8 @@
-"""Saving: every rank writes its tiles into a temporary directory, rank 0 finishes it atomically."""
+"""Saving: every rank writes its own parts (as boxes of the dense tensors, no gather) into a temporary directory,
+rank 0 finishes it atomically."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import math
 import os
@@ -16,19 +15,33 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..io import TensorPart, agree, dtype_name, fingerprint, whole_tile
-from .format import _STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world, _write_bytes
+from ..io import Box, TensorPart, agree, dtype_name, fingerprint, part_boxes
+from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world,
+                     _sha256_file, _write_bytes)
 from .runconfig import config_record
 from .state import _check_entry, _model_entries, _optim_entries, _rng_state
 from .store import list_checkpoints
 
 def _is_writer(grid, e: TensorPart) -> bool:
+    """One rank per distinct part: coordinate 0 along every letter the part is replicated over."""
     if grid is None:
         return True
-    letters = set(e.replicated) & set("xyzd")
-    if e.tile is not None and e.tile.split_dim:
-        letters.add(e.tile.split_dim)
-    return all(grid.coord[c] == 0 for c in letters)
+    return all(grid.coord[c] == 0 for c in set(e.replicated) & set("xyzd"))
+
+
+def _boxes_of(e: TensorPart) -> list[tuple[str, Box, torch.Tensor]]:
+    """``(key, box, data)`` for each box of this rank's part (:func:`axgrid.io.part_boxes`): views of the part
+    on the CPU (a copy only from another device, or when the part is a view into a larger buffer)."""
+    flat = e.tensor.detach().reshape(-1)
+    if flat.device.type != "cpu" or flat.untyped_storage().nbytes() != flat.numel() * flat.element_size():
+        flat = flat.to("cpu", copy=True)
+    boxes = part_boxes(e.spec)
+    out, pos = [], 0
+    for i, box in enumerate(boxes):
+        key = e.name if len(boxes) == 1 else f"{e.name}#{i}"
+        out.append((key, box, flat[pos: pos + box.numel].view(box.shape)))
+        pos += box.numel
+    return out
 
 
 def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
@@ -88,18 +101,20 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     fname = f"rank-{rank:05d}.pt"
     tensors: dict[str, torch.Tensor] = {}
     tiles: list[dict[str, Any]] = []
-    for e in entries:                                   # collectives (z all-gathers) in the same order everywhere
-        whole = whole_tile(grid, e)
+    for e in entries:                                   # no collective: each writer saves its own part's boxes
         if _is_writer(grid, e):
-            tensors[e.name] = whole.detach().to("cpu", copy=True).contiguous()
-            tiles.append({"name": e.name, "key": e.name, "offsets": list(e.offsets), "shape": list(e.tile_shape)})
+            for key, box, data in _boxes_of(e):
+                tensors[key] = data
+                tiles.append({"name": e.name, "key": key, "offsets": list(box.offsets), "shape": list(box.shape)})
     try:
         os.makedirs(tmp, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save({"tensors": tensors, "rng": rng}, buf)
-        data = buf.getvalue()
-        _write_bytes(os.path.join(tmp, fname), data)
-        index = {"rank": rank, "file": fname, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        path = os.path.join(tmp, fname)
+        with open(path, "wb") as f:                    # streamed to the file: no second copy in memory
+            torch.save({"tensors": tensors, "rng": rng}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tensors.clear()
+        index = {"rank": rank, "file": fname, "bytes": os.path.getsize(path), "sha256": _sha256_file(path),
                  "tiles": tiles}
         _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
     except Exception as ex:  # OSError, or torch.save failing: every rank must still reach the agreement below
