@@ -19,6 +19,7 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib"],
         "hf": ["transformers>=5,<6", "safetensors"],
+        "bench": ["psutil"],                                  # experiments/bench_load.py: RSS
         "test": ["pytest>=7", "pytest-timeout", "hypothesis", "setuptools>=64"],   # setuptools: the wheel test
     },
     entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},
