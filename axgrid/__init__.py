@@ -26,6 +26,7 @@ _SOURCES = {
     "Grid": "grid", "current_grid": "grid", "Runtime": "runtime", "init": "runtime",
     "LaunchEnv": "launch", "detect_launch": "launch",
     "GridError": "layout", "GridShape": "layout", "Layout": "layout",
+    "generate": "generate",
     "dense_state_dict": "export", "iter_dense_state_dict": "export", "export_pretrained": "export", "to_dense": "export",
     "LinearPlan": "parallelize", "pair": "parallelize", "parallelize": "parallelize",
     "gather_tokens_features": "redistribute", "shard_tokens_features": "redistribute",
