@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..grid import Grid
+from ..parallelize import parallelize
 from .hf_files import DTYPES, HFCheckpoint, PretrainedError
 from .meta import materialize, parameters_on_meta
 from .parts import agree
@@ -176,7 +177,6 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
     Collective: every rank calls it; bad input raises :class:`PretrainedError` (or the plan's ValueError) on
     every rank and returns no model. ``model.axgrid_load_report`` is this rank's :class:`LoadReport`.
     """
-    from ..parallelize import parallelize
     t0 = time.perf_counter()
     err: Optional[Exception] = None
     model: Optional[nn.Module] = None
