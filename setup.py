@@ -12,7 +12,7 @@ setup(
     # axgrid/kernels and axgrid/perfmodel), so axgrid never shadows another package (Hugging Face's `kernels`);
     # experiments/ are scripts run from a checkout and are not installed
     packages=find_packages(include=["axgrid", "axgrid.*"]),
-    package_data={"axgrid.perfmodel": ["machines/*.toml"]},
+    package_data={"axgrid.perfmodel": ["machines/*.toml", "machines/*.residuals.json"]},
     install_requires=["torch>=2.3", "numpy", "scipy", "tqdm", "rich"],
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],

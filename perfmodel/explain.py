@@ -27,7 +27,7 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
     lines = [f"{row.layout} {row.grid_str} ({kind}) — {where}",
              f"  model {p.model.name}: L={p.model.layers} h={p.model.hidden} heads={p.model.heads} "
              f"seq={p.model.seq} vocab={p.model.vocab}; batch {p.batch} in {row.microbatches} micro-batch(es); "
-             f"{p.dtype}; overlap {p.options.overlap_spec()}; recompute {p.options.recompute}"]
+             f"{p.dtype}; overlap {p.options.overlap_spec()}; recompute {row.recompute or p.options.recompute}"]
     if not row.feasible:
         lines.append(f"  infeasible: {row.reason}")
     else:
