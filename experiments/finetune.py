@@ -341,9 +341,7 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
         stop.uninstall()
     finished = not (stop is not None and stop.stopped)
     if args.export and finished:
-        axgrid.export_pretrained(model, args.export, grid)
-        if rank0 and tokenizer is not None:
-            tokenizer.save_pretrained(args.export)
+        axgrid.export_pretrained(model, args.export, grid, tokenizer=tokenizer)
     timed = records[1:] if len(records) > 1 else records
     mean_t = sum(r["time_s"] for r in timed) / max(1, len(timed))
     summary = {"event": "summary", "steps": len(records), "start_step": start, "time_per_step_s": mean_t,
