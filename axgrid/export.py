@@ -30,9 +30,8 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from .checkpoint.format import _agree, _fingerprint
-from .checkpoint.state import _model_entries
 from .grid import Grid
+from .io import agree, fingerprint, model_parts
 from .nn.linear import Linear
 from .safetensors_stream import SafetensorsWriter
 
@@ -51,9 +50,9 @@ class _Piece:
 
 def _checked_entries(model: nn.Module, grid: Grid, who: str) -> list:
     """The model's state entries, after checking (a collective) that every rank holds the same list."""
-    entries = _model_entries(model)
-    fp = _fingerprint(entries)
-    s1, s2 = _agree(grid, [fp, fp * fp])
+    entries = model_parts(model)
+    fp = fingerprint(entries)
+    s1, s2 = agree(grid, [fp, fp * fp])
     if s1 != grid.world_size * fp or s2 != grid.world_size * fp * fp:
         raise ValueError(f"{who}: ranks hold different tensors (names, shapes or dtypes): every rank must build "
                          f"and parallelise the same model")
@@ -293,7 +292,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
             _write_side_files(model, save_directory, tokenizer)
         except Exception as ex:  # reported on every rank below, before any tensor moves
             err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if failed:
         raise err if err is not None else RuntimeError(
             f"export_pretrained: rank {rank} could not write {save_directory} (see its error)")
@@ -325,7 +324,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
             _finish_index(save_directory, files, index_meta)
         except Exception as ex:
             err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if err is not None:
         raise err
     if failed:
