@@ -26,8 +26,9 @@ FLOPs per step (``B·S`` tokens, ``P`` parameters in the decoder's and head's ma
 width ``a = heads·head_dim``): ``(6 + 2·r)·P·B·S + (6 + 2·r)·2·L·S·a·B·S`` with ``r = 1`` under ``--recompute``
 (the recomputed forward); TFLOP/s per device = FLOPs per step / step time / ranks / 1e12.
 
-Logs (rank 0): JSON lines in ``--log``: a ``config`` record, a ``step`` record per step (loss, lr, grad norm,
-time, tokens/s, TFLOP/s per device, peak memory, kept fraction under Goldfish) and a ``summary``. Checkpoints:
+Logs: :mod:`axgrid.metrics` rows (``--log`` JSON lines, ``--tensorboard``; rank 0): a ``config`` row (tokenizer,
+FLOP formula, ...), a ``step`` row per step (loss, lr, grad norm, step time, tokens/s, TFLOP/s, MFU, peak memory,
+communication, energy; kept fraction under Goldfish) and a ``summary``. Checkpoints:
 ``--save DIR --save-every K`` (and at the end, and on SIGTERM/SIGUSR1 through ``SaveOnSignal``), ``--resume DIR``
 on any grid (loading reshards; a checkpoint saved with other settings is refused, naming them). ``--export DIR``
 writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained``, plus the tokenizer).
@@ -36,11 +37,9 @@ writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -52,9 +51,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import axgrid  # noqa: E402
 from axgrid.goldfish import step_mask  # noqa: E402
+from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT  # noqa: E402
 from axgrid.train import cosine_lr, decay_groups, train_step  # noqa: E402
-from train_gpt import DEFAULT_TEXT, ByteTokenizer, TokenWindows, peak_memory_bytes  # noqa: E402
+from train_gpt import DEFAULT_TEXT, ByteTokenizer, TokenWindows  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -150,9 +150,10 @@ class StepSettings:
 
 
 def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: axgrid.Grid, s: StepSettings, step: int,
-             inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
-    """One optimizer step on the global batch ``inputs/targets [B, S]`` (the same on every rank); returns the
-    step's log record (the loss is the step's mean over kept targets, the same on every rank)."""
+             inputs: torch.Tensor, targets: torch.Tensor, metrics: Metrics) -> dict[str, Any]:
+    """One optimizer step on the global batch ``inputs/targets [B, S]`` (the same on every rank), measured by
+    ``metrics``; returns the step's row (``loss``: the step's mean over kept targets, the same on every rank;
+    ``lr``, ``grad_norm``, ``kept_fraction`` under Goldfish; the rest is :mod:`axgrid.metrics`')."""
     device = grid.device
     gd, d = grid.size("d"), grid.coord.d
     mask, normalizer = step_mask(inputs, s.goldfish_k, s.goldfish_h, s.goldfish_mode, gd)
@@ -162,10 +163,6 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: axgrid.Gr
     per_mb = s.batch // s.microbatches
     bd = per_mb // gd
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=s.bf16)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
 
     def loss_of(mb: int) -> torch.Tensor:
         rows = slice(mb * per_mb + d * bd, mb * per_mb + (d + 1) * bd)
@@ -173,18 +170,13 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: axgrid.Gr
         with autocast:
             return causal_lm_loss(model, inputs[rows].to(device), targets[rows].to(device), m, normalizer)
 
+    metrics.begin()
     out = train_step(model, opt, loss_of, grid, s.microbatches, clip=s.clip)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    loss = float(grid.comm.all_reduce(out.loss.reshape(1), "d", average=True)[0])
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"loss became {loss} at step {step}; lower --lr or check the data")
-    rec = {"event": "step", "step": step, "loss": loss, "lr": lr, "grad_norm": out.grad_norm, "time_s": dt,
-           "tokens_per_s": inputs.numel() / dt, "peak_mem_bytes": peak_memory_bytes(device)}
-    if mask is not None:
-        rec["kept_fraction"] = normalizer * gd / inputs.numel()
-    return rec
+    extra = {"kept_fraction": normalizer * gd / inputs.numel()} if mask is not None else {}
+    row = metrics.end(step, loss=out.loss, lr=lr, grad_norm=out.grad_norm, **extra)
+    if not math.isfinite(row["loss"]):
+        raise FloatingPointError(f"loss became {row['loss']} at step {step}; lower --lr or check the data")
+    return row
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,13 +204,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
     p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
     p.add_argument("--seed", type=int, default=0, help="seed of the data order")
-    p.add_argument("--log", default=None, help="JSON-lines log file (rank 0)")
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
                    help="seconds before a stuck collective fails")
     p.add_argument("--save", default=None, help="checkpoint directory")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
     p.add_argument("--export", default=None, help="write the fine-tuned model as a Hugging Face folder here")
+    add_metrics_arguments(p)
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10
@@ -282,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     dtype = args.dtype or ("bf16" if on_gpu else "fp32")
     if not on_gpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed)
+    config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing)
     grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
     try:
         return _finetune(args, grid, dtype)
@@ -301,33 +293,24 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
     start = load_checkpoint(args, model, opt, grid) if args.resume else 0
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
-    log = open(args.log, "a" if args.resume else "w") if (rank0 and args.log) else None
-
-    def emit(record: dict[str, Any]) -> None:
-        if log is not None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
-    emit({"event": "config", "model": type(model).__name__, "checkpoint": args.checkpoint,
-          "parameters": dense_parameters(model),
-          "tokenizer": tok_name, "text_tokens": int(data.tokens.numel()), "grid": str(grid.shape),
-          "world": grid.world_size, "dtype": dtype, "seq": args.seq, "batch": args.batch,
-          "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
-          "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode, "flops_per_step": flops})
+    config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
+              "tokenizer": tok_name, "text_tokens": int(data.tokens.numel()), "seq": args.seq, "batch": args.batch,
+              "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
+              "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
+              "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}
+    metrics = Metrics.from_args(grid, args, flops_per_step=flops, tokens_per_step=args.batch * args.seq, dtype=dtype,
+                                config=config, progress=None if args.no_progress else args.steps, initial=start,
+                                append=bool(args.resume))
     if rank0:
         print(f"finetune: {type(model).__name__} from {args.checkpoint} on grid {grid.shape} ({grid.world_size} "
               f"ranks, {dtype}); tokenizer: {tok_name}; {data.tokens.numel():,} tokens of text; batch {args.batch} x "
               f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
     from axgrid.checkpoint import SaveOnSignal
     stop = SaveOnSignal(grid).install() if args.save else None
-    records: list[dict[str, Any]] = []
     for step in range(start, args.steps):
         inputs, targets = data.batch(step, args.batch)
-        rec = run_step(model, opt, grid, settings, step, inputs, targets)
-        rec["tflops_per_device"] = flops / rec["time_s"] / grid.world_size / 1e12
-        records.append(rec)
-        emit(rec)
+        run_step(model, opt, grid, settings, step, inputs, targets, metrics)
         halt = stop is not None and stop.should_stop()
         if args.save and (halt or (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps):
             from axgrid.checkpoint import save_checkpoint
@@ -342,18 +325,11 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     finished = not (stop is not None and stop.stopped)
     if args.export and finished:
         axgrid.export_pretrained(model, args.export, grid, tokenizer=tokenizer)
-    timed = records[1:] if len(records) > 1 else records
-    mean_t = sum(r["time_s"] for r in timed) / max(1, len(timed))
-    summary = {"event": "summary", "steps": len(records), "start_step": start, "time_per_step_s": mean_t,
-               "tokens_per_s": args.batch * args.seq / mean_t if mean_t else None,
-               "tflops_per_device": flops / mean_t / grid.world_size / 1e12 if mean_t else None,
-               "losses": [r["loss"] for r in records], "exported": args.export if (args.export and finished) else None}
-    emit(summary)
-    if log is not None:
-        log.close()
-    if rank0 and records:
-        print(f"finetune: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f} in {len(records)} steps; "
-              f"{mean_t:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s"
+    losses = [r["loss"] for r in metrics.rows]
+    summary = metrics.close(start_step=start, losses=losses, exported=args.export if (args.export and finished) else None)
+    if rank0 and losses:
+        print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps; {summary['step_s']:.3f} "
+              f"s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} TFLOP/s per device"
               + (f"; exported to {args.export}" if summary["exported"] else ""), flush=True)
     return summary
 

@@ -23,7 +23,7 @@ prompt ``axgrid.generate`` (greedy) for C tokens; exact-match rate (all C right)
 the true continuation; and the mean loss per token on ``--heldout`` windows of the held-out text (standard
 cross entropy, no Goldfish mask). Written under ``--out DIR``: ``memorization.json`` (``{"standard":
 {"exact_match", "token_accuracy", "rouge_l", "heldout_loss"}, "goldfish": {...}, "settings": {...}}``; one key
-per run of ``--losses``), the printed table (``memorization.txt``), ``curves.json`` (the scores at every evaluation), ``memorization.png`` (exact match and
+per run of ``--losses``), each run's per-step rows (``<loss>.jsonl``, :mod:`axgrid.metrics`), the printed table (``memorization.txt``), ``curves.json`` (the scores at every evaluation), ``memorization.png`` (exact match and
 ROUGE-L against epochs for both losses, and held-out loss), and each run's final model (``DIR/<loss>/``: an
 axgrid checkpoint for the GPT, a Hugging Face folder for ``--checkpoint``), which ``--eval-only`` measures.
 """
@@ -46,7 +46,8 @@ import axgrid  # noqa: E402
 from axgrid.eval import score_continuations  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
 from axgrid.train import decay_groups  # noqa: E402
-from finetune import StepSettings, causal_lm_loss, encode, load_model, load_tokenizer, run_step  # noqa: E402
+from axgrid.metrics import Metrics  # noqa: E402
+from finetune import StepSettings, causal_lm_loss, encode, llama_flops, load_model, load_tokenizer, run_step  # noqa: E402
 from train_gpt import DEFAULT_TEXT, TokenWindows  # noqa: E402
 
 LOSSES = ("standard", "goldfish")
@@ -300,11 +301,16 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
                "goldfish_mode": args.goldfish_mode})
         model = build_model(args, grid, length - 1)
         opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+        flops = (model.flops_per_iteration(args.batch) if isinstance(model, GPT)
+                 else llama_flops(model.config, args.batch, length - 1, args.recompute))
+        os.makedirs(args.out, exist_ok=True)
+        metrics = Metrics(grid, flops_per_step=flops, tokens_per_step=args.batch * (length - 1), dtype=dtype,
+                          jsonl=os.path.join(args.out, f"{loss}.jsonl"), config={"study": loss, "steps": steps})
         curve = [{"epoch": 0, **evaluate(model, grid, text, heldout)}]
         for epoch in range(1, args.epochs + 1):
             for i in range(text.steps_per_epoch):
                 step = (epoch - 1) * text.steps_per_epoch + i
-                rec = run_step(model, opt, grid, settings, step, *text.batch(step))
+                rec = run_step(model, opt, grid, settings, step, *text.batch(step), metrics)
             if epoch % args.eval_every == 0 or epoch == args.epochs:
                 curve.append({"epoch": epoch, "train_loss": rec["loss"], **evaluate(model, grid, text, heldout)})
                 if rank0:
@@ -313,6 +319,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
                           f"exact {c['exact_match']:.2f}, token acc {c['token_accuracy']:.2f}, ROUGE-L "
                           f"{c['rouge_l']:.2f}, held-out loss {c['heldout_loss']:.3f} "
                           f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        metrics.close()
         save_model(model, os.path.join(args.out, loss), grid, tokenizer)
         final = curve[-1]
         result[loss] = {k: final[k] for k in ("exact_match", "token_accuracy", "rouge_l", "heldout_loss")}

@@ -61,7 +61,7 @@ def test_resume_after_a_signal_equals_the_uninterrupted_run(ranks, checkpoints, 
     assert config["tokenizer"].startswith("byte-level fallback")
     steps = [r for r in records if r["event"] == "step"]
     assert [r["step"] for r in steps] == [0, 1, 2, 3]
-    for key in ("loss", "lr", "tokens_per_s", "tflops_per_device", "grad_norm", "time_s"):
+    for key in ("loss", "lr", "tokens_per_s", "tflops", "grad_norm", "step_s"):
         assert all(key in r for r in steps), key
     assert steps[0]["lr"] < steps[1]["lr"] and steps[3]["lr"] < steps[1]["lr"]    # warm-up, then cosine decay
 
