@@ -25,8 +25,10 @@ from axgrid.metrics import summarize  # noqa: E402
 
 COLUMNS = ("run", "machine", "device", "grid", "world", "model", "batch", "dtype", "step_s", "tokens_per_s",
            "tflops", "mfu", "peak_mem_gib", "j_per_token", "compute_s", "exposed_x_s", "exposed_y_s", "exposed_z_s",
-           "exposed_d_s", "energy_source")
-DIM_COLORS = {"x": "#4c72b0", "y": "#dd8452", "z": "#55a868", "d": "#c44e52"}
+           "exposed_d_s", "exposed_other_s", "energy_source")
+#: one column per grid dimension; groups of several letters (the tensor-parallel block "xyz", "xy": the gradient
+#: norm, the loss) go to "other"
+DIM_COLORS = {"x": "#4c72b0", "y": "#dd8452", "z": "#55a868", "d": "#c44e52", "other": "#8172b2"}
 
 
 def read_log(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -64,7 +66,8 @@ def run_row(path: str, skip: int) -> dict[str, Any]:
            "compute_s": s["step_s"] - sum(exposed.values()) if exposed is not None else None,
            "energy_source": s["energy_source"]}
     for d in DIM_COLORS:
-        row[f"exposed_{d}_s"] = exposed.get(d, 0.0) if exposed is not None else None
+        row[f"exposed_{d}_s"] = None if exposed is None else \
+            (exposed.get(d, 0.0) if d != "other" else sum(v for k, v in exposed.items() if k not in DIM_COLORS))
     return row
 
 

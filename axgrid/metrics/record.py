@@ -69,20 +69,22 @@ def _synchronize(device: torch.device) -> None:
 class StepMeter:
     """Builds the per-step record on every rank (see the module docstring); rank 0 usually writes it.
 
-    ``flops_per_step``: model FLOPs of one step (all ranks together); ``tokens_per_step``: tokens of the global
+    ``flops_per_step``: model FLOPs of one step (all ranks together; None for a model ``axgrid.spec`` has no
+    formula for: ``tflops`` and ``mfu`` are then null); ``tokens_per_step``: tokens of the global
     batch; ``dtype``: the run's compute dtype, for the peak; ``peak_flops`` (FLOP/s per device) or
     ``peak_machine`` (a perfmodel machine file, e.g. a calibrated ``local-4`` on a CPU) override the device table.
     """
 
-    def __init__(self, grid: Any, *, flops_per_step: float, tokens_per_step: int, dtype: str,
+    def __init__(self, grid: Any, *, flops_per_step: Optional[float], tokens_per_step: int, dtype: str,
                  peak_flops: Optional[float] = None, peak_machine: Optional[str] = None) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-        if not (flops_per_step >= 0 and tokens_per_step > 0):
+        if not ((flops_per_step is None or flops_per_step >= 0) and tokens_per_step > 0):
             raise ValueError(f"flops_per_step {flops_per_step} and tokens_per_step {tokens_per_step} must be "
-                             f"non-negative and positive")
+                             f"non-negative (or None) and positive")
         self.grid, self.device = grid, grid.device
-        self.flops_per_step, self.tokens_per_step, self.dtype = float(flops_per_step), int(tokens_per_step), dtype
+        self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
+        self.tokens_per_step, self.dtype = int(tokens_per_step), dtype
         self.name = device_name(self.device)
         self.peak = resolve_peak(self.name, dtype, is_cpu=self.device.type != "cuda", peak_flops=peak_flops,
                                  machine=peak_machine)
@@ -139,7 +141,8 @@ class StepMeter:
         mine = (e1 - self._e0) if (e1 is not None and self._e0 is not None) else None
         step_s, peak_all, energy, counted, mean_loss = self._reduce(dt, peak, mine, loss)
         energy_j = energy if (self.energy.available and counted == self.readers) else None
-        tflops = self.flops_per_step / step_s / self.grid.world_size / 1e12 if step_s > 0 else None
+        tflops = (self.flops_per_step / step_s / self.grid.world_size / 1e12
+                  if step_s > 0 and self.flops_per_step is not None else None)
         row = {"event": "step", "step": int(step), "step_s": step_s, "tokens": self.tokens_per_step,
                "tokens_per_s": self.tokens_per_step / step_s if step_s > 0 else None,
                "flops": self.flops_per_step, "tflops": tflops,
