@@ -103,13 +103,15 @@ class Linear(nn.Module):
 
     Initialisation is :mod:`axgrid.nn.init`'s hashed scheme: each rank computes its own shard, and the layer
     equals ``init.reference_linear(in, out, bias, seed)`` sliced. ``seed`` defaults to one drawn from the
-    grid's seed and the layer's construction order (identical on every rank).
+    grid's seed and the layer's construction order (identical on every rank). ``init=False`` leaves the
+    parameters uninitialised (``torch.empty``) for a loader that fills them.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, transpose: bool = False, *,
                  grid: Optional[Grid] = None, input_layout: Layout = "replicated",
                  output_layout: Layout = "replicated", seed: Optional[int] = None,
-                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
+                 init: bool = True) -> None:
         super().__init__()
         for name, v in (("input_layout", input_layout), ("output_layout", output_layout)):
             if v not in ("replicated", "sharded"):
@@ -132,7 +134,8 @@ class Linear(nn.Module):
             self.bias.axgrid_tile = sh.bias_tile
         else:
             self.register_parameter("bias", None)
-        self.reset_parameters()
+        if init:
+            self.reset_parameters()
         add_state_hooks(self)
         self.runtime.grads.watch(self.parameters())
 
@@ -174,10 +177,12 @@ class Linear(nn.Module):
     @classmethod
     def from_dense(cls, dense: nn.Linear, grid: Optional[Grid] = None, transpose: bool = False,
                    **kwargs) -> "Linear":
-        """A parallel copy of ``dense`` (held in full on every rank)."""
+        """A parallel copy of ``dense`` (held in full on every rank). A ``dense`` on the meta device (a model
+        built without memory, :func:`axgrid.from_pretrained`) gives an uninitialised layer on the grid's device."""
+        meta = dense.weight.device.type == "meta"
         layer = cls(dense.in_features, dense.out_features, bias=dense.bias is not None, transpose=transpose,
-                    grid=grid, dtype=dense.weight.dtype, **kwargs)
-        return layer.load_dense_(dense.weight, dense.bias)
+                    grid=grid, dtype=dense.weight.dtype, init=not meta, **kwargs)
+        return layer if meta else layer.load_dense_(dense.weight, dense.bias)
 
     def to_dense(self) -> nn.Linear:
         """The whole layer as an ``nn.Linear`` on every rank (collective over the tensor-parallel block)."""
