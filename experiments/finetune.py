@@ -4,9 +4,9 @@
         --microbatches 2 --steps 200 --lr 1e-4 --warmup 20 --recompute --log ft.jsonl --save ckpt --save-every 50 \\
         --export finetuned/                        # (mpirun / srun / torchrun work the same way: axgrid.init)
 
-Model: ``--checkpoint`` is a folder written by ``save_pretrained``; it is read with ``from_pretrained`` (fp32
-weights) and laid out on the grid by ``axgrid.parallelize`` (the built-in LLaMA-family plan: residual stream
-sharded, attention on local heads, vocabulary-parallel head and loss). ``--recompute`` turns on the model's
+Model: ``--checkpoint`` is a folder written by ``save_pretrained``; ``axgrid.from_pretrained`` reads it onto
+the grid in fp32, each rank only its own parts (the built-in LLaMA-family plan: residual stream sharded,
+attention on local heads, vocabulary-parallel head and loss). ``--recompute`` turns on the model's
 activation checkpointing of its decoder layers (``activation_checkpointing_enable``, non-reentrant).
 
 Data: ``--text-file`` (default: the shipped KJV selections) tokenized with the checkpoint's tokenizer when the
@@ -77,10 +77,10 @@ def encode(text: str, tokenizer: Optional[Any]) -> torch.Tensor:
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
-def load_model(path: str, grid: Optional[axgrid.Grid], recompute: bool = False) -> torch.nn.Module:
-    """A Hugging Face causal LM from ``path`` in fp32, on ``grid`` (``axgrid.parallelize``) or serial (None)."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+def load_model(path: str, grid: axgrid.Grid, recompute: bool = False) -> torch.nn.Module:
+    """The Hugging Face causal LM at ``path`` in fp32 on ``grid`` (``axgrid.from_pretrained``: each rank reads its
+    own parts), in training mode; ``recompute``: activation checkpointing of the decoder layers."""
+    model = axgrid.from_pretrained(path, grid, torch_dtype=torch.float32)
     model.config.use_cache = False
     if recompute:
         kw = {"use_reentrant": False}
@@ -88,8 +88,7 @@ def load_model(path: str, grid: Optional[axgrid.Grid], recompute: bool = False) 
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
-    model.train()
-    return model if grid is None else axgrid.parallelize(model, grid)
+    return model.train()
 
 
 def llama_flops(config: Any, batch: int, seq: int, recompute: bool) -> float:

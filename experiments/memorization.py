@@ -227,7 +227,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
     if not 0 <= args.other < args.batch:
         raise SystemExit(f"--other {args.other}: the other-text windows must be fewer than --batch {args.batch}")
-    if args.passages % (args.batch - args.other):
+    if not args.eval_only and args.passages % (args.batch - args.other):
         raise SystemExit(f"--passages {args.passages} is not a whole number of steps of {args.batch - args.other} "
                          f"passages (--batch {args.batch} - --other {args.other}); make it a multiple")
     if not 0 < args.heldout_frac < 0.5:
