@@ -73,8 +73,13 @@ def rank_greedy(spec: str, kinds: tuple[str, ...]) -> dict[str, tuple[torch.Tens
         out = {}
         for kind in kinds:
             model = build(kind, grid)
+            grid.ledger.reset()
             out[kind] = (axgrid.generate(model, prompts(), grid, NEW),
                          axgrid.generate(model, prompts(), grid, NEW, use_cache=False))
+            if kind == "gpt":       # the only gathers over y are the argmax's [b, 2] (value, index) per step
+                gy, b = grid.size("y"), B // grid.size("zd")
+                gathered = grid.ledger.entries.get(("y", "all_gather"))
+                assert (gathered.bytes if gathered else 0) == (2 * NEW * gy * b * 2 * 8 if gy > 1 else 0)
         return out
     finally:
         grid.destroy()
@@ -165,6 +170,11 @@ def rank_bad_input(spec: str) -> list[str]:
             except ValueError as e:
                 messages.append(str(e))
         assert grid.ledger.snapshot() == before, "a collective was posted before the error"
+        try:                                          # a rank given other prompts: every rank raises
+            axgrid.generate(model, prompts(seed=grid.rank % 2), grid, 1)
+            messages.append("no error")
+        except ValueError as e:
+            messages.append(str(e))
         assert axgrid.generate(model, ids, grid, 1).shape == (B, S + 1)     # nothing left half-posted
         return messages
     finally:
@@ -175,7 +185,8 @@ def test_bad_input_raises_a_clear_error_before_any_collective(ranks):
     want = ["max_new_tokens=-1 must be an integer >= 0", "batch of 3 prompts is not divisible by Gd*Gz=2*2",
             "must be integer token ids", "outside the vocabulary [0, 128)", "temperature=-1.0 must be",
             "top_k=0 must be an integer >= 1", "eos_token_id=128 must be a token id", "exceeds GPTConfig.seq=32",
-            "Linear has no axgrid plan", "built on another grid (or serial"]
+            "Linear has no axgrid plan", "built on another grid (or serial", "were given different input_ids"]
     for messages in ranks(4, rank_bad_input, "1x1x2x2"):
+        assert len(messages) == len(want)
         for expected, got in zip(want, messages):
             assert expected in got, (expected, got)
