@@ -129,8 +129,15 @@ def test_sampling_same_on_every_rank_reproducible_and_within_top_k(ranks, greedy
 def rank_eos(spec: str, kinds: tuple[str, ...], eos: dict[str, int], pad: int) -> dict[str, torch.Tensor]:
     grid = axgrid.init(spec, timeout_s=60)
     try:
-        return {k: axgrid.generate(build(k, grid), prompts(), grid, NEW, eos_token_id=eos[k], pad_token_id=pad)
-                for k in kinds}
+        out = {k: axgrid.generate(build(k, grid), prompts(), grid, NEW, eos_token_id=eos[k], pad_token_id=pad)
+               for k in kinds}
+        model, calls = GPT(CFG, grid), []
+        for kw in (dict(max_new_tokens=1), dict(max_new_tokens=NEW, eos_token_id=range(CFG.vocab))):
+            grid.ledger.reset()                      # every id an EOS: all stop after one token, no second step
+            out["every id"] = axgrid.generate(model, prompts(), grid, pad_token_id=pad, **kw)
+            calls.append({k: e.calls for k, e in grid.ledger.entries.items()})
+        out["same collectives as one step"] = calls[0] == calls[1]
+        return out
     finally:
         grid.destroy()
 
@@ -151,6 +158,9 @@ def test_eos_stops_a_sequence_and_pads_after_it(ranks, greedy_refs):
             assert (got[kind][0, S + 2:] == pad).all()
             if kind != "gpt":
                 assert torch.equal(got[kind], dense_greedy(kind, prompts(), NEW, eos=eos[kind], pad=pad))
+        assert torch.equal(got["every id"][:, :S + 1], greedy_refs["gpt"][:, :S + 1])
+        assert (got["every id"][:, S + 1:] == pad).all()
+        assert got["same collectives as one step"]
 
 
 def rank_bad_input(spec: str) -> list[str]:
