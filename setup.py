@@ -19,6 +19,10 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib"],
         "hf": ["transformers>=5,<6", "safetensors"],
+        "bench": ["psutil"],                                  # experiments/bench_load.py: RSS
+        # axgrid.metrics: TensorBoard scalars (--tensorboard) and NVIDIA energy (NVML; imports without a GPU).
+        # AMD energy uses amdsmi, which ships with ROCm (it must match the driver), so it is not listed here.
+        "metrics": ["tensorboard", "nvidia-ml-py"],
         "test": ["pytest>=7", "pytest-timeout", "hypothesis", "setuptools>=64"],   # setuptools: the wheel test
     },
     entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},

@@ -28,6 +28,7 @@ _SOURCES = {
     "GridError": "layout", "GridShape": "layout", "Layout": "layout",
     "generate": "generate",
     "dense_state_dict": "export", "iter_dense_state_dict": "export", "export_pretrained": "export", "to_dense": "export",
+    "LoadReport": "io.pretrained", "PretrainedError": "io.hf_files", "from_pretrained": "io.pretrained",
     "LinearPlan": "parallelize", "pair": "parallelize", "parallelize": "parallelize",
     "gather_tokens_features": "redistribute", "shard_tokens_features": "redistribute",
     "ParallelizeSummary": "ties",

@@ -30,38 +30,39 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from .checkpoint.format import _agree, _fingerprint
-from .checkpoint.state import _model_entries
 from .grid import Grid
+from .io import TensorPart, agree, fingerprint, model_parts, place_part
 from .nn.linear import Linear
 from .safetensors_stream import SafetensorsWriter
+from .spec import TileSpec
 
 
 @dataclass(frozen=True)
 class _Piece:
-    """Member ``src`` (of the xyz group) holds elements ``[start, stop)`` of the flattened tile at ``offsets``,
-    ``tile_shape`` of the dense tensor (the whole tile when its parameter is not split)."""
+    """Member ``src`` (of the xyz group) holds the part ``tile`` (its TileSpec) of the dense tensor."""
 
     src: int
-    offsets: tuple[int, ...]
-    tile_shape: tuple[int, ...]
-    start: int
-    stop: int
+    tile: TileSpec
+
+    @property
+    def numel(self) -> int:
+        start, stop = self.tile.part_range()
+        return stop - start
 
 
 def _checked_entries(model: nn.Module, grid: Grid, who: str) -> list:
     """The model's state entries, after checking (a collective) that every rank holds the same list."""
-    entries = _model_entries(model)
-    fp = _fingerprint(entries)
-    s1, s2 = _agree(grid, [fp, fp * fp])
+    entries = model_parts(model)
+    fp = fingerprint(entries)
+    s1, s2 = agree(grid, [fp, fp * fp])
     if s1 != grid.world_size * fp or s2 != grid.world_size * fp * fp:
         raise ValueError(f"{who}: ranks hold different tensors (names, shapes or dtypes): every rank must build "
                          f"and parallelise the same model")
     return entries
 
 
-def _pieces(model_entries: Sequence, grid: Grid, prefer: int = 0) -> dict[str, list[_Piece]]:
-    """For each tiled entry, the distinct pieces the members of this rank's xyz group hold, each from member
+def _pieces(model_entries: Sequence[TensorPart], grid: Grid, prefer: int = 0) -> dict[str, list[_Piece]]:
+    """For each tiled entry, the distinct parts the members of this rank's xyz group hold, each from member
     ``prefer`` when it holds it, else from the first member holding it (an all-gather of every member's tile
     geometry: ``[Gxyz, tensors, 2·ndim + 2]`` ints)."""
     tiled = [e for e in model_entries if e.tile is not None]
@@ -70,18 +71,20 @@ def _pieces(model_entries: Sequence, grid: Grid, prefer: int = 0) -> dict[str, l
     for i, e in enumerate(tiled):
         meta[i, : len(e.offsets)] = torch.tensor(e.offsets)
         meta[i, ndim: ndim + len(e.tile_shape)] = torch.tensor(e.tile_shape)
-        meta[i, 2 * ndim:] = torch.tensor(e.tile.part_range())
+        meta[i, 2 * ndim:] = torch.tensor([e.tile.split_size, e.tile.split_index])
     every = grid.comm.all_gather(meta.to(grid.device), "xyz").cpu().tolist()      # [Gxyz][tensors][...]
     out: dict[str, list[_Piece]] = {}
     for i, e in enumerate(tiled):
         nd, seen, pieces = len(e.dense_shape), set(), []
         for r in [prefer] + [m for m in range(len(every)) if m != prefer]:
             row = every[r][i]
-            key = (tuple(row[:nd]), tuple(row[ndim: ndim + nd]), row[2 * ndim], row[2 * ndim + 1])
-            if key not in seen and key[3] > key[2]:
+            p = _Piece(r, TileSpec(e.dense_shape, tuple(row[:nd]), tuple(row[ndim: ndim + nd]), e.tile.split_dim,
+                                   row[2 * ndim], row[2 * ndim + 1]))
+            key = (p.tile.offsets, p.tile.tile_shape, p.tile.part_range())
+            if key not in seen and p.numel:
                 seen.add(key)
-                pieces.append(_Piece(r, *key))
-        covered = sum(p.stop - p.start for p in pieces)
+                pieces.append(p)
+        covered = sum(p.numel for p in pieces)
         if covered != math.prod(e.dense_shape):
             raise ValueError(f"{e.name[len('model/'):]}: the ranks' tiles cover {covered} of "
                              f"{math.prod(e.dense_shape)} elements; its parameters' axgrid_tile marks are wrong")
@@ -89,12 +92,8 @@ def _pieces(model_entries: Sequence, grid: Grid, prefer: int = 0) -> dict[str, l
     return out
 
 
-def _tile_slices(p: _Piece) -> tuple[slice, ...]:
-    return tuple(slice(o, o + s) for o, s in zip(p.offsets, p.tile_shape))
-
-
-def _own_piece(e) -> torch.Tensor:
-    """This rank's real elements of its tile, flat (its parameter without the split's zero padding)."""
+def _own_piece(e: TensorPart) -> torch.Tensor:
+    """This rank's real elements of its part, flat (its parameter without the split's zero padding)."""
     start, stop = e.tile.part_range()
     return e.tensor.detach().reshape(-1)[: stop - start]
 
@@ -105,8 +104,8 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *,
     global rank ``rank`` only; the other ranks' iterators yield nothing. Collective: every rank must iterate it
     to the end, with the same ``names``.
 
-    A tiled tensor is assembled on ``rank`` from the pieces the ranks of its xyz group hold (received one tile
-    at a time); the other xyz groups (other ``d``) take no part. Only the tensor being yielded is alive in the
+    A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold (received one part
+    at a time and placed through :func:`axgrid.io.place_part`); the other xyz groups (other ``d``) take no part. Only the tensor being yielded is alive in the
     iterator: drop it before asking for the next to keep the writing rank's extra memory at one tensor. Tensors
     that are dense on every rank (norms under a Linear-only plan, tied weights, buffers) are yielded as the
     model's own tensors, not copies. Tensors are on the model's device.
@@ -141,20 +140,11 @@ def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str]) -> 
                     grid.comm.send(_own_piece(e), "xyz", dst)
             continue
         dense = torch.empty(e.dense_shape, dtype=e.tensor.dtype, device=e.tensor.device)
-        tiles: dict[tuple, list[_Piece]] = {}
         for p in pieces[e.name]:
-            tiles.setdefault((p.offsets, p.tile_shape), []).append(p)
-        for group_pieces in tiles.values():
-            whole = tuple(group_pieces[0].tile_shape) == tuple(e.dense_shape)
-            buf = dense.view(-1) if whole else dense.new_empty(math.prod(group_pieces[0].tile_shape))
-            for p in group_pieces:
-                if p.src == me:
-                    buf[p.start: p.stop] = _own_piece(e)
-                else:
-                    grid.comm.recv(buf[p.start: p.stop], "xyz", p.src)
-            if not whole:
-                dense[_tile_slices(group_pieces[0])] = buf.view(group_pieces[0].tile_shape)
-            del buf
+            if p.src == me:
+                place_part(e.tile, e.tensor, dense)
+            else:                                   # one part in flight: received, placed, dropped
+                place_part(p.tile, grid.comm.recv(dense.new_empty(p.numel), "xyz", p.src), dense)
         yield name, dense
         del dense
 
@@ -163,7 +153,8 @@ def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
     """Every tensor of ``model.state_dict()`` in its dense shape, on every rank (collective over the grid).
 
     For small models: every rank holds the whole dense model (use :func:`iter_dense_state_dict` otherwise).
-    Each rank's pieces are all-gathered over the xyz group and placed at their offsets; the others are copied.
+    Each rank's part is all-gathered over the xyz group and placed (:func:`axgrid.io.place_part`); the others
+    are copied.
     Tensors stay on their device.
     """
     entries = _checked_entries(model, grid, "dense_state_dict")
@@ -175,15 +166,11 @@ def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
             out[key] = e.tensor.detach().clone()
             continue
         mine = _own_piece(e)
-        big = max(p.stop - p.start for p in pieces[e.name])
+        big = max(p.numel for p in pieces[e.name])
         every = grid.comm.all_gather(torch.cat([mine, mine.new_zeros(big - mine.numel())]), "xyz")   # [Gxyz, big]
         dense = torch.empty(e.dense_shape, dtype=e.tensor.dtype, device=e.tensor.device)
-        tiles: dict[tuple, torch.Tensor] = {}
         for p in pieces[e.name]:
-            flat = tiles.setdefault((p.offsets, p.tile_shape), dense.new_empty(math.prod(p.tile_shape)))
-            flat[p.start: p.stop] = every[p.src, : p.stop - p.start]
-        for (offsets, shape), flat in tiles.items():
-            dense[tuple(slice(o, o + s) for o, s in zip(offsets, shape))] = flat.view(shape)
+            place_part(p.tile, every[p.src], dense)
         out[key] = dense
     return out
 
@@ -293,7 +280,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
             _write_side_files(model, save_directory, tokenizer)
         except Exception as ex:  # reported on every rank below, before any tensor moves
             err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if failed:
         raise err if err is not None else RuntimeError(
             f"export_pretrained: rank {rank} could not write {save_directory} (see its error)")
@@ -325,7 +312,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
             _finish_index(save_directory, files, index_meta)
         except Exception as ex:
             err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if err is not None:
         raise err
     if failed:

@@ -80,6 +80,15 @@ def rank_stream(tmp: str) -> dict:
                 loaded = LlamaForCausalLM.from_pretrained(where)
                 with torch.no_grad():
                     o["hf_logits"] = float((loaded(input_ids=ids).logits - logits).abs().max())
+            if spec == GRIDS[0][0]:                 # a file where the directory should be: refused on every rank
+                blocker = os.path.join(tmp, "not-a-dir")
+                if grid.rank == writer:
+                    open(blocker, "w").close()
+                try:
+                    axgrid.export_pretrained(model, blocker, grid, rank=writer)
+                    o["blocked"] = "wrote"
+                except (OSError, RuntimeError) as e:
+                    o["blocked"] = str(e)
             out[spec] = o
         finally:
             grid.destroy()
@@ -127,6 +136,9 @@ def test_stream_iterator_ledger_and_hf_round_trip(ranks, tmp_path):
         else:
             assert list(w["files"]) == ["model.safetensors"] and w["index"] is None, spec
         assert w["hf_logits"] < 1e-5, spec
+    for r in range(4):
+        msg = outs[r][GRIDS[0][0]]["blocked"]
+        assert ("is a file; pass a directory" in msg) if r == GRIDS[0][1] else ("could not write" in msg), (r, msg)
 
 
 def test_safetensors_writer_checks_order_and_leaves_no_half_file(tmp_path):
