@@ -60,7 +60,9 @@ SIZES = {   # hidden, layers, heads, kv_heads, ffn, vocab
     "160m": (1024, 8, 16, 8, 2816, 32000),
     "1b": (2048, 20, 32, 8, 5632, 32000),
 }
-DEFAULT_GRIDS = {4: ("2x2x1x1", "1x2x2x1"), 8: ("2x2x2x1", "4x2x1x1")}
+#: first grid, reload grid; 8 ranks start on 8x1x1x1: the embedding [V, h/Gx] is replicated over y and z, so all
+#: of x holds the least per rank (the 1B model's AdamW step needs ~20 GB on 8 ranks even so)
+DEFAULT_GRIDS = {4: ("2x2x1x1", "1x2x2x1"), 8: ("8x1x1x1", "2x2x2x1")}
 PHASES = ("load", "step", "save", "reload", "export")
 
 
@@ -215,8 +217,10 @@ def job_a(args: argparse.Namespace) -> None:
     me.phase("disk", lambda: read_once(ckpt) if grid.rank == 0 else None)
     if grid.rank == 0:
         evict(ckpt)
-    model = me.phase("load", lambda: axgrid.from_pretrained(ckpt, grid))
+    dtype = getattr(torch, args.dtype)
+    model = me.phase("load", lambda: axgrid.from_pretrained(ckpt, grid, torch_dtype=dtype))
     rec.update(own_sizes(model))
+    rec["read"] = model.axgrid_load_report.bytes_read
     h, layers, heads, _, _, vocab = parse_size(args.size)
     gx, gy, gz, gd = (grid.size(c) for c in "xyzd")
     mem = memory_per_gpu(TransformerSpec("llama", layers, h, heads, args.seq, vocab, bias=False), gx, gy, gz, gd,
@@ -266,7 +270,8 @@ def job_b(args: argparse.Namespace) -> None:
     from axgrid.checkpoint import load_checkpoint
     me = Rank(args, args.reshard_grid)
     grid, rec = me.grid, me.rec
-    model = axgrid.from_pretrained(args.ckpt, grid)          # the skeleton on this grid (not measured)
+    dtype = getattr(torch, args.dtype)
+    model = axgrid.from_pretrained(args.ckpt, grid, torch_dtype=dtype)   # the skeleton here (not measured)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rec.update({k + "_b": v for k, v in own_sizes(model).items()})
     me.phase("reload", lambda: load_checkpoint(os.path.join(args.work, "ckpt"), model, opt, grid))
@@ -275,7 +280,7 @@ def job_b(args: argparse.Namespace) -> None:
     rec["reload_diff"] = float((me.logits(model) - ref).abs().max())
     del model, opt
     gc.collect()
-    back = axgrid.from_pretrained(os.path.join(args.work, "export"), grid)
+    back = axgrid.from_pretrained(os.path.join(args.work, "export"), grid, torch_dtype=dtype)
     rec["export_diff"] = float((me.logits(back) - ref).abs().max())
     recs_b = gather_records(grid, rec)
     if grid.rank == 0:
@@ -314,8 +319,8 @@ def report(recs: list[dict], args: argparse.Namespace) -> None:
     mib = 2**20
     world = len(recs)
     print(f"\n== {args.size} on {world} ranks: grid {args.grid}, reload on {args.reshard_grid}; "
-          f"steps {args.steps} x [{args.batch}, {args.seq}] bf16 autocast; RSS in MiB ==")
-    head = f"{'rank':>4} {'own':>7} {'base':>6} " + " ".join(f"{p + ' peak/bound':>20}" for p in PHASES)
+          f"{args.dtype} parameters, steps {args.steps} x [{args.batch}, {args.seq}] bf16 autocast; RSS in MiB ==")
+    head = f"{'rank':>4} {'own':>7} {'read':>7} {'base':>6} " + " ".join(f"{p + ' peak/bound':>20}" for p in PHASES)
     print(head)
     verdict = {p: True for p in PHASES}
     for r in recs:
@@ -325,7 +330,7 @@ def report(recs: list[dict], args: argparse.Namespace) -> None:
             ok = r[f"{p}_peak"] <= bd[p]
             verdict[p] &= ok
             cells.append(f"{r[f'{p}_peak'] / mib:7.0f}/{bd[p] / mib:<7.0f}{'PASS' if ok else 'FAIL':>5}")
-        print(f"{r['rank']:>4} {r['own'] / mib:7.1f} {r['baseline'] / mib:6.0f} " + " ".join(f"{c:>20}" for c in cells))
+        print(f"{r['rank']:>4} {r['own'] / mib:7.1f} {r['read'] / mib:7.1f} {r['baseline'] / mib:6.0f} " + " ".join(f"{c:>20}" for c in cells))
     r0 = recs[0]
     load = max(r["load_s"] for r in recs)
     print(f"load {load:.2f} s | disk read once {r0['disk_s']:.2f} s | load/disk {load / r0['disk_s']:.2f} "
@@ -361,6 +366,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--today", choices=("auto", "yes", "no"), default="auto")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds for each launched job")
     ap.add_argument("--collective-timeout", type=float, default=900.0)
     ap.add_argument("--json", default="", help="append every rank's figures to this file")
@@ -393,7 +399,7 @@ def main(argv=None) -> None:
                        "--", sys.executable, os.path.abspath(__file__), "--worker", "--job", job, "--size", name,
                        "--ckpt", ckpt, "--work", work, "--grid", grids[n][0], "--reshard-grid", grids[n][1],
                        "--steps", str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq), "--today",
-                       args.today, "--collective-timeout", str(args.collective_timeout)] + \
+                       args.today, "--dtype", args.dtype, "--collective-timeout", str(args.collective_timeout)] + \
                     (["--json", args.json] if args.json else [])
                 subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
