@@ -159,3 +159,9 @@ def with_band(rows: list[Row], band: Band, best_high: float, gpus: int) -> list[
         out.append(replace(r, time_low=lo, time_high=hi, within_error=lo <= best_high,
                            out_of_range=band.out_of_range(gpus, r.layout)))
     return out
+
+
+def banded(row: Row, machine: Machine, gpus: int) -> Row:
+    """One priced configuration on its own (``rank --grid`` / ``--tp``) with the machine's band."""
+    band = band_for(machine)
+    return with_band([row], band, row.time_s * band.hi, gpus)[0]

@@ -163,7 +163,9 @@ def cmd_rank(a: argparse.Namespace) -> int:
         dp = a.dp if a.dp is not None else prob.gpus // (tp * pp)
         if tp * pp * dp != prob.gpus:
             raise PerfModelError(f"TP·PP·DP = {tp}·{pp}·{dp} = {tp * pp * dp} is not --gpus {prob.gpus}")
-        row = price_named(prob, machine, tp, pp, dp, a.vpp or 1, a.sp, a.mbs, a.recompute_mode)
+        from .band import banded
+        row = banded(price_named(prob, machine, tp, pp, dp, a.vpp or 1, a.sp, a.mbs, a.recompute_mode), machine,
+                     prob.gpus)
         print(explain(prob, machine, row))
         return 0
     rk = rank(prob, machine)

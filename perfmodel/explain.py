@@ -33,6 +33,9 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
     else:
         lines.append(f"  predicted {row.time_s:.4g} s/batch, {row.tflops_per_gpu:.1f} TFLOP/s/GPU = "
                      f"{row.pct_peak:.1f}% of peak on {m.name}")
+        if row.time_high > 0:
+            lines.append(f"  model error band {row.time_low:.4g}–{row.time_high:.4g} s (perfmodel.band)"
+                         + (f"; outside the validated range: {row.out_of_range}" if row.out_of_range else ""))
     if row.layout != "4D":
         stage = -(-p.model.layers // row.pp)
         lines.append(f"  pipeline: {row.pp} stage(s) of <= {stage} blocks, {row.vpp} chunk(s) per stage, "

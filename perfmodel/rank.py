@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .band import Band, band_for, with_band
+from .band import Band, band_for, banded, with_band
 from .comm import DIMS
 from .errors import NoFeasibleConfig, PerfModelError
 from .machines import Machine
@@ -180,10 +180,10 @@ def verdict(rk: Ranking) -> str:
 
 
 def price_grid(prob: Problem, machine: Machine, grid: tuple[int, int, int, int]) -> Row:
-    """One named 4D grid, priced (feasible or not, with the reason); rank None."""
+    """One named 4D grid, priced (feasible or not, with the reason) with the machine's error band; rank None."""
     gx, gy, gz, gd = grid
     if gx * gy * gz * gd != prob.gpus:
         raise PerfModelError(f"grid {'x'.join(map(str, grid))} has {gx * gy * gz * gd} GPUs, not --gpus "
                              f"{prob.gpus}")
     ev = evaluate(prob, machine, Grids.of([grid]))
-    return _rows(ev, np.array([0]), ranked=False)[0]
+    return banded(_rows(ev, np.array([0]), ranked=False)[0], machine, prob.gpus)

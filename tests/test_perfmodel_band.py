@@ -157,3 +157,18 @@ def test_validate_writes_the_local_band(tmp_path):
     assert len(band_for(m).residuals) == 2
     rk2 = pm.rank(prob, m)
     assert rk2.band.own and all(r.time_low == pytest.approx(r.time_s * 0.8) for r in rk2.feasible)
+
+
+def test_cli_prints_bands_marks_and_the_verdict(capsys):
+    from axgrid.perfmodel.cli import main
+    args = ["rank", "--model", "gpt-5b", "--gpus", "32", "--machine", "perlmutter", "--batch", "64"]
+    assert main([*args, "--top", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "band: model error band on perlmutter: ×0.82–×1.00" in out and "≈" in out
+    assert "† outside the validated range: TPxPPxDP never validated on perlmutter" in out
+    assert "the model's error band" in out.replace("\n", " ")
+    assert main([*args, "--grid", "2x2x2x4"]) == 0
+    assert "model error band" in capsys.readouterr().out
+    assert main([*args, "--tp", "4", "--pp", "4", "--recompute-mode", "selective"]) == 0
+    out = capsys.readouterr().out
+    assert "TP4xPP4xDP2/selective" in out and "outside the validated range: TPxPPxDP never validated" in out
