@@ -5,8 +5,10 @@
     python experiments/bench_load.py --sizes 1024:8:16:8:2816:32000   # hidden:layers:heads:kv_heads:ffn:vocab
 
 The driver makes each LLaMA checkpoint once (random weights, ``LlamaForCausalLM.save_pretrained`` with
-``--shard`` as ``max_shard_size``; under ``--dir``) and runs the worker with ``axgrid launch -n N`` for each rank
-count. Each rank, in one process and in this order:
+``--shard`` as ``max_shard_size``; under ``--dir``), then for each rank count launches two jobs with
+``axgrid launch -n N`` (each process builds one grid: ``--grids`` names the first and the other one). Each rank:
+
+job A, on the first grid, in this order:
 
 1. **baseline**: RSS after importing torch, transformers' llama module and axgrid (with the modules the phases
    import on first use: ``torch._dynamo``, which AdamW's first step loads, the checkpoint and export modules),
@@ -15,12 +17,15 @@ count. Each rank, in one process and in this order:
 3. **load**: ``axgrid.from_pretrained(checkpoint, grid)``: time and peak RSS; the rank's own parameter bytes;
 4. **step**: ``--steps`` AdamW steps (``axgrid.train_step``) under bf16 autocast on ``[batch, seq]`` tokens;
 5. **save**: ``axgrid.checkpoint.save_checkpoint`` of model and optimizer;
-6. **reload**: on another grid (``--grids``): the model built by ``axgrid.from_pretrained`` there, then
-   ``load_checkpoint`` of model and optimizer (its peak only); the logits then equal those before the save;
-7. **export**: ``axgrid.export_pretrained`` (streamed; the optimizer is dropped first), then
-   ``axgrid.from_pretrained`` of the export gives the exported model's logits (max abs difference printed);
-8. **today**: transformers' ``from_pretrained`` + ``axgrid.parallelize`` on the first grid (time, peak RSS) --
-   skipped with a note when every rank's dense copy together would not fit in the available memory.
+6. **export**: ``axgrid.export_pretrained`` (streamed; the optimizer is dropped first);
+7. **today**: transformers' ``from_pretrained`` + ``axgrid.parallelize`` (time, peak RSS), the model freed
+   first -- skipped with a note when every rank's dense copy together would not fit in the available memory;
+
+job B, on the other grid: its own baseline, then
+
+8. **reload**: the model built there by ``axgrid.from_pretrained`` (not measured), then ``load_checkpoint`` of
+   job A's checkpoint, model and optimizer (its peak): the logits equal job A's after its steps;
+9. ``axgrid.from_pretrained`` of job A's export: the logits equal job A's (max abs differences printed).
 
 Peak RSS per phase: the kernel's own high-water mark, reset at the start of each phase by writing ``5`` to
 ``/proc/self/clear_refs`` and read from ``VmHWM`` in ``/proc/self/status`` at its end: exact (no sampling
@@ -55,7 +60,9 @@ SIZES = {   # hidden, layers, heads, kv_heads, ffn, vocab
     "160m": (1024, 8, 16, 8, 2816, 32000),
     "1b": (2048, 20, 32, 8, 5632, 32000),
 }
-DEFAULT_GRIDS = {4: ("2x2x1x1", "1x2x2x1"), 8: ("2x2x2x1", "4x2x1x1")}
+#: first grid, reload grid; 8 ranks start on 8x1x1x1: the embedding [V, h/Gx] is replicated over y and z, so all
+#: of x holds the least per rank (the 1B model's AdamW step needs ~20 GB on 8 ranks even so)
+DEFAULT_GRIDS = {4: ("2x2x1x1", "1x2x2x1"), 8: ("8x1x1x1", "2x2x2x1")}
 PHASES = ("load", "step", "save", "reload", "export")
 
 
@@ -140,121 +147,161 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
-def worker(args: argparse.Namespace) -> None:
-    import psutil
-    import torch
-    import transformers.models.llama.modeling_llama  # noqa: F401  (the model class's module: in the baseline)
-    import axgrid
-    from axgrid.checkpoint import load_checkpoint, save_checkpoint
-    from axgrid.io import agree
-    from axgrid.perfmodel.memory import memory_per_gpu
-    from axgrid.perfmodel.spec import Options, TransformerSpec
-    from axgrid.plans import gather_logits
-    from transformers.utils import logging
-    import torch._dynamo  # noqa: F401  (imported by the optimizer's first step: part of the baseline, not a phase)
-    import axgrid.export  # noqa: F401
-    logging.set_verbosity_error()
-    torch.set_num_threads(1)
-    grid_a, grid_b = args.grid, args.reshard_grid
-    grid = axgrid.init(grid_a, timeout_s=args.collective_timeout)
-    rank = grid.rank
-    proc = psutil.Process()
-    baseline = proc.memory_info().rss
-    rec: dict = {"rank": rank, "baseline": baseline}
-    ckpt, work = args.ckpt, os.path.join(args.work, f"{grid_a}")
-    size = parse_size(args.size)
-    h, layers, heads, kv, ffn, vocab = size
-    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+class Rank:
+    """One rank of a launched job: its grid, its record and the phase timer."""
 
-    def phase(name: str, fn):
-        agree(grid_now[0], [0])
+    def __init__(self, args: argparse.Namespace, spec: str) -> None:
+        import psutil
+        import torch
+        import transformers.models.llama.modeling_llama  # noqa: F401  (the model class's module: in the baseline)
+        import torch._dynamo  # noqa: F401  (loaded by the optimizer's first step: part of the baseline)
+        import axgrid
+        import axgrid.checkpoint  # noqa: F401
+        import axgrid.export  # noqa: F401
+        from transformers.utils import logging
+        logging.set_verbosity_error()
+        torch.set_num_threads(1)
+        self.grid = axgrid.init(spec, timeout_s=args.collective_timeout)
+        self.rec: dict = {"rank": self.grid.rank, "baseline": psutil.Process().memory_info().rss}
+        self.ids = torch.randint(0, parse_size(args.size)[5], (args.batch, args.seq),
+                                 generator=torch.Generator().manual_seed(1))
+
+    def phase(self, name: str, fn):
+        """Run ``fn`` between two barriers; record its wall time and the peak RSS during it."""
+        from axgrid.io import agree
+        agree(self.grid, [0])
         gc.collect()
         reset_peak()
         t0 = time.perf_counter()
         out = fn()
-        agree(grid_now[0], [0])
-        rec[f"{name}_s"] = time.perf_counter() - t0
-        rec[f"{name}_peak"] = peak_rss()
+        agree(self.grid, [0])
+        self.rec[f"{name}_s"] = time.perf_counter() - t0
+        self.rec[f"{name}_peak"] = peak_rss()
         return out
 
-    grid_now = [grid]
-    if rank == 0:
-        evict(ckpt)
-    phase("disk", lambda: read_once(ckpt) if rank == 0 else None)
-    if rank == 0:
-        evict(ckpt)
-    model = phase("load", lambda: axgrid.from_pretrained(ckpt, grid))
-    own = [t for t in model.state_dict().values()]
-    rec["own"] = tensor_bytes([p for p in model.parameters()])
-    rec["slice"] = max(t.numel() * t.element_size() for t in own)
-    rec["dense_max"] = max(math.prod(p.axgrid_tile.dense_shape) * p.element_size()
-                           if getattr(p, "axgrid_tile", None) else p.numel() * p.element_size()
-                           for p in model.state_dict(keep_vars=True).values())
-    spec = TransformerSpec("llama", layers, h, heads, args.seq, vocab, bias=False)
-    gx, gy, gz, gd = (grid.size(c) for c in "xyzd")
-    mem = memory_per_gpu(spec, gx, gy, gz, gd, args.batch * args.seq / gz, 4, True, Options())
-    rec["act"] = float(mem.activations + mem.buffers)
+    def logits(self, model):
+        import torch
+        from axgrid.plans import gather_logits
+        with torch.no_grad():
+            return gather_logits(model(input_ids=self.ids).logits, self.grid).float()
 
+
+def own_sizes(model) -> dict[str, int]:
+    """This rank's parameter bytes, its largest own tensor, and the largest dense tensor."""
+    sd = model.state_dict(keep_vars=True)
+    return {"own": tensor_bytes(list(model.parameters())),
+            "slice": max(t.numel() * t.element_size() for t in sd.values()),
+            "dense_max": max(math.prod(t.axgrid_tile.dense_shape) * t.element_size()
+                             if getattr(t, "axgrid_tile", None) is not None else t.numel() * t.element_size()
+                             for t in sd.values())}
+
+
+def optim_bytes(opt) -> int:
+    import torch
+    return tensor_bytes([v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim()])
+
+
+def job_a(args: argparse.Namespace) -> None:
+    """On the first grid: disk, load, step, save, export, today's path."""
+    import psutil
+    import torch
+    import axgrid
+    from axgrid.checkpoint import save_checkpoint
+    from axgrid.io import agree
+    from axgrid.perfmodel.memory import memory_per_gpu
+    from axgrid.perfmodel.spec import Options, TransformerSpec
+    me = Rank(args, args.grid)
+    grid, rec, ckpt = me.grid, me.rec, args.ckpt
+    if grid.rank == 0:
+        evict(ckpt)
+    me.phase("disk", lambda: read_once(ckpt) if grid.rank == 0 else None)
+    if grid.rank == 0:
+        evict(ckpt)
+    dtype = getattr(torch, args.dtype)
+    model = me.phase("load", lambda: axgrid.from_pretrained(ckpt, grid, torch_dtype=dtype))
+    rec.update(own_sizes(model))
+    rec["read"] = model.axgrid_load_report.bytes_read
+    h, layers, heads, _, _, vocab = parse_size(args.size)
+    gx, gy, gz, gd = (grid.size(c) for c in "xyzd")
+    mem = memory_per_gpu(TransformerSpec("llama", layers, h, heads, args.seq, vocab, bias=False), gx, gy, gz, gd,
+                         args.batch * args.seq / gz, 4, True, Options())
+    rec["act"] = float(mem.activations + mem.buffers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    def steps():
-        losses = []
-        for _ in range(args.steps):
-            def loss_of(_):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    return model(input_ids=ids, labels=ids).loss
-            losses.append(float(axgrid.train_step(model, opt, loss_of, grid).loss))
+    def steps() -> list[float]:
+        def loss_of(_):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(input_ids=me.ids, labels=me.ids).loss
+        losses = [float(axgrid.train_step(model, opt, loss_of, grid).loss) for _ in range(args.steps)]
         opt.zero_grad(set_to_none=True)
         return losses
 
-    rec["losses"] = phase("step", steps)
-    rec["optim"] = tensor_bytes([v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)])
-    with torch.no_grad():
-        ref = gather_logits(model(input_ids=ids).logits, grid).float()
-    root = os.path.join(work, "ckpt")
-    phase("save", lambda: save_checkpoint(root, model, opt, grid, step=args.steps, keep=1))
-    del model, opt, own
-    gc.collect()
-    grid.destroy()
-
-    grid = axgrid.init(grid_b, timeout_s=args.collective_timeout)
-    grid_now[0] = grid
-    model = axgrid.from_pretrained(ckpt, grid)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    rec["own_b"] = tensor_bytes([p for p in model.parameters()])
-    rec["slice_b"] = max(t.numel() * t.element_size() for t in model.state_dict().values())
-    phase("reload", lambda: load_checkpoint(root, model, opt, grid))
-    rec["optim_b"] = tensor_bytes([v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)])
-    with torch.no_grad():
-        got = gather_logits(model(input_ids=ids).logits, grid).float()
-    rec["reload_diff"] = float((got - ref).abs().max())
+    rec["losses"] = me.phase("step", steps)
+    rec["optim"] = optim_bytes(opt)
+    ref = me.logits(model)
+    me.phase("save", lambda: save_checkpoint(os.path.join(args.work, "ckpt"), model, opt, grid, step=args.steps,
+                                             keep=1))
     del opt
-    out = os.path.join(work, "export")
-    phase("export", lambda: axgrid.export_pretrained(model, out, grid))
+    me.phase("export", lambda: axgrid.export_pretrained(model, os.path.join(args.work, "export"), grid))
     del model
-    gc.collect()
-    back = axgrid.from_pretrained(out, grid)
-    with torch.no_grad():
-        again = gather_logits(back(input_ids=ids).logits, grid).float()
-    rec["export_diff"] = float((again - got).abs().max())
-    del back
-    gc.collect()
-    grid.destroy()
-
-    grid = axgrid.init(grid_a, timeout_s=args.collective_timeout)
-    grid_now[0] = grid
+    if grid.rank == 0:
+        torch.save(ref, os.path.join(args.work, "logits.pt"))
     dense_total = sum(os.path.getsize(f) for f in weight_files(ckpt)) * grid.world_size
-    fits = dense_total * 2 < psutil.virtual_memory().available
-    (fits_all,) = agree(grid, [int(fits)])
-    rec["today"] = args.today == "yes" or (args.today == "auto" and fits_all == grid.world_size)
+    (fits,) = agree(grid, [int(dense_total * 2 < psutil.virtual_memory().available)])
+    rec["today"] = args.today == "yes" or (args.today == "auto" and fits == grid.world_size)
+    rec["today_need"] = dense_total
     if rec["today"]:
         from transformers import LlamaForCausalLM
-        if rank == 0:
+        if grid.rank == 0:
             evict(ckpt)
-        phase("today", lambda: axgrid.parallelize(LlamaForCausalLM.from_pretrained(ckpt), grid))
-    rec["today_need"] = dense_total
-    report(grid, rec, args)
+        me.phase("today", lambda: axgrid.parallelize(LlamaForCausalLM.from_pretrained(ckpt), grid))
+    recs = gather_records(grid, rec)
+    if grid.rank == 0:
+        with open(os.path.join(args.work, "records-a.json"), "w") as f:
+            json.dump(recs, f)
     grid.destroy()
+
+
+def job_b(args: argparse.Namespace) -> None:
+    """On the other grid: the checkpoint of job A loaded (model and optimizer), then from_pretrained of its
+    export; both give job A's logits. Prints the table of both jobs."""
+    import torch
+    import axgrid
+    from axgrid.checkpoint import load_checkpoint
+    me = Rank(args, args.reshard_grid)
+    grid, rec = me.grid, me.rec
+    dtype = getattr(torch, args.dtype)
+    model = axgrid.from_pretrained(args.ckpt, grid, torch_dtype=dtype)   # the skeleton here (not measured)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rec.update({k + "_b": v for k, v in own_sizes(model).items()})
+    me.phase("reload", lambda: load_checkpoint(os.path.join(args.work, "ckpt"), model, opt, grid))
+    rec["optim_b"] = optim_bytes(opt)
+    ref = torch.load(os.path.join(args.work, "logits.pt"))
+    rec["reload_diff"] = float((me.logits(model) - ref).abs().max())
+    del model, opt
+    gc.collect()
+    back = axgrid.from_pretrained(os.path.join(args.work, "export"), grid, torch_dtype=dtype)
+    rec["export_diff"] = float((me.logits(back) - ref).abs().max())
+    recs_b = gather_records(grid, rec)
+    if grid.rank == 0:
+        with open(os.path.join(args.work, "records-a.json")) as f:
+            recs_a = json.load(f)
+        report([{**a, **{k: v for k, v in b.items() if k not in a or k.endswith("_b")}, "baseline_b": b["baseline"]}
+                for a, b in zip(recs_a, recs_b)], args)
+    grid.destroy()
+
+
+def gather_records(grid, rec: dict) -> list[dict]:
+    """Every rank's record on every rank, in rank order (JSON bytes all-gathered through the grid's communicator
+    over xyz, then d)."""
+    import torch
+    data = json.dumps(rec).encode()
+    big = int(grid.comm.all_gather(torch.tensor([len(data)]), "xyz").max())
+    big = int(grid.comm.all_gather(torch.tensor([big]), "d").max())
+    buf = torch.zeros(big, dtype=torch.uint8)
+    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    every = grid.comm.all_gather(grid.comm.all_gather(buf, "xyz"), "d").reshape(-1, big)
+    return sorted((json.loads(bytes(row.tolist()).rstrip(b"\0")) for row in every), key=lambda r: r["rank"])
 
 
 def bounds(r: dict, writer: bool) -> dict[str, float]:
@@ -263,27 +310,17 @@ def bounds(r: dict, writer: bool) -> dict[str, float]:
     return {"load": b + 1.5 * r["own"] + r["slice"],
             "step": b + 1.5 * (2 * r["own"] + r["optim"] + r["act"]) + r["slice"],
             "save": b + 1.5 * (r["own"] + r["optim"]) + r["slice"],
-            "reload": b + 1.5 * (r["own_b"] + r["optim_b"]) + r["slice_b"],
-            "export": b + 1.5 * r["own_b"] + (r["dense_max"] if writer else r["slice_b"])}
+            "reload": r["baseline_b"] + 1.5 * (r["own_b"] + r["optim_b"]) + r["slice_b"],
+            "export": b + 1.5 * r["own"] + (r["dense_max"] if writer else r["slice"])}
 
 
-def report(grid, rec: dict, args: argparse.Namespace) -> None:
-    """Rank 0 prints every rank's record (gathered through the grid's communicator as JSON bytes)."""
-    import torch
-    data = json.dumps(rec).encode()
-    length = torch.tensor([len(data)], dtype=torch.int64)
-    big = int(grid.comm.all_gather(length, "xyz").max())
-    big = int(grid.comm.all_gather(torch.tensor([big]), "d").max())
-    buf = torch.zeros(big, dtype=torch.uint8)
-    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    every = grid.comm.all_gather(grid.comm.all_gather(buf, "xyz"), "d").reshape(-1, big)
-    if grid.rank != 0:
-        return
-    recs = sorted((json.loads(bytes(row.tolist()).rstrip(b"\0")) for row in every), key=lambda r: r["rank"])
+def report(recs: list[dict], args: argparse.Namespace) -> None:
+    """The table: per rank its own bytes, baseline and each phase's peak RSS against the goal's bound."""
     mib = 2**20
-    print(f"\n== {args.size} on {grid.world_size} ranks: grid {args.grid}, reload on {args.reshard_grid}; "
-          f"steps {args.steps} x [{args.batch}, {args.seq}] bf16 autocast; RSS in MiB ==")
-    head = f"{'rank':>4} {'own':>7} {'base':>6} " + " ".join(f"{p + ' peak/bound':>20}" for p in PHASES)
+    world = len(recs)
+    print(f"\n== {args.size} on {world} ranks: grid {args.grid}, reload on {args.reshard_grid}; "
+          f"{args.dtype} parameters, steps {args.steps} x [{args.batch}, {args.seq}] bf16 autocast; RSS in MiB ==")
+    head = f"{'rank':>4} {'own':>7} {'read':>7} {'base':>6} " + " ".join(f"{p + ' peak/bound':>20}" for p in PHASES)
     print(head)
     verdict = {p: True for p in PHASES}
     for r in recs:
@@ -293,7 +330,7 @@ def report(grid, rec: dict, args: argparse.Namespace) -> None:
             ok = r[f"{p}_peak"] <= bd[p]
             verdict[p] &= ok
             cells.append(f"{r[f'{p}_peak'] / mib:7.0f}/{bd[p] / mib:<7.0f}{'PASS' if ok else 'FAIL':>5}")
-        print(f"{r['rank']:>4} {r['own'] / mib:7.1f} {r['baseline'] / mib:6.0f} " + " ".join(f"{c:>20}" for c in cells))
+        print(f"{r['rank']:>4} {r['own'] / mib:7.1f} {r['read'] / mib:7.1f} {r['baseline'] / mib:6.0f} " + " ".join(f"{c:>20}" for c in cells))
     r0 = recs[0]
     load = max(r["load_s"] for r in recs)
     print(f"load {load:.2f} s | disk read once {r0['disk_s']:.2f} s | load/disk {load / r0['disk_s']:.2f} "
@@ -305,14 +342,14 @@ def report(grid, rec: dict, args: argparse.Namespace) -> None:
               f"({'PASS' if load < today else 'FAIL'} < 1); its peak RSS max {peak / mib:.0f} MiB = baseline + "
               f"{(peak - r0['baseline']) / r0['own']:.1f} x own parameters")
     else:
-        print(f"today's path not run: {grid.world_size} dense copies need {r0['today_need'] / 2**30:.1f} GiB")
+        print(f"today's path not run: {world} dense copies need {r0['today_need'] / 2**30:.1f} GiB")
     print(f"step losses {', '.join(f'{x:.4f}' for x in r0['losses'])} | reload logits max diff "
           f"{max(r['reload_diff'] for r in recs):.2e} | from_pretrained(export) logits max diff "
           f"{max(r['export_diff'] for r in recs):.2e}")
     print("phases:", " ".join(f"{p} {'PASS' if verdict[p] else 'FAIL'}" for p in PHASES), flush=True)
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps({"size": args.size, "ranks": grid.world_size, "grid": args.grid,
+            f.write(json.dumps({"size": args.size, "ranks": world, "grid": args.grid,
                                 "reshard_grid": args.reshard_grid, "records": recs}) + "\n")
 
 
@@ -329,10 +366,12 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--today", choices=("auto", "yes", "no"), default="auto")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds for each launched job")
     ap.add_argument("--collective-timeout", type=float, default=900.0)
     ap.add_argument("--json", default="", help="append every rank's figures to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--job", choices=("a", "b"), default="a", help=argparse.SUPPRESS)
     ap.add_argument("--size", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", default="", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
@@ -340,7 +379,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reshard-grid", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        return worker(args)
+        return job_a(args) if args.job == "a" else job_b(args)
     grids = dict(DEFAULT_GRIDS)
     for item in filter(None, args.grids.split(",")):
         n, pair = item.split("=")
@@ -354,12 +393,15 @@ def main(argv=None) -> None:
             if n not in grids:
                 raise SystemExit(f"--ranks {n}: no grid for {n} ranks; give one with --grids {n}=AxBxCxD:ExFxGxH")
             work = os.path.join(args.dir, f"work-{name.replace(':', '-')}-{n}")
-            cmd = [sys.executable, "-m", "axgrid.cli", "launch", "-n", str(n), "--timeout", str(args.timeout), "--",
-                   sys.executable, os.path.abspath(__file__), "--worker", "--size", name, "--ckpt", ckpt,
-                   "--work", work, "--grid", grids[n][0], "--reshard-grid", grids[n][1], "--steps",
-                   str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq), "--today", args.today,
-                   "--collective-timeout", str(args.collective_timeout)] + (["--json", args.json] if args.json else [])
-            subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            os.makedirs(work, exist_ok=True)
+            for job in ("a", "b"):        # two jobs: a process builds one grid (no second init in a process)
+                cmd = [sys.executable, "-m", "axgrid.cli", "launch", "-n", str(n), "--timeout", str(args.timeout),
+                       "--", sys.executable, os.path.abspath(__file__), "--worker", "--job", job, "--size", name,
+                       "--ckpt", ckpt, "--work", work, "--grid", grids[n][0], "--reshard-grid", grids[n][1],
+                       "--steps", str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq), "--today",
+                       args.today, "--dtype", args.dtype, "--collective-timeout", str(args.collective_timeout)] + \
+                    (["--json", args.json] if args.json else [])
+                subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 if __name__ == "__main__":

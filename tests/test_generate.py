@@ -73,8 +73,13 @@ def rank_greedy(spec: str, kinds: tuple[str, ...]) -> dict[str, tuple[torch.Tens
         out = {}
         for kind in kinds:
             model = build(kind, grid)
+            grid.ledger.reset()
             out[kind] = (axgrid.generate(model, prompts(), grid, NEW),
                          axgrid.generate(model, prompts(), grid, NEW, use_cache=False))
+            if kind == "gpt":       # the only gathers over y are the argmax's [b, 2] (value, index) per step
+                gy, b = grid.size("y"), B // grid.size("zd")
+                gathered = grid.ledger.entries.get(("y", "all_gather"))
+                assert (gathered.bytes if gathered else 0) == (2 * NEW * gy * b * 2 * 8 if gy > 1 else 0)
         return out
     finally:
         grid.destroy()
@@ -124,8 +129,15 @@ def test_sampling_same_on_every_rank_reproducible_and_within_top_k(ranks, greedy
 def rank_eos(spec: str, kinds: tuple[str, ...], eos: dict[str, int], pad: int) -> dict[str, torch.Tensor]:
     grid = axgrid.init(spec, timeout_s=60)
     try:
-        return {k: axgrid.generate(build(k, grid), prompts(), grid, NEW, eos_token_id=eos[k], pad_token_id=pad)
-                for k in kinds}
+        out = {k: axgrid.generate(build(k, grid), prompts(), grid, NEW, eos_token_id=eos[k], pad_token_id=pad)
+               for k in kinds}
+        model, calls = GPT(CFG, grid), []
+        for kw in (dict(max_new_tokens=1), dict(max_new_tokens=NEW, eos_token_id=range(CFG.vocab))):
+            grid.ledger.reset()                      # every id an EOS: all stop after one token, no second step
+            out["every id"] = axgrid.generate(model, prompts(), grid, pad_token_id=pad, **kw)
+            calls.append({k: e.calls for k, e in grid.ledger.entries.items()})
+        out["same collectives as one step"] = calls[0] == calls[1]
+        return out
     finally:
         grid.destroy()
 
@@ -146,6 +158,9 @@ def test_eos_stops_a_sequence_and_pads_after_it(ranks, greedy_refs):
             assert (got[kind][0, S + 2:] == pad).all()
             if kind != "gpt":
                 assert torch.equal(got[kind], dense_greedy(kind, prompts(), NEW, eos=eos[kind], pad=pad))
+        assert torch.equal(got["every id"][:, :S + 1], greedy_refs["gpt"][:, :S + 1])
+        assert (got["every id"][:, S + 1:] == pad).all()
+        assert got["same collectives as one step"]
 
 
 def rank_bad_input(spec: str) -> list[str]:
@@ -165,6 +180,11 @@ def rank_bad_input(spec: str) -> list[str]:
             except ValueError as e:
                 messages.append(str(e))
         assert grid.ledger.snapshot() == before, "a collective was posted before the error"
+        try:                                          # a rank given other prompts: every rank raises
+            axgrid.generate(model, prompts(seed=grid.rank % 2), grid, 1)
+            messages.append("no error")
+        except ValueError as e:
+            messages.append(str(e))
         assert axgrid.generate(model, ids, grid, 1).shape == (B, S + 1)     # nothing left half-posted
         return messages
     finally:
@@ -175,7 +195,8 @@ def test_bad_input_raises_a_clear_error_before_any_collective(ranks):
     want = ["max_new_tokens=-1 must be an integer >= 0", "batch of 3 prompts is not divisible by Gd*Gz=2*2",
             "must be integer token ids", "outside the vocabulary [0, 128)", "temperature=-1.0 must be",
             "top_k=0 must be an integer >= 1", "eos_token_id=128 must be a token id", "exceeds GPTConfig.seq=32",
-            "Linear has no axgrid plan", "built on another grid (or serial"]
+            "Linear has no axgrid plan", "built on another grid (or serial", "were given different input_ids"]
     for messages in ranks(4, rank_bad_input, "1x1x2x2"):
+        assert len(messages) == len(want)
         for expected, got in zip(want, messages):
             assert expected in got, (expected, got)

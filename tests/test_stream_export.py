@@ -1,7 +1,8 @@
 """Streaming export (issue 17 item 2): iter_dense_state_dict yields every tensor once, dense, on the writing rank
 only, holding one assembled tensor at a time, with the parts moved point to point (the ledger proves the other
 ranks receive nothing); export_pretrained writes save_pretrained's file layout for max_shard_size, the files are
-safetensors, and Hugging Face's from_pretrained of the export gives the parallel model's logits."""
+safetensors, and both Hugging Face's from_pretrained and axgrid.from_pretrained of the export give the parallel
+model's logits."""
 from __future__ import annotations
 
 import json
@@ -70,6 +71,10 @@ def rank_stream(tmp: str) -> dict:
                  "keys": list(model.state_dict())}
             where = os.path.join(tmp, spec)
             assert axgrid.export_pretrained(model, where, grid, rank=writer, max_shard_size=shard) == where
+            back = axgrid.from_pretrained(where, grid)            # axgrid's own reader, on this grid
+            with torch.no_grad():
+                o["axgrid_logits"] = float((gather_logits(back(input_ids=ids).logits, grid) - logits).abs().max())
+            del back
             if grid.rank == writer:
                 files = _dense_files(where)
                 o["files"] = {f: {k: v.numel() * v.element_size() for k, v in ts.items()} for f, ts in files.items()}
@@ -136,6 +141,7 @@ def test_stream_iterator_ledger_and_hf_round_trip(ranks, tmp_path):
         else:
             assert list(w["files"]) == ["model.safetensors"] and w["index"] is None, spec
         assert w["hf_logits"] < 1e-5, spec
+        assert all(outs[r][spec]["axgrid_logits"] < 1e-5 for r in range(4)), spec
     for r in range(4):
         msg = outs[r][GRIDS[0][0]]["blocked"]
         assert ("is a file; pass a directory" in msg) if r == GRIDS[0][1] else ("could not write" in msg), (r, msg)

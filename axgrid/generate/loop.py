@@ -45,6 +45,23 @@ def _check(input_ids, grid: Grid, temperature, top_k, eos, pad, vocab: int) -> l
     return eos_ids
 
 
+def _same_prompts_everywhere(input_ids: torch.Tensor, grid: Grid) -> None:
+    """Raise on every rank alike when the ranks were not all given the same prompts (a user error that would
+    otherwise decode each block's own rows of different batches): a fingerprint all-gathered over the block and
+    over d, then the verdict summed over both, so that every rank learns it (four collectives of a few numbers)."""
+    ids = input_ids.reshape(-1).to(torch.long)
+    weights = torch.arange(1, ids.numel() + 1, dtype=torch.long, device=ids.device)
+    mine = torch.stack([ids.sum(), (ids * weights).sum(), (ids * ids).sum()]).to(grid.device)   # [3]
+    bad = torch.zeros(1, dtype=torch.long, device=grid.device)
+    for dim in ("xyz", "d"):
+        bad += int(bool((grid.comm.all_gather(mine, dim) != mine).any()))
+    for dim in ("xyz", "d"):
+        bad = grid.comm.all_reduce(bad, dim)
+    if int(bad):
+        raise ValueError("axgrid.generate: the ranks were given different input_ids; every rank passes the same "
+                         "[B, S] prompts (the whole batch) and generate splits the work")
+
+
 @torch.no_grad()
 def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_tokens: int, *,
              temperature: float = 0.0, top_k: Optional[int] = None,
@@ -68,11 +85,13 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
     (default: the first EOS id); decoding stops when every sequence of a data-parallel rank has stopped.
     ``use_cache=False`` runs the whole sequence each step (the reference for the cached path).
     Per step: the model's own collectives on ``[B_d/Gz, 1]`` tokens, one all-gather over z of the new tokens.
+    Before the first step, a fingerprint of ``input_ids`` is compared across all ranks (raises when they differ).
     """
     _int("max_new_tokens", max_new_tokens, 0)
     length = (input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0) + max_new_tokens - 1
     vocab = vocab_size(model, grid, length)                  # the tokens the model sees: all but the last new one
     eos_ids = _check(input_ids, grid, temperature, top_k, eos_token_id, pad_token_id, vocab)
+    _same_prompts_everywhere(input_ids, grid)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     device = grid.device
     batch, s = input_ids.shape
