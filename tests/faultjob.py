@@ -126,6 +126,19 @@ def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, sen
                rescued)
 
 
+def srun_case(cluster, launcher: str, case: str, rescue_after_s: float) -> tuple[str, dict]:
+    """fault_rank.py's mode and run_job's keywords for ``case`` under ``srun``/``srun-kill`` on ``cluster`` (a
+    tests/slurm_cluster.SlurmCluster): ``scancel`` cancels the job once both ranks are up; a job still running
+    ``rescue_after_s`` after its fault (a hung rank srun waits for, without --kill-on-bad-exit) is cancelled."""
+    def cancel(proc: subprocess.Popen, tag: str) -> None:
+        cluster.command(["scancel", f"--name={tag}"])
+
+    kw: dict = dict(env=cluster.env, rescue_after_s=rescue_after_s, rescue=cancel)
+    if case == "scancel":
+        kw["send"] = cancel
+    return ("run" if case == "scancel" else case), kw
+
+
 def _fault_time(lines: list[str]) -> Optional[float]:
     """The unix time on the first ``FAIL <time>`` line, or None."""
     fails = [s.split("FAIL ")[1] for s in list(lines) if "FAIL " in s]

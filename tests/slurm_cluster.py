@@ -11,8 +11,8 @@ tracked through /proc (``proctrack/linuxproc``, ``task/none``: no cgroups). Its 
 so the first host of ``SLURM_JOB_NODELIST`` resolves as it does on a real cluster (``axgrid.launch`` meets there).
 Accounting: there is no database daemon (``accounting_storage/none``); finished jobs are recorded by
 ``jobcomp/filetxt``, which ``sacct --completion`` reads (:meth:`SlurmCluster.completion`: state and exit code).
-``FirstJobId`` is random so that two clusters on one machine do not derive the same rendezvous ports from their
-job ids. Every daemon carries ``AXGRID_LAUNCH_JOB=<cluster id>`` in its environment (slurmstepd inherits it from
+``FirstJobId`` is random (two clusters on one machine derive different rendezvous ports from their job ids), and
+chosen so that those ports, 20000 + job id % 20000, are below the kernel's ephemeral ports. Every daemon carries ``AXGRID_LAUNCH_JOB=<cluster id>`` in its environment (slurmstepd inherits it from
 slurmd), so :mod:`axgrid.proctree` finds what is left of the cluster however it was forked.
 
 Written by hand rather than taken from a package: what exists (docker images, the Slurm test suite's
@@ -109,7 +109,9 @@ class SlurmCluster:
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.log_dir = self.root / "log"
         self.pids: dict[str, int] = {}
-        self.first_job_id = random.randrange(1000, 2_000_000)
+        # axgrid.launch meets on port 20000 + job id % 20000 under srun: start where those ports are below the
+        # kernel's ephemeral range (32768-), which other programs' outgoing connections take
+        self.first_job_id = 20000 * random.randrange(1, 100) + random.randrange(1000, 11000)
         base = _free_ports(2 + 64)
         self.ctld_port, self.slurmd_port, self.srun_ports = base, base + 1, (base + 2, base + 65)
         self.env = self._client_env()

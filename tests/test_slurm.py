@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from faultjob import run_job
+from faultjob import run_job, srun_case
 from slurm_cluster import ROOT
 
 pytestmark = pytest.mark.slurm
@@ -90,8 +90,9 @@ def test_srun_train_gpt_on_4_ranks(launches, slurm):
 
 # ---- the reliability table under srun -----------------------------------------------------------------------------
 HANG_TIMEOUT_S = 5.0
-STILL_HUNG_S = 10.0        # without --kill-on-bad-exit a hung rank keeps the step: scancel it this long after
+STILL_HUNG_S = 15.0        # without --kill-on-bad-exit a hung rank keeps the step: scancel it this long after
 TEARDOWN_BOUND_S = 15.0    # as tests/test_faults.py (goal: 5 s)
+CLEANUP_S = 15.0           # after the job's end: its slurmstepd gone, the job out of the queue
 # (launcher, case) -> srun's exit code, the job's state and exit code as Slurm recorded them, the task line
 EXPECTED = {
     ("srun-kill", "raise"): (143, "FAILED", "0:15", "task 1: Exited with exit code 1"),
@@ -108,16 +109,14 @@ EXPECTED = {
 def fault_job(slurm, launcher: str, case: str, tmp: Path):
     """One case of the table on the cluster: (Job, its completion record, slurmstepd pids still alive)."""
     tag = f"axgrid-fault-{launcher}-{case}-{tmp.name}"
-
-    def cancel(proc, tag):
-        slurm.command(["scancel", f"--name={tag}"])
-
-    kw = {"send": cancel} if case == "scancel" else {}
-    if launcher == "srun" and case == "hang":
-        kw = dict(rescue_after_s=STILL_HUNG_S, rescue=cancel)
-    job = run_job(launcher, "run" if case == "scancel" else case, tmp, env=slurm.env, tag=tag,
-                  timeout_s=HANG_TIMEOUT_S if case == "hang" else 60.0, **kw)
+    still_hung = (launcher, case) == ("srun", "hang")
+    mode, kw = srun_case(slurm, launcher, case, rescue_after_s=STILL_HUNG_S if still_hung else RUN_LIMIT_S)
+    job = run_job(launcher, mode, tmp, tag=tag, timeout_s=HANG_TIMEOUT_S if case == "hang" else 60.0, **kw)
     rec = slurm.wait_done_named(tag, timeout_s=30.0)
+    # Slurm finishes the job's records first, then slurmstepd leaves and the job leaves COMPLETING
+    deadline = time.monotonic() + CLEANUP_S
+    while time.monotonic() < deadline and (slurm.steps_alive(rec.job_id) or any(tag in q for q in slurm.queue())):
+        time.sleep(0.2)
     return job, rec, slurm.steps_alive(rec.job_id), [q for q in slurm.queue() if tag in q]
 
 
@@ -152,30 +151,36 @@ def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
 
 
 # ---- local.sbatch: signal before the time limit, save, chain, resume on another grid -------------------------------
-CHAIN_STEPS = 300          # more than link 1 trains before its signal (it saves after every step)
+CHAIN_STEPS = 600          # more than link 1 trains before its signal (<= 30 s; it saves after every step)
+WARN_S = 600               # link 1's --signal=USR1@WARN_S; its time limit is cut once it trains (see below)
 
 
 def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm, tmp_path):
-    """Link 1 (grid 1x2x1x1, `-t 1 --signal=USR1@N`, CHAIN=1) is signalled by Slurm a few seconds into training,
+    """Link 1 (grid 1x2x1x1, CHAIN=1, `--signal=USR1@600`) gets SIGUSR1 from Slurm a few seconds into training,
     saves and exits 0; its follow-up resumes from latest on grid 2x1x1x1 and finishes; an uninterrupted run of
-    the same script gives the same losses."""
+    the same script gives the same losses.
+
+    Slurm sends the warning at its time-limit checks (every 30 s), and a signal that comes before train_gpt.py
+    has installed its handler would kill the ranks: so link 1 is started shortly before a check (--begin), and
+    only once it trains is its time limit cut (scontrol update) to within WARN_S of now, which makes the warning
+    due at once -- it is sent at the next check."""
     script = str(SLURM_DIR / "local.sbatch")
     base = dict(slurm.env, REPO=str(ROOT), MODEL="gpt-tiny", BATCH="4", STEPS=str(CHAIN_STEPS), EXTRA_ARGS=TINY,
                 GRID="1x2x1x1")
-    ref_env = dict(base, RUN_DIR=str(tmp_path / "ref"), SAVE_EVERY="0", CHAIN="0")
-    submitted = time.time()
-    ref = slurm.sbatch(script, env=ref_env, cwd=tmp_path)
-    # the reference's start-up (submission to first step) tells how long link 1 needs before it trains
-    _wait_for(lambda: records(tmp_path / "ref" / f"train-{ref}.jsonl"), RUN_LIMIT_S, "the reference's step")
-    startup = time.time() - submitted
-    # Slurm sends --signal warnings at its time-limit checks (every 30 s): start link 1 `lead` seconds before one
-    lead = min(50.0, 1.5 * startup + 3.0)
+    ref = slurm.sbatch(script, env=dict(base, RUN_DIR=str(tmp_path / "ref"), SAVE_EVERY="0", CHAIN="0"),
+                       cwd=tmp_path)
+    lead = 10.0                              # start-up of 2 ranks on a quiet 2-core machine: about 5 s
     check = slurm.next_timelimit_check(after=time.time() + lead + 2.0)
-    warn = int(75 - lead)                    # the warning is due mid-way between the check before and this one
-    chain_env = dict(base, RUN_DIR=str(tmp_path / "chain"), SAVE_EVERY="1", CHAIN="1", NEXT_GRID="2x1x1x1")
     begin = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(check - lead))
-    link1 = slurm.sbatch("-t", "1", f"--signal=USR1@{warn}", f"--begin={begin}", script, env=chain_env, cwd=tmp_path)
-    rec1 = slurm.wait_done(link1, timeout_s=lead + 90.0)
+    chain_env = dict(base, RUN_DIR=str(tmp_path / "chain"), SAVE_EVERY="1", CHAIN="1", NEXT_GRID="2x1x1x1")
+    link1 = slurm.sbatch("-t", "15", f"--signal=USR1@{WARN_S}", f"--begin={begin}", script, env=chain_env,
+                         cwd=tmp_path)
+    _wait_for(lambda: records(tmp_path / "chain" / f"train-{link1}.jsonl"), RUN_LIMIT_S, "step of link 1")
+    started = slurm.command(["squeue", "-h", "-j", str(link1), "-o", "%S"]).stdout.strip()
+    elapsed = time.time() - time.mktime(time.strptime(started, "%Y-%m-%dT%H:%M:%S"))
+    minutes = int((elapsed + WARN_S) // 60)  # the limit minus WARN_S is now or just past: the warning is due
+    slurm.command(["scontrol", "update", f"JobId={link1}", f"TimeLimit={minutes}"])
+    rec1 = slurm.wait_done(link1, timeout_s=RUN_LIMIT_S)
     out1 = (tmp_path / f"axgrid-local-{link1}.out").read_text()
     link2 = int(re.search(r"Submitted batch job (\d+)", out1).group(1))
     rec2 = slurm.wait_done(link2, timeout_s=RUN_LIMIT_S)
