@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slurm
 SLURM_DIR = ROOT / "experiments" / "slurm"
 SITES = ("perlmutter", "frontier", "alps")
 TINY = "--layers 1 --hidden 32 --heads 2 --seq 16"     # train_gpt.py model overrides: a few ms per step
-RUN_LIMIT_S = 240.0        # any one job here (start-up of 4 torch processes on a loaded 2-core machine is slow)
+RUN_LIMIT_S = 480.0        # any one job here (start-up of 4 torch processes on a loaded 2-core machine is slow)
 
 
 def srun(slurm, args: list[str], timeout_s: float = RUN_LIMIT_S) -> subprocess.CompletedProcess:
