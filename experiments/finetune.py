@@ -23,7 +23,7 @@ cosine decay to ``--min-lr``, global gradient-norm clipping ``--clip``. Goldfish
 mean over the kept targets of the whole step (:func:`axgrid.goldfish.step_mask`), as in train_gpt.
 
 FLOPs per step (``B·S`` tokens, ``P`` parameters in the decoder's and head's matrices, ``L`` layers, attention
-width ``a = heads·head_dim``): ``(6 + 2·r)·P·B·S + (6 + 2·r)·2·L·S·a·B·S`` with ``r = 1`` under ``--recompute``
+width ``a = heads·head_dim``): ``(6 + 2·r)·P·B·S + (6 + 2·r)·2·L·S·a·B·S``, ``r = 1`` under ``--recompute``
 (the recomputed forward); TFLOP/s per device = FLOPs per step / step time / ranks / 1e12.
 
 Logs: :mod:`axgrid.metrics` rows (``--log`` JSON lines, ``--tensorboard``; rank 0): a ``config`` row (tokenizer,
@@ -188,20 +188,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
     p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
-    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
-    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
-    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-    p.add_argument("--recompute", action="store_true", help="activation checkpointing of the decoder layers")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="autocast; default bf16 on GPU, fp32 on CPU")
-    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
-    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
-    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
+    add_step_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the data order")
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
                    help="seconds before a stuck collective fails")
@@ -216,10 +204,39 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def step_settings(args: argparse.Namespace, bf16: bool) -> StepSettings:
-    return StepSettings(steps=args.steps, batch=args.batch, microbatches=args.microbatches, lr=args.lr,
-                        min_lr=args.min_lr, warmup=args.warmup, clip=args.clip, goldfish_k=args.goldfish_k,
-                        goldfish_h=args.goldfish_h, goldfish_mode=args.goldfish_mode, bf16=bf16)
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of :class:`StepSettings` (and the optimizer), shared with experiments/memorization.py, which
+    changes some defaults with ``set_defaults``."""
+    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
+    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--recompute", action="store_true", help="activation checkpointing of the decoder layers")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="autocast; default bf16 on GPU, fp32 on CPU")
+    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
+    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
+    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
+
+
+def step_settings(args: argparse.Namespace, steps: int, dtype: str, goldfish: bool = True) -> StepSettings:
+    """The :class:`StepSettings` of the options of :func:`add_step_arguments` (Goldfish off unless ``goldfish``)."""
+    return StepSettings(steps=steps, batch=args.batch, microbatches=args.microbatches, lr=args.lr,
+                        min_lr=args.min_lr, warmup=args.warmup, clip=args.clip,
+                        goldfish_k=args.goldfish_k if goldfish else 0, goldfish_h=args.goldfish_h,
+                        goldfish_mode=args.goldfish_mode, bf16=dtype == "bf16")
+
+
+def compute_dtype(requested: Optional[str]) -> str:
+    """``--dtype`` or its default (bf16 on a GPU, fp32 on a CPU); on a CPU also sets torch's threads to
+    ``OMP_NUM_THREADS`` (default 1 per rank)."""
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return requested or ("bf16" if on_gpu else "fp32")
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -269,10 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Fine-tune; returns the summary (losses, mean step time, tokens/s, TFLOP/s) on every rank."""
     args = parse_args(argv)
     check_args(args)
-    on_gpu = torch.cuda.is_available()
-    dtype = args.dtype or ("bf16" if on_gpu else "fp32")
-    if not on_gpu:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dtype = compute_dtype(args.dtype)
     config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing)
     grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
     try:
@@ -282,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 
 def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str, Any]:
-    settings = step_settings(args, dtype == "bf16")
+    settings = step_settings(args, args.steps, dtype)
     settings.check(grid)
     rank0 = grid.rank == 0
     tokenizer = load_tokenizer(args.checkpoint)
@@ -325,7 +339,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     if args.export and finished:
         axgrid.export_pretrained(model, args.export, grid, tokenizer=tokenizer)
     losses = [r["loss"] for r in metrics.rows]
-    summary = metrics.close(start_step=start, losses=losses, exported=args.export if (args.export and finished) else None)
+    exported = args.export if (args.export and finished) else None
+    summary = metrics.close(start_step=start, losses=losses, exported=exported)
     if rank0 and losses:
         print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps; {summary['step_s']:.3f} "
               f"s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} TFLOP/s per device"

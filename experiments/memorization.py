@@ -23,9 +23,11 @@ prompt ``axgrid.generate`` (greedy) for C tokens; exact-match rate (all C right)
 the true continuation; and the mean loss per token on ``--heldout`` windows of the held-out text (standard
 cross entropy, no Goldfish mask). Written under ``--out DIR``: ``memorization.json`` (``{"standard":
 {"exact_match", "token_accuracy", "rouge_l", "heldout_loss"}, "goldfish": {...}, "settings": {...}}``; one key
-per run of ``--losses``), each run's per-step rows (``<loss>.jsonl``, :mod:`axgrid.metrics`), the printed table (``memorization.txt``), ``curves.json`` (the scores at every evaluation), ``memorization.png`` (exact match and
-ROUGE-L against epochs for both losses, and held-out loss), and each run's final model (``DIR/<loss>/``: an
-axgrid checkpoint for the GPT, a Hugging Face folder for ``--checkpoint``), which ``--eval-only`` measures.
+per run of ``--losses``), the printed table (``memorization.txt``), each run's per-step rows
+(``<loss>.jsonl``, :mod:`axgrid.metrics`), ``curves.json`` (the scores at every evaluation),
+``memorization.png`` (exact match and ROUGE-L against epochs for both losses, and held-out loss), and each run's
+final model (``DIR/<loss>/``: an axgrid checkpoint for the GPT, a Hugging Face folder for ``--checkpoint``),
+which ``--eval-only`` measures.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ from axgrid.eval import score_continuations  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
 from axgrid.train import decay_groups  # noqa: E402
 from axgrid.metrics import Metrics  # noqa: E402
-from finetune import StepSettings, causal_lm_loss, encode, llama_flops, load_model, load_tokenizer, run_step  # noqa: E402
+from finetune import (add_step_arguments, causal_lm_loss, compute_dtype, encode, llama_flops, load_model,  # noqa: E402
+                      load_tokenizer, run_step, step_settings)
 from train_gpt import DEFAULT_TEXT, TokenWindows  # noqa: E402
 
 LOSSES = ("standard", "goldfish")
@@ -185,14 +188,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--continuation", type=int, default=32, help="C tokens decoded and scored")
     p.add_argument("--epochs", type=int, default=120, help="E passes over the passages")
     p.add_argument("--eval-every", type=int, default=20, help="evaluate every K epochs (and at the end)")
-    p.add_argument("--batch", type=int, default=24, help="global sequences per optimizer step")
-    p.add_argument("--other", type=int, default=8, help="of which windows of the other text")
+    p.add_argument("--other", type=int, default=8, help="of the --batch sequences per step, windows of the other text")
     p.add_argument("--heldout", type=int, default=64, help="held-out windows scored")
     p.add_argument("--heldout-frac", type=float, default=0.1, help="last fraction of the text: held out")
     p.add_argument("--losses", default="standard,goldfish", help="runs, of: standard, goldfish")
-    p.add_argument("--goldfish-k", type=int, default=4)
-    p.add_argument("--goldfish-h", type=int, default=13)
-    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
     p.add_argument("--model", default="gpt-mini", help="axgrid GPT size (axgrid.spec NAMED_SIZES)")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--hidden", type=int, default=None)
@@ -200,16 +199,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="fine-tune this Hugging Face folder instead of a fresh GPT")
     p.add_argument("--eval-only", default=None, metavar="CHECKPOINT", help="only measure this model")
     p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default 1x1x1xWORLD)")
-    p.add_argument("--microbatches", type=int, default=1)
-    p.add_argument("--lr", type=float, default=4e-3)
-    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--clip", type=float, default=1.0)
-    p.add_argument("--recompute", action="store_true")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="default bf16 on GPU, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s)
+    add_step_arguments(p)          # the step's options, as experiments/finetune.py has them; the study's defaults:
+    p.set_defaults(batch=24, lr=4e-3, warmup=10, goldfish_k=4)
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10
@@ -248,10 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Run the study (or ``--eval-only``); returns what memorization.json holds, on every rank."""
     args = parse_args(argv)
     check_args(args)
-    on_gpu = torch.cuda.is_available()
-    dtype = args.dtype or ("bf16" if on_gpu else "fp32")
-    if not on_gpu:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dtype = compute_dtype(args.dtype)
     grid = axgrid.init(args.grid or "1x1x1", config=axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed))
     try:
         return _study(args, grid, dtype)
@@ -289,18 +279,14 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
     text = _text(args, tokenizer)
     heldout = text.heldout_windows(args.heldout)
     steps = args.epochs * text.steps_per_epoch
-    base = StepSettings(steps=steps, batch=args.batch, microbatches=args.microbatches, lr=args.lr,
-                        min_lr=args.min_lr, warmup=args.warmup, clip=args.clip, bf16=dtype == "bf16")
-    base.check(grid)
+    step_settings(args, steps, dtype).check(grid)
     result: dict[str, Any] = {}
     curves: dict[str, list[dict[str, float]]] = {}
     for loss in args.loss_list:
         t0 = time.perf_counter()
-        settings = base if loss == "standard" else StepSettings(
-            **{**base.__dict__, "goldfish_k": args.goldfish_k, "goldfish_h": args.goldfish_h,
-               "goldfish_mode": args.goldfish_mode})
+        settings = step_settings(args, steps, dtype, goldfish=loss == "goldfish")
         model = build_model(args, grid, length - 1)
-        opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+        opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
         flops = (model.flops_per_iteration(args.batch) if isinstance(model, GPT)
                  else llama_flops(model.config, args.batch, length - 1, args.recompute))
         os.makedirs(args.out, exist_ok=True)
@@ -337,8 +323,8 @@ def _settings(args: argparse.Namespace, grid: axgrid.Grid, dtype: str, text: Stu
               steps: Optional[int] = None) -> dict[str, Any]:
     keep = ("text_file", "passages", "prompt", "continuation", "epochs", "eval_every", "batch", "other", "heldout",
             "heldout_frac", "losses", "goldfish_k", "goldfish_h", "goldfish_mode", "model", "layers", "hidden",
-            "heads", "checkpoint", "eval_only", "microbatches", "lr", "min_lr", "warmup", "weight_decay", "clip",
-            "recompute", "seed")
+            "heads", "checkpoint", "eval_only", "microbatches", "lr", "min_lr", "warmup", "weight_decay", "beta2",
+            "clip", "recompute", "seed")
     out = {k: getattr(args, k) for k in keep}
     if not args.checkpoint and not args.eval_only:
         cfg = gpt_config(args, args.prompt + args.continuation - 1)
@@ -388,7 +374,8 @@ def plot(curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], pa
         ax.plot(ep, [c["rouge_l"] for c in curve], "--", color=colours.get(loss), label=f"{label}: ROUGE-L")
         bx.plot(ep, [c["heldout_loss"] for c in curve], "o-", color=colours.get(loss), label=label)
     ax.set(xlabel="epoch", ylabel="fraction of passages / ROUGE-L", ylim=(-0.03, 1.03),
-           title=f"{settings['passages']} passages, prompt {settings['prompt']}, continuation {settings['continuation']}")
+           title=f"{settings['passages']} passages, prompt {settings['prompt']}, "
+                 f"continuation {settings['continuation']}")
     bx.set(xlabel="epoch", ylabel="held-out loss (nats/token)", title="held-out text (never trained on)")
     ax.legend(fontsize=7)
     bx.legend(fontsize=7)
