@@ -113,7 +113,8 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
                         prob.options.with_(zero1_over_d=True))
         ev = evaluate(stage, machine, Grids.of([(1, c.tp, 1, c.dp) for c in cs]),
                       inflight=np.array([_inflight(c.pp, c.vpp, int(k)) for c, k in zip(cs, m)]),
-                      seq_split=np.array([c.tp if c.sp else 1 for c in cs]), microbatches=m)
+                      seq_split=np.array([c.tp if c.sp else 1 for c in cs]), microbatches=m,
+                      memory_layout="megatron")
         p = np.array([c.pp for c in cs], dtype=float)
         v = np.array([c.vpp for c in cs], dtype=float)
         t_mb = (ev.compute + ev.exposed["x"] + ev.exposed["y"] + ev.exposed["z"]) / m
