@@ -38,7 +38,8 @@ peak:    the total is the peak of a micro-batch that starts with gradients alrea
 
 ``layout="megatron"`` (TP×PP×DP stages, ``perfmodel.pipeline``): Megatron-LM's layout as Korthikanti et al.
 price it: bf16 weights and gradients with fp32 master + moments in the optimizer (12 B, divided by Gd with the
-distributed optimizer, ``zero1_over_d``); flash attention; activations per token per block ``4h/t`` (block input,
+distributed optimizer, ``zero1_over_d``); the token table's rows split over TP (VocabParallelEmbedding), no dense
+fp32 table gradient; flash attention; activations per token per block ``4h/t`` (block input,
 LN1 out, residual, LN2 out, divided by the sequence-parallel split) + ``12h/t`` in b bytes, logits
 ``m'·V/t·(b + 4)`` and two activation-gradient buffers.
 """
@@ -68,11 +69,13 @@ class Device:
     the math path's compute precision (the CPU computes bf16 attention in fp32: 4; None: the input's).
     ``reduce_in_fp32``: the runtime sums bf16/fp16 collectives in fp32 (``RuntimeConfig.reduce_in_fp32``'s default
     on gloo), so each such all-reduce holds an fp32 copy and a converted result besides its input.
+    ``reduce_scatter_copies``: the backend's reduce-scatter works on a copy of its whole input (gloo's does).
     """
 
     attention: str = "flash"
     math_bytes: int | None = None
     reduce_in_fp32: bool = False
+    reduce_scatter_copies: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -82,7 +85,7 @@ class Device:
 #: a CUDA/ROCm GPU with NCCL/RCCL (flash attention, collectives in the tensors' dtype)
 GPU = Device()
 #: this project's CPU ranks on gloo (the CPU's flash kernel; bf16 sums in fp32)
-CPU_GLOO = Device(math_bytes=4, reduce_in_fp32=True)
+CPU_GLOO = Device(math_bytes=4, reduce_in_fp32=True, reduce_scatter_copies=True)
 
 
 @dataclass(frozen=True)
@@ -184,15 +187,20 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     blocks = [v.padded * 4.0 for v in vols]                     # fp32 gathered blocks, forward order
     head_blk = head.padded * 4.0
     order = blocks + [head_blk]
-    pairs = [a + c for a, c in zip(order, order[1:])] + ([blocks[-1] + blocks[0]] if L > 1 else [])
+    pairs = np.maximum.reduce([a + c for a, c in zip(order, order[1:])] + ([blocks[-1] + blocks[0]] if L > 1 else []))
+    largest = np.maximum.reduce(order)
     if opt.keep_gathered and opt.recompute:     # the block recomputed keeps its four (+ the next one prefetched)
         gathered = np.maximum(head_blk, sum(blocks) + (blocks[0] if opt.overlap_ag else 0.0))
+        in_backward = gathered
     elif opt.keep_gathered:
-        gathered = head_blk + L * sum(blocks)
+        gathered = in_backward = head_blk + L * sum(blocks)
     elif opt.overlap_ag:                         # the current block and the prefetched next one
-        gathered = np.maximum.reduce(pairs + ([np.maximum.reduce(order) + blocks[0]] if opt.recompute else []))
+        gathered = pairs
+        # backward gathers one block at a time; with recompute its forwards prefetch as the forward does
+        in_backward = np.maximum(pairs, largest + blocks[0]) if opt.recompute else largest
     else:
-        gathered = np.maximum.reduce(order)
+        gathered = in_backward = largest
+    in_backward = np.where(gz > 1, in_backward, 0.0)
     gathered = np.where(gz > 1, gathered, 0.0)
 
     blk = block_activation_bytes(spec, gx, gy, mp, b, device)
@@ -203,15 +211,21 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     act = inflight * L * stored_blk + head_act + emb
 
     # the largest transient (see the module docstring): the loss gradient at the start of backward, or the last
-    # block's backward (its saved set alive or recomputed, the fp32 residual gradient, MLP-down's input gradient
-    # [m', fy] with, where the runtime sums low precision in fp32 over Gx > 1, its fp32 copy and result, and the
-    # weight gradient [fy, hx] in b bytes and fp32)
+    # block's backward: its saved set alive (or recomputed) and the fp32 residual gradient [m', hx], with either
+    # MLP-down's backward -- input gradient [m', fy] (where the runtime sums low precision in fp32 over Gx > 1, also
+    # its fp32 copy and result), weight gradient [fy, hx] in b bytes and fp32 (and gloo's copy of it for the
+    # reduce-scatter over z), the weight block's low-precision copy -- or a layer norm's (five fp32 [m', hx] temporaries and the incoming gradient's fp32
+    # cast, the MLP's saved outputs and LN2's output already freed)
     hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(4 * spec.hidden, gy)
     loss_grad = np.where(gy > 1, mp * vy * (4.0 + (b if b < 4 else 0)), mp * spec.vocab * 8.0)
     red = np.where((gx > 1) & device.reduce_in_fp32 & (b < 4), 4.0 + b, 0.0)
-    block_bwd = (blk - stored_blk) + mp * (4.0 * hx + b * hx + fy * (b + red)) + fy * hx * (b + 4.0)
+    rs_copy = np.where((gz > 1) & device.reduce_scatter_copies, 4.0, 0.0)
+    cast = b if b < 4 else 0.0                   # the GEMMs' low-precision copy of the fp32 weight block
+    mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (b + 4.0 + rs_copy + cast)
+    ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
+    block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
     transient = np.maximum(loss_grad, block_bwd - head_act)
-    buffers = gathered + dp_buckets + transient
+    buffers = in_backward + dp_buckets + transient     # the peak is in backward (see the module docstring)
     static = params + grads + optimizer
     shape = np.broadcast_shapes(np.shape(act), np.shape(static), np.shape(buffers))
     bc = lambda a: np.broadcast_to(np.asarray(a, dtype=float), shape).astype(float)  # noqa: E731
@@ -234,7 +248,8 @@ def _megatron(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, f
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
     head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
     hx = ceil_div(h, gx)
-    elems = stored_elements(spec, gx, gy, gz)
+    # Megatron's VocabParallelEmbedding splits the token table's rows over TP (y here), not its features
+    elems = stored_elements(spec, gx, gy, gz) - (V - ceil_div(V, gy)) * hx
     opt_div = gd if opt.zero1_over_d else 1
     static = elems * pg + elems * optb / opt_div
 
@@ -245,7 +260,6 @@ def _megatron(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, f
         buffers = buffers + (L * sum(v.padded for v in vols) + head.padded) * float(b)
     elif opt.recompute:
         buffers = buffers + sum(v.padded for v in vols) * float(b)
-    buffers = buffers + (V * hx).astype(float) * 4.0
 
     full_block = 4.0 * h / (gx * seq_split) + 12.0 * h / gy
     if opt.recompute:
