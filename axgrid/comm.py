@@ -52,7 +52,7 @@ class Ledger:
         e.calls += 1
         e.bytes += nbytes
         p = group_size
-        e.wire_bytes += (2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p) * nbytes
+        e.wire_bytes += {"all_reduce": 2 * (p - 1) / p, "send": 1.0, "recv": 0.0}.get(op, (p - 1) / p) * nbytes
         return e
 
     def reset(self) -> None:
@@ -310,6 +310,25 @@ class Communicator:
 
         return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
                           lambda: dist.all_reduce(buf, group=group, async_op=True), finish_ar, async_op)
+
+    def send(self, t: torch.Tensor, dim: str, dst_index: int) -> None:
+        """Point to point: ``t`` to member ``dst_index`` of the group along ``dim`` (blocks until it is received;
+        ledger op ``send``, wire bytes = bytes). The receiver calls :meth:`recv` with this rank's index."""
+        self._check(dim)
+        buf = t.contiguous()
+        dst = dist.get_global_rank(self.groups[dim], dst_index)
+        self._post(dim, "send", buf.numel() * buf.element_size(),
+                   lambda: dist.isend(buf, dst=dst, group=self.groups[dim]), lambda: buf, False)
+
+    def recv(self, out: torch.Tensor, dim: str, src_index: int) -> torch.Tensor:
+        """Point to point: fill the contiguous ``out`` with what member ``src_index`` of the group along ``dim``
+        sends (ledger op ``recv``, no wire bytes: the sender counts them). Returns ``out``."""
+        self._check(dim)
+        if not out.is_contiguous():
+            raise ValueError("recv: the output buffer must be contiguous")
+        src = dist.get_global_rank(self.groups[dim], src_index)
+        return self._post(dim, "recv", out.numel() * out.element_size(),
+                          lambda: dist.irecv(out, src=src, group=self.groups[dim]), lambda: out, False)
 
     def broadcast_object(self, obj: object, dim: str, src_index: int = 0) -> object:
         """Member ``src_index``'s picklable ``obj`` on every member of the group along ``dim`` (ledger op

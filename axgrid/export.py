@@ -2,82 +2,177 @@
 
 A parallel model's ``state_dict()`` holds each rank's part under the dense names (a Linear's weight is a 1-D
 shard of its ``[n/Gy, k/Gx]`` block): loadable back on the same rank of the same grid, useless elsewhere. The
-dense forms are gathered here through the parameters' :class:`~axgrid.spec.TileSpec` (the checkpoint
-package's entries and z-gather), so anything a checkpoint can save can be exported:
+dense forms are assembled here through the parameters' :class:`~axgrid.spec.TileSpec`:
 
-    sd = axgrid.dense_state_dict(model, grid)          # {name: dense tensor} on every rank
-    dense = axgrid.to_dense(model, grid)               # a dense copy: every axgrid.nn.Linear -> nn.Linear
-    axgrid.export_pretrained(model, "out", grid)       # HF model: safetensors + config, written by rank 0
+    for name, t in axgrid.iter_dense_state_dict(model, grid, rank=0):   # one dense tensor at a time, on rank 0
+        ...                                                             # (the other ranks get nothing)
+    axgrid.export_pretrained(model, "out", grid)   # HF checkpoint (sharded safetensors + index + config), streamed
+    sd = axgrid.dense_state_dict(model, grid)      # {name: dense tensor} on every rank: small models only
+    dense = axgrid.to_dense(model, grid)           # a dense copy on every rank: small models only
 
-All three are collective: every rank of the grid calls them. Training state (optimizer, RNG, resharding on
-another grid) belongs in :mod:`axgrid.checkpoint`.
+All are collective: every rank of the grid calls them (and exhausts the iterator). The streaming pair never
+builds the dense model: the writing rank assembles one tensor at a time from the other ranks' parts, which they
+send point to point through the grid's communicator (ledger ops ``send``/``recv``), so the writing rank holds at
+most one dense tensor (plus one tile of it in flight) beyond its own parts, and the others only their own parts.
+Training state (optimizer, RNG, resharding on another grid) belongs in :mod:`axgrid.checkpoint`.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any
+import json
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
-from .checkpoint.format import _agree, _fingerprint
-from .checkpoint.save import _whole_tile
-from .checkpoint.state import _model_entries
 from .grid import Grid
+from .io import TensorPart, agree, fingerprint, model_parts, place_part
 from .nn.linear import Linear
+from .safetensors_stream import SafetensorsWriter
+from .spec import TileSpec
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Member ``src`` (of the xyz group) holds the part ``tile`` (its TileSpec) of the dense tensor."""
+
+    src: int
+    tile: TileSpec
+
+    @property
+    def numel(self) -> int:
+        start, stop = self.tile.part_range()
+        return stop - start
+
+
+def _checked_entries(model: nn.Module, grid: Grid, who: str) -> list:
+    """The model's state entries, after checking (a collective) that every rank holds the same list."""
+    entries = model_parts(model)
+    fp = fingerprint(entries)
+    s1, s2 = agree(grid, [fp, fp * fp])
+    if s1 != grid.world_size * fp or s2 != grid.world_size * fp * fp:
+        raise ValueError(f"{who}: ranks hold different tensors (names, shapes or dtypes): every rank must build "
+                         f"and parallelise the same model")
+    return entries
+
+
+def _pieces(model_entries: Sequence[TensorPart], grid: Grid, prefer: int = 0) -> dict[str, list[_Piece]]:
+    """For each tiled entry, the distinct parts the members of this rank's xyz group hold, each from member
+    ``prefer`` when it holds it, else from the first member holding it (an all-gather of every member's tile
+    geometry: ``[Gxyz, tensors, 2·ndim + 2]`` ints)."""
+    tiled = [e for e in model_entries if e.tile is not None]
+    ndim = max((len(e.dense_shape) for e in tiled), default=1)
+    meta = torch.zeros(max(len(tiled), 1), 2 * ndim + 2, dtype=torch.int64)
+    for i, e in enumerate(tiled):
+        meta[i, : len(e.offsets)] = torch.tensor(e.offsets)
+        meta[i, ndim: ndim + len(e.tile_shape)] = torch.tensor(e.tile_shape)
+        meta[i, 2 * ndim:] = torch.tensor([e.tile.split_size, e.tile.split_index])
+    every = grid.comm.all_gather(meta.to(grid.device), "xyz").cpu().tolist()      # [Gxyz][tensors][...]
+    out: dict[str, list[_Piece]] = {}
+    for i, e in enumerate(tiled):
+        nd, seen, pieces = len(e.dense_shape), set(), []
+        for r in [prefer] + [m for m in range(len(every)) if m != prefer]:
+            row = every[r][i]
+            p = _Piece(r, TileSpec(e.dense_shape, tuple(row[:nd]), tuple(row[ndim: ndim + nd]), e.tile.split_dim,
+                                   row[2 * ndim], row[2 * ndim + 1]))
+            key = (p.tile.offsets, p.tile.tile_shape, p.tile.part_range())
+            if key not in seen and p.numel:
+                seen.add(key)
+                pieces.append(p)
+        covered = sum(p.numel for p in pieces)
+        if covered != math.prod(e.dense_shape):
+            raise ValueError(f"{e.name[len('model/'):]}: the ranks' tiles cover {covered} of "
+                             f"{math.prod(e.dense_shape)} elements; its parameters' axgrid_tile marks are wrong")
+        out[e.name] = pieces
+    return out
+
+
+def _own_piece(e: TensorPart) -> torch.Tensor:
+    """This rank's real elements of its part, flat (its parameter without the split's zero padding)."""
+    start, stop = e.tile.part_range()
+    return e.tensor.detach().reshape(-1)[: stop - start]
+
+
+def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *,
+                          names: Optional[Sequence[str]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, dense tensor)`` for each entry of ``model.state_dict()`` (or of ``names``, in that order), on
+    global rank ``rank`` only; the other ranks' iterators yield nothing. Collective: every rank must iterate it
+    to the end, with the same ``names``.
+
+    A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold (received one part
+    at a time and placed through :func:`axgrid.io.place_part`); the other xyz groups (other ``d``) take no part. Only the tensor being yielded is alive in the
+    iterator: drop it before asking for the next to keep the writing rank's extra memory at one tensor. Tensors
+    that are dense on every rank (norms under a Linear-only plan, tied weights, buffers) are yielded as the
+    model's own tensors, not copies. Tensors are on the model's device.
+    """
+    if not 0 <= rank < grid.world_size:
+        raise ValueError(f"iter_dense_state_dict: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
+    keys = model.state_dict(keep_vars=True).keys()
+    order = list(keys) if names is None else list(names)
+    unknown = [n for n in order if n not in keys]
+    if unknown:
+        raise ValueError(f"iter_dense_state_dict: {unknown[0]!r} is not in the model's state_dict (names= must "
+                         f"be a subset of its keys)")
+    return _assemble(model, grid, rank, order)
+
+
+def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    entries = {e.name[len("model/"):]: e for e in _checked_entries(model, grid, "iter_dense_state_dict")}
+    group = grid.layout.group_of(rank, "xyz")
+    if grid.rank not in group:
+        return
+    me, dst = grid.comm.indices["xyz"], grid.layout.index_in(rank, "xyz")
+    pieces = _pieces(list(entries.values()), grid, prefer=dst)
+    for name in order:
+        e = entries[name]
+        if e.tile is None:
+            if me == dst:
+                yield name, e.tensor
+            continue
+        if me != dst:
+            for p in pieces[e.name]:
+                if p.src == me:
+                    grid.comm.send(_own_piece(e), "xyz", dst)
+            continue
+        dense = torch.empty(e.dense_shape, dtype=e.tensor.dtype, device=e.tensor.device)
+        for p in pieces[e.name]:
+            if p.src == me:
+                place_part(e.tile, e.tensor, dense)
+            else:                                   # one part in flight: received, placed, dropped
+                place_part(p.tile, grid.comm.recv(dense.new_empty(p.numel), "xyz", p.src), dense)
+        yield name, dense
+        del dense
 
 
 def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
     """Every tensor of ``model.state_dict()`` in its dense shape, on every rank (collective over the grid).
 
-    Parameters with a TileSpec are all-gathered over z (their whole tile) then over the tensor-parallel block
-    (every rank's tile, placed at its offsets); the others are copied. Tensors stay on their device.
+    For small models: every rank holds the whole dense model (use :func:`iter_dense_state_dict` otherwise).
+    Each rank's part is all-gathered over the xyz group and placed (:func:`axgrid.io.place_part`); the others
+    are copied.
+    Tensors stay on their device.
     """
-    entries = _model_entries(model)
-    fp = _fingerprint(entries)
-    s1, s2 = _agree(grid, [fp, fp * fp])
-    if s1 != grid.world_size * fp or s2 != grid.world_size * fp * fp:
-        raise ValueError("dense_state_dict: ranks hold different tensors (names, shapes or dtypes): every rank "
-                         "must build and parallelise the same model")
-    tiled = [e for e in entries if e.tile is not None]
-    ndim = max((len(e.dense_shape) for e in tiled), default=1)
-    meta = torch.zeros(max(len(tiled), 1), 2 * ndim, dtype=torch.int64)
-    for i, e in enumerate(tiled):
-        meta[i, : len(e.offsets)] = torch.tensor(e.offsets)
-        meta[i, ndim: ndim + len(e.tile_shape)] = torch.tensor(e.tile_shape)
-    every = grid.comm.all_gather(meta.to(grid.device), "xyz").cpu()        # [Gxyz, tensors, 2*ndim]
+    entries = _checked_entries(model, grid, "dense_state_dict")
+    pieces = _pieces(entries, grid)
     out: dict[str, torch.Tensor] = {}
-    i = 0
     for e in entries:
         key = e.name[len("model/"):]
         if e.tile is None:
             out[key] = e.tensor.detach().clone()
             continue
-        whole = _whole_tile(grid, e).reshape(-1)                              # this rank's tile, flattened
-        nd = len(e.dense_shape)
-        shapes = [tuple(int(s) for s in every[r, i, ndim: ndim + nd]) for r in range(every.shape[0])]
-        big = max(_numel(s) for s in shapes)
-        flat = torch.cat([whole, whole.new_zeros(big - whole.numel())])
-        tiles = grid.comm.all_gather(flat, "xyz")                             # [Gxyz, big]
+        mine = _own_piece(e)
+        big = max(p.numel for p in pieces[e.name])
+        every = grid.comm.all_gather(torch.cat([mine, mine.new_zeros(big - mine.numel())]), "xyz")   # [Gxyz, big]
         dense = torch.empty(e.dense_shape, dtype=e.tensor.dtype, device=e.tensor.device)
-        seen = torch.zeros(e.dense_shape, dtype=torch.bool)
-        for r, shape in enumerate(shapes):
-            where = tuple(slice(int(o), int(o) + s) for o, s in zip(every[r, i, :nd], shape))
-            dense[where] = tiles[r, : _numel(shape)].view(shape)
-            seen[where] = True
-        if not bool(seen.all()):
-            raise ValueError(f"dense_state_dict: the tiles of {key} cover {int(seen.sum())} of {seen.numel()} "
-                             f"elements; its parameters' axgrid_tile marks are wrong")
+        for p in pieces[e.name]:
+            place_part(p.tile, every[p.src], dense)
         out[key] = dense
-        i += 1
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _is_hf(model: nn.Module) -> bool:
@@ -128,26 +223,138 @@ def to_dense(model: nn.Module, grid: Grid) -> nn.Module:
     return dense
 
 
-def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, **save_kwargs: Any) -> nn.Module:
-    """Write a parallelised Hugging Face model as a dense HF checkpoint (safetensors + config) that
-    ``from_pretrained`` loads. Collective: every rank calls it; rank 0 writes. ``save_kwargs`` go to
-    ``save_pretrained``. Returns the dense model (on every rank)."""
+#: Files of a Hugging Face tokenizer, copied from the model's local source directory by export_pretrained.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+_SHARD_FILE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.tmp)?$")
+
+
+def _shard_plan(model: nn.Module, grid: Grid, max_shard_size: int | str) -> tuple[dict[str, list[str]], dict]:
+    """Hugging Face's file layout for the dense model: ``{file: [tensor names]}`` and the index's metadata.
+
+    The names are the state dict's minus tied duplicates (transformers' own rule); the files are cut by
+    huggingface_hub's splitter from the dense sizes, so the layout is save_pretrained's, with no tensor built."""
+    from huggingface_hub import split_state_dict_into_shards_factory
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    local = model.state_dict()
+    for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        local.pop(name, None)
+    kept = remove_tied_weights_from_state_dict(local, model)
+    dense = {n: torch.empty(tuple(t.axgrid_tile.dense_shape) if getattr(t, "axgrid_tile", None) else t.shape,
+                            dtype=t.dtype, device="meta") for n, t in model.state_dict(keep_vars=True).items()
+             if n in kept}
+    split = split_state_dict_into_shards_factory(dense, get_storage_size=lambda t: t.numel() * t.element_size(),
+                                                 filename_pattern="model{suffix}.safetensors",
+                                                 max_shard_size=max_shard_size)
+    params = {n for n, _ in model.named_parameters()}
+    meta = {"total_parameters": sum(t.numel() for n, t in dense.items() if n in params), **split.metadata}
+    return {f: list(names) for f, names in split.filename_to_tensors.items()}, meta
+
+
+def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank: int = 0,
+                      max_shard_size: int | str = "50GB", tokenizer: Any = None) -> str:
+    """Write a parallelised Hugging Face model as a dense HF checkpoint that ``from_pretrained`` (transformers'
+    or :func:`axgrid.from_pretrained`) loads: safetensors files of at most ``max_shard_size`` each (default and
+    naming as transformers' ``save_pretrained``; ``model.safetensors.index.json`` when there are several), the
+    config, the generation config if the model generates, and the tokenizer (``tokenizer.save_pretrained``, or
+    the tokenizer files of the model's local source directory). Returns ``save_directory``.
+
+    Collective: every rank calls it; global rank ``rank`` writes. Streamed: tensors are assembled on ``rank``
+    one at a time (:func:`iter_dense_state_dict`) and written straight into their file, so the writing rank's
+    extra memory is one dense tensor (the file's bytes go to the OS as each tensor is written) and the other
+    ranks hold only their own parts. A failure on the writing rank is raised on every rank; the files are
+    written under a temporary name and renamed when complete, so a failed export leaves no half-written file
+    under a final name.
+    """
     if not _is_hf(model):
         raise TypeError(f"export_pretrained: {type(model).__name__} is not a Hugging Face model (no "
                         f"save_pretrained); use axgrid.to_dense(model, grid) or axgrid.dense_state_dict(model, grid)")
-    dense = to_dense(model, grid)
-    err = None
-    if grid.rank == 0:
+    if not 0 <= rank < grid.world_size:
+        raise ValueError(f"export_pretrained: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
+    files, index_meta = _shard_plan(model, grid, max_shard_size)
+    writer_rank = grid.rank == rank
+    err: Optional[BaseException] = None
+    if writer_rank:
         try:
-            dense.save_pretrained(save_directory, **save_kwargs)
-        except Exception as ex:  # reported on every rank below
+            _write_side_files(model, save_directory, tokenizer)
+        except Exception as ex:  # reported on every rank below, before any tensor moves
             err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
+    if failed:
+        raise err if err is not None else RuntimeError(
+            f"export_pretrained: rank {rank} could not write {save_directory} (see its error)")
+    layout = {n: f for f, names in files.items() for n in names}
+    shapes = {n: (t.dtype, tuple(t.axgrid_tile.dense_shape) if getattr(t, "axgrid_tile", None) else tuple(t.shape))
+              for n, t in model.state_dict(keep_vars=True).items() if n in layout}
+    current: Optional[SafetensorsWriter] = None
+    current_names: set[str] = set()
+    for name, tensor in iter_dense_state_dict(model, grid, rank, names=list(layout)):
+        if err is not None:
+            continue                                  # keep receiving: the other ranks are sending
+        try:
+            if name not in current_names:
+                if current is not None:
+                    current.close()
+                current_names = set(files[layout[name]])
+                current = SafetensorsWriter(os.path.join(save_directory, layout[name]),
+                                            [(n, *shapes[n]) for n in files[layout[name]]], {"format": "pt"})
+            current.write(name, tensor)
+        except Exception as ex:
+            err = ex
+            if current is not None:
+                current.abort()
+        del tensor
+    if writer_rank and err is None:
+        try:
+            if current is not None:
+                current.close()
+            _finish_index(save_directory, files, index_meta)
+        except Exception as ex:
+            err = ex
+    (failed,) = agree(grid, [int(err is not None)])
     if err is not None:
         raise err
     if failed:
-        raise RuntimeError(f"export_pretrained: rank 0 could not write {save_directory} (see its error)")
-    return dense
+        raise RuntimeError(f"export_pretrained: rank {rank} could not write {save_directory} (see its error)")
+    return save_directory
+
+
+def _write_side_files(model: nn.Module, save_directory: str, tokenizer: Any) -> None:
+    """The writing rank, before any tensor: the directory, config, generation config and tokenizer."""
+    if os.path.exists(save_directory) and not os.path.isdir(save_directory):
+        raise NotADirectoryError(f"export_pretrained: {save_directory} is a file; pass a directory to write into")
+    os.makedirs(save_directory, exist_ok=True)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    model.config.dtype = str(dtype).replace("torch.", "")          # as save_pretrained records them
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(save_directory)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        model.generation_config.save_pretrained(save_directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(save_directory)
+        return
+    source = getattr(model, "name_or_path", "") or ""
+    if os.path.isdir(source) and os.path.abspath(source) != os.path.abspath(save_directory):
+        for fname in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(source, fname)):
+                shutil.copyfile(os.path.join(source, fname), os.path.join(save_directory, fname))
+
+
+def _finish_index(save_directory: str, files: dict[str, list[str]], meta: dict) -> None:
+    """The index of a sharded export (none for one file), and the weight files of an earlier export removed."""
+    index = os.path.join(save_directory, "model.safetensors.index.json")
+    if len(files) > 1:
+        weight_map = {n: f for f, names in files.items() for n in names}
+        with open(index + ".tmp", "w") as f:
+            json.dump({"metadata": meta, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(index + ".tmp", index)
+    elif os.path.exists(index):
+        os.remove(index)
+    for fname in os.listdir(save_directory):
+        if _SHARD_FILE.match(fname) and fname not in files:
+            os.remove(os.path.join(save_directory, fname))
 
 
 def _refuse_save_pretrained(*args: Any, **kwargs: Any) -> None:

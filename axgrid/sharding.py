@@ -14,11 +14,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .io.tiles import part_of_dense, tile_of
 from .spec import TileSpec
-
-
-def tile_of(param: torch.Tensor) -> Optional[TileSpec]:
-    return getattr(param, "axgrid_tile", None)
 
 
 # -- a module's tiled parameters in state dicts and copies ------------------------------------------------------
@@ -68,7 +65,7 @@ def _load_pre_hook(module, state_dict, prefix: str, local_metadata: dict, strict
         if tuple(v.shape) == tuple(p.shape) and (name not in saved or saved[name] == _tile_record(tile)):
             continue                                          # this rank's own part (or the dense tensor)
         if tuple(v.shape) == tuple(tile.dense_shape):
-            state_dict[key] = tile.part_of(v.detach()[tile.slices()])   # a dense tensor: take our slice
+            state_dict[key] = part_of_dense(tile, v)   # a dense tensor: take our slice
         elif name in saved:
             error_msgs.append(f"{key}: the state dict holds the part of another rank or grid (tile "
                               f"{saved[name]}), this rank needs {_tile_record(tile)}; load a dense state dict "

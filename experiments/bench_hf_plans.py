@@ -8,9 +8,9 @@ AdamW: **drop-in** (``parallelize(model, grid, plan={})``: every Linear takes an
 activations, so each one gathers its output) and **paired** (``parallelize(model, grid)``: the built-in plan,
 residual stream sharded, q/k/v -> o and gate/up -> down with no redistribution, vocab-parallel loss).
 
-Printed (rank 0), measured in one run: bytes per step from the ledger (one step after warm-up; all collectives of
-forward, backward and the data-parallel gradient mean) split by grid dimension, time per step (mean of
-``--steps`` after ``--warmup``), and their ratios. With ``--compile``: the same model under ``torch.compile``
+Printed (rank 0), measured in one run, every step through ``axgrid.metrics.StepMeter``: bytes per step from the
+ledger (the step after warm-up; all collectives of forward, backward and the data-parallel gradient mean) split by
+grid dimension, time per step (the slowest rank's, mean of ``--steps`` after ``--warmup``), and their ratios. With ``--compile``: the same model under ``torch.compile``
 (``--backend``, default inductor): compile time (the first step minus an eager step), step time compiled vs
 eager, and the graph breaks per rank (``torch._dynamo`` counters).
 """
@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
+from axgrid.metrics import StepMeter, summarize  # noqa: E402
 from axgrid.train import train_step  # noqa: E402
 
 
@@ -55,21 +55,18 @@ def run(model: torch.nn.Module, grid: axgrid.Grid, args: argparse.Namespace, com
         import torch._dynamo as dynamo
         dynamo.reset()
         dynamo.utils.counters.clear()
-    t0 = time.perf_counter()
-    step(0)
-    first = time.perf_counter() - t0
-    for s in range(1, args.warmup):
-        step(s)
-    grid.ledger.reset()
-    step(args.warmup)
-    by_dim = grid.ledger.bytes_by_dim()
-    times, losses = [], []
-    for s in range(args.warmup + 1, args.warmup + 1 + args.steps):
-        t0 = time.perf_counter()
-        losses.append(step(s))
-        times.append(time.perf_counter() - t0)
-    out = {"bytes": sum(by_dim.values()), "by_dim": by_dim, "step_s": sum(times) / len(times), "first_s": first,
-           "loss": losses[-1]}
+    meter = StepMeter(grid, flops_per_step=None, tokens_per_step=args.batch * args.seq * grid.size("d"),
+                      dtype="fp32")
+    rows = []
+    for s in range(args.warmup + 1 + args.steps):      # the first step (compilation), warm-up, the ledger step, timed
+        meter.begin()
+        loss = step(s)
+        rows.append(meter.end(s, loss=loss))
+    meter.close()
+    timed = summarize(rows[args.warmup + 1:], skip=0)
+    by_dim = rows[args.warmup]["comm_bytes"]
+    out = {"bytes": sum(by_dim.values()), "by_dim": by_dim, "step_s": timed["step_s"], "first_s": rows[0]["step_s"],
+           "loss": rows[-1]["loss"], "peak_mem_bytes": timed["peak_mem_bytes"]}
     if compiled:
         import torch._dynamo as dynamo
         out["breaks"] = sum(dynamo.utils.counters["graph_break"].values())
@@ -117,11 +114,11 @@ def main(argv=None) -> None:
 def report(results: dict, args: argparse.Namespace, grid: axgrid.Grid) -> None:
     print(f"Llama {args.layers} layers, hidden {args.hidden}, heads {args.heads}/{args.kv_heads} kv, ffn {args.ffn}, "
           f"vocab {args.vocab}, {args.batch}x{args.seq} tokens per d-rank, grid {grid.shape}, rank 0")
-    print(f"{'run':<18} {'bytes/step':>12} {'x':>10} {'y':>10} {'z':>10} {'d':>10} {'s/step':>8} {'loss':>8}")
+    print(f"{'run':<18} {'bytes/step':>12} {'x':>10} {'y':>10} {'z':>10} {'d':>10} {'s/step':>8} {'loss':>8} {'peak MiB':>9}")
     for name, r in results.items():
         d = r["by_dim"]
         print(f"{name:<18} {r['bytes']:>12,} " + " ".join(f"{d.get(k, 0):>10,}" for k in "xyzd")
-              + f" {r['step_s']:>8.4f} {r['loss']:>8.4f}")
+              + f" {r['step_s']:>8.4f} {r['loss']:>8.4f} {r['peak_mem_bytes'] / 2**20:>9.0f}")
     a, b = results["drop-in"], results["paired"]
     print(f"paired / drop-in: bytes {b['bytes'] / a['bytes']:.3f}, time per step {b['step_s'] / a['step_s']:.3f}")
     if "paired, compiled" in results:

@@ -2,16 +2,19 @@
 # Single-GPU acceptance check for axgrid. Run from the repository root on a machine with one CUDA GPU:
 #
 #     bash experiments/gpu_check.sh                  # PYTHON=... to pick the interpreter
-#     PEAK_TFLOPS=989 bash experiments/gpu_check.sh  # the GPU's dense bf16 peak, when its name is not known below
+#     PEAK_TFLOPS=989 bash experiments/gpu_check.sh  # the GPU's dense bf16 peak, when axgrid.metrics.peaks lacks it
 #
 # Checks, in order (each prints one line; the first failure ends the script with a non-zero status):
 #   1. a CUDA GPU is visible to torch (on a CPU-only machine: a one-line error and exit 2, in seconds);
 #   2. NCCL initialises with world size 1 through axgrid.init("1x1x1x1") and an all-reduce gives the right sum;
 #   3. the GEMM tuner's GPU path (kernels.GemmTuner, cupy/cuBLAS candidates when cupy is installed) tunes the
 #      three GEMMs of a layer and its answers match torch.matmul;
-#   4. a bf16 GPT (2 blocks, hidden 4096 by default) trains a few steps on the 1x1x1x1 grid, timed with CUDA
-#      events: TFLOP/s per step and its share of the GPU's bf16 peak;
-#   5. memory: peak allocated / reserved by the training step, and free / total on the device;
+#   4. a bf16 GPT (2 blocks, hidden 4096 by default) trains a few steps on the 1x1x1x1 grid, each step measured by
+#      axgrid.metrics.StepMeter (the record train_gpt logs): per step the time, TFLOP/s, MFU against the device's
+#      dense bf16 peak (axgrid.metrics.peaks, by device name), the allocator's peak memory and the energy
+#      (NVML's total-energy counter through nvidia-ml-py, amdsmi on ROCm; the source, or why none, is printed);
+#   5. memory: peak allocated / reserved in the last step (StepMeter resets the peak at each step's start), and
+#      free / total on the device;
 #   6. memory against the model: torch.cuda.max_memory_allocated of a training step (two micro-batches) against
 #      perfmodel.memory's prediction, printing the ratio and PASS within 10% (experiments/memory_check.py, which
 #      also runs on the CPU: python experiments/memory_check.py --device cpu).
@@ -49,14 +52,13 @@ from axgrid.train import train_step
 
 dev = torch.device("cuda", 0)
 props = torch.cuda.get_device_properties(dev)
-PEAKS = {"H200": 989.0, "H100 SXM": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0,
-         "A100": 312.0, "A800": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "V100": 125.0,
-         "MI300X": 1307.0, "MI250X": 383.0, "MI250": 362.0}
-peak = float(os.environ["PEAK_TFLOPS"]) if os.environ.get("PEAK_TFLOPS") else \
-    next((v for k, v in PEAKS.items() if k in props.name), None)
+from axgrid.metrics import resolve_peak
+peak = resolve_peak(props.name, "bf16", is_cpu=False,
+                    peak_flops=float(os.environ["PEAK_TFLOPS"]) * 1e12 if os.environ.get("PEAK_TFLOPS") else None)
 print(f"gpu_check: device {props.name}, {props.total_memory / 2**30:.1f} GiB, compute capability "
       f"{props.major}.{props.minor}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-      f"bf16 peak {peak if peak else 'unknown (set PEAK_TFLOPS)'} TFLOP/s", flush=True)
+      f"bf16 peak {peak.flops / 1e12 if peak.flops else 'unknown (set PEAK_TFLOPS)'} TFLOP/s ({peak.source})",
+      flush=True)
 
 # 2. NCCL, world size 1, through axgrid's own launch path
 for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
@@ -104,8 +106,11 @@ model = GPT(cfg, grid)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 x = torch.randint(0, cfg.vocab, (batch, seq), device=dev)
 y = torch.randint(0, cfg.vocab, (batch, seq), device=dev)
-torch.cuda.reset_peak_memory_stats(dev)
-times, losses = [], []
+from axgrid.metrics import StepMeter
+meter = StepMeter(grid, flops_per_step=model.flops_per_iteration(batch), tokens_per_step=batch * seq, dtype="bf16",
+                  peak_flops=peak.flops)
+print(f"gpu_check: energy source: {meter.energy_source}", flush=True)
+rows, losses = [], []
 
 
 def bf16_loss(x, y):
@@ -113,29 +118,34 @@ def bf16_loss(x, y):
         return model(x, y)
 
 
-for s in range(steps + 2):                     # the first two steps warm up (tuning, allocator), not timed
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+for s in range(steps + 2):                     # the first two steps warm up (tuning, allocator), not kept
+    meter.begin()
     loss = train_step(model, opt, lambda _: bf16_loss(x, y), grid).loss
-    end.record()
-    end.synchronize()
-    losses.append(float(loss))
+    row = meter.end(s, loss=loss)
+    losses.append(row["loss"])
     if s >= 2:
-        times.append(start.elapsed_time(end) / 1e3)
+        rows.append(row)
+meter.close()
 if not all(map(lambda v: v == v and v < 1e4, losses)):
     fail(f"GPT losses are not finite: {losses}")
-times.sort()
-t = times[len(times) // 2]
-flops = model.flops_per_iteration(batch)
-tf = flops / t / 1e12
-share = f", {tf / peak:.1%} of the {peak:.0f} TFLOP/s bf16 peak" if peak else ""
-print(f"gpu_check: bf16 GPT layers {layers} hidden {hidden} seq {seq} batch {batch}: {t * 1e3:.1f} ms/step "
-      f"(median of {steps}, CUDA events), {tf:.1f} TFLOP/s{share}; loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+for r in rows:
+    mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
+    energy = (f", {r['energy_j']:.1f} J, {r['power_w']:.0f} W, {r['tokens_per_j']:.0f} tokens/J"
+              if r["energy_j"] is not None else ", energy n/a")
+    print(f"gpu_check: step {r['step']}: {r['step_s'] * 1e3:.1f} ms, {r['tflops']:.1f} TFLOP/s{mfu}, peak "
+          f"allocated {r['peak_mem_bytes'] / 2**30:.2f} GiB{energy}", flush=True)
+mid = sorted(rows, key=lambda r: r["step_s"])[len(rows) // 2]
+share = f", MFU {mid['mfu']:.1%} of the {peak.flops / 1e12:.0f} TFLOP/s bf16 peak" if mid["mfu"] is not None else ""
+print(f"gpu_check: bf16 GPT layers {layers} hidden {hidden} seq {seq} batch {batch}: {mid['step_s'] * 1e3:.1f} ms/step "
+      f"(median of {steps}), {mid['tflops']:.1f} TFLOP/s{share}; loss {losses[0]:.3f} -> {losses[-1]:.3f}",
       flush=True)
+if meter.energy.available and not any((r["energy_j"] or 0) > 0 for r in rows):
+    fail(f"energy source {meter.energy_source!r} gave no positive energy in any step: "
+         f"{[r['energy_j'] for r in rows]}")
 
 # 5. memory
 free, total = torch.cuda.mem_get_info(dev)
-print(f"gpu_check: memory peak allocated {torch.cuda.max_memory_allocated(dev) / 2**30:.2f} GiB, peak reserved "
+print(f"gpu_check: memory (last step) peak allocated {torch.cuda.max_memory_allocated(dev) / 2**30:.2f} GiB, peak reserved "
       f"{torch.cuda.max_memory_reserved(dev) / 2**30:.2f} GiB, free {free / 2**30:.1f} / {total / 2**30:.1f} GiB",
       flush=True)
 

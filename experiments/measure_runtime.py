@@ -20,9 +20,11 @@ output / RS input), "seconds", "concurrent": 1}], "gemm": [{"m", "n", "k", "seco
 ``steps``: the configurations ``perfmodel validate`` would pick (its ranking's top ``--top`` plus ``--sample``
 drawn at random, seeded) trained with the project's GPT (``axgrid.models.gpt.GPT``) and ``axgrid.train.train_step``
 under the problem's overlaps, recompute and bucket size; each configuration runs ``--warmup`` untimed then
-``--steps`` timed steps, in ``--rounds`` interleaved passes, the fastest pass kept (the slowest rank's mean).
+``--steps`` timed steps, in ``--rounds`` interleaved passes, the fastest pass kept; each step is timed by
+``axgrid.metrics.StepMeter`` (the slowest rank's), a pass's figure is the mean over its timed steps.
 JSON: {"problem": the problem's sizes and options, "configs": [{"grid", "microbatches", "seconds",
-"predicted_s"}], "workload", "steps", "warmup", "rounds", "wall_s"}.
+"predicted_s", "tflops" (per rank), "peak_mem_bytes" (largest over ranks)}], "workload", "steps", "warmup", "rounds",
+"wall_s"}.
 
 Ranks use gloo on the CPU, one thread each. Rank 0 writes the file. Also callable in-process on every rank of an
 already-initialised default group: ``main(argv)`` (tests run it on an ``axgrid.testing.RankPool``).
@@ -45,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
 from axgrid import perfmodel as pm  # noqa: E402
 from axgrid.models.gpt import GPT, GPTConfig  # noqa: E402
+from axgrid.metrics import StepMeter, summarize  # noqa: E402
 from axgrid.train import train_step  # noqa: E402
 from axgrid.perfmodel import calibrate as pm_calibrate  # noqa: E402
 from axgrid.perfmodel import cli as pm_cli  # noqa: E402
@@ -157,12 +160,14 @@ def measure_collectives(a: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ step timing
 
 
-def rank_step_seconds(model_spec: dict[str, Any], grid_spec: str, batch: int, dtype: str, microbatches: int,
+def rank_step_metrics(model_spec: dict[str, Any], grid_spec: str, batch: int, dtype: str, microbatches: int,
                       overlap: str, recompute: bool, bucket_bytes: int, steps: int, warmup: int,
-                      timeout_s: float) -> float:
+                      timeout_s: float) -> dict[str, Any]:
     """On one rank: build the grid and the GPT, train ``warmup + steps`` steps of ``batch`` random sequences in
-    ``microbatches`` micro-batches (``train_step``: all but the last under ``grid.no_sync()``), return the mean
-    seconds of the timed steps. Low precision runs as train_gpt runs it: fp32 parameters under autocast."""
+    ``microbatches`` micro-batches (``train_step``: all but the last under ``grid.no_sync()``), each timed by
+    ``axgrid.metrics.StepMeter`` (the slowest rank's seconds, the same on every rank); return the summary of the
+    timed steps (``axgrid.metrics.summarize``: ``step_s``, ``tflops``, ``peak_mem_bytes``...). Low precision runs as
+    train_gpt runs it: fp32 parameters under autocast."""
     cfg = axgrid.RuntimeConfig(timeout_s=timeout_s, overlap=axgrid.OverlapConfig.parse(overlap), seed=0,
                                bucket_bytes=bucket_bytes)
     grid = axgrid.init(grid_spec, config=cfg)
@@ -172,7 +177,8 @@ def rank_step_seconds(model_spec: dict[str, Any], grid_spec: str, batch: int, dt
         if batch % (microbatches * gd) or per_rank % gz:
             raise ValueError(f"batch {batch} in {microbatches} micro-batches does not split into whole sequences "
                              f"over Gd={gd} and Gz={gz} (grid {grid_spec})")
-        model = GPT(GPTConfig(recompute=recompute, **model_spec), grid)
+        gpt = GPTConfig(recompute=recompute, **model_spec)
+        model = GPT(gpt, grid)
         grid.watch(model)                                 # ODP covers every parameter, as in train_gpt
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
         gen = torch.Generator().manual_seed(1000 + grid.index("d"))
@@ -184,14 +190,15 @@ def rank_step_seconds(model_spec: dict[str, Any], grid_spec: str, batch: int, dt
             with torch.autocast("cpu", dtype=low or torch.float32, enabled=low is not None):
                 return model(ids[i][:, :-1], targets=ids[i][:, 1:])
 
-        for _ in range(warmup):
+        meter = StepMeter(grid, flops_per_step=gpt.flops_per_iteration(batch), tokens_per_step=batch * gpt.seq,
+                          dtype=dtype)
+        rows = []
+        for step in range(warmup + steps):
+            meter.begin()
             train_step(model, opt, loss_of, grid, microbatches)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            train_step(model, opt, loss_of, grid, microbatches)
-        dist.barrier()
-        return (time.perf_counter() - t0) / steps
+            rows.append(meter.end(step))
+        meter.close()
+        return summarize(rows, skip=warmup)
     finally:
         grid.destroy()
 
@@ -217,19 +224,23 @@ def measure_steps(a: argparse.Namespace) -> dict[str, Any]:
               f"recompute {opts.recompute}, buckets {opts.bucket_bytes / 2**20:g} MiB", flush=True)
     t_start = time.perf_counter()
     best = [float("inf")] * len(rows)
+    figures: list[dict[str, Any]] = [{} for _ in rows]
     for _ in range(a.rounds):
         for i, r in enumerate(rows):
-            mine = rank_step_seconds(model_spec, r.grid_str, problem.batch, problem.dtype, int(r.microbatches),
-                                     opts.overlap_spec(), opts.recompute, opts.bucket_bytes, a.steps, a.warmup,
-                                     a.timeout)
-            slowest = max(_gather(mine))
-            best[i] = min(best[i], slowest)
+            got = rank_step_metrics(model_spec, r.grid_str, problem.batch, problem.dtype, int(r.microbatches),
+                                    opts.overlap_spec(), opts.recompute, opts.bucket_bytes, a.steps, a.warmup,
+                                    a.timeout)
+            if got["step_s"] < best[i]:
+                best[i], figures[i] = got["step_s"], got
             if rank0:
-                print(f"  {r.grid_str}: {slowest * 1e3:.1f} ms/step (predicted {r.time_s * 1e3:.1f})", flush=True)
+                print(f"  {r.grid_str}: {got['step_s'] * 1e3:.1f} ms/step (predicted {r.time_s * 1e3:.1f}), "
+                      f"{got['tflops'] * 1e3:.2f} GFLOP/s per rank, peak {got['peak_mem_bytes'] / 2**20:.0f} MiB",
+                      flush=True)
     return {"problem": pm_validate.problem_meta(problem), "workload": WORKLOAD, "steps": a.steps,
             "warmup": a.warmup, "rounds": a.rounds, "wall_s": time.perf_counter() - t_start,
             "configs": [{"grid": r.grid_str, "microbatches": int(r.microbatches), "seconds": s,
-                         "predicted_s": float(r.time_s)} for r, s in zip(rows, best)]}
+                         "predicted_s": float(r.time_s), "tflops": f["tflops"], "peak_mem_bytes": f["peak_mem_bytes"]}
+                        for r, s, f in zip(rows, best, figures)]}
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -207,9 +207,9 @@ def row_of(mode: str, size: ModelSize, gpus: int, shape: GridShape, a: argparse.
                            "grid": str(shape), "batch": a.batch, "seq": seq, "steps": a.steps, "status": status,
                            "predicted_s": predicted}
     if summary:
-        comm = summary.get("comm_bytes_per_step") or {}
-        row.update(time_per_batch_s=summary["time_per_step_s"], tflops_per_device=summary["tflops_per_device"],
-                   tflops_total=summary["tflops_per_device"] * gpus, tokens_per_s=summary["tokens_per_s"],
+        comm = summary.get("comm_bytes") or {}             # train_gpt's summary: axgrid.metrics.summarize
+        row.update(time_per_batch_s=summary["step_s"], tflops_per_device=summary["tflops"],
+                   tflops_total=summary["tflops"] * gpus, tokens_per_s=summary["tokens_per_s"],
                    final_loss=summary["final_loss"],
                    **{f"bytes_{d}": int(comm.get(d, 0)) for d in "xyzd"},
                    bytes_other=int(sum(v for k, v in comm.items() if k not in ("x", "y", "z", "d"))))

@@ -23,10 +23,13 @@ FLOPs per step (axgrid.spec.flops; V = vocabulary, L layers, h hidden, B·S toke
     without recompute:    72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))
 TFLOP/s per device = FLOPs per step / time per step / number of ranks / 1e12.
 
-Logs (rank 0): one JSON object per line in ``--log`` -- a ``config`` record, one ``step`` record per step (loss,
-time, tokens/s, TFLOP/s, peak memory, ledger bytes per grid dimension for the step, energy when NVML reports it),
-and a ``summary`` record; a tqdm progress bar on stderr. ``main(argv)`` returns the summary dict (every rank), so
-sweeps and validation scripts can call it in-process.
+Metrics (``axgrid.metrics``, the same record every driver writes): ``--log run.jsonl`` gets a ``config`` row
+(model, grid, device, the peak MFU is taken against, energy source), one ``step`` row per step (loss, lr,
+grad_norm, step_s, tokens_per_s, tflops, mfu, peak_mem_bytes, comm_bytes / comm_s / comm_exposed_s per grid
+dimension, energy_j, power_w, tokens_per_j) and a ``summary`` row; ``--tensorboard DIR`` writes the same as
+TensorBoard scalars; a progress bar on rank 0 when stderr is a terminal; ``--comm-timing`` times every
+collective; ``--peak-tflops`` / ``--peak-machine local-4`` give MFU a peak where the device table has none (CPU).
+``main(argv)`` returns the summary dict (every rank), so sweeps and validation scripts can call it in-process.
 
 Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid: loading reshards). The run's settings
 (:func:`run_config`: model, seed, data, schedule, batch) are saved with each checkpoint; ``--resume`` refuses a
@@ -35,12 +38,9 @@ checkpoint saved with other settings, naming them, unless ``--allow-config-chang
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
 from axgrid.goldfish import goldfish_mask, kept_count  # noqa: E402
 from axgrid.layout import GridError, GridShape  # noqa: E402
+from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
 from axgrid.spec import NAMED_SIZES  # noqa: E402
 from axgrid.train import train_step  # noqa: E402
@@ -152,40 +153,6 @@ def load_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimi
 # ----------------------------------------------------------------------------------------------------------------
 # measurement helpers
 # ----------------------------------------------------------------------------------------------------------------
-class EnergyMeter:
-    """Energy of this rank's GPU from NVML (``pynvml``, optional); ``read()`` is None where it is unavailable."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.handle = None
-        if device.type != "cuda":
-            return
-        try:
-            import pynvml  # type: ignore[import-not-found]
-            pynvml.nvmlInit()
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._read = pynvml.nvmlDeviceGetTotalEnergyConsumption
-            self.read()
-        except Exception:
-            self.handle = None
-
-    def read(self) -> Optional[float]:
-        """Joules since the driver loaded, or None."""
-        if self.handle is None:
-            return None
-        try:
-            return float(self._read(self.handle)) / 1000.0
-        except Exception:
-            return None
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated device memory (GPU), or the process's peak resident set size (CPU)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024   # Linux reports KiB
-
-
 def lr_at(step: int, args: argparse.Namespace) -> float:
     """Linear warm-up over ``--warmup`` steps, then cosine decay from ``--lr`` to ``--min-lr`` at the last step."""
     if args.warmup and step < args.warmup:
@@ -227,16 +194,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
     p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
-    p.add_argument("--log", default=None, help="JSON-lines log file (rank 0)")
-    p.add_argument("--timing-skip", type=int, default=1, help="warm-up steps left out of the summary's means")
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
                    help="seconds before a stuck collective fails")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.add_argument("--save", default=None, help="checkpoint directory")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
     p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
                    help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
+    add_metrics_arguments(p)
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10
@@ -283,14 +248,6 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
 # ----------------------------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------------------------
-def _max_over_grid(grid: axgrid.Grid, value: float) -> float:
-    t = torch.tensor([float(value)], dtype=torch.float64, device=grid.device)
-    for dim in ("xyz", "d"):
-        if grid.size(dim) > 1:
-            t = grid.comm.all_gather(t, dim).max().reshape(1)
-    return float(t[0])
-
-
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Run the training; returns the summary (mean step time after warm-up, tokens/s, TFLOP/s, losses)."""
     args = parse_args(argv)
@@ -310,7 +267,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     if not on_gpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     config = axgrid.RuntimeConfig(timeout_s=args.timeout, overlap=axgrid.OverlapConfig.parse(args.overlap),
-                                  gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed)
+                                  gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed,
+                                  record_timing=args.comm_timing)
     grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
     try:
         return _train(args, cfg, grid, dtype)
@@ -334,37 +292,24 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
         raise SystemExit(f"--text-file {args.text_file}: {e}") from None
     start = load_checkpoint(args.resume, model=model, optimizer=opt, grid=grid, args=args) if args.resume else 0
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-    flops = cfg.flops_per_iteration(args.batch)
     tokens_per_step = args.batch * cfg.seq
     per_mb = args.batch // args.microbatches
     bd = per_mb // gd
-    energy = EnergyMeter(device)
-    log = open(args.log, "a" if args.resume else "w") if (rank0 and args.log) else None
-
-    def emit(record: dict[str, Any]) -> None:
-        if log is not None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-
     formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
                else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
-    emit({"event": "config", "model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
-          "seq": cfg.seq, "vocab": cfg.vocab, "parameters": cfg.parameters(), "grid": str(grid.shape),
-          "order": grid.order, "world": world, "backend": grid.backend, "dtype": dtype, "batch": args.batch,
-          "microbatches": args.microbatches, "recompute": cfg.recompute, "overlap": args.overlap,
-          "data": args.data, "goldfish_k": args.goldfish_k, "goldfish_mode": args.goldfish_mode,
-          "tune_gemm": args.tune_gemm, "flop_formula": formula, "flops_per_step": flops})
+    config = {"model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
+              "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
+              "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
+              "overlap": args.overlap, "data": args.data, "goldfish_k": args.goldfish_k,
+              "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
+    metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),
+                                tokens_per_step=tokens_per_step, dtype=dtype, config=config,
+                                progress=None if args.no_progress else args.steps, initial=start,
+                                append=bool(args.resume))
     if rank0:
         print(f"train_gpt: {cfg.name} ({cfg.parameters():,} parameters) on grid {grid.shape} ({world} ranks, "
               f"{grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
-              f"micro-batch(es), data {args.data}", flush=True)
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=args.steps, initial=start, disable=not rank0 or args.no_progress, file=sys.stderr,
-                   dynamic_ncols=True, mininterval=1.0)
-    except ImportError:  # tqdm is a dependency, but a bare environment should still train
-        bar = None
-    records: list[dict[str, Any]] = []
+              f"micro-batch(es), data {args.data}; energy: {metrics.meter.energy_source}", flush=True)
     from axgrid.checkpoint import SaveOnSignal
     stop = SaveOnSignal(grid).install() if args.save else None   # SIGTERM / SIGUSR1 -> save and exit
     for step in range(start, args.steps):
@@ -375,12 +320,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
         lr = lr_at(step, args)
         for group in opt.param_groups:
             group["lr"] = lr
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
-        e0 = energy.read()
-        grid.ledger.reset()
-        t0 = time.perf_counter()
+
         def loss_of(mb: int) -> torch.Tensor:
             rows = slice(mb * per_mb + d * bd, mb * per_mb + (d + 1) * bd)
             x, y = inputs[rows].to(device), targets[rows].to(device)
@@ -388,27 +328,12 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
             with autocast:
                 return model(x, y, m, normalizer=kept / gd)
 
+        metrics.begin()
         out = train_step(model, opt, loss_of, grid, args.microbatches, clip=args.clip)
-        loss_sum, gnorm = out.loss, out.grad_norm
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        comm = {k: int(v) for k, v in sorted(grid.ledger.bytes_by_dim().items())}
-        e1 = energy.read()
-        step_loss = float(grid.comm.all_reduce(loss_sum.reshape(1), "d", average=True)[0])  # not in the ledger
-        if not math.isfinite(step_loss):
-            raise FloatingPointError(f"loss became {step_loss} at step {step}; lower --lr or check the data")
-        rec = {"event": "step", "step": step, "loss": step_loss, "lr": lr, "grad_norm": gnorm, "time_s": dt,
-               "tokens_per_s": tokens_per_step / dt, "tflops_per_device": flops / dt / world / 1e12,
-               "peak_mem_bytes": peak_memory_bytes(device), "comm_bytes": comm,
-               "energy_j": (e1 - e0) if (e0 is not None and e1 is not None) else None}
-        if mask is not None:
-            rec["kept_fraction"] = kept / tokens_per_step
-        records.append(rec)
-        emit(rec)
-        if bar is not None:
-            bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
-            bar.update(1)
+        extra = {"kept_fraction": kept / tokens_per_step} if mask is not None else {}
+        rec = metrics.end(step, loss=out.loss, lr=lr, grad_norm=out.grad_norm, **extra)
+        if not math.isfinite(rec["loss"]):
+            raise FloatingPointError(f"loss became {rec['loss']} at step {step}; lower --lr or check the data")
         halt = stop is not None and stop.should_stop()           # collective: all ranks agree at this boundary
         if args.save and (halt or (args.save_every and (step + 1) % args.save_every == 0) or step + 1 == args.steps):
             save_checkpoint(args.save, model=model, optimizer=opt, step=step + 1, grid=grid, args=args)
@@ -419,28 +344,18 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
             break
     if stop is not None:
         stop.uninstall()
-    if bar is not None:
-        bar.close()
-    timed = records[args.timing_skip:] if len(records) > args.timing_skip else records
-    mean_t = sum(r["time_s"] for r in timed) / max(1, len(timed))
-    peak = _max_over_grid(grid, max((r["peak_mem_bytes"] for r in records), default=0))
-    summary = {"event": "summary", "model": cfg.name, "grid": str(grid.shape), "world": world, "dtype": dtype,
-               "steps": len(records), "timed_steps": len(timed), "time_per_step_s": mean_t,
-               "tokens_per_s": tokens_per_step / mean_t if mean_t else None,
-               "tflops_per_device": flops / mean_t / world / 1e12 if mean_t else None,
-               "first_loss": records[0]["loss"] if records else None,
-               "final_loss": records[-1]["loss"] if records else None,
-               "losses": [r["loss"] for r in records], "peak_mem_bytes_max_rank": int(peak),
-               "comm_bytes_per_step": records[-1]["comm_bytes"] if records else {}}
-    emit(summary)
-    if log is not None:
-        log.close()
-    if rank0 and not records:
+    losses = [r["loss"] for r in metrics.rows]
+    summary = metrics.close(model=cfg.name, grid=str(grid.shape), world=world, dtype=dtype,
+                            first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
+                            losses=losses)
+    if rank0 and not losses:
         print(f"train_gpt: nothing to run: the run is already at step {args.steps} (--steps)", flush=True)
     elif rank0:
-        print(f"train_gpt: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {len(records)} "
-              f"steps; {mean_t:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, "
-              f"{summary['tflops_per_device']:.4f} TFLOP/s per device", flush=True)
+        mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""
+        print(f"train_gpt: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {len(losses)} "
+              f"steps; {summary['step_s']:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, "
+              f"{summary['tflops']:.4f} TFLOP/s per device{mfu}, peak memory "
+              f"{summary['peak_mem_bytes'] / 2**20:.0f} MiB", flush=True)
     return summary
 
 

@@ -13,6 +13,7 @@ only the torch-free leaf ``axgrid.spec``: model sizes, the layer list, per-rank 
     evaluate, rank, Ranking, Row, price_grid                                the model and the ranking
     TPPPDP, price_tp_pp_dp (pipeline.price), price_named                    Megatron-style TP×PP×DP
     perfmodel.published.check_all                                           predicted vs published points
+    perfmodel.band.band_for                                                 the model's error band on a machine
 """
 from .comm import FCLayer, collective_bytes, collective_calls, collective_events, ring_time
 from .errors import MachineFileError, NoFeasibleConfig, PerfModelError

@@ -78,16 +78,20 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .rank import verdict
+
     p, m = rk.problem, rk.machine
     t = Table(title=f"{p.model.name} ({p.model.params / 1e9:.1f}B params), batch {p.batch}×{p.model.seq}, "
                     f"{p.gpus} × {m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}: "
                     f"4D grids and Megatron-style TP×PP×DP ranked together")
-    for c in ("#", "config", "s/batch", "TFLOP/s/GPU", "%peak", "GiB/GPU", "mb", "compute", "x", "y", "z", "d",
-              "bubble", "p2p"):
+    for c in ("#", "config", "s/batch", "band s", "", "TFLOP/s/GPU", "%peak", "GiB/GPU", "mb", "compute", "x", "y",
+              "z", "d", "bubble", "p2p"):
         t.add_column(c, justify="right")
     for i, r in enumerate(rk.combined[:top], 1):
         pipe = r.layout != "4D"
-        t.add_row(str(i), r.grid_str, f"{r.time_s:.3f}", f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
+        mark = ("≈" if r.within_error else "") + ("†" if r.out_of_range else "")
+        t.add_row(str(i), r.grid_str, f"{r.time_s:.3f}", f"{r.time_low:.2f}–{r.time_high:.2f}", mark,
+                  f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
                   f"{r.memory_bytes / 2**30:.1f}", str(r.microbatches), f"{r.compute_s:.3f}",
                   *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"),
                   f"{r.bubble_s:.3f}" if pipe else "-", f"{r.p2p_s:.3f}" if pipe else "-")
@@ -99,15 +103,14 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
               f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
               f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
               f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
-    best4 = rk.feasible[0] if rk.feasible else None
-    bestm = next((r for r in rk.megatron if r.feasible), None)
-    if best4 and bestm:
-        faster, slower = (best4, bestm) if best4.time_s <= bestm.time_s else (bestm, best4)
-        con.print(f"best 4D {best4.grid_str}: {best4.tflops_per_gpu:.1f} TFLOP/s/GPU; best TP×PP×DP "
-                  f"{bestm.grid_str}: {bestm.tflops_per_gpu:.1f}; {faster.layout} is "
-                  f"{slower.time_s / faster.time_s:.2f}× faster")
-    elif best4 or bestm:
-        con.print(f"no feasible {'TP×PP×DP configuration' if best4 else '4D grid'}")
+    if rk.band is not None:
+        con.print(f"band: {rk.band.describe()}. ≈ = within model error of the best row (bands overlap).")
+        shown = rk.combined[:top]
+        for why in dict.fromkeys(r.out_of_range for r in shown if r.out_of_range):
+            con.print(f"† outside the validated range: {why}")
+    line = verdict(rk)
+    if line:
+        con.print(line)
     if show_infeasible:
         bad = [r for r in rk.rows if not r.feasible][:show_infeasible]
         for r in bad:
@@ -146,7 +149,8 @@ def cmd_rank(a: argparse.Namespace) -> int:
                              f"configuration and prints its breakdown): drop one or the other")
     if a.show_infeasible < 0:
         raise PerfModelError(f"--show-infeasible {a.show_infeasible}: give the number of rejected grids to list (>= 0)")
-    single = [f for f, v in (("--vpp", a.vpp), ("--sp", a.sp), ("--mbs", a.mbs)) if v]
+    single = [f for f, v in (("--vpp", a.vpp), ("--sp", a.sp), ("--mbs", a.mbs),
+                             ("--recompute-mode", a.recompute_mode)) if v]
     if single and not named:
         raise PerfModelError(f"{' and '.join(single)} describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp "
                              f"with it (the ranking already tries VPP 1/2/4, micro-batch sizes 1/2/4/8 and SP)")
@@ -159,7 +163,9 @@ def cmd_rank(a: argparse.Namespace) -> int:
         dp = a.dp if a.dp is not None else prob.gpus // (tp * pp)
         if tp * pp * dp != prob.gpus:
             raise PerfModelError(f"TP·PP·DP = {tp}·{pp}·{dp} = {tp * pp * dp} is not --gpus {prob.gpus}")
-        row = price_named(prob, machine, tp, pp, dp, a.vpp or 1, a.sp, a.mbs)
+        from .band import banded
+        row = banded(price_named(prob, machine, tp, pp, dp, a.vpp or 1, a.sp, a.mbs, a.recompute_mode), machine,
+                     prob.gpus)
         print(explain(prob, machine, row))
         return 0
     rk = rank(prob, machine)
@@ -240,6 +246,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     res = val.validate_measured(rk, measured, a.out_dir, meta)
     print(f"n={res['n']}  Spearman rho={res['spearman']:.3f}  Kendall tau={res['kendall']:.3f}  "
           f"top-1 regret={res['top1_regret']:.3f}  MAPE={res['mape']:.1f}%  (CSV/plot in {a.out_dir})")
+    if a.write_residuals:
+        print(f"wrote {val.write_validated_residuals(rk, measured)}")
     return 0
 
 
@@ -247,18 +255,26 @@ def cmd_check_published(a: argparse.Namespace) -> int:
     from .published import TOLERANCE, check_all
 
     checks = check_all()
-    print(f"{'point':26} {'layout':8} {'GPUs':>6} {'published':>9} {'predicted':>9} {'ratio':>6}  {'top 5':8} "
+    print(f"{'point':26} {'layout':8} {'GPUs':>6} {'published':>10} {'predicted':>10} {'ratio':>6}  {'top 5':6} "
           f"predicted config")
     for c in checks:
         p, r = c.point, c.predicted
         top5 = "n/a" if c.top5 is None else ("yes" if c.top5 else "no")
-        print(f"{p.name:26} {p.layout:8} {p.gpus:6d} {p.tflops_per_gpu:9.1f} {r.tflops_per_gpu:9.1f} "
-              f"{c.ratio:6.2f}{'' if c.within else '*'} {top5:8} {r.grid_str} ({r.microbatches} mb)")
+        pub, pred = ((f"{p.seconds:9.2f}s", f"{r.time_s:9.2f}s") if p.seconds is not None
+                     else (f"{p.tflops_per_gpu:10.1f}", f"{r.tflops_per_gpu:10.1f}"))
+        note = f"; {c.memory_note}" if c.memory_note else ""
+        print(f"{p.name:26} {p.layout:8} {p.gpus:6d} {pub} {pred} {c.ratio:6.2f}{'' if c.within else '*'} "
+              f"{top5:6} {r.grid_str} ({r.microbatches} mb){note}")
     bad = [c for c in checks if not c.within]
-    print(f"TFLOP/s per GPU, bf16. Assumptions: sequence 2048, vocabulary 51200, batch = 1 sequence per GPU, "
-          f"recompute and all overlaps on, machine files as shipped; published configurations not held, so "
-          f"'predicted' is the best-ranked configuration of the published layout (top 5: n/a). "
+    print(f"Throughput points: TFLOP/s per GPU, bf16, sequence 2048, vocabulary 51200, batch = 1 sequence per GPU, "
+          f"recompute and all overlaps on, published configurations not held, so 'predicted' is the best-ranked "
+          f"configuration of the published layout (top 5: n/a). Time points (s/iteration): priced at the published "
+          f"configuration. Ratio = published/predicted time (> 1: optimistic). Machine files as shipped. "
           f"* = outside ±{TOLERANCE:.0%}: {len(bad)} of {len(checks)}.")
+    if a.write_residuals:
+        from .published import write_all_residuals
+        for f in write_all_residuals(checks):
+            print(f"wrote {f}")
     return 0
 
 
@@ -278,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--vpp", type=int, help="... interleaved model chunks per stage (default 1)")
     r.add_argument("--sp", action="store_true", help="... with sequence parallelism")
     r.add_argument("--mbs", type=int, help="... micro-batch size in sequences (default: the fastest of 1/2/4/8)")
+    r.add_argument("--recompute-mode", choices=["full", "selective", "none"],
+                   help="... activation recompute (default: full, or none with --no-recompute); selective: the core "
+                        "attention only (Korthikanti et al. 2022)")
     r.add_argument("--emit-slurm", metavar="DIR", help="write an sbatch script per top-k configuration")
     r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
     r.set_defaults(fn=cmd_rank)
@@ -301,8 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
                                       "experiments/measure_runtime.py steps PROBLEM-ARGS --out FILE.json` (the same "
                                       "problem arguments), or a CSV grid,seconds")
     v.add_argument("--out-dir", default="runs/validate")
+    v.add_argument("--write-residuals", action="store_true",
+                   help="store the measured/predicted residuals as the machine's error band (NAME.residuals.json "
+                        "next to its TOML), replacing this problem's earlier ones")
     v.set_defaults(fn=cmd_validate)
     cp = sub.add_parser("check-published", help="predicted vs published throughput for every published point held")
+    cp.add_argument("--write-residuals", action="store_true",
+                    help="store each machine's residuals (its error band) as perfmodel/machines/NAME.residuals.json")
     cp.set_defaults(fn=cmd_check_published)
     return ap
 

@@ -27,12 +27,15 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
     lines = [f"{row.layout} {row.grid_str} ({kind}) — {where}",
              f"  model {p.model.name}: L={p.model.layers} h={p.model.hidden} heads={p.model.heads} "
              f"seq={p.model.seq} vocab={p.model.vocab}; batch {p.batch} in {row.microbatches} micro-batch(es); "
-             f"{p.dtype}; overlap {p.options.overlap_spec()}; recompute {p.options.recompute}"]
+             f"{p.dtype}; overlap {p.options.overlap_spec()}; recompute {row.recompute or p.options.recompute}"]
     if not row.feasible:
         lines.append(f"  infeasible: {row.reason}")
     else:
         lines.append(f"  predicted {row.time_s:.4g} s/batch, {row.tflops_per_gpu:.1f} TFLOP/s/GPU = "
                      f"{row.pct_peak:.1f}% of peak on {m.name}")
+        if row.time_high > 0:
+            lines.append(f"  model error band {row.time_low:.4g}–{row.time_high:.4g} s (perfmodel.band)"
+                         + (f"; outside the validated range: {row.out_of_range}" if row.out_of_range else ""))
     if row.layout != "4D":
         stage = -(-p.model.layers // row.pp)
         lines.append(f"  pipeline: {row.pp} stage(s) of <= {stage} blocks, {row.vpp} chunk(s) per stage, "

@@ -1,7 +1,9 @@
 """Ranking: evaluate a search space, order feasible configurations by predicted time per batch (ties broken by
 the grid tuple, so the order never depends on enumeration order), keep infeasible ones with their reasons, and
 price the Megatron-style TP×PP×DP configurations (``perfmodel.pipeline``) alongside, so one table answers
-"4D or TP×PP×DP, and which shape"."""
+"4D or TP×PP×DP, and which shape". Every feasible row carries the model's error band on the machine
+(``perfmodel.band``): time_low / time_high, whether it is within model error of the best row, and whether it lies
+outside the validated range."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .band import Band, band_for, banded, with_band
 from .comm import DIMS
 from .errors import NoFeasibleConfig, PerfModelError
 from .machines import Machine
@@ -25,12 +28,14 @@ from .spec import Problem
 @dataclass
 class Ranking:
     """4D rows: feasible (best first, rank 1..) then infeasible (rank None); ``megatron``: the TP×PP×DP rows,
-    likewise (ranked among themselves); ``combined``: the feasible rows of both, best first."""
+    likewise (ranked among themselves); ``combined``: the feasible rows of both, best first; ``band``: the error
+    band the rows carry."""
 
     problem: Problem
     machine: Machine
     rows: list[Row]
     megatron: list[Row]
+    band: Band | None = None
 
     @property
     def feasible(self) -> list[Row]:
@@ -63,22 +68,24 @@ class Ranking:
 
     def to_csv(self, path: str | Path) -> None:
         """Every row (4D, then TP×PP×DP); ``rank`` is the rank within its layout."""
-        cols = ["rank", "grid", "feasible", "time_s", "tflops_per_gpu", "pct_peak", "memory_gib", "microbatches",
+        cols = ["rank", "grid", "feasible", "time_s", "time_low", "time_high", "within_error", "tflops_per_gpu", "pct_peak", "memory_gib", "microbatches",
                 "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [f"bytes_{d}" for d in DIMS] + [
-                "bubble_s", "p2p_s", "layout", "reason"]
+                "bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
             for r in self.rows + self.megatron:
-                w.writerow([r.rank, r.grid_str, r.feasible, r.time_s, r.tflops_per_gpu, r.pct_peak,
+                w.writerow([r.rank, r.grid_str, r.feasible, r.time_s, r.time_low, r.time_high, r.within_error,
+                            r.tflops_per_gpu, r.pct_peak,
                             r.memory_bytes / 2**30, r.microbatches, r.compute_s]
                            + [r.exposed_s.get(d, 0.0) for d in DIMS] + [r.step_bytes.get(d, 0.0) for d in DIMS]
-                           + [r.bubble_s, r.p2p_s, r.layout, r.reason])
+                           + [r.bubble_s, r.p2p_s, r.layout, r.out_of_range, r.reason])
 
     def to_json(self, path: str | Path) -> None:
         p = self.problem
         doc = {"model": asdict(p.model), "batch": p.batch, "gpus": p.gpus, "dtype": p.dtype,
                "options": asdict(p.options), "machine": self.machine.name,
+               "band": self.band.describe() if self.band else None,
                "rows": [row_json(r) for r in self.rows], "tp_pp_dp": [row_json(r) for r in self.megatron]}
         Path(path).write_text(json.dumps(doc, indent=1))
 
@@ -87,7 +94,8 @@ def row_json(r: Row) -> dict:
     """A row as JSON-ready data (grid as its string, infinite times as null)."""
     d = asdict(r)
     d["grid"] = r.grid_str
-    d["time_s"] = None if not np.isfinite(r.time_s) else r.time_s
+    for k in ("time_s", "time_low", "time_high"):
+        d[k] = None if not np.isfinite(d[k]) else d[k]
     return d
 
 
@@ -147,14 +155,35 @@ def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_fe
             f"no feasible grid for {prob.model.name} with batch {prob.batch} on {prob.gpus} GPUs of {machine.name} "
             f"({len(rows)} factorisations tried): {summary}")
     mrows = _ranked(price(prob, machine, enumerate_configs(prob, machine))) if tp_pp_dp else []
-    return Ranking(prob, machine, rows, mrows)
+    band = band_for(machine)
+    best = min((r.time_s for r in rows + mrows if r.feasible), default=np.inf)
+    best_high = best * band.hi
+    return Ranking(prob, machine, with_band(rows, band, best_high, prob.gpus),
+                   with_band(mrows, band, best_high, prob.gpus), band)
+
+
+def verdict(rk: Ranking) -> str:
+    """The 4D against TP×PP×DP line: the best of each, which is faster and by how much, and whether that
+    difference is larger than the model's error band on the machine (the two bests' bands do not overlap)."""
+    best4 = rk.feasible[0] if rk.feasible else None
+    bestm = next((r for r in rk.megatron if r.feasible), None)
+    if not (best4 and bestm):
+        return f"no feasible {'TP×PP×DP configuration' if best4 else '4D grid'}" if (best4 or bestm) else ""
+    fast, slow = (best4, bestm) if best4.time_s <= bestm.time_s else (bestm, best4)
+    head = (f"best 4D {best4.grid_str}: {best4.tflops_per_gpu:.1f} TFLOP/s/GPU; best TP×PP×DP {bestm.grid_str}: "
+            f"{bestm.tflops_per_gpu:.1f}; {fast.layout} is {slow.time_s / fast.time_s:.2f}× faster")
+    bands = (f"bands {fast.time_low:.3g}–{fast.time_high:.3g} s and {slow.time_low:.3g}–{slow.time_high:.3g} s")
+    if slow.time_low > fast.time_high:
+        return f"{head}, a difference larger than the model's error band ({bands} do not overlap)"
+    return (f"{head}, a difference within the model's error band ({bands} overlap): the model cannot tell "
+            f"them apart")
 
 
 def price_grid(prob: Problem, machine: Machine, grid: tuple[int, int, int, int]) -> Row:
-    """One named 4D grid, priced (feasible or not, with the reason); rank None."""
+    """One named 4D grid, priced (feasible or not, with the reason) with the machine's error band; rank None."""
     gx, gy, gz, gd = grid
     if gx * gy * gz * gd != prob.gpus:
         raise PerfModelError(f"grid {'x'.join(map(str, grid))} has {gx * gy * gz * gd} GPUs, not --gpus "
                              f"{prob.gpus}")
     ev = evaluate(prob, machine, Grids.of([grid]))
-    return _rows(ev, np.array([0]), ranked=False)[0]
+    return banded(_rows(ev, np.array([0]), ranked=False)[0], machine, prob.gpus)

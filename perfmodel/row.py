@@ -29,6 +29,11 @@ class Row:
     sp: bool = False     # sequence parallel
     bubble_s: float = 0.0  # pipeline bubble: (PP−1)/VPP stage-slots of one micro-batch
     p2p_s: float = 0.0     # activation sends between stages, exposed
+    recompute: str = ""    # TPxPPxDP named with its own recompute ("full"/"selective"/"none"); "": the problem's
+    time_low: float = 0.0  # the model's error band on this machine around time_s (``perfmodel.band``); 0 = not set
+    time_high: float = 0.0
+    within_error: bool = False  # band overlaps the best row's: not told apart from the best by the model
+    out_of_range: str = ""      # why this prediction lies outside what was validated on the machine ("" = inside)
 
     @property
     def grid_str(self) -> str:
@@ -36,4 +41,4 @@ class Row:
         if self.layout == "4D":
             return "x".join(str(v) for v in self.grid)
         return (f"TP{self.grid[1]}xPP{self.pp}xDP{self.grid[3]}" + (f"v{self.vpp}" if self.vpp > 1 else "")
-                + ("+SP" if self.sp else ""))
+                + ("+SP" if self.sp else "") + (f"/{self.recompute}" if self.recompute else ""))

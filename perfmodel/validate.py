@@ -113,6 +113,25 @@ def validate_measured(rk: Ranking, measured: dict[str, float], out_dir: str | Pa
     return res
 
 
+def write_validated_residuals(rk: Ranking, measured: dict[str, float]):
+    """Store this validation's measured/predicted times as the machine's residuals (``perfmodel.band``: its error
+    band), next to its TOML; earlier points of the same problem are replaced, other problems' kept. Returns the
+    file."""
+    from .band import Residual, read_residuals, residuals_path, write_residuals
+    path = residuals_path(rk.machine)
+    if path is None:
+        raise PerfModelError(f"machine {rk.machine.name} has no file to store residuals next to; load it from a TOML")
+    p = rk.problem
+    key = f"{p.model.name} b{p.batch} {p.gpus} GPUs {p.dtype} {p.options.overlap_spec()}"
+    new = [Residual(f"validate {key} {r.grid_str}", r.layout, p.gpus, r.grid_str, r.time_s, measured[r.grid_str],
+                    problem=key) for r in rk.feasible if r.grid_str in measured]
+    if not new:
+        raise PerfModelError("no measured configuration is among the feasible ones: nothing to store")
+    kept = [r for r in read_residuals(path) if r.problem != key]
+    return write_residuals(path, rk.machine.name, kept + new,
+                           "python -m axgrid.perfmodel validate PROBLEM-ARGS --measured FILE --write-residuals")
+
+
 def _plot(path: Path, rows: list[Row], meas: list[float], res: dict[str, float]) -> None:
     try:
         import matplotlib

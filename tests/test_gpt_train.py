@@ -43,8 +43,8 @@ def test_train_gpt_same_losses_on_every_grid(ranks, tmp_path):
     records = [json.loads(line) for line in open(log)]
     assert [r["event"] for r in records] == ["config", "step", "step", "step", "summary"]
     step = records[1]
-    for key in ("loss", "time_s", "tokens_per_s", "tflops_per_device", "peak_mem_bytes", "comm_bytes", "lr",
-                "kept_fraction"):
+    for key in ("loss", "step_s", "tokens_per_s", "tflops", "mfu", "peak_mem_bytes", "comm_bytes", "comm_s",
+                "energy_j", "energy_source", "lr", "kept_fraction"):
         assert key in step, key
     assert set(step["comm_bytes"]) >= {"y", "z"} and "x" not in step["comm_bytes"]   # grid 1x2x2x1: Gx = 1
     assert 0.5 < step["kept_fraction"] < 0.9

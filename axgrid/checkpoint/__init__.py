@@ -1,9 +1,10 @@
 """Sharded, reshardable, atomic checkpoints of a model and its optimizer.
 
 A checkpoint saved on one grid loads on any other grid (or into the serial model, ``grid=None``) built with
-the same sizes: every tensor is written as the rectangular tiles of its *dense* form that the ranks hold
-(:class:`axgrid.spec.TileSpec`), and a loading rank assembles its own tile from the saved tiles that
-overlap it, then cuts its part with ``TileSpec.part_of``.
+the same sizes: every tensor is written as rectangles (boxes) of its *dense* form -- each rank's own part, as
+:func:`axgrid.io.part_boxes` gives it -- and a loading rank reads, for each box of its own part, only the
+overlapping pieces of the saved boxes. Memory stays bounded: saving posts no gather and writes the rank's parts
+straight from the parameters into the file; loading holds the rank's parts plus one box in flight.
 
 Layout on disk (``root`` is what you pass to :class:`CheckpointManager` / :func:`save_checkpoint`)::
 
@@ -14,15 +15,15 @@ Layout on disk (``root`` is what you pass to :class:`CheckpointManager` / :func:
                                 dtype and tiles (file, key, offsets, shape), per file its size and sha256,
                                 optimizer class and hyper-parameters, user ``extra`` (e.g. data position),
                                 the run ``config`` (compared on resume)
-        rank-00000.pt           torch.save({"tensors": {key: tile}, "rng": {...}}) of plain tensors/dicts
-        rank-00001.pt           ...one per rank (every rank saves its RNG state; tiles only by their writer)
+        rank-00000.pt           torch.save({"tensors": {key: box}, "rng": {...}}) of plain tensors/dicts
+        rank-00001.pt           ...one per rank (every rank saves its RNG state; boxes only by their writer)
 
-Which rank writes a tile: a parameter's data is a tile of the dense tensor, possibly flattened and split over
-``split_dim`` (z). The split tile is all-gathered over z (through ``grid.comm``), and exactly one rank per
-distinct tile writes it: the one whose coordinate is 0 along the split dimension and along every letter of
-``param.axgrid_replicated``. Dense parameters (no tile) and scalar optimizer state (AdamW's ``step``) are
-written once, by rank 0. Optimizer tensors with the parameter's shape (``exp_avg``, ``exp_avg_sq``,
-momentum buffers) share the parameter's tile.
+Which rank writes a part: exactly one rank per distinct part, the one whose coordinate is 0 along every letter
+of ``param.axgrid_replicated`` (a Linear weight's z-parts are distinct, so every z-rank writes its own, as 1-3
+boxes; a part that is only padding writes nothing). Dense parameters (no tile) and scalar optimizer state
+(AdamW's ``step``) are written once, by rank 0. Optimizer tensors with the parameter's shape (``exp_avg``,
+``exp_avg_sq``, momentum buffers) share the parameter's tile. Checkpoints of older axgrid versions, which saved
+whole z-gathered tiles, are rectangles too and load unchanged (format version 1 either way).
 
 Atomicity: all ranks write into ``root/step-XXXXXXXX.tmp-<random>``; after every rank reported success (an
 all-reduce of a flag over "xyz" then "d"), rank 0 writes the manifest, renames the directory to its final name

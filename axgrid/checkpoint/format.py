@@ -1,4 +1,5 @@
-"""On-disk format constants, the error and result types, the tensor entry and small shared helpers."""
+"""On-disk format constants, the error and result types and small shared helpers (a rank's tensors as parts of
+dense tensors, and the agreement, are :mod:`axgrid.io`'s)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +10,6 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..spec import TileSpec
 
 FORMAT = "axgrid-checkpoint"
 VERSION = 1
@@ -40,32 +40,7 @@ class LoadInfo:
     rng: str                     # "per-rank", "from rank 0" (resharded) or "not restored"
     optimizer: bool              # optimizer state was restored
     config: dict[str, Any] = field(default_factory=dict)   # the run config it was saved with (flat, dotted names)
-
-
-@dataclass
-class _Entry:
-    """One tensor to save or load: this rank's data and where it sits in the dense tensor."""
-
-    name: str                         # "model/<state_dict key>" or "optim/<param name>/<state key>"
-    tensor: torch.Tensor              # this rank's data: the part when split, else the whole tile
-    tile: Optional[TileSpec]          # None: dense, replicated on every rank
-    replicated: str                   # grid letters holding identical copies
-    kind: str = "param"               # "param", "buffer", "optim" (parameter-shaped) or "optim-scalar"
-
-    @property
-    def dense_shape(self) -> tuple[int, ...]:
-        return tuple(self.tile.dense_shape) if self.tile else tuple(self.tensor.shape)
-
-    @property
-    def offsets(self) -> tuple[int, ...]:
-        return tuple(self.tile.offsets) if self.tile else (0,) * self.tensor.dim()
-
-    @property
-    def tile_shape(self) -> tuple[int, ...]:
-        return tuple(self.tile.tile_shape) if self.tile else tuple(self.tensor.shape)
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).replace("torch.", "")
+    bytes_read: int = 0          # tensor bytes this rank read from the files (its own parts, in the saved dtype)
 
 
 def _dtype_of(name: str) -> torch.dtype:
@@ -128,41 +103,9 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def _overlap(a_off: Sequence[int], a_shape: Sequence[int], b_off: Sequence[int],
-             b_shape: Sequence[int]) -> Optional[tuple[list[int], list[int]]]:
-    """The intersection ``[lo, hi)`` of two boxes, or None when empty (0-d boxes always intersect)."""
-    lo = [max(a, b) for a, b in zip(a_off, b_off)]
-    hi = [min(a + sa, b + sb) for a, sa, b, sb in zip(a_off, a_shape, b_off, b_shape)]
-    if any(h <= l for l, h in zip(lo, hi)):
-        return None
-    return lo, hi
-
-
 def _grid_str(grid) -> str:
     return "serial" if grid is None else str(grid.shape)
 
 
 def _rank_world(grid) -> tuple[int, int]:
     return (0, 1) if grid is None else (grid.rank, grid.world_size)
-
-
-def _agree(grid, values: Sequence[int]) -> list[int]:
-    """Sum of ``values`` (int64) over every rank of the grid: an all-reduce over "xyz" then over "d" (the two
-    groups together span the whole grid). Also a barrier. With no grid: the values themselves."""
-    t = torch.tensor(list(values), dtype=torch.int64)
-    if grid is not None:
-        if grid.device.type != "cpu":
-            t = t.to(grid.device)
-        t = grid.comm.all_reduce(t, "xyz")
-        t = grid.comm.all_reduce(t, "d")
-    return [int(v) for v in t.cpu().tolist()]
-
-
-def _fingerprint(entries: Sequence[_Entry]) -> int:
-    """24 bits identifying the list of tensors (names, dense shapes, dtypes, split): equal on all ranks of a
-    well-formed SPMD model."""
-    h = hashlib.sha256()
-    for e in entries:
-        split = e.tile.split_dim if e.tile else None
-        h.update(f"{e.name}|{e.dense_shape}|{_dtype_name(e.tensor.dtype)}|{split}|{e.kind};".encode())
-    return int.from_bytes(h.digest()[:3], "little")

@@ -1,17 +1,16 @@
-"""Loading on any grid: assemble each rank's tiles from the saved ones, then apply all at once."""
+"""Loading on any grid: assemble each rank's part from the saved tiles that overlap it (only the boxes of
+:func:`axgrid.io.part_boxes` are read), then apply all at once."""
 from __future__ import annotations
 
-import math
 import os
 import warnings
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import torch
 from torch import nn
 
-from ..sharding import tile_of
-from .format import (CheckpointError, CheckpointWarning, LoadInfo, _agree, _dtype_of, _Entry, _grid_str, _like, _overlap, _rank_world,
-                     _sha256_file)
+from ..io import Box, TensorPart, agree, overlap, part_boxes, read_part, replicated_letters, tile_of
+from .format import CheckpointError, CheckpointWarning, LoadInfo, _dtype_of, _grid_str, _like, _rank_world, _sha256_file
 from .runconfig import compare_config
 from .state import _check_entry, _model_entries, _param_names, _restore_rng
 from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoint
@@ -22,6 +21,7 @@ class _Reader:
     def __init__(self, ckdir: str, man: Mapping[str, Any], verify: bool) -> None:
         self.ckdir, self.man, self.verify = ckdir, man, verify
         self.cache: dict[str, dict[str, Any]] = {}
+        self.bytes_read = 0                                   # of tensor data, in the saved dtype
 
     def file(self, fname: str) -> dict[str, Any]:
         if fname not in self.cache:
@@ -40,41 +40,51 @@ class _Reader:
                                       f"{_alternatives(self.ckdir)}") from None
         return self.cache[fname]
 
-    def assemble(self, name: str, offsets: Sequence[int], shape: Sequence[int]) -> torch.Tensor:
-        """The box ``[offsets, offsets + shape)`` of tensor ``name``'s dense form, from the saved tiles."""
-        info = self.man["tensors"][name]
-        out = torch.empty(tuple(shape), dtype=_dtype_of(info["dtype"]))
+    def _pieces(self, name: str, box: Box) -> Iterator[tuple[Box, torch.Tensor, Box]]:
+        """``(overlap, saved tensor, saved box)`` for each saved box of ``name`` that overlaps ``box``; raises
+        unless they cover ``box`` (files are opened and checked, no data is read)."""
         covered = 0
-        for t in info["tiles"]:
-            ov = _overlap(offsets, shape, t["offsets"], t["shape"])
+        for t in self.man["tensors"][name]["tiles"]:
+            saved = Box(tuple(t["offsets"]), tuple(t["shape"]))
+            ov = overlap(box, saved)
             if ov is None:
                 continue
-            lo, hi = ov
             src = self.file(t["file"])["tensors"].get(t["key"])
             if src is None or list(src.shape) != list(t["shape"]):
                 raise CheckpointError(f"{os.path.join(self.ckdir, t['file'])}: tile {t['key']!r} is missing or has "
                                       f"the wrong shape; {_alternatives(self.ckdir)}")
-            dst = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, offsets))
-            srs = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, t["offsets"]))
-            out[dst] = src[srs]
-            covered += math.prod(h - l for l, h in zip(lo, hi))
-        if covered != math.prod(shape):
-            raise CheckpointError(f"{name}: the checkpoint's tiles cover {covered} of the {math.prod(shape)} "
+            covered += ov.numel
+            yield ov, src, saved
+        if covered != box.numel:
+            raise CheckpointError(f"{name}: the checkpoint's tiles cover {covered} of the {box.numel} "
                                   f"elements this rank needs; the manifest of {self.ckdir} is damaged")
+
+    def check(self, e: TensorPart) -> None:
+        """Entry ``e`` can be read: dense shapes agree, its part's boxes are covered, the files are sound."""
+        info = self.man["tensors"][e.name]
+        if tuple(info["dense_shape"]) != e.dense_shape:
+            raise CheckpointError(f"{e.name}: the checkpoint {self.ckdir} holds dense shape "
+                                  f"{tuple(info['dense_shape'])}, this model has {e.dense_shape}: it was saved from "
+                                  f"a model of other sizes (grid {self.man['grid']}, step {self.man['step']}); build "
+                                  f"the model with the checkpoint's sizes, or start fresh / point the resume path "
+                                  f"elsewhere")
+        for box in part_boxes(e.spec):
+            for _ in self._pieces(e.name, box):
+                pass
+
+    def assemble(self, name: str, box: Box) -> torch.Tensor:
+        """The ``box`` of tensor ``name``'s dense form, from the saved boxes (counted in ``bytes_read``)."""
+        out = torch.empty(box.shape, dtype=_dtype_of(self.man["tensors"][name]["dtype"]))
+        for ov, src, saved in self._pieces(name, box):
+            out[ov.slices(box.offsets)] = src[ov.slices(saved.offsets)]
+            self.bytes_read += ov.numel * out.element_size()
         return out
 
-
-def _target(reader: _Reader, e: _Entry, where: str) -> torch.Tensor:
-    """This rank's new data for entry ``e`` (shape and dtype of ``e.tensor``)."""
-    info = reader.man["tensors"][e.name]
-    if tuple(info["dense_shape"]) != e.dense_shape:
-        raise CheckpointError(f"{e.name}: the checkpoint {where} holds dense shape {tuple(info['dense_shape'])}, "
-                              f"this model has {e.dense_shape}: it was saved from a model of other sizes (grid "
-                              f"{reader.man['grid']}, step {reader.man['step']}); build the model with the "
-                              f"checkpoint's sizes, or start fresh / point the resume path elsewhere")
-    tile = reader.assemble(e.name, e.offsets, e.tile_shape)
-    part = e.tile.part_of(tile) if e.tile is not None and e.tile.split_dim else tile.reshape(e.tensor.shape)
-    return part.to(e.tensor.dtype)
+    def part(self, e: TensorPart) -> torch.Tensor:
+        """This rank's new data for entry ``e`` (shape and dtype of ``e.tensor``), read box by box."""
+        self.check(e)
+        part = read_part(e.spec, lambda box: self.assemble(e.name, box), dtype=e.tensor.dtype)
+        return part.reshape(e.tensor.shape)
 
 
 def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, grid=None, *,
@@ -84,17 +94,24 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     """Load the checkpoint at ``path`` (a checkpoint directory, or a root with a ``latest`` pointer) into
     ``model`` (and ``optimizer``), on any grid.
 
-    Collective (one agreement all-reduce, posted after all checks): every rank of ``grid`` calls it. ``strict``:
+    Collective (agreement all-reduces, the first posted after all checks): every rank of ``grid`` calls it. ``strict``:
     the model's tensors and the checkpoint's must match by name. ``verify``: check the sha256 of every file read.
     RNG states (global and ``generators``) are restored per rank when the grid is unchanged, else from the
     saving rank 0 on every rank. ``config``: this run's settings, compared field by field with those the
     checkpoint was saved with (see :func:`save_checkpoint`); a difference raises :class:`ConfigMismatch` naming
     the fields, unless listed in ``allow_changes`` (field names like ``"steps"``, or prefixes like ``"model"``).
-    On any error every rank raises :class:`CheckpointError` and nothing is changed.
+    On any error every rank raises :class:`CheckpointError` and nothing is changed (every check, the sha256
+    of every file included, comes before the first tensor is written; only a disk failing during the reads
+    after them can leave the model partly loaded, and then every rank raises too).
+
+    Memory: the model's tensors are read one at a time, each rank reading only the boxes of its own parts
+    (``LoadInfo.bytes_read``); the optimizer's state is assembled before the agreement (it becomes the
+    optimizer's state). Two agreement all-reduces in all.
     """
     rank, world = _rank_world(grid)
     err: Optional[CheckpointError] = None
-    staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+    todo: list[TensorPart] = []
+    reader: Optional[_Reader] = None
     opt_state: Optional[dict[str, Any]] = None
     info: Optional[LoadInfo] = None
     rng_state: Optional[Mapping[str, Any]] = None
@@ -120,9 +137,9 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
             raise CheckpointError(f"the checkpoint {ckdir} and this model hold different tensors: missing from the "
                                   f"checkpoint {miss}, not in the model {extra_}; build the same model (or pass "
                                   f"strict=False to load the common ones)")
-        for e in mine:
-            if e.name in saved:
-                staged.append((e.tensor, _target(reader, e, ckdir)))
+        todo = [e for e in mine if e.name in saved]
+        for e in todo:                                  # every check before anything changes; no data read
+            reader.check(e)
         if optimizer is not None:
             opt_state = _stage_optimizer(reader, model, optimizer, grid, ckdir)
         same = (man["world_size"] == world and man["grid"] == _grid_str(grid)
@@ -140,16 +157,24 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
                         not same, rng_note, opt_state is not None, dict(man.get("config") or {}))
     except CheckpointError as ex:
         err = ex
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if err is not None:
         raise err
     if failed:
         raise CheckpointError(f"{failed} rank(s) could not load the checkpoint {where} (see their errors); "
                               f"nothing was changed")
-    assert info is not None
-    with torch.no_grad():
-        for dst, src in staged:
-            dst.copy_(src)
+    assert info is not None and reader is not None
+    try:                                                # one tensor's part in flight at a time
+        with torch.no_grad():
+            for e in todo:
+                e.tensor.copy_(reader.part(e))
+    except (CheckpointError, OSError, RuntimeError) as ex:   # checked above: only a failing disk gets here
+        err = ex if isinstance(ex, CheckpointError) else CheckpointError(
+            f"reading {where} failed on rank {rank} ({type(ex).__name__}: {ex})")
+    (failed,) = agree(grid, [int(err is not None)])
+    if failed:
+        raise err or CheckpointError(f"{failed} rank(s) failed reading {where} (see their errors)")
+    info.bytes_read = reader.bytes_read
     if opt_state is not None:
         optimizer.load_state_dict(opt_state)  # type: ignore[union-attr]
     if rng_state is not None:
@@ -191,8 +216,7 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
         groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items() if k != "params" and k in cg}})
         for p, pname, idx in zip(g["params"], pnames, cg["params"]):
             st: dict[str, Any] = {}
-            tile = tile_of(p)
-            rep = getattr(p, "axgrid_replicated", None) or ("d" if tile is not None else "xyzd")
+            tile, rep = tile_of(p), replicated_letters(p)
             for key in desc["state_keys"].get(pname, []):
                 name = f"optim/{pname}/{key}"
                 info = reader.man["tensors"].get(name)
@@ -201,9 +225,10 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
                                           f"manifest is damaged; {_alternatives(ckdir)}")
                 if info["kind"] == "optim":
                     like = torch.empty(p.shape, dtype=_dtype_of(info["dtype"]))
-                    st[key] = _target(reader, _Entry(name, like, tile, rep, "optim"), ckdir)
+                    st[key] = reader.part(TensorPart(name, like, tile, rep, "optim"))
                 else:
-                    st[key] = reader.assemble(name, [0] * len(info["dense_shape"]), info["dense_shape"])
+                    shape = tuple(info["dense_shape"])
+                    st[key] = reader.assemble(name, Box((0,) * len(shape), shape))
             st.update(desc["values"].get(pname, {}))
             if st:
                 state[idx] = st

@@ -6,7 +6,8 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
-from .format import CheckpointError, LoadInfo, _agree, _rank_world
+from ..io import agree
+from .format import CheckpointError, LoadInfo, _rank_world
 from .load import load_checkpoint
 from .save import save_checkpoint
 from .store import latest_checkpoint
@@ -37,7 +38,7 @@ class CheckpointManager:
             found = self.latest() is not None
         except CheckpointError:            # a damaged pointer: load_checkpoint below says why, on every rank
             found = True
-        (n,) = _agree(self.grid, [int(found)])
+        (n,) = agree(self.grid, [int(found)])
         world = _rank_world(self.grid)[1]
         if n == 0:
             return None

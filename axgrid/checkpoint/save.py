@@ -1,9 +1,8 @@
-"""Saving: every rank writes its tiles into a temporary directory, rank 0 finishes it atomically."""
+"""Saving: every rank writes its own parts (as boxes of the dense tensors, no gather) into a temporary directory,
+rank 0 finishes it atomically."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import math
 import os
@@ -16,28 +15,33 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _agree, _dtype_name, _Entry,
-                     _fingerprint, _fsync_dir, _grid_str, _rank_world, _write_bytes)
+from ..io import Box, TensorPart, agree, dtype_name, fingerprint, part_boxes
+from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world,
+                     _sha256_file, _write_bytes)
 from .runconfig import config_record
 from .state import _check_entry, _model_entries, _optim_entries, _rng_state
 from .store import list_checkpoints
 
-def _is_writer(grid, e: _Entry) -> bool:
+def _is_writer(grid, e: TensorPart) -> bool:
+    """One rank per distinct part: coordinate 0 along every letter the part is replicated over."""
     if grid is None:
         return True
-    letters = set(e.replicated) & set("xyzd")
-    if e.tile is not None and e.tile.split_dim:
-        letters.add(e.tile.split_dim)
-    return all(grid.coord[c] == 0 for c in letters)
+    return all(grid.coord[c] == 0 for c in set(e.replicated) & set("xyzd"))
 
 
-def _whole_tile(grid, e: _Entry) -> torch.Tensor:
-    """The entry's whole tile ``tile_shape`` (all-gathered over the split dimension: a collective)."""
-    t = e.tensor
-    if e.tile is not None and e.tile.split_dim:
-        full = grid.comm.all_gather(t.contiguous(), e.tile.split_dim).reshape(-1) if grid is not None else t
-        return full[: e.tile.tile_numel].view(e.tile.tile_shape)
-    return t.reshape(e.tile_shape)
+def _boxes_of(e: TensorPart) -> list[tuple[str, Box, torch.Tensor]]:
+    """``(key, box, data)`` for each box of this rank's part (:func:`axgrid.io.part_boxes`): views of the part
+    on the CPU (a copy only from another device, or when the part is a view into a larger buffer)."""
+    flat = e.tensor.detach().reshape(-1)
+    if flat.device.type != "cpu" or flat.untyped_storage().nbytes() != flat.numel() * flat.element_size():
+        flat = flat.to("cpu", copy=True)
+    boxes = part_boxes(e.spec)
+    out, pos = [], 0
+    for i, box in enumerate(boxes):
+        key = e.name if len(boxes) == 1 else f"{e.name}#{i}"
+        out.append((key, box, flat[pos: pos + box.numel].view(box.shape)))
+        pos += box.numel
+    return out
 
 
 def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
@@ -58,7 +62,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     rank, world = _rank_world(grid)
     final = os.path.join(root, f"step-{int(step):08d}")
     err: Optional[CheckpointError] = None
-    entries: list[_Entry] = []
+    entries: list[TensorPart] = []
     optim_desc: Optional[dict[str, Any]] = None
     rng: dict[str, Any] = {}
     record: Optional[dict[str, Any]] = None
@@ -81,9 +85,9 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
         rng = _rng_state(generators)
     except CheckpointError as ex:
         err = ex
-    fp = _fingerprint(entries)
+    fp = fingerprint(entries)
     token = secrets.randbits(40) if rank == 0 else 0   # not torch's RNG: saving must not change training
-    failed, s1, s2, token = _agree(grid, [int(err is not None), fp, fp * fp, token])
+    failed, s1, s2, token = agree(grid, [int(err is not None), fp, fp * fp, token])
     if err is not None:
         raise err
     if failed:
@@ -97,27 +101,29 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     fname = f"rank-{rank:05d}.pt"
     tensors: dict[str, torch.Tensor] = {}
     tiles: list[dict[str, Any]] = []
-    for e in entries:                                   # collectives (z all-gathers) in the same order everywhere
-        whole = _whole_tile(grid, e)
+    for e in entries:                                   # no collective: each writer saves its own part's boxes
         if _is_writer(grid, e):
-            tensors[e.name] = whole.detach().to("cpu", copy=True).contiguous()
-            tiles.append({"name": e.name, "key": e.name, "offsets": list(e.offsets), "shape": list(e.tile_shape)})
+            for key, box, data in _boxes_of(e):
+                tensors[key] = data
+                tiles.append({"name": e.name, "key": key, "offsets": list(box.offsets), "shape": list(box.shape)})
     try:
         os.makedirs(tmp, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save({"tensors": tensors, "rng": rng}, buf)
-        data = buf.getvalue()
-        _write_bytes(os.path.join(tmp, fname), data)
-        index = {"rank": rank, "file": fname, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        path = os.path.join(tmp, fname)
+        with open(path, "wb") as f:                    # streamed to the file: no second copy in memory
+            torch.save({"tensors": tensors, "rng": rng}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tensors.clear()
+        index = {"rank": rank, "file": fname, "bytes": os.path.getsize(path), "sha256": _sha256_file(path),
                  "tiles": tiles}
         _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
     except Exception as ex:  # OSError, or torch.save failing: every rank must still reach the agreement below
         err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {type(ex).__name__}: {ex}")
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        _agree(grid, [0])                   # every rank raises only once the files are gone
+        agree(grid, [0])                   # every rank raises only once the files are gone
         raise err or CheckpointError(f"{failed} rank(s) failed writing {final} (see their errors); the previous "
                                      f"checkpoints and {os.path.join(root, LATEST)} are untouched")
     if rank == 0:
@@ -130,14 +136,14 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
             err = ex if isinstance(ex, CheckpointError) else CheckpointError(
                 f"finishing {final} failed ({type(ex).__name__}: {ex}); {os.path.join(root, LATEST)} still names "
                 f"a complete checkpoint")
-    (failed,) = _agree(grid, [int(err is not None)])
+    (failed,) = agree(grid, [int(err is not None)])
     if failed:
         raise err or CheckpointError(f"rank 0 failed to finish {final} (see its error); the previous checkpoints "
                                      f"are untouched")
     return final
 
 
-def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_desc: Optional[dict[str, Any]],
+def _finish(root: str, tmp: str, final: str, entries: Sequence[TensorPart], optim_desc: Optional[dict[str, Any]],
             grid, world: int, step: int, extra: Optional[Mapping[str, Any]], record: Optional[dict[str, Any]],
             generators: Optional[Mapping[str, torch.Generator]], keep: Optional[int], token: int) -> None:
     """Rank 0, after every rank wrote its file: manifest, move into place, ``latest``, pruning.
@@ -170,7 +176,7 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[_Entry], optim_de
         if covered != math.prod(e.dense_shape):
             raise CheckpointError(f"{e.name}: the saved tiles cover {covered} of {math.prod(e.dense_shape)} "
                                   f"elements; its parameters' axgrid_replicated / axgrid_tile marks are wrong")
-        tensors[e.name] = {"dense_shape": list(e.dense_shape), "dtype": _dtype_name(e.tensor.dtype),
+        tensors[e.name] = {"dense_shape": list(e.dense_shape), "dtype": dtype_name(e.tensor.dtype),
                            "kind": e.kind, "tiles": got}
     man = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(),
            "torch": torch.__version__, "grid": _grid_str(grid), "order": None if grid is None else grid.order,

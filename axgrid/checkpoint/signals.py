@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 from typing import Any, Iterable, Optional
 
-from .format import _agree
+from ..io import agree
 
 class SaveOnSignal:
     """Turn SIGTERM / SIGUSR1 into a stop request that all ranks agree on at a step boundary.
@@ -59,6 +59,6 @@ class SaveOnSignal:
     def should_stop(self) -> bool:
         """Collective: True on every rank when any rank got one of the signals."""
         if not self.stopped:
-            (n,) = _agree(self.grid, [int(self.requested)])
+            (n,) = agree(self.grid, [int(self.requested)])
             self.stopped = n > 0
         return self.stopped

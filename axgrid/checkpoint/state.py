@@ -8,33 +8,25 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
-from ..sharding import tile_of
-from .format import CheckpointError, _Entry, _json_safe
+from ..io import TensorPart, model_parts, replicated_letters, tile_of
+from .format import CheckpointError, _json_safe
 
-def _model_entries(model: nn.Module) -> list[_Entry]:
-    out = []
-    params = {id(p) for p in model.parameters()}
-    for name, t in model.state_dict(keep_vars=True).items():
-        if not torch.is_tensor(t):
-            raise CheckpointError(f"model state {name!r} is a {type(t).__name__}, not a tensor; checkpoints hold "
-                                  f"tensors only (keep other state in extra=...)")
-        tile = tile_of(t)
-        rep = getattr(t, "axgrid_replicated", None)
-        if rep is None:
-            rep = "d" if tile is not None else "xyzd"
-        out.append(_Entry("model/" + name, t.detach(), tile, rep, "param" if id(t) in params else "buffer"))
-    return out
+def _model_entries(model: nn.Module) -> list[TensorPart]:
+    try:
+        return model_parts(model)
+    except TypeError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in model.named_parameters()}
 
 
-def _optim_entries(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[_Entry], dict[str, Any]]:
+def _optim_entries(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[TensorPart], dict[str, Any]]:
     """Entries for the optimizer's tensor state and a JSON description (class, groups, non-tensor values)."""
     names = _param_names(model)
     groups, values, keys = [], {}, {}
-    entries: list[_Entry] = []
+    entries: list[TensorPart] = []
     for gi, g in enumerate(opt.param_groups):
         pnames = []
         for p in g["params"]:
@@ -53,11 +45,9 @@ def _optim_entries(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[_
                     continue
                 name = f"optim/{pname}/{key}"
                 if tuple(v.shape) == tuple(p.shape) and key != "step":
-                    tile = tile_of(p)
-                    rep = getattr(p, "axgrid_replicated", None) or ("d" if tile is not None else "xyzd")
-                    entries.append(_Entry(name, v.detach(), tile, rep, "optim"))
+                    entries.append(TensorPart(name, v.detach(), tile_of(p), replicated_letters(p), "optim"))
                 elif v.numel() == 1:
-                    entries.append(_Entry(name, v.detach(), None, "xyzd", "optim-scalar"))
+                    entries.append(TensorPart(name, v.detach(), None, "xyzd", "optim-scalar"))
                 else:
                     raise CheckpointError(f"optimizer state {key!r} of parameter {pname!r} has shape "
                                           f"{tuple(v.shape)}, neither the parameter's shape {tuple(p.shape)} nor a "
@@ -67,7 +57,7 @@ def _optim_entries(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[_
     return entries, desc
 
 
-def _check_entry(e: _Entry, grid) -> None:
+def _check_entry(e: TensorPart, grid) -> None:
     """This rank's data agrees with its TileSpec and the grid."""
     if e.tile is None:
         return

@@ -52,6 +52,7 @@ from ..nn.layernorm import LayerNorm
 from ..nn.linear import Linear
 from ..nn.vocab_parallel import vocab_parallel_cross_entropy
 from ..spec import NAMED_SIZES, FCLayer, block_layers, gpt_flops_per_iteration, gpt_parameters, head_layer, named_size
+from .kv_cache import KVCache, LayerKV
 
 
 @dataclass(frozen=True)
@@ -175,11 +176,19 @@ class Block(nn.Module):
         self.up = _fc(cfg, grid, prefix + "up", fc["up"])
         self.down = _fc(cfg, grid, prefix + "down", fc["down"])
 
-    def forward(self, x: torch.Tensor, b: int, s: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, b: int, s: int, kv: Optional[LayerKV] = None) -> torch.Tensor:
+        """``kv``: this layer's cache (incremental decoding): the ``s`` new tokens attend to every cached one."""
         hl, dh = self.heads_local, self.head_dim
         qkv = self.qkv(self.ln1(x)).view(b, s, hl, 3, dh)             # [b, S, H_loc, 3, d]
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, H_loc, S, d] each
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, H_loc, S, d]
+        if kv is not None:
+            k, v = kv.append(k, v)                                     # [b, H_loc, T, d]: T = cached + S
+        t = k.shape[2]
+        if t == s:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, H_loc, S, d]
+        else:   # new token i sits at position t - s + i: it sees keys 0 .. t - s + i
+            mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(t - s)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         att = att.transpose(1, 2).reshape(b * s, hl * dh)              # [m', h/Gy]
         x = x + self.proj(att)
         return x + self.down(F.gelu(self.up(self.ln2(x))))
@@ -188,7 +197,9 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A GPT on the grid (``grid``) or serial (``grid=None``) with the same weights; see the module docstring.
 
-    ``forward(tokens [B_d, S], targets [B_d, S] | None, loss_mask [B_d, S] | None, normalizer=None)``:
+    ``forward(tokens [B_d, S], targets [B_d, S] | None, loss_mask [B_d, S] | None, normalizer=None, cache=None)``
+    (``cache``: a :class:`~axgrid.models.kv_cache.KVCache` of this rank's sequences and heads; the tokens then
+    continue the cached ones, at positions ``cache.length ..``; see :func:`axgrid.generate`):
 
     - without ``targets``: this rank's logits ``[B_d/Gz, S, V/Gy]`` (serial: ``[B, S, V]``);
     - with ``targets``: the scalar loss ``sum(per-token CE · loss_mask) / normalizer`` over all ``B_d`` sequences
@@ -210,14 +221,15 @@ class GPT(nn.Module):
         self.head = _fc(cfg, grid, "head", head_layer(cfg.hidden, cfg.vocab))
 
     # -- data split -----------------------------------------------------------------------------------
-    def check_batch(self, tokens: torch.Tensor) -> None:
-        """Raise (before any collective) when ``tokens`` cannot be this model's input on this grid."""
+    def check_batch(self, tokens: torch.Tensor, start: int = 0) -> None:
+        """Raise (before any collective) when ``tokens`` cannot be this model's input on this grid (``start``:
+        the position of its first token, i.e. tokens already cached)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
         b, s = tokens.shape
-        if s > self.config.seq:
-            raise ValueError(f"sequence length {s} exceeds GPTConfig.seq={self.config.seq} (position table rows); "
-                             f"use sequences of at most {self.config.seq} tokens or a larger seq")
+        if start + s > self.config.seq:
+            raise ValueError(f"sequence length {start + s} exceeds GPTConfig.seq={self.config.seq} (position table "
+                             f"rows); use sequences of at most {self.config.seq} tokens or a larger seq")
         gz = 1 if self.grid is None else self.grid.size("z")
         if b == 0 or b % gz:
             raise ValueError(f"this rank's batch of {b} sequences is not divisible by Gz={gz} (grid "
@@ -234,8 +246,13 @@ class GPT(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                loss_mask: Optional[torch.Tensor] = None, *, normalizer: Optional[float] = None) -> torch.Tensor:
-        self.check_batch(tokens)
+                loss_mask: Optional[torch.Tensor] = None, *, normalizer: Optional[float] = None,
+                cache: Optional[KVCache] = None) -> torch.Tensor:
+        start = 0 if cache is None else cache.length
+        self.check_batch(tokens, start)
+        if cache is not None and len(cache.layers) != len(self.blocks):
+            raise ValueError(f"cache has {len(cache.layers)} layers, the model {len(self.blocks)}; use "
+                             f"KVCache({len(self.blocks)})")
         for name, t in (("targets", targets), ("loss_mask", loss_mask)):
             if t is not None and t.shape != tokens.shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, expected the tokens' {tuple(tokens.shape)}")
@@ -243,13 +260,14 @@ class GPT(nn.Module):
         rows = self.local_rows(batch)
         tok = tokens[rows]
         b = tok.shape[0]
-        pos = torch.arange(s, device=tok.device).repeat(b)
+        pos = torch.arange(start, start + s, device=tok.device).repeat(b)
         x = self.wte(tok.reshape(-1)) + self.wpe(pos)                 # [b·S, h_loc]
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            kv = None if cache is None else cache.layers[i]
             if self.config.recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, b, s, use_reentrant=False)
+                x = checkpoint(block, x, b, s, kv, use_reentrant=False)
             else:
-                x = block(x, b, s)
+                x = block(x, b, s, kv)
         logits = self.head(self.ln_f(x))                               # [b·S, V_loc]
         if targets is None:
             return logits.view(b, s, -1)

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..grid import Grid
+from ..io.tiles import part_of_dense
 from ..redistribute import feature_part
 from ..sharding import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
@@ -58,7 +59,7 @@ class Embedding(nn.Module):
 
     def __init__(self, num: int, dim: int, grid: Optional[Grid] = None, *, feature_dim: str = "x", seed: int = 0,
                  std: float = 0.02, padding_idx: Optional[int] = None, dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, init: bool = True) -> None:
         super().__init__()
         self.grid, self.num, self.dim, self.feature_dim = grid, num, dim, feature_dim
         if padding_idx is not None and not -num <= padding_idx < num:
@@ -73,7 +74,8 @@ class Embedding(nn.Module):
             other = "y" if feature_dim == "x" else "x"
             self.weight.axgrid_tile = TileSpec((num, dim), (0, f0), (num, local))
             self.weight.axgrid_replicated = other + "zd"
-        self.reset_parameters()
+        if init:                                  # init=False: left uninitialised for a loader that fills it
+            self.reset_parameters()
         add_state_hooks(self)
 
     __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
@@ -87,12 +89,15 @@ class Embedding(nn.Module):
 
     @classmethod
     def from_dense(cls, dense: nn.Embedding, grid: Grid, feature_dim: str = "x") -> "Embedding":
-        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank); padding row kept."""
+        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank); padding row kept. A
+        ``dense`` on the meta device gives an uninitialised table on the grid's device (for a loader to fill)."""
         w = dense.weight
+        meta = w.device.type == "meta"
         emb = cls(dense.num_embeddings, dense.embedding_dim, grid, feature_dim=feature_dim,
-                  padding_idx=dense.padding_idx, dtype=w.dtype, device=w.device)
+                  padding_idx=dense.padding_idx, dtype=w.dtype, device=None if meta else w.device, init=not meta)
         with torch.no_grad():
-            emb.weight.copy_(w.detach()[:, emb.f0: emb.f0 + emb.local])
+            if not meta:
+                emb.weight.copy_(w.detach() if grid is None else part_of_dense(emb.weight.axgrid_tile, w))
         emb.weight.requires_grad_(w.requires_grad)
         return emb
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..comm import Pending
 from ..grid import Grid, current_grid
+from ..io.tiles import Box, part_of_dense, read_part
 from ..redistribute import gather_tokens_features, shard_tokens_features
 from ..sharding import add_state_hooks, deepcopy_keeping_marks
 from ..spec import LinearSharding
@@ -106,13 +107,15 @@ class Linear(nn.Module):
 
     Initialisation is :mod:`axgrid.nn.init`'s hashed scheme: each rank computes its own shard, and the layer
     equals ``init.reference_linear(in, out, bias, seed)`` sliced. ``seed`` defaults to one drawn from the
-    grid's seed and the layer's construction order (identical on every rank).
+    grid's seed and the layer's construction order (identical on every rank). ``init=False`` leaves the
+    parameters uninitialised (``torch.empty``) for a loader that fills them.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, transpose: bool = False, *,
                  grid: Optional[Grid] = None, input_layout: Layout = "replicated",
                  output_layout: Layout = "replicated", seed: Optional[int] = None,
-                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
+                 init: bool = True) -> None:
         super().__init__()
         for name, v in (("input_layout", input_layout), ("output_layout", output_layout)):
             if v not in ("replicated", "sharded"):
@@ -135,7 +138,8 @@ class Linear(nn.Module):
             self.bias.axgrid_tile = sh.bias_tile
         else:
             self.register_parameter("bias", None)
-        self.reset_parameters()
+        if init:
+            self.reset_parameters()
         add_state_hooks(self)
         self.runtime.grads.watch(self.parameters())
 
@@ -153,17 +157,12 @@ class Linear(nn.Module):
                                                     range(sh.row0, sh.row0 + sh.n_blk), b, torch.float64)[0])
 
     def _shard_from(self, block_of) -> torch.Tensor:
-        """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix."""
-        sh = self.sharding
-        start, stop = sh.weight_tile.part_range()                # of the flattened block [n_blk·k_blk]
-        out = torch.zeros(sh.shard_numel, dtype=torch.float64)
-        if stop > start:
-            r0, r1 = start // sh.k_blk, (stop - 1) // sh.k_blk + 1  # block rows touched by the shard
-            rows = block_of(range(sh.row0 + r0, sh.row0 + r1), range(sh.col0, sh.col0 + sh.k_blk))
-            flat = rows.reshape(-1)
-            off = start - r0 * sh.k_blk
-            out[: stop - start] = flat[off: off + stop - start]
-        return out
+        """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix
+        (called for each box of the shard, :func:`axgrid.io.part_boxes`)."""
+        def read(box: Box) -> torch.Tensor:
+            (r, c), (nr, nc) = box.offsets, box.shape
+            return block_of(range(r, r + nr), range(c, c + nc))
+        return read_part(self.sharding.weight_tile, read, dtype=torch.float64)
 
     def load_dense_(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> "Linear":
         """Copy this rank's pieces from a dense ``weight [out, in]`` (and ``bias [out]``) held on this rank."""
@@ -171,22 +170,23 @@ class Linear(nn.Module):
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"dense weight has shape {tuple(weight.shape)}, expected "
                              f"({self.out_features}, {self.in_features})")
-        w = weight.detach().to("cpu", torch.float64)
         with torch.no_grad():
-            self.weight.copy_(self._shard_from(lambda rows, cols: w[rows.start:rows.stop, cols.start:cols.stop]))
+            self.weight.copy_(part_of_dense(sh.weight_tile, weight))
             if self.bias is not None:
                 if bias is None:
                     raise ValueError("this layer has a bias but no dense bias was given")
-                self.bias.copy_(bias.detach()[sh.row0: sh.row0 + sh.n_blk])
+                self.bias.copy_(part_of_dense(sh.bias_tile, bias))
         return self
 
     @classmethod
     def from_dense(cls, dense: nn.Linear, grid: Optional[Grid] = None, transpose: bool = False,
                    **kwargs) -> "Linear":
-        """A parallel copy of ``dense`` (held in full on every rank)."""
+        """A parallel copy of ``dense`` (held in full on every rank). A ``dense`` on the meta device (a model
+        built without memory, :func:`axgrid.from_pretrained`) gives an uninitialised layer on the grid's device."""
+        meta = dense.weight.device.type == "meta"
         layer = cls(dense.in_features, dense.out_features, bias=dense.bias is not None, transpose=transpose,
-                    grid=grid, dtype=dense.weight.dtype, **kwargs)
-        return layer.load_dense_(dense.weight, dense.bias)
+                    grid=grid, dtype=dense.weight.dtype, init=not meta, **kwargs)
+        return layer if meta else layer.load_dense_(dense.weight, dense.bias)
 
     def to_dense(self) -> nn.Linear:
         """The whole layer as an ``nn.Linear`` on every rank (collective over the tensor-parallel block)."""

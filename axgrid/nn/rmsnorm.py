@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..grid import Grid
+from ..io.tiles import part_of_dense
 from ..redistribute import feature_part
 from ..sharding import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
@@ -75,11 +76,14 @@ class RMSNorm(nn.Module):
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, eps: float, grid: Grid, feature_dim: str = "x") -> "RMSNorm":
-        """This rank's slice of a dense norm's ``weight [hidden]``."""
+        """This rank's slice of a dense norm's ``weight [hidden]`` (on the meta device: ones on the grid's
+        device, for a loader to fill)."""
+        meta = weight.device.type == "meta"
         norm = cls(weight.shape[0], grid, feature_dim=feature_dim, eps=eps, dtype=weight.dtype,
-                   device=weight.device)
+                   device=None if meta else weight.device)
         with torch.no_grad():
-            norm.weight.copy_(weight.detach()[norm.f0: norm.f0 + norm.local])
+            if not meta:
+                norm.weight.copy_(weight.detach() if grid is None else part_of_dense(norm.weight.axgrid_tile, weight))
         norm.weight.requires_grad_(weight.requires_grad)
         return norm
 
