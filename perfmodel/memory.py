@@ -15,9 +15,9 @@ dp buckets: with Gd > 1 ``axgrid.sync_gradients`` (and ODP's pipeline) keep flat
          every gradient (4 B per stored element) for the whole run.
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
          weight source (``axgrid/overlap.py``); without keep, one block at a time (the largest), with OAG the
-         prefetched next one too (two consecutive layers); keep: every layer's block, alive from its forward to its
-         backward (with recompute: the head's and one block's four); keep + OAG: also the prefetch that the head's
-         forward posts for the next micro-batch's first layer, held through the backward and dropped there.
+         prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
+         forwards prefetch); keep: every layer's block, alive from its forward to its backward; keep + recompute:
+         the head's, or one recomputed block's four (+ with OAG the next block's first, prefetched by the last).
 activations, saved for backward, per block per token (recompute off):
          ``8·hx + 8`` the two layer norms' fp32 ``xhat`` and ``rstd``; ``2·c·hx`` their outputs, saved by the next
          FC layer (``c = b``: the layer saves its input in the autocast dtype, what its GEMMs read);
@@ -30,11 +30,15 @@ activations, saved for backward, per block per token (recompute off):
          Head: final LN ``4·hx + 4`` and its output ``c·hx``; cross entropy: Gy = 1 torch's log-softmax
          ``4·V`` + targets 8 (+ one 4-byte scalar per micro-batch); Gy > 1 the softmax slice ``4·Vy`` + targets 8 +
          mask 1. Embeddings: the token and position ids, 16.
-peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on):
-         static + dp buckets + gathered + all activations + the largest transient, at the start of backward:
-         the loss gradient over the vocabulary slice, or in the last block's recompute (its full saved set) and
-         the MLP's backward (``[m', fy]`` gradients). With one micro-batch the real peak is lower by up to
-         the gradient bytes (they do not exist during the forward).
+peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
+         which is in backward: static + dp buckets + the gathered blocks live in backward + all stored activations
+         + the largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
+         bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward with its saved set (recomputed
+         under recompute), the fp32 residual gradient and either MLP-down's backward (input gradient ``[m', fy]``,
+         weight gradient ``[fy, hx]`` in b bytes and fp32, the weight block's low-precision copy, and what the
+         device adds: :class:`Device`) or a layer norm's (five fp32 ``[m', hx]`` temporaries). Within 5% of the
+         runtime's peak of live tensor bytes on the test's grids. With one micro-batch the real peak is lower by up
+         to the gradient bytes (they do not exist during the forward).
 
 ``layout="megatron"`` (TP×PP×DP stages, ``perfmodel.pipeline``): Megatron-LM's layout as Korthikanti et al.
 price it: bf16 weights and gradients with fp32 master + moments in the optimizer (12 B, divided by Gd with the

@@ -45,13 +45,12 @@ def test_fails_clearly_when_torch_sees_no_gpu(tmp_path):
 MEMORY_CHECK = os.path.join(ROOT, "experiments", "memory_check.py")
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_memory_check_passes_on_cpu(dtype):
+def test_memory_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 6, on the CPU: the step's peak of live tensor bytes is within 10% of
     perfmodel.memory's prediction for the CPU (gloo) device, and the line says so."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq",
-                        "64", "--batch", "4", "--vocab", "256", "--dtype", dtype], capture_output=True, text=True,
+                        "64", "--batch", "4", "--vocab", "256", "--dtype", "bf16"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     line = p.stdout.strip().splitlines()[-1]
