@@ -1,7 +1,7 @@
 """Measuring tensor memory on one rank: bytes saved for backward, and live tensor bytes over time by storage.
 
 Both count **storages**, not tensors: views share their base's storage, which is counted once, at its full size
-(a view of a bigger buffer costs the whole buffer, as it does in the allocator). Three tools:
+(a view of a bigger buffer costs the whole buffer, as it does in the allocator). The tools:
 
 - :func:`storage_bytes` (tensors) -> bytes of their distinct storages (parameters, ``.grad``, optimizer state);
 - :class:`SavedBytes`: a ``torch.autograd.graph.saved_tensors_hooks`` context that records every tensor autograd
@@ -15,12 +15,14 @@ Both count **storages**, not tensors: views share their base's storage, which is
   ``weakref.finalize`` on its ``UntypedStorage`` (run when the last tensor or view of it dies), and so follows
   the live bytes and their peak; ``existing`` seeds it with storages made before it started (parameters,
   gradients, optimizer state). :meth:`LiveBytes.category` attributes what is allocated inside a ``with`` to a
-  named category with its own current/peak (e.g. gathered weight blocks: :func:`watch_weight_source`).
+  named category with its own current/peak;
+- :func:`watch_weight_source`: what an axgrid runtime's weight source allocates (gathered blocks) as a category,
+  and what it hands layers to save (to tell kept gathered blocks from activations).
 
-Why hand-written: ``torch.cuda.max_memory_allocated`` exists only on CUDA (and counts allocator blocks, not
-tensors), ``torch.profiler``'s memory timeline is per-op and has no live peak on CPU; the dispatch mode and the
-storage finalizers give the same answer on every device. Allocations outside the dispatcher (a backend's own
-scratch, e.g. gloo's or NCCL's) are not tensors and are not seen.
+Why hand-written: ``torch.cuda.max_memory_allocated`` exists only on CUDA (and counts allocator blocks, rounded,
+not tensors), and ``torch.profiler``'s memory timeline is a profiling run with post-processing, not a number per
+component; the dispatch mode and the storage finalizers give the same answer on every device, attributable to a
+category. What a backend allocates outside torch's operators (non-tensor scratch) is not seen.
 """
 from __future__ import annotations
 
@@ -37,7 +39,6 @@ from torch.utils._pytree import tree_leaves
 def storage_key(t: torch.Tensor) -> int:
     """An identity for ``t``'s storage, shared by all its views (the StorageImpl's address while it lives)."""
     return t.untyped_storage()._cdata
-
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -245,4 +246,5 @@ def watch_weight_source(runtime: Any, live: Optional[LiveBytes] = None, name: st
             delattr(src, m)
 
 
-__all__ = ["storage_key", "storage_bytes", "live_keys", "optimizer_tensors", "SavedBytes", "LiveBytes", "watch_weight_source"]
+__all__ = ["storage_key", "storage_bytes", "live_keys", "optimizer_tensors", "SavedBytes", "LiveBytes",
+           "watch_weight_source"]

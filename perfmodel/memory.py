@@ -208,19 +208,14 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     gathered = np.where(gz > 1, gathered, 0.0)
 
     blk = block_activation_bytes(spec, gx, gy, mp, b, device)
-    hx = ceil_div(spec.hidden, gx)
+    hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(4 * spec.hidden, gy)
     stored_blk = mp * 4.0 * hx if opt.recompute else blk
     head_act = head_activation_bytes(spec, gx, gy, mp, b)
     emb = embedding_activation_bytes(mp)
     act = inflight * L * stored_blk + head_act + emb
 
-    # the largest transient (see the module docstring): the loss gradient at the start of backward, or the last
-    # block's backward: its saved set alive (or recomputed) and the fp32 residual gradient [m', hx], with either
-    # MLP-down's backward -- input gradient [m', fy] (where the runtime sums low precision in fp32 over Gx > 1, also
-    # its fp32 copy and result), weight gradient [fy, hx] in b bytes and fp32 (and gloo's copy of it for the
-    # reduce-scatter over z), the weight block's low-precision copy -- or a layer norm's (five fp32 [m', hx] temporaries and the incoming gradient's fp32
-    # cast, the MLP's saved outputs and LN2's output already freed)
-    hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(4 * spec.hidden, gy)
+    # the largest transient in backward (see the module docstring's "peak"): the loss gradient, or the last
+    # block's backward (MLP-down's or a layer norm's, whichever holds more)
     loss_grad = np.where(gy > 1, mp * vy * (4.0 + (b if b < 4 else 0)), mp * spec.vocab * 8.0)
     red = np.where((gx > 1) & device.reduce_in_fp32 & (b < 4), 4.0 + b, 0.0)
     rs_copy = np.where((gz > 1) & device.reduce_scatter_copies, 4.0, 0.0)

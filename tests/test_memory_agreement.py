@@ -46,7 +46,8 @@ MATH_PEAK_TOLERANCE = 0.06
 CASES = [
     ("4x1x1x1", [("none", False, "fp32", "flash"), ("oar", True, "bf16", "flash")]),
     ("1x4x1x1", [("none", True, "bf16", "flash"), ("none", False, "fp32", "math")]),
-    ("1x1x4x1", [("oag", False, "fp32", "flash"), ("keep", True, "bf16", "flash"), ("oag,keep", False, "bf16", "flash")]),
+    ("1x1x4x1", [("oag", False, "fp32", "flash"), ("keep", True, "bf16", "flash"),
+                 ("oag,keep", False, "bf16", "flash")]),
     ("1x1x1x4", [("none", False, "fp32", "flash"), ("odp", True, "bf16", "flash")]),
     ("2x2x1x1", [("none", True, "fp32", "flash"), ("oar", False, "bf16", "flash")]),
     ("2x1x2x1", [("oag,ors", False, "bf16", "flash"), ("keep", False, "fp32", "flash")]),
