@@ -180,7 +180,8 @@ def _is_hf(model: nn.Module) -> bool:
 
 
 def to_dense(model: nn.Module, grid: Grid) -> nn.Module:
-    """A dense copy of a parallel model (collective; every rank gets one). The original is untouched.
+    """A dense copy of a parallel model (collective; every rank gets one): for small models only, as every rank
+    holds the whole dense model (export big ones with :func:`export_pretrained`). The original is untouched.
 
     A Hugging Face model is rebuilt from its config (``type(model)(model.config)``, tying what the config ties)
     and loaded with the dense tensors, whatever plan parallelised it. Any other model is deep-copied with each

@@ -12,14 +12,15 @@ position ``t``; the mask is over target positions, shape ``[B, S]``, 1 = kept, 0
 
 The loss is then averaged over kept targets only. With data parallelism and micro-batches the average must be
 over the kept targets of the whole step, not per rank: :func:`kept_count` of the global batch (every rank can
-compute it when every rank sees the global batch), passed to ``GPT.forward(..., normalizer=kept / Gd)``.
+compute it when every rank sees the global batch), passed to ``GPT.forward(..., normalizer=kept / Gd)``;
+:func:`step_mask` returns both, for every trainer (train_gpt, finetune, the memorization study).
 
 The hash is 32-bit, vectorised and platform independent: Murmur3's finaliser over the token ids combined in
 order with a seed, so ``seed`` selects a different (but equally fixed) mask family.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
@@ -73,3 +74,21 @@ def goldfish_mask(inputs: torch.Tensor, k: int, h: int = 13, mode: Mode = "hash"
 def kept_count(mask: torch.Tensor) -> int:
     """Number of kept targets in ``mask`` (the normaliser of the goldfish-averaged loss)."""
     return int(mask.sum().item())
+
+
+def step_mask(inputs: torch.Tensor, k: int, h: int = 13, mode: Mode = "hash", data_parallel: int = 1
+              ) -> tuple[Optional[torch.Tensor], float]:
+    """The goldfish keep-mask of a whole optimizer step and the loss normaliser every rank passes with it.
+
+    ``inputs [B, S]`` is the step's global batch (all micro-batches, all data-parallel ranks). Returns
+    ``(mask [B, S] | None, normalizer)``: ``mask`` is :func:`goldfish_mask` (None when ``k == 0``: every
+    target kept) and ``normalizer = kept / data_parallel``. Each rank sums its micro-batches' per-target losses
+    times the mask and divides by ``normalizer``; the mean over d of the gradient sync then makes the step's
+    loss the mean over every kept target of the step, exactly as one serial rank would compute it.
+    """
+    if data_parallel < 1:
+        raise ValueError(f"data_parallel={data_parallel!r} must be >= 1 (the grid's Gd)")
+    if k == 0:
+        return None, inputs.numel() / data_parallel
+    mask = goldfish_mask(inputs, k, h, mode)
+    return mask, kept_count(mask) / data_parallel

@@ -60,3 +60,26 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
     optimizer.step()
     return StepResult(total, gnorm)
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups of any (parallel or serial) model: weight decay on parameters whose dense form is a
+    matrix (FC weights, embedding tables; a parallel parameter's ``axgrid_tile`` gives its dense shape), none on
+    vectors (biases, norm weights)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        tile = getattr(p, "axgrid_tile", None)
+        dense_dims = len(tile.dense_shape) if tile is not None else p.dim()
+        (decay if dense_dims >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def cosine_lr(step: int, steps: int, lr: float, min_lr: float, warmup: int = 0) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``steps``: linear warm-up over ``warmup`` steps to
+    ``lr``, then cosine decay to ``min_lr`` at the last step (a function of the step alone, so a resumed run
+    continues the same schedule)."""
+    if warmup and step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(1, steps - warmup)
+    frac = min(1.0, (step - warmup) / span)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * frac))

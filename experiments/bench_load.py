@@ -177,6 +177,7 @@ class Rank:
         agree(self.grid, [0])
         self.rec[f"{name}_s"] = time.perf_counter() - t0
         self.rec[f"{name}_peak"] = peak_rss()
+        print(f"{name}: {self.rec[f'{name}_s']:.1f} s, peak RSS {self.rec[f'{name}_peak'] / 2**20:.0f} MiB", flush=True)
         return out
 
     def logits(self, model):

@@ -93,7 +93,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def label(r: dict[str, Any]) -> str:
-    return f"{r['model']}\n{r['grid']} b{r['batch']}"
+    return f"{r['model']} {r['grid']} b{r['batch']}"
 
 
 def plot(rows: Sequence[dict[str, Any]], out: str) -> list[str]:
@@ -103,24 +103,27 @@ def plot(rows: Sequence[dict[str, Any]], out: str) -> list[str]:
     import matplotlib.pyplot as plt
     names = [label(r) for r in rows]
     pos = list(range(len(rows)))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
     a1.bar(pos, [r["tokens_per_s"] or 0 for r in rows], color="#4c72b0")
     a1.set_ylabel("tokens/s")
     a1.set_title("throughput")
     jpt = [r["j_per_token"] for r in rows]
     a2.bar(pos, [j or 0 for j in jpt], color="#55a868")
+    if all(j is None for j in jpt):
+        a2.set_yticks([])
+        a2.text(0.5, 0.5, "no energy source in these runs", ha="center", va="center", transform=a2.transAxes)
     for i, j in enumerate(jpt):
-        if j is None:
-            a2.text(i, 0, "no energy\nsource", ha="center", va="bottom", fontsize=7)
+        if j is None and not all(v is None for v in jpt):
+            a2.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7)
     a2.set_ylabel("J/token")
     a2.set_title("energy per token")
     for a in (a1, a2):
-        a.set_xticks(pos, names, fontsize=7)
+        a.set_xticks(pos, names, fontsize=7, rotation=30, ha="right")
     fig.tight_layout()
     paths = [os.path.join(out, "throughput.png"), os.path.join(out, "step_split.png")]
     fig.savefig(paths[0], dpi=80)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(6, 3.8))
     seen: set[str] = set()
 
     def bar(i: int, ms: float, bottom: float, name: str, **style: Any) -> None:
@@ -138,7 +141,7 @@ def plot(rows: Sequence[dict[str, Any]], out: str) -> list[str]:
             if h > 0:
                 bar(i, h, bottom, f"exposed {d}", color=c)
                 bottom += h
-    ax.set_xticks(pos, names, fontsize=7)
+    ax.set_xticks(pos, names, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("ms per step")
     ax.set_title("time per step: compute and exposed communication")
     ax.legend(fontsize=7)

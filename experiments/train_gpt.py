@@ -48,12 +48,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
-from axgrid.goldfish import goldfish_mask, kept_count  # noqa: E402
+from axgrid.goldfish import step_mask  # noqa: E402
 from axgrid.layout import GridError, GridShape  # noqa: E402
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
 from axgrid.spec import NAMED_SIZES  # noqa: E402
-from axgrid.train import train_step  # noqa: E402
+from axgrid.train import cosine_lr, train_step  # noqa: E402
 
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "kjv_selections.txt"
 
@@ -73,22 +73,29 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
-class TextBatches:
-    """Random windows of ``seq + 1`` tokens from a byte-tokenized text; batch ``step`` is a function of (seed, step)."""
+class TokenWindows:
+    """Random windows of ``seq + 1`` tokens from a token stream ``[T]``; batch ``step`` is a function of
+    (seed, step): ``batch(step, size)`` gives ``(inputs [size, seq], targets [size, seq])``."""
 
-    def __init__(self, path: Path, seq: int, seed: int) -> None:
-        if not path.is_file():
-            raise FileNotFoundError(f"--text-file {path} does not exist")
-        self.tokens = ByteTokenizer().encode(path.read_text(encoding="utf-8"))
-        if self.tokens.numel() < seq + 2:
-            raise ValueError(f"{path} has {self.tokens.numel()} tokens, fewer than one window of {seq + 1}")
-        self.seq, self.seed = seq, seed
+    def __init__(self, tokens: torch.Tensor, seq: int, seed: int, source: str = "the text") -> None:
+        if tokens.numel() < seq + 2:
+            raise ValueError(f"{source} has {tokens.numel()} tokens, fewer than one window of {seq + 1}")
+        self.tokens, self.seq, self.seed = tokens, seq, seed
 
     def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         starts = torch.randint(0, self.tokens.numel() - self.seq - 1, (size,), generator=gen)
         win = torch.stack([self.tokens[s: s + self.seq + 1] for s in starts.tolist()])
         return win[:, :-1], win[:, 1:]
+
+
+class TextBatches(TokenWindows):
+    """:class:`TokenWindows` of a byte-tokenized UTF-8 text file."""
+
+    def __init__(self, path: Path, seq: int, seed: int) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"--text-file {path} does not exist")
+        super().__init__(ByteTokenizer().encode(path.read_text(encoding="utf-8")), seq, seed, str(path))
 
 
 class SyntheticBatches:
@@ -155,11 +162,7 @@ def load_checkpoint(directory: str, *, model: GPT, optimizer: torch.optim.Optimi
 # ----------------------------------------------------------------------------------------------------------------
 def lr_at(step: int, args: argparse.Namespace) -> float:
     """Linear warm-up over ``--warmup`` steps, then cosine decay from ``--lr`` to ``--min-lr`` at the last step."""
-    if args.warmup and step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    span = max(1, args.steps - args.warmup)
-    frac = min(1.0, (step - args.warmup) / span)
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1.0 + math.cos(math.pi * frac))
+    return cosine_lr(step, args.steps, args.lr, args.min_lr, args.warmup)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -314,9 +317,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     stop = SaveOnSignal(grid).install() if args.save else None   # SIGTERM / SIGUSR1 -> save and exit
     for step in range(start, args.steps):
         inputs, targets = data.batch(step, args.batch)               # the global batch, the same on every rank
-        mask = (goldfish_mask(inputs, args.goldfish_k, args.goldfish_h, args.goldfish_mode)
-                if args.goldfish_k else None)
-        kept = kept_count(mask) if mask is not None else tokens_per_step
+        mask, normalizer = step_mask(inputs, args.goldfish_k, args.goldfish_h, args.goldfish_mode, gd)
         lr = lr_at(step, args)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -326,11 +327,11 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
             x, y = inputs[rows].to(device), targets[rows].to(device)
             m = mask[rows].to(device) if mask is not None else None
             with autocast:
-                return model(x, y, m, normalizer=kept / gd)
+                return model(x, y, m, normalizer=normalizer)
 
         metrics.begin()
         out = train_step(model, opt, loss_of, grid, args.microbatches, clip=args.clip)
-        extra = {"kept_fraction": kept / tokens_per_step} if mask is not None else {}
+        extra = {"kept_fraction": normalizer * gd / tokens_per_step} if mask is not None else {}
         rec = metrics.end(step, loss=out.loss, lr=lr, grad_norm=out.grad_norm, **extra)
         if not math.isfinite(rec["loss"]):
             raise FloatingPointError(f"loss became {rec['loss']} at step {step}; lower --lr or check the data")

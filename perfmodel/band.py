@@ -18,8 +18,9 @@ the range of the measured/predicted ratios seen on that machine, widened to cont
 time_low ≤ t ≤ time_high always. It is an empirical range, not a confidence interval: if a new configuration's
 error were drawn like the n seen (exchangeable), it would fall inside [min e, max e] with probability
 (n − 1)/(n + 1): 1/3 for n = 2, 7/9 for n = 8. With n = 1 the band is that one error, on one side of t only;
-with n = 0 (a machine never validated) the band is that of every shipped machine's residuals pooled, and every
-row says the machine was never validated.
+with n = 0 (a machine never validated) the band is that of every shipped machine's published-point residuals
+pooled (not the local machines' ``validate`` points: CPU ranks say nothing about a GPU cluster), and every row
+says the machine was never validated.
 
 Range. A machine's validated range is up to the largest GPU count among its points, in the layout families
 (4D, TPxPPxDP) among them. A row beyond it says so (``out_of_range``); its band is still the machine's.
@@ -136,13 +137,14 @@ def write_residuals(path: Path, machine: str, points: list[Residual], written_by
 
 
 def band_for(machine: Machine) -> Band:
-    """The machine's band: its own stored residuals, else every shipped machine's pooled."""
+    """The machine's band: its own stored residuals, else every shipped machine's published-point residuals
+    pooled (those without a ``problem``: ``validate`` points stay their machine's own)."""
     path = residuals_path(machine)
     own = read_residuals(path) if path else []
     if own:
         return Band(machine.name, tuple(own), True, path.name)
     files = sorted(MACHINE_DIR.glob("*" + SUFFIX))
-    pooled = [r for f in files for r in read_residuals(f)]
+    pooled = [r for f in files for r in read_residuals(f) if not r.problem]
     return Band(machine.name, tuple(pooled), False, f"{len(files)} files in perfmodel/machines")
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 
 import pytest
 import torch
 
-from axgrid.metrics import PeakMemory, detect_energy, is_energy_reader, lookup_device, resolve_peak
-from axgrid.metrics.energy import amdsmi_energy, nvml_energy, rapl_energy, readers_in_job
+from axgrid.metrics import PeakMemory, detect_energy, energy_readers, lookup_device, resolve_peak
+from axgrid.metrics.energy import amdsmi_energy, device_key, key_hash, nvml_energy, rapl_energy
 from axgrid.spec import gpt_flops_per_iteration
 
 SIZES = dict(layers=2, hidden=32, heads=4, seq=16, vocab=64)
@@ -73,6 +75,7 @@ def test_the_record_holds_real_figures(ranks, tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "run.jsonl")]
     assert [r["event"] for r in rows] == ["config", "step", "step", "step", "summary"]
     assert rows[0]["grid"] == "1x2x1x1" and rows[0]["model"] == "tiny" and rows[0]["peak_flops"] is None
+    assert rows[0]["energy_readers"] == 1                                   # both ranks share this host's packages
     assert rows[1:4] == json.loads(json.dumps(out[0]["rows"]))
     summary = rows[-1]
     assert summary["step_s"] == pytest.approx(sum(r["step_s"] for r in rows[2:4]) / 2)   # warm-up step left out
@@ -155,11 +158,13 @@ def test_rapl_sums_packages_only_and_unwraps(tmp_path):
 
 
 def test_one_energy_reader_per_device():
-    hosts = ["a", "a", "a", "a", "b", "b", "b", "b"]
-    assert [is_energy_reader(r, hosts, 1) for r in range(8)] == [True, False, False, False] * 2   # CPU: per node
-    assert [is_energy_reader(r, hosts, 2) for r in range(8)] == [True, True, False, False] * 2    # 2 GPUs a node
-    assert all(is_energy_reader(r, hosts, 4) for r in range(8))                                 # a GPU each
-    assert readers_in_job(hosts, 1) == 2 and readers_in_job(hosts, 2) == 4 and readers_in_job(hosts, 8) == 8
+    def readers(keys):                   # keys[r]: the device rank r reads from
+        pairs = [(key_hash(k), r) for r, k in enumerate(keys)]
+        return [energy_readers(pairs, r)[0] for r in range(len(keys))], energy_readers(pairs, 0)[1]
+    assert readers(["a"] * 4 + ["b"] * 4) == ([True, False, False, False] * 2, 2)     # CPU: one per node
+    assert readers([f"{h}/{g}" for h in "ab" for g in (0, 1, 0, 1)]) == ([True, True, False, False] * 2, 4)
+    assert readers([f"{h}/{g}" for h in "ab" for g in range(4)]) == ([True] * 8, 8)   # a GPU each
+    assert device_key(torch.device("cpu")) == socket.gethostname()
 
 
 def test_host_peak_is_reset_per_step():
@@ -172,3 +177,46 @@ def test_host_peak_is_reset_per_step():
     del big
     mem.reset()
     assert with_big >= mem.read() + 100 * 2**20
+
+
+def test_power_sampling_integrates_watts():
+    from axgrid.metrics.energy import PowerIntegrator
+    meter = PowerIntegrator(lambda: 100.0, interval_s=0.01)      # a constant 100 W
+    try:
+        t0, e0 = time.perf_counter(), meter.joules()
+        time.sleep(0.2)
+        joules, dt = meter.joules() - e0, time.perf_counter() - t0
+    finally:
+        meter.close()
+    assert joules == pytest.approx(100.0 * dt, rel=0.05)
+
+
+def _bar_output(stream, master=None) -> bytes:
+    """What a MetricsLog with a bar writes to ``stream`` (as sys.stderr) for three step rows."""
+    import sys
+    from axgrid.metrics import MetricsLog
+    old, sys.stderr = sys.stderr, stream
+    try:
+        log = MetricsLog(0, progress=3)
+        for s in range(3):
+            log.write({"event": "step", "step": s, "loss": 1.5})
+        log.close()
+    finally:
+        sys.stderr = old
+    stream.flush()
+    return os.read(master, 65536) if master is not None else b""
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path):
+    import fcntl
+    import struct
+    import termios
+    with open(tmp_path / "batch.log", "w") as f:                       # a batch job's log: no bar
+        _bar_output(f)
+    assert (tmp_path / "batch.log").read_text() == ""
+    master, slave = os.openpty()                                       # a real terminal, 100 columns
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    with os.fdopen(slave, "w") as tty:
+        out = _bar_output(tty, master)
+    os.close(master)
+    assert b"3/3" in out and b"loss=1.5" in out, out

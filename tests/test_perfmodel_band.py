@@ -77,8 +77,8 @@ def test_out_of_range_flags_gpus_and_layout_family(ranking):
     assert band.out_of_range(8192, "4D") == "8192 GPUs > 4096, the largest validated on perlmutter"
     a100 = band_for(pm.load_machine("dgx-a100"))
     assert a100.layouts == {"TPxPPxDP"} and a100.gpus_max == 512 and "4D never validated" in a100.out_of_range(8, "4D")
-    never = band_for(pm.load_machine("dgx-h100"))       # no residuals: every machine's pooled, flagged
-    assert not never.own and len(never.residuals) == 15
+    never = band_for(pm.load_machine("dgx-h100"))       # no residuals: the published points pooled, flagged
+    assert not never.own and len(never.residuals) == 15 and not any(r.problem for r in never.residuals)
     assert never.out_of_range(8, "4D").startswith("never validated on dgx-h100")
 
 
@@ -86,6 +86,8 @@ def test_stored_residuals_are_check_published(checks):
     from axgrid.perfmodel.published import residuals_of
     live = residuals_of(checks)
     assert set(live) == {"perlmutter", "frontier", "alps", "dgx-a100"}
+    local = band_for(pm.load_machine("local-4"))            # validate's points on this host (README)
+    assert local.own and local.layouts == {"4D"} and all(r.problem for r in local.residuals)
     for name, points in live.items():
         stored = read_residuals(residuals_path(pm.load_machine(name)))
         assert [(r.name, r.layout, r.gpus, r.config) for r in stored] == [

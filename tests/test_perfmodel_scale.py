@@ -199,7 +199,8 @@ def test_check_published(capsys, monkeypatch):
     assert main(["check-published"]) == 0
     out = capsys.readouterr().out
     assert all(p.name in out for p in POINTS) and "batch = 1 sequence per GPU" in out
-    assert "TP8xPP8xDP1v3+SP/selective (64 mb)" in out and "memory model:" not in out   # all fit (Megatron layout)
+    assert "TP8xPP8xDP1v3+SP/selective (64 mb)" in out and "TP8xPP64xDP1/full (512 mb)" in out
+    assert "memory model:" not in out          # every Korthikanti configuration fits (Megatron layout)
 
 
 @settings(max_examples=6, deadline=None)

@@ -62,3 +62,19 @@ def test_report_refuses_what_is_not_a_metrics_log(tmp_path):
     bad.write_text("not json\n")
     with pytest.raises(SystemExit, match="notes.jsonl:1: not a JSON line"):
         _script("report").main([str(bad), "--out", str(tmp_path / "r")])
+
+
+def rank_refusal(argv: list) -> str:
+    try:
+        _script("train_gpt").main(argv)
+    except SystemExit as e:
+        return str(e)
+    return "no error"
+
+
+def test_bad_metrics_options_end_every_rank_alike(ranks):
+    base = ARGS + ["--grid", "1x1x1x2"]
+    peak = ranks(2, rank_refusal, base + ["--peak-tflops", "0"])
+    assert peak[0] == peak[1] and "--peak-tflops 0.0: the device's dense peak must be > 0" in peak[0]
+    machine = ranks(2, rank_refusal, base + ["--peak-machine", "no-such-machine"])
+    assert machine[0] == machine[1] and machine[0].startswith("--peak-machine no-such-machine: unknown machine")

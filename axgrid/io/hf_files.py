@@ -9,6 +9,7 @@ box of any tensor with ``get_slice`` -- only that box's bytes -- and counts the 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Optional
 
@@ -24,6 +25,10 @@ INDEX = "model.safetensors.index.json"
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool}
+
+
+#: Rows of a dense tensor mapped at once when a narrower box is read (see :meth:`HFCheckpoint.read`).
+BAND_BYTES = 16 * 2**20
 
 
 class PretrainedError(ValueError):
@@ -78,12 +83,20 @@ class HFCheckpoint:
             except Exception as e:  # SafetensorError, OSError: truncated, corrupt or unreadable
                 raise PretrainedError(f"{fpath} is not a readable safetensors file ({e}): it is truncated or "
                                       f"corrupt; copy or save it again") from None
-            self.files_opened.append(fname)
+            if fname not in self.files_opened:
+                self.files_opened.append(fname)
         return self.handles[fname]
 
     def close(self) -> None:
         """Let go of the open files."""
         self.handles.clear()
+
+    def release(self, name: str) -> None:
+        """Unmap the file holding tensor ``name`` (reopened on the next read). ``safe_open`` maps the file, and
+        every page a box touches stays in this process's RSS while mapped -- for a column-split tile that is
+        each page of the tensor -- so the loader releases the file after each tensor: at most one tensor's pages
+        are resident at a time."""
+        self.handles.pop(self.weight_map[name], None)
 
     def files(self) -> list[str]:
         """The weight files, in name order."""
@@ -111,8 +124,32 @@ class HFCheckpoint:
         return fname, tuple(sl.get_shape()), sl.get_dtype()
 
     def read(self, name: str, box: Box) -> torch.Tensor:
-        """The ``box`` of tensor ``name`` (only its bytes are read; counted in ``bytes_read``)."""
-        got = self._open(self.weight_map[name]).get_slice(name)[box.slices()] if box.shape else \
-            self._open(self.weight_map[name]).get_tensor(name)
-        self.bytes_read += got.numel() * got.element_size()
-        return got.reshape(box.shape)
+        """The ``box`` of tensor ``name`` (only its bytes are read; counted in ``bytes_read``).
+
+        A box narrower than the tensor touches every page of the rows it spans (each page holds other ranks'
+        columns too), and a mapped page stays resident: such a box is read in bands of rows of at most
+        ``BAND_BYTES`` of the dense tensor, the file unmapped after each, so at most one band is resident."""
+        fname = self.weight_map[name]
+        if not box.shape:
+            got = self._open(fname).get_tensor(name).reshape(())
+            self.bytes_read += got.element_size()
+            return got
+        sl = self._open(fname).get_slice(name)
+        dense = tuple(sl.get_shape())
+        row_bytes = math.prod(dense[1:]) * torch.empty((), dtype=DTYPES[sl.get_dtype()]).element_size()
+        band = max(1, BAND_BYTES // max(row_bytes, 1))
+        if box.shape[0] <= band or math.prod(box.shape[1:]) == math.prod(dense[1:]):
+            got = sl[box.slices()]                      # whole rows, or a band: read at once
+            self.bytes_read += got.numel() * got.element_size()
+            return got.reshape(box.shape)
+        out = None
+        r0, rows = box.offsets[0], box.shape[0]
+        for start in range(0, rows, band):
+            part = Box((r0 + start, *box.offsets[1:]), (min(band, rows - start), *box.shape[1:]))
+            got = self._open(fname).get_slice(name)[part.slices()]
+            self.handles.pop(fname, None)               # unmap: the band's pages leave this process
+            if out is None:
+                out = torch.empty(box.shape, dtype=got.dtype, device=got.device)
+            out[start: start + part.shape[0]] = got.reshape(part.shape)
+            self.bytes_read += got.numel() * got.element_size()
+        return out

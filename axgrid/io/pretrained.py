@@ -24,10 +24,12 @@ import torch
 from torch import nn
 
 from ..grid import Grid
+from ..parallelize import parallelize
 from .hf_files import DTYPES, HFCheckpoint, PretrainedError
 from .meta import materialize, parameters_on_meta
 from .parts import agree
-from .tiles import Box, part_shape, read_part, tile_of
+from ..spec import TileSpec
+from .tiles import Box, read_part, tile_of
 
 
 @dataclass
@@ -148,17 +150,19 @@ def _dense_shape(t: torch.Tensor) -> tuple[int, ...]:
 def _fill(r: _Read, ck: HFCheckpoint, device: torch.device) -> None:
     """Read this rank's part of ``r`` (its boxes only) and put it in place."""
     t = r.tensor
-    tile = tile_of(t)
-    if tile is not None:
-        data = read_part(tile, lambda box: ck.read(r.key, box), dtype=t.dtype, device=device)
-    else:
-        data = ck.read(r.key, Box((0,) * t.dim(), tuple(t.shape))).to(device=device, dtype=t.dtype)
-    data = data.reshape(part_shape(tile) if tile is not None else t.shape)
+    shape = tuple(t.shape)
+    tile = tile_of(t) or TileSpec(shape, (0,) * len(shape), shape)        # no tile: the whole tensor
+
+    def read(box: Box) -> torch.Tensor:
+        return ck.read(r.key, box)
+
     with torch.no_grad():
-        if t.device.type == "meta" and r.is_param:
+        if r.is_param and t.device.type != "meta":      # a parallel layer's uninitialised part: filled in place
+            read_part(tile, read, out=t)
+            return
+        data = read_part(tile, read, dtype=t.dtype, device=device).view(shape)
+        if r.is_param:
             materialize(t, data)                  # a dense leftover: the same Parameter object, now with data
-        elif r.is_param:
-            t.copy_(data)                         # a parallel layer's uninitialised part
         else:
             r.owner._buffers[r.attr] = data
 
@@ -176,7 +180,6 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
     Collective: every rank calls it; bad input raises :class:`PretrainedError` (or the plan's ValueError) on
     every rank and returns no model. ``model.axgrid_load_report`` is this rank's :class:`LoadReport`.
     """
-    from ..parallelize import parallelize
     t0 = time.perf_counter()
     err: Optional[Exception] = None
     model: Optional[nn.Module] = None
@@ -192,6 +195,7 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
         cls = _model_class(config)
         dtype = _dtype(torch_dtype, config, ck)
         ck.open_all()
+        ck.close()
         with parameters_on_meta():
             model = cls._from_config(config, dtype=dtype)
         parallelize(model, grid, plan)
@@ -207,6 +211,7 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
     try:
         for r in reads:
             _fill(r, ck, grid.device)
+            ck.release(r.key)
         left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
         if left:
             raise PretrainedError(f"{left[:4]} were not in {path} and stay empty: the checkpoint does not match "

@@ -103,23 +103,27 @@ def overlap(a: Box, b: Box) -> Optional[Box]:
 
 
 def read_part(tile: TileSpec, read: Callable[[Box], torch.Tensor], dtype: Optional[torch.dtype] = None,
-              device: Optional[torch.device | str] = None) -> torch.Tensor:
+              device: Optional[torch.device | str] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """This rank's parameter data (:func:`part_shape`; padding zero) from ``read(box) -> [box.shape]``, called
-    once per box of :func:`part_boxes` (so only the part's own elements are read). ``dtype``/``device``: of the
-    result (default: those of the first box read; float32 on the CPU when there is none)."""
-    boxes = part_boxes(tile)
-    out: Optional[torch.Tensor] = None
+    once per box of :func:`part_boxes` (so only the part's own elements are read). ``out``: a tensor of
+    :func:`part_shape` to fill (e.g. the parameter itself: no second copy); else a new one of ``dtype`` on
+    ``device`` (default: those of the first box read; float32 on the CPU when there is none)."""
+    if out is not None and tuple(out.shape) != part_shape(tile):
+        raise ValueError(f"out has shape {tuple(out.shape)}, this rank's part is {part_shape(tile)}")
     pos = 0
-    for b in boxes:
+    flat = None if out is None else out.view(-1)
+    for b in part_boxes(tile):
         got = read(b)
         if tuple(got.shape) != b.shape:
             raise ValueError(f"read returned shape {tuple(got.shape)} for the box {b}; expected {b.shape}")
-        if out is None:
-            out = torch.zeros(part_shape(tile), dtype=dtype or got.dtype, device=device or got.device)
-        out.view(-1)[pos: pos + b.numel].copy_(got.reshape(-1))
+        if flat is None:
+            out = torch.empty(part_shape(tile), dtype=dtype or got.dtype, device=device or got.device)
+            flat = out.view(-1)
+        flat[pos: pos + b.numel].copy_(got.reshape(-1))
         pos += b.numel
     if out is None:
-        out = torch.zeros(part_shape(tile), dtype=dtype or torch.float32, device=device)
+        return torch.zeros(part_shape(tile), dtype=dtype or torch.float32, device=device)
+    flat[pos:].zero_()                                    # the padding of a split part
     return out
 
 

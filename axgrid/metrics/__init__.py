@@ -9,12 +9,12 @@
 :mod:`.sinks`       :class:`MetricsLog` (JSON lines, TensorBoard, progress bar)
 ==================  =================================================================================
 """
-from .energy import Energy, detect_energy, is_energy_reader
+from .energy import Energy, detect_energy, energy_readers
 from .memory import PeakMemory
 from .peaks import DEVICE_PEAKS, DevicePeak, Peak, lookup_device, resolve_peak
 from .record import StepMeter, summarize
 from .run import Metrics, add_arguments
 from .sinks import MetricsLog
 
-__all__ = ["Energy", "detect_energy", "is_energy_reader", "PeakMemory", "DEVICE_PEAKS", "DevicePeak", "Peak",
+__all__ = ["Energy", "detect_energy", "energy_readers", "PeakMemory", "DEVICE_PEAKS", "DevicePeak", "Peak",
            "lookup_device", "resolve_peak", "StepMeter", "summarize", "Metrics", "add_arguments", "MetricsLog"]

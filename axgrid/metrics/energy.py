@@ -12,9 +12,10 @@ Sources, tried for the run's device:
 
 Without one, :class:`Energy` reads None and its ``source`` says why, in one line.
 
-One reader per device, so ranks sharing a node do not count it twice: on a GPU the first rank of each device of a
-node (the launcher puts local rank r on device ``r % devices``), on a CPU the first rank of each node (RAPL counts
-the node's packages, shared by all its ranks). Every other rank reads nothing. The job's energy per step is the
+One reader per device, so ranks sharing a node do not count it twice: the lowest rank of each device (on a GPU the
+host and the GPU's PCI address, on a CPU the host: RAPL counts the node's packages, shared by all its ranks), found
+once at start by gathering every rank's device key (:func:`device_key`, :func:`energy_readers`). Every other rank
+reads nothing. The job's energy per step is the
 sum over the readers (:class:`axgrid.metrics.StepMeter` sums it in its per-step reduction); it is null when a
 reader failed, so a partial sum is never shown as the total. GPU figures are the GPUs' own (board power), not
 the host's; a CPU figure is the packages' (cores, caches, memory controller), not DRAM or the rest of the node.
@@ -22,8 +23,10 @@ the host's; a CPU figure is the packages' (cores, caches, memory controller), no
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
+import socket
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -206,21 +209,34 @@ def rapl_energy(root: str = POWERCAP) -> Energy:
     return Energy(read, f"RAPL package counters ({len(zones)} package(s) of this node, /sys/class/powercap)")
 
 
-def is_energy_reader(rank: int, hosts: Sequence[str], devices_per_node: int) -> bool:
-    """Whether ``rank`` reads its device's energy: the first rank of each device of its node (ranks of a node
-    in rank order, device = position % devices_per_node; ``devices_per_node`` 1 for the CPU packages)."""
-    position = [r for r, h in enumerate(hosts) if h == hosts[rank]].index(rank)
-    return position < max(1, devices_per_node)
+def device_key(device: torch.device) -> str:
+    """What names the device this rank's energy comes from, across the job: the host, and on a GPU its PCI
+    address (or UUID), so ranks that see their GPU as ``cuda:0`` under ``CUDA_VISIBLE_DEVICES`` stay apart."""
+    host = socket.gethostname()
+    if device.type != "cuda":
+        return host
+    props = torch.cuda.get_device_properties(device.index if device.index is not None else torch.cuda.current_device())
+    return f"{host}/{_pci_bus_id(props) or getattr(props, 'uuid', None) or device.index}"
 
 
-def readers_in_job(hosts: Sequence[str], devices_per_node: int) -> int:
-    """How many ranks of the job read a device (the sum of :func:`is_energy_reader` over the ranks)."""
-    return sum(is_energy_reader(r, hosts, devices_per_node) for r in range(len(hosts)))
+def energy_readers(keys: Sequence[tuple[int, int]], rank: int) -> tuple[bool, int]:
+    """From every rank's ``(device key hash, rank)``: whether ``rank`` reads its device (it is the lowest rank on
+    that device) and how many readers the job has (one per distinct device)."""
+    first: dict[int, int] = {}
+    for key, r in keys:
+        first[key] = min(r, first.get(key, r))
+    mine = next(k for k, r in keys if r == rank)
+    return first[mine] == rank, len(first)
+
+
+def key_hash(key: str) -> int:
+    """A device key as an int64 a collective can carry."""
+    return int(hashlib.sha1(key.encode()).hexdigest()[:15], 16)
 
 
 def detect_energy(device: torch.device) -> Energy:
     """The energy source of ``device`` (see the module docstring), or none with the reason. Every rank detects
-    (so every rank names the same source); only the readers (:func:`is_energy_reader`) read it."""
+    (so every rank names the same source); only the readers (:func:`energy_readers`) read it."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         if torch.version.hip:

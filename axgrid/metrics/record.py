@@ -40,7 +40,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .energy import detect_energy, is_energy_reader, readers_in_job
+from .energy import detect_energy, device_key, energy_readers, key_hash
 from .memory import PeakMemory
 from .peaks import resolve_peak
 
@@ -89,12 +89,19 @@ class StepMeter:
         self.peak = resolve_peak(self.name, dtype, is_cpu=self.device.type != "cuda", peak_flops=peak_flops,
                                  machine=peak_machine)
         self.memory = PeakMemory(self.device)
-        per_node = torch.cuda.device_count() if self.device.type == "cuda" else 1
-        self.readers = readers_in_job(grid.hosts, per_node)
-        self.energy_reader = is_energy_reader(grid.rank, grid.hosts, per_node)
+        self.energy_reader, self.readers = energy_readers(self._gather_keys(key_hash(device_key(self.device))),
+                                                          grid.rank)
         self.energy = detect_energy(self.device)
         self.energy_source = self._energy_source()
         self._t0: Optional[float] = None
+
+    def _gather_keys(self, key: int) -> list[tuple[int, int]]:
+        """Every rank's ``(device key, rank)`` (two all-gathers, before the first step)."""
+        v = torch.tensor([[key, self.grid.rank]], dtype=torch.int64, device=self.device)
+        for dims in ("xyz", "d"):
+            if self.grid.size(dims) > 1:
+                v = self.grid.comm.all_gather(v, dims).reshape(-1, 2)
+        return [(int(k), int(r)) for k, r in v.tolist()]
 
     def _energy_source(self) -> str:
         what = "GPU" if self.device.type == "cuda" else "node"

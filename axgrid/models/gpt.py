@@ -51,6 +51,7 @@ from ..nn.init import reference_linear
 from ..nn.layernorm import LayerNorm
 from ..nn.linear import Linear
 from ..nn.vocab_parallel import vocab_parallel_cross_entropy
+from ..train import decay_groups
 from ..spec import NAMED_SIZES, FCLayer, block_layers, gpt_flops_per_iteration, gpt_parameters, head_layer, named_size
 from .kv_cache import KVCache, LayerKV
 
@@ -284,12 +285,7 @@ class GPT(nn.Module):
     # -- helpers ---------------------------------------------------------------------------------------
     def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """AdamW parameter groups: decay on FC weights and embedding tables, none on biases and norms."""
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            tile = getattr(p, "axgrid_tile", None)
-            dense_dims = len(tile.dense_shape) if tile is not None else p.dim()
-            (decay if dense_dims >= 2 else no_decay).append(p)
-        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return decay_groups(self, weight_decay)
 
     def flops_per_iteration(self, batch: int, seq: Optional[int] = None) -> float:
         return self.config.flops_per_iteration(batch, seq)

@@ -1,0 +1,84 @@
+"""The memorization scorer (axgrid.eval.memorization) on hand-computed cases."""
+import pytest
+import torch
+
+from axgrid.eval import exact_match, lcs_length, rouge_l, score_continuations, token_accuracy
+
+
+def test_lcs_on_known_pairs():
+    assert lcs_length([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]) == 5
+    assert lcs_length([1, 2, 3, 4], [2, 4, 3]) == 2            # "2 4" or "2 3"
+    assert lcs_length([7, 1, 8, 2, 9, 3], [1, 2, 3]) == 3       # a subsequence, not a substring
+    assert lcs_length([1, 1, 1], [2, 2]) == 0
+    assert lcs_length([], [1]) == 0
+
+
+def test_scores_of_known_continuations():
+    ref = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    gen = torch.tensor([[1, 2, 3, 4],                           # verbatim: exact, 4/4 right, ROUGE-L 1
+                        [6, 7, 8, 0],                           # shifted: 0/4 right, LCS 3 -> F1 3/4
+                        [9, 0, 9, 0]])                          # 2/4 right, LCS 2 -> F1 1/2
+    assert exact_match(gen, ref) == pytest.approx(1 / 3)
+    assert token_accuracy(gen, ref) == pytest.approx((4 + 0 + 2) / 12)
+    assert rouge_l(gen, ref) == pytest.approx((1 + 0.75 + 0.5) / 3)
+    s = score_continuations(gen, ref)
+    assert s.as_dict() == {"exact_match": exact_match(gen, ref), "token_accuracy": token_accuracy(gen, ref),
+                           "rouge_l": rouge_l(gen, ref)}
+
+
+def test_rows_of_different_lengths():
+    # generation stopped early (an end-of-sequence token): missing tokens are wrong, ROUGE-L uses both lengths
+    gen, ref = [[1, 2]], [[1, 2, 3, 4]]
+    assert exact_match(gen, ref) == 0.0
+    assert token_accuracy(gen, ref) == pytest.approx(0.5)
+    p, r = 2 / 2, 2 / 4
+    assert rouge_l(gen, ref) == pytest.approx(2 * p * r / (p + r))
+    with pytest.raises(ValueError, match="2 generated rows for 1 reference"):
+        exact_match([[1], [2]], [[1]])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the study end to end (experiments/memorization.py in-process on 2 gloo ranks, a 1-layer GPT, seconds)
+# ---------------------------------------------------------------------------------------------------------------
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "memorization.py")
+TINY = ["--model", "gpt-tiny", "--layers", "1", "--hidden", "32", "--passages", "4", "--prompt", "6",
+        "--continuation", "6", "--epochs", "2", "--eval-every", "1", "--batch", "4", "--other", "2", "--heldout", "4",
+        "--goldfish-h", "3", "--lr", "1e-2", "--warmup", "1", "--timeout", "60"]
+
+
+def rank_study(argv: list) -> dict:
+    spec = importlib.util.spec_from_file_location("memorization_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod.main(argv)
+
+
+def test_the_study_writes_its_json_table_curves_and_png(ranks, tmp_path):
+    out = str(tmp_path / "study")
+    result = ranks(2, rank_study, TINY + ["--grid", "1x2x1x1", "--out", out])[0]
+    written = json.load(open(os.path.join(out, "memorization.json")))
+    assert written == result
+    assert set(written) == {"standard", "goldfish", "settings"}
+    for loss in ("standard", "goldfish"):
+        assert set(written[loss]) == {"exact_match", "token_accuracy", "rouge_l", "heldout_loss"}
+        assert 0 <= written[loss]["token_accuracy"] <= 1 and written[loss]["heldout_loss"] > 0
+    s = written["settings"]
+    assert (s["passages"], s["prompt"], s["continuation"], s["epochs"], s["goldfish_k"], s["goldfish_mode"]) == \
+        (4, 6, 6, 2, 4, "hash")
+    table = open(os.path.join(out, "memorization.txt")).read()
+    assert "exact match" in table and "standard" in table and "goldfish" in table
+    curves = json.load(open(os.path.join(out, "curves.json")))
+    assert [c["epoch"] for c in curves["goldfish"]] == [0, 1, 2]
+    with open(os.path.join(out, "memorization.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # --eval-only on the saved standard model measures what the study measured at its end
+    again = ranks(2, rank_study, TINY + ["--grid", "1x1x1x2", "--out", str(tmp_path / "eval"),
+                                         "--eval-only", os.path.join(out, "standard")])[0]
+    assert set(again) == {"eval_only", "settings"}
+    assert again["eval_only"] == pytest.approx(written["standard"], rel=1e-5)
