@@ -169,7 +169,8 @@ class Rank:
         logging.set_verbosity_error()
         torch.set_num_threads(1)
         self.grid = axgrid.init(spec, timeout_s=args.collective_timeout)
-        self.rec: dict = {"rank": self.grid.rank, "baseline": psutil.Process().memory_info().rss}
+        self.proc = psutil.Process()
+        self.rec: dict = {"rank": self.grid.rank, "baseline": self.proc.memory_info().rss}
         self.ids = torch.randint(0, parse_size(args.size)[5], (args.batch, args.seq),
                                  generator=torch.Generator().manual_seed(1))
 
@@ -179,6 +180,7 @@ class Rank:
         agree(self.grid, [0])
         gc.collect()
         _LIBC.malloc_trim(0)
+        self.rec[f"{name}_start"] = self.proc.memory_info().rss
         reset_peak()
         t0 = time.perf_counter()
         out = fn()
@@ -342,6 +344,10 @@ def report(recs: list[dict], args: argparse.Namespace) -> None:
             verdict[p] &= ok
             cells.append(f"{r[f'{p}_peak'] / mib:7.0f}/{bd[p] / mib:<7.0f}{'PASS' if ok else 'FAIL':>5}")
         print(f"{r['rank']:>4} {r['own'] / mib:7.1f} {r['read'] / mib:7.1f} {r['baseline'] / mib:6.0f} " + " ".join(f"{c:>20}" for c in cells))
+    print("peak RSS minus RSS at the phase's start (what the phase itself added), MiB:")
+    for r in recs:
+        print(f"{r['rank']:>4} " + " ".join(f"{p} {(r[f'{p}_peak'] - r.get(f'{p}_start', r[f'{p}_peak'])) / mib:6.0f}"
+                                        for p in PHASES))
     r0 = recs[0]
     load = max(r["load_s"] for r in recs)
     print(f"load {load:.2f} s | disk read once {r0['disk_s']:.2f} s | load/disk {load / r0['disk_s']:.2f} "
