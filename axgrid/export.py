@@ -13,7 +13,8 @@ dense forms are assembled here through the parameters' :class:`~axgrid.spec.Tile
 All are collective: every rank of the grid calls them (and exhausts the iterator). The streaming pair never
 builds the dense model: the writing rank assembles one tensor at a time from the other ranks' parts, which they
 send point to point through the grid's communicator (ledger ops ``send``/``recv``), so the writing rank holds at
-most one dense tensor (plus one tile of it in flight) beyond its own parts, and the others only their own parts.
+most one dense tensor (plus a 16 MiB chunk of a part in flight) beyond its own parts, and the others only
+their own parts.
 Training state (optimizer, RNG, resharding on another grid) belongs in :mod:`axgrid.checkpoint`.
 """
 from __future__ import annotations
@@ -31,10 +32,14 @@ import torch
 from torch import nn
 
 from .grid import Grid
-from .io import TensorPart, agree, fingerprint, model_parts, place_part
+from .io import TensorPart, agree, fingerprint, flat_boxes, model_parts, place_part, tile_box
 from .nn.linear import Linear
 from .safetensors_stream import SafetensorsWriter
 from .spec import TileSpec
+
+
+#: Largest piece of another rank's part in flight on the writing rank (the senders cut their parts to it).
+CHUNK_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -98,15 +103,16 @@ def _own_piece(e: TensorPart) -> torch.Tensor:
     return e.tensor.detach().reshape(-1)[: stop - start]
 
 
-def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *,
-                          names: Optional[Sequence[str]] = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names: Optional[Sequence[str]] = None,
+                          chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, dense tensor)`` for each entry of ``model.state_dict()`` (or of ``names``, in that order), on
     global rank ``rank`` only; the other ranks' iterators yield nothing. Collective: every rank must iterate it
     to the end, with the same ``names``.
 
-    A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold (received one part
-    at a time and placed through :func:`axgrid.io.place_part`); the other xyz groups (other ``d``) take no part. Only the tensor being yielded is alive in the
-    iterator: drop it before asking for the next to keep the writing rank's extra memory at one tensor. Tensors
+    A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold, received in chunks
+    of at most ``chunk_bytes``, each placed at its boxes (:func:`axgrid.io.flat_boxes`); the other xyz groups
+    (other ``d``) take no part. Only the tensor being yielded is alive in the iterator: drop it before asking for
+    the next to keep the writing rank's extra memory at one tensor and one chunk. Tensors
     that are dense on every rank (norms under a Linear-only plan, tied weights, buffers) are yielded as the
     model's own tensors, not copies. Tensors are on the model's device.
     """
@@ -118,10 +124,13 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *,
     if unknown:
         raise ValueError(f"iter_dense_state_dict: {unknown[0]!r} is not in the model's state_dict (names= must "
                          f"be a subset of its keys)")
-    return _assemble(model, grid, rank, order)
+    if chunk_bytes < 1:
+        raise ValueError(f"iter_dense_state_dict: chunk_bytes={chunk_bytes} must be a positive number of bytes")
+    return _assemble(model, grid, rank, order, chunk_bytes)
 
 
-def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str],
+              chunk_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
     entries = {e.name[len("model/"):]: e for e in _checked_entries(model, grid, "iter_dense_state_dict")}
     group = grid.layout.group_of(rank, "xyz")
     if grid.rank not in group:
@@ -134,17 +143,26 @@ def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str]) -> 
             if me == dst:
                 yield name, e.tensor
             continue
+        step = max(1, chunk_bytes // e.tensor.element_size())
         if me != dst:
             for p in pieces[e.name]:
                 if p.src == me:
-                    grid.comm.send(_own_piece(e), "xyz", dst)
+                    own = _own_piece(e)
+                    for lo in range(0, p.numel, step):
+                        grid.comm.send(own[lo: lo + step], "xyz", dst)
             continue
         dense = torch.empty(e.dense_shape, dtype=e.tensor.dtype, device=e.tensor.device)
         for p in pieces[e.name]:
             if p.src == me:
                 place_part(e.tile, e.tensor, dense)
-            else:                                   # one part in flight: received, placed, dropped
-                place_part(p.tile, grid.comm.recv(dense.new_empty(p.numel), "xyz", p.src), dense)
+                continue
+            start = p.tile.part_range()[0]
+            for lo in range(0, p.numel, step):        # one chunk in flight: received, placed, dropped
+                chunk = grid.comm.recv(dense.new_empty(min(step, p.numel - lo)), "xyz", p.src)
+                pos = 0
+                for b in flat_boxes(tile_box(p.tile), start + lo, start + lo + chunk.numel()):
+                    dense[b.slices()] = chunk[pos: pos + b.numel].view(b.shape)
+                    pos += b.numel
         yield name, dense
         del dense
 

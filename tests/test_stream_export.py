@@ -55,7 +55,7 @@ def rank_stream(tmp: str) -> dict:
             tiled = [n for n, t in model.state_dict(keep_vars=True).items() if getattr(t, "axgrid_tile", None)]
             grid.ledger.reset()
             names, wrong, alive, made = [], [], 0, []
-            for name, t in axgrid.iter_dense_state_dict(model, grid, rank=writer):
+            for name, t in axgrid.iter_dense_state_dict(model, grid, rank=writer, chunk_bytes=1000):   # parts in chunks
                 names.append(name)
                 if not torch.equal(t, want[name]):
                     wrong.append(name)
