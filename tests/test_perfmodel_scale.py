@@ -179,7 +179,7 @@ def test_cli_refuses_non_positive_sizes(flag, value, capsys):
 
 #: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see README):
 #: kept here so a change that moves them is seen; a change that brings one within 15% moves it to WITHIN.
-KNOWN_MISSES = {"SC24 Frontier 320B": 1.51, "4D paper Perlmutter 80B": 0.82, "Frontier study 22B": 1.20,
+KNOWN_MISSES = {"SC24 Frontier 320B": 1.47, "4D paper Perlmutter 80B": 0.80, "Frontier study 22B": 1.20,
                 "Frontier study 175B": 1.41, "Frontier study 1T": 1.70,
                 "Korthikanti 22B full": 1.49, "Korthikanti 22B sel+SP": 1.60, "Korthikanti 175B full": 1.30,
                 "Korthikanti 175B sel+SP": 1.34, "Korthikanti 530B full": 1.19, "Korthikanti 530B sel+SP": 1.22}
@@ -200,6 +200,7 @@ def test_check_published(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert all(p.name in out for p in POINTS) and "batch = 1 sequence per GPU" in out
     assert "TP8xPP8xDP1v3+SP/selective (64 mb)" in out and "TP8xPP64xDP1/full (512 mb)" in out
+    assert "memory model:" not in out          # every Korthikanti configuration fits (Megatron layout)
 
 
 @settings(max_examples=6, deadline=None)
