@@ -56,9 +56,10 @@ def _rank_main(rank: int, world: int, port: int, timeout_s: float, conn) -> None
         pass
 
 
-#: The runtime a rank uses (``import axgrid`` alone loads none of it: its names load on first use).
+#: The runtime a rank uses (``import axgrid`` alone loads none of it: its names load on first use), and the memory
+#: measurement tools (whose dispatch mode imports torch._dynamo: once in the forkserver, not once per rank).
 RUNTIME_MODULES = ("axgrid.grid", "axgrid.nn", "axgrid.parallelize", "axgrid.plans", "axgrid.checkpoint",
-                   "axgrid.data_parallel", "axgrid.export", "axgrid.redistribute", "axgrid.launch")
+                   "axgrid.data_parallel", "axgrid.export", "axgrid.redistribute", "axgrid.launch", "axgrid.memtrack")
 
 
 class RankPool:

@@ -14,7 +14,10 @@
 #      dense bf16 peak (axgrid.metrics.peaks, by device name), the allocator's peak memory and the energy
 #      (NVML's total-energy counter through nvidia-ml-py, amdsmi on ROCm; the source, or why none, is printed);
 #   5. memory: peak allocated / reserved in the last step (StepMeter resets the peak at each step's start), and
-#      free / total on the device.
+#      free / total on the device;
+#   6. memory against the model: torch.cuda.max_memory_allocated of a training step (two micro-batches) against
+#      perfmodel.memory's prediction, printing the ratio and PASS within 10% (experiments/memory_check.py, which
+#      also runs on the CPU: python experiments/memory_check.py --device cpu).
 # Sizes: GPU_CHECK_HIDDEN, GPU_CHECK_LAYERS, GPU_CHECK_SEQ, GPU_CHECK_BATCH, GPU_CHECK_STEPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,6 +148,16 @@ free, total = torch.cuda.mem_get_info(dev)
 print(f"gpu_check: memory (last step) peak allocated {torch.cuda.max_memory_allocated(dev) / 2**30:.2f} GiB, peak reserved "
       f"{torch.cuda.max_memory_reserved(dev) / 2**30:.2f} GiB, free {free / 2**30:.1f} / {total / 2**30:.1f} GiB",
       flush=True)
+
+# 6. memory against perfmodel's prediction
+sys.path.insert(0, os.path.join(os.getcwd(), "experiments"))
+from memory_check import check as memory_check
+del model, opt
+torch.cuda.empty_cache()
+_, _, mem_ok, mem_line = memory_check(grid, layers, hidden, seq, batch)
+print(f"gpu_check: {mem_line}", flush=True)
+if not mem_ok:
+    fail(f"training-step memory is not within 10% of perfmodel's prediction: {mem_line}")
 grid.destroy()
 print("gpu_check: PASS")
 EOF

@@ -1,19 +1,51 @@
-"""Per-GPU memory in bytes, vectorised over grids and micro-batch sizes.
+"""Per-GPU memory in bytes, vectorised over grids and micro-batch sizes, for two layouts.
 
-static:  every weight shard (padded block / Gz) × (param + grad + optimizer bytes); biases (split over x or y,
-         replicated over z) likewise; the 2L+1 layer norms' weight and bias [h/Gx] each and the embedding tables
-         (token [V, h/Gx] and position [S, h/Gx]: all rows, features over x, replicated over y, z and d, as
-         ``axgrid.nn.Embedding`` holds them), each with its gradient and optimizer state.
-         Optimizer = AdamW: fp32 master + 2 fp32 moments (12 B) for bf16/fp16; 2 moments (8 B) for fp32.
-         zero1_over_d divides the optimizer bytes by Gd (Megatron's distributed optimizer).
-buffers: gathered weight blocks: current + (prefetched, OAG) in forward; gathered W + full dW (+ one in flight,
-         ORS) in backward; with recompute the 4 gathered blocks of the block being recomputed; with
-         keep_gathered every layer's gathered block; plus the dense fp32 gradient of the token table
-         [V, h/Gx] that the embedding's backward builds and all-reduces over z.
-activations (flash-style attention, no S×S tensor stored), per token per block with m' tokens per GPU:
-         4h/Gx (block input, LN1 out, residual, LN2 out) + 12h/Gy (QKV out 3h, attention out h, MLP-up out 4h,
-         GELU out 4h); with recompute only the block input h/Gx per block plus one block's full set;
-         plus logits m'·V/Gy·(b + 4) and 2 activation-gradient buffers m'·4h/Gy·b.
+``layout="axgrid"`` (the 4D grids) is what axgrid's runtime holds, checked against it byte for byte by
+``tests/test_memory_agreement.py`` (``axgrid.memtrack`` measures the runtime). ``m'`` tokens per rank per
+micro-batch, ``hx = h/Gx``, ``hy = h/Gy``, ``fy = 4h/Gy``, ``Hy = heads/Gy``, ``Vy = V/Gy``, ``b`` = the activation
+dtype's bytes (2 under bf16/fp16 autocast, 4 in fp32):
+
+params/grads/optimizer: the runtime keeps fp32 weights (autocast casts them per GEMM): 4 B per stored element for
+         the parameter, 4 for its gradient, 8 for AdamW's two moments plus 4 per parameter tensor (its 0-d
+         ``step``). Stored elements: every FC weight shard (padded block / Gz), the biases ``[n/G_out]``
+         (replicated over z), the 2L+1 layer norms' weight and bias ``[hx]``, the token and position tables
+         ``[V, hx]``, ``[S, hx]`` (all rows, replicated over y, z, d).
+dp buckets: with Gd > 1 ``axgrid.sync_gradients`` (and ODP's pipeline) keep flat bucket buffers across steps, as
+         DDP does, but the gradients are copied into them rather than being views of them: one more copy of
+         every gradient (4 B per stored element) for the whole run.
+gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
+         weight source (``axgrid/overlap.py``); without keep, one block at a time (the largest), with OAG the
+         prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
+         forwards prefetch); keep: every layer's block, alive from its forward to its backward; keep + recompute:
+         the head's, or one recomputed block's four (+ with OAG the next block's first, prefetched by the last).
+activations, saved for backward, per block per token (recompute off):
+         ``8·hx + 8`` the two layer norms' fp32 ``xhat`` and ``rstd``; ``2·c·hx`` their outputs, saved by the next
+         FC layer (``c = b``: the layer saves its input in the autocast dtype, what its GEMMs read);
+         ``b·(3hy + 2fy)`` the QKV output (attention's q, k, v are views of it), MLP-up output (GELU's input),
+         GELU output; attention (``attention=``, what the device's SDPA kernel saves): ``"flash"`` its output
+         ``b·hy`` (attention-out's input is a view of it) and the fp32 log-sum-exp ``4·Hy``; ``"math"`` (no fused
+         kernel) q, k, v copies and the probabilities ``[b, H, S, S]`` in ``math_bytes`` (the CPU's math path
+         computes bf16 in fp32: 4) plus the output's contiguous copy ``b·hy``, and not the QKV output.
+         With recompute: the block input (fp32 residual, ``4·hx``), which the checkpoint keeps.
+         Head: final LN ``4·hx + 4`` and its output ``c·hx``; cross entropy: Gy = 1 torch's log-softmax
+         ``4·V`` + targets 8 (+ one 4-byte scalar per micro-batch); Gy > 1 the softmax slice ``4·Vy`` + targets 8 +
+         mask 1. Embeddings: the token and position ids, 16.
+peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
+         which is in backward: static + dp buckets + the gathered blocks live in backward + all stored activations
+         + the largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
+         bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward with its saved set (recomputed
+         under recompute), the fp32 residual gradient and either MLP-down's backward (input gradient ``[m', fy]``,
+         weight gradient ``[fy, hx]`` in b bytes and fp32, the weight block's low-precision copy, and what the
+         device adds: :class:`Device`) or a layer norm's (five fp32 ``[m', hx]`` temporaries). Within 5% of the
+         runtime's peak of live tensor bytes on the test's grids. With one micro-batch the real peak is lower by up
+         to the gradient bytes (they do not exist during the forward).
+
+``layout="megatron"`` (TP×PP×DP stages, ``perfmodel.pipeline``): Megatron-LM's layout as Korthikanti et al.
+price it: bf16 weights and gradients with fp32 master + moments in the optimizer (12 B, divided by Gd with the
+distributed optimizer, ``zero1_over_d``); the token table's rows split over TP (VocabParallelEmbedding), no dense
+fp32 table gradient; flash attention; activations per token per block ``4h/t`` (block input,
+LN1 out, residual, LN2 out, divided by the sequence-parallel split) + ``12h/t`` in b bytes, logits
+``m'·V/t·(b + 4)`` and two activation-gradient buffers.
 """
 from __future__ import annotations
 
@@ -24,44 +56,199 @@ import numpy as np
 from axgrid.spec import ceil_div
 
 from .comm import layer_volumes
+from .errors import PerfModelError
 from .spec import Options, TransformerSpec
+
+ATTENTION_KINDS = ("flash", "math")
+LAYOUTS = ("axgrid", "megatron")
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the runtime does differently on a device, as far as memory goes.
+
+    ``attention``: what ``F.scaled_dot_product_attention`` saves there: ``"flash"`` (a fused kernel: CUDA's flash
+    or memory-efficient attention, and the CPU's flash kernel, which torch picks for this GPT's causal attention
+    without a mask) or ``"math"`` (the unfused path, e.g. where no fused kernel takes the inputs); ``math_bytes``:
+    the math path's compute precision (the CPU computes bf16 attention in fp32: 4; None: the input's).
+    ``reduce_in_fp32``: the runtime sums bf16/fp16 collectives in fp32 (``RuntimeConfig.reduce_in_fp32``'s default
+    on gloo), so each such all-reduce holds an fp32 copy and a converted result besides its input.
+    ``reduce_scatter_copies``: the backend's reduce-scatter works on a copy of its whole input (gloo's does).
+    """
+
+    attention: str = "flash"
+    math_bytes: int | None = None
+    reduce_in_fp32: bool = False
+    reduce_scatter_copies: bool = False
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise PerfModelError(f"attention={self.attention!r}: choose one of {', '.join(ATTENTION_KINDS)}")
+
+
+#: a CUDA/ROCm GPU with NCCL/RCCL (flash attention, collectives in the tensors' dtype)
+GPU = Device()
+#: this project's CPU ranks on gloo (the CPU's flash kernel; bf16 sums in fp32)
+CPU_GLOO = Device(math_bytes=4, reduce_in_fp32=True, reduce_scatter_copies=True)
 
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per GPU by component (float arrays [N])."""
+    """Bytes per GPU by component (float arrays [N]): ``static`` = params + grads + optimizer; ``buffers`` =
+    gathered weights + dp buckets + transients; ``activations``: saved for backward (blocks, head, embeddings)."""
 
     static: np.ndarray
     buffers: np.ndarray
     activations: np.ndarray
     total: np.ndarray
+    params: np.ndarray | None = None
+    grads: np.ndarray | None = None
+    optimizer: np.ndarray | None = None
+    gathered: np.ndarray | None = None
+    dp_buckets: np.ndarray | None = None
+    transient: np.ndarray | None = None
+    block_activations: np.ndarray | None = None     # one block's saved bytes (recompute off)
+    stored_block: np.ndarray | None = None          # what one block keeps from forward to backward (recompute: input)
+    head_activations: np.ndarray | None = None      # final LN + head + cross entropy
+    embedding_activations: np.ndarray | None = None
 
 
 def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
-    """(param + grad bytes, optimizer bytes) per stored parameter element."""
+    """Megatron's layout: (param + grad bytes, optimizer bytes) per stored parameter element."""
     return 2 * dtype_bytes, (8 if fp32 else 12)
 
 
-def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
-                   opt: Options, inflight=1.0, seq_split=1) -> Memory:
-    """Memory per GPU with ``mprime`` tokens per GPU per micro-batch (all arguments broadcast).
+def parameter_tensors(spec: TransformerSpec) -> int:
+    """Parameter tensors on every rank (each has a 0-d AdamW ``step``): tables 2, per block 2 layer norms × 2 +
+    4 weights (+ 4 biases), final layer norm 2, head 1."""
+    return 2 + spec.layers * (8 + (4 if spec.bias else 0)) + 3
 
-    Pipeline stages (``perfmodel.pipeline``): ``inflight`` micro-batches keep their stored activations alive at
-    once (1F1B: up to the pipeline depth on the first stage); ``seq_split`` > 1 is sequence parallelism, which
-    splits the h/Gx activations (block input, layer-norm outputs, residual) that many ways as well."""
+
+def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
+    """Parameter elements stored on one rank (weight shards, biases, layer norms, embedding tables)."""
+    h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
+    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
+    head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
+    hx = ceil_div(h, gx)
+    shard = L * sum(v.shard for v in vols) + head.shard
+    small = L * sum(v.bias_loc for v in vols) + (2 * L + 1) * 2 * hx + (V + S) * hx
+    return (shard + small).astype(float)
+
+
+def block_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int,
+                           device: Device = GPU) -> np.ndarray:
+    """Bytes one block saves for backward on one rank (recompute off); see the module docstring."""
+    gx, gy = np.asarray(gx, dtype=np.int64), np.asarray(gy, dtype=np.int64)
+    mp = np.asarray(mprime, dtype=float)
+    h, b = spec.hidden, act_bytes
+    hx, hy, fy, Hy = ceil_div(h, gx), ceil_div(h, gy), ceil_div(4 * h, gy), ceil_div(spec.heads, gy)
+    per_token = 8 * hx + 8 + 2 * b * hx + b * 2 * fy
+    if device.attention == "flash":
+        per_token = per_token + b * 3 * hy + b * hy + 4 * Hy
+    else:
+        c = device.math_bytes or b
+        per_token = per_token + 3 * c * hy + c * Hy * spec.seq + b * hy
+    return mp * per_token
+
+
+def head_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int) -> np.ndarray:
+    """Bytes the final layer norm, the head and the cross entropy save on one rank (per micro-batch)."""
+    gx, gy = np.asarray(gx, dtype=np.int64), np.asarray(gy, dtype=np.int64)
+    mp = np.asarray(mprime, dtype=float)
+    hx, vy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy)
+    ce = np.where(gy > 1, mp * (4 * vy + 9), mp * (4 * spec.vocab + 8) + 4)
+    return mp * (4 * hx + 4 + act_bytes * hx) + ce
+
+
+def embedding_activation_bytes(mprime) -> np.ndarray:
+    """The token and position ids ``[m']`` (int64) the two embedding lookups save."""
+    return 16.0 * np.asarray(mprime, dtype=float)
+
+
+def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
+                   opt: Options, inflight=1.0, seq_split=1, layout: str = "axgrid", device: Device = GPU) -> Memory:
+    """Memory per GPU with ``mprime`` tokens per GPU per micro-batch (all arguments broadcast); ``layout`` as in
+    the module docstring, ``device``: what the runtime does there (:class:`Device`).
+
+    Pipeline stages (``perfmodel.pipeline``, the Megatron layout): ``inflight`` micro-batches keep their stored
+    activations alive at once (1F1B: up to the pipeline depth on the first stage); ``seq_split`` > 1 is sequence
+    parallelism, which splits the h/Gx activations (block input, layer-norm outputs, residual) that many ways."""
+    if layout not in LAYOUTS:
+        raise PerfModelError(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
+    if layout == "megatron":
+        return _megatron(spec, gx, gy, gz, gd, mprime, dtype_bytes, fp32, opt, inflight, seq_split)
+    gx, gy, gz, gd = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd))
+    mp = np.asarray(mprime, dtype=float)
+    inflight = np.asarray(inflight, dtype=float)
+    L, b = spec.layers, dtype_bytes
+    elems = stored_elements(spec, gx, gy, gz)
+    params, grads = 4.0 * elems, 4.0 * elems
+    optimizer = (8.0 * elems + 4.0 * parameter_tensors(spec)) / (gd if opt.zero1_over_d else 1)
+    dp_buckets = np.where(gd > 1, 4.0 * elems, 0.0)
+
+    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
+    head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
+    blocks = [v.padded * 4.0 for v in vols]                     # fp32 gathered blocks, forward order
+    head_blk = head.padded * 4.0
+    order = blocks + [head_blk]
+    pairs = np.maximum.reduce([a + c for a, c in zip(order, order[1:])] + ([blocks[-1] + blocks[0]] if L > 1 else []))
+    largest = np.maximum.reduce(order)
+    if opt.keep_gathered and opt.recompute:     # the block recomputed keeps its four (+ the next one prefetched)
+        gathered = np.maximum(head_blk, sum(blocks) + (blocks[0] if opt.overlap_ag else 0.0))
+        in_backward = gathered
+    elif opt.keep_gathered:
+        gathered = in_backward = head_blk + L * sum(blocks)
+    elif opt.overlap_ag:                         # the current block and the prefetched next one
+        gathered = pairs
+        # backward gathers one block at a time; with recompute its forwards prefetch as the forward does
+        in_backward = np.maximum(pairs, largest + blocks[0]) if opt.recompute else largest
+    else:
+        gathered = in_backward = largest
+    in_backward = np.where(gz > 1, in_backward, 0.0)
+    gathered = np.where(gz > 1, gathered, 0.0)
+
+    blk = block_activation_bytes(spec, gx, gy, mp, b, device)
+    hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(4 * spec.hidden, gy)
+    stored_blk = mp * 4.0 * hx if opt.recompute else blk
+    head_act = head_activation_bytes(spec, gx, gy, mp, b)
+    emb = embedding_activation_bytes(mp)
+    act = inflight * L * stored_blk + head_act + emb
+
+    # the largest transient in backward (see the module docstring's "peak"): the loss gradient, or the last
+    # block's backward (MLP-down's or a layer norm's, whichever holds more)
+    loss_grad = np.where(gy > 1, mp * vy * (4.0 + (b if b < 4 else 0)), mp * spec.vocab * 8.0)
+    red = np.where((gx > 1) & device.reduce_in_fp32 & (b < 4), 4.0 + b, 0.0)
+    rs_copy = np.where((gz > 1) & device.reduce_scatter_copies, 4.0, 0.0)
+    cast = b if b < 4 else 0.0                   # the GEMMs' low-precision copy of the fp32 weight block
+    mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (b + 4.0 + rs_copy + cast)
+    ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
+    block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
+    transient = np.maximum(loss_grad, block_bwd - head_act)
+    buffers = in_backward + dp_buckets + transient     # the peak is in backward (see the module docstring)
+    static = params + grads + optimizer
+    shape = np.broadcast_shapes(np.shape(act), np.shape(static), np.shape(buffers))
+    bc = lambda a: np.broadcast_to(np.asarray(a, dtype=float), shape).astype(float)  # noqa: E731
+    return Memory(bc(static), bc(buffers), bc(act), bc(static + buffers + act), params=bc(params),
+                  grads=bc(grads), optimizer=bc(optimizer), gathered=bc(gathered), dp_buckets=bc(dp_buckets),
+                  transient=bc(transient), block_activations=bc(blk), stored_block=bc(stored_blk),
+                  head_activations=bc(head_act),
+                  embedding_activations=bc(emb))
+
+
+def _megatron(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool, opt: Options,
+              inflight, seq_split) -> Memory:
+    """Megatron-LM's layout (see the module docstring)."""
     gx, gy, gz, gd = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd))
     mp = np.asarray(mprime, dtype=float)
     inflight, seq_split = np.asarray(inflight, dtype=float), np.asarray(seq_split, dtype=float)
-    h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
+    h, L, V = spec.hidden, spec.layers, spec.vocab
     b = dtype_bytes
     pg, optb = bytes_per_param(b, fp32)
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
     head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
     hx = ceil_div(h, gx)
-    shard = L * sum(v.shard for v in vols) + head.shard
-    small = L * sum(v.bias_loc for v in vols) + (2 * L + 1) * 2 * hx   # biases + layer norms, replicated over z
-    small = small + (V + S) * hx                                        # embedding tables, replicated over y, z
-    elems = (shard + small).astype(float)
+    # Megatron's VocabParallelEmbedding splits the token table's rows over TP (y here), not its features
+    elems = stored_elements(spec, gx, gy, gz) - (V - ceil_div(V, gy)) * hx
     opt_div = gd if opt.zero1_over_d else 1
     static = elems * pg + elems * optb / opt_div
 
@@ -72,7 +259,6 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
         buffers = buffers + (L * sum(v.padded for v in vols) + head.padded) * float(b)
     elif opt.recompute:
         buffers = buffers + sum(v.padded for v in vols) * float(b)
-    buffers = buffers + (V * hx).astype(float) * 4.0
 
     full_block = 4.0 * h / (gx * seq_split) + 12.0 * h / gy
     if opt.recompute:

@@ -147,7 +147,8 @@ def _dp_buckets(spec, V, hx, gz, b: int, opt) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0,
-                         seq_split=1, fixed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                         seq_split=1, fixed: np.ndarray | None = None,
+                         memory_layout: str = "axgrid") -> tuple[np.ndarray, np.ndarray]:
     """Per grid: the fewest micro-batches (from the options) that divide the local batch and fit in memory;
     returns (choice, valid) where valid is False when no choice divides (then choice = the first candidate).
     ``fixed`` [N]: the micro-batch count of every grid, given (valid where it splits the batch)."""
@@ -167,7 +168,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
             ok[:] = False
         mprime = np.where(ok, (prob.batch // c) * spec.seq / (g.gd * g.gz), 1.0)
         mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, prob.dtype_bytes, prob.dtype == "fp32", opt,
-                             inflight, seq_split)
+                             inflight, seq_split, memory_layout)
         fits = ok & (mem.total <= limit)
         pick = fits & (chosen == 0)
         chosen[pick] = c
@@ -185,17 +186,17 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
 
 
 def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_split=1,
-             microbatches: np.ndarray | None = None) -> Evaluation:
+             microbatches: np.ndarray | None = None, memory_layout: str = "axgrid") -> Evaluation:
     """Model every configuration in ``grids`` for ``prob`` on ``machine``. For pipeline stages
     (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change the activation
     memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``), ``seq_split`` also the
-    element-wise kernels' stream width, and
-    ``microbatches`` fixes each grid's micro-batch count."""
+    element-wise kernels' stream width, and ``microbatches`` fixes each grid's micro-batch count;
+    ``memory_layout``: "axgrid" (the runtime's) or "megatron" (``memory.memory_per_gpu``)."""
     spec, opt, dt = prob.model, prob.options, prob.dtype
     b = prob.dtype_bytes
     g = grids
     L, h, S = spec.layers, spec.hidden, spec.seq
-    mb, mb_valid = _choose_microbatches(prob, machine, g, inflight, seq_split, microbatches)
+    mb, mb_valid = _choose_microbatches(prob, machine, g, inflight, seq_split, microbatches, memory_layout)
     mprime = (prob.batch // mb) * S / (g.gd * g.gz)  # float tokens per GPU per micro-batch
     mp_int = np.maximum(np.floor(mprime), 1).astype(np.int64)
 
@@ -348,7 +349,8 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
     step_bytes["d"] += d_bytes * on["d"]
 
     # ---- feasibility
-    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt, inflight, seq_split)
+    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt, inflight, seq_split,
+                         memory_layout)
     limit = opt.memory_usable * machine.memory_bytes
     bad = divisibility(spec, prob.batch, g, opt.microbatches)
     bad["microbatches"] = ~mb_valid

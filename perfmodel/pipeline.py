@@ -133,7 +133,8 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
                         prob.options.with_(zero1_over_d=True, recompute=mode == "full"))
         ev = evaluate(stage, machine, Grids.of([(1, c.tp, 1, c.dp) for c in cs]),
                       inflight=np.array([_inflight(c.pp, c.vpp, int(k)) for c, k in zip(cs, m)]),
-                      seq_split=np.array([c.tp if c.sp else 1 for c in cs]), microbatches=m)
+                      seq_split=np.array([c.tp if c.sp else 1 for c in cs]), microbatches=m,
+                      memory_layout="megatron")
         compute, elementwise = ev.compute, ev.extra["elementwise"]
         if mode == "selective":     # one more forward attention per block and micro-batch ("attention" is 3 of them),
             compute = compute + ev.extra["attention"] / 3.0 + ev.extra["scores_fwd"]   # with its S×S kernels

@@ -1,5 +1,6 @@
 """experiments/gpu_check.sh on a CPU-only machine: it fails fast with a one-line reason and exit status 2, both
-at the device-node probe and (when a GPU tool is on PATH but torch sees no GPU) at torch's check."""
+at the device-node probe and (when a GPU tool is on PATH but torch sees no GPU) at torch's check. Its memory check
+(experiments/memory_check.py: a training step's peak against perfmodel's prediction) runs here on the CPU."""
 import os
 import shutil
 import subprocess
@@ -39,3 +40,20 @@ def test_fails_clearly_when_torch_sees_no_gpu(tmp_path):
     assert p.returncode == 2
     assert "gpu_check: FAIL: torch" in p.stderr and "sees no CUDA GPU" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+MEMORY_CHECK = os.path.join(ROOT, "experiments", "memory_check.py")
+
+
+def test_memory_check_passes_on_cpu():
+    """The check gpu_check.sh runs as its step 6, on the CPU: the step's peak of live tensor bytes is within 10% of
+    perfmodel.memory's prediction for the CPU (gloo) device, and the line says so."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq",
+                        "64", "--batch", "4", "--vocab", "256", "--dtype", "bf16"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = p.stdout.strip().splitlines()[-1]
+    assert line.startswith("memory_check:") and line.endswith("PASS (within 10%)") and "device CPU_GLOO" in line
+    ratio = float(line.split("measured/predicted ")[1].split(":")[0])
+    assert abs(ratio - 1) <= 0.10

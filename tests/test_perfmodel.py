@@ -160,23 +160,34 @@ def test_flops_formulas():
 
 
 def test_memory_by_hand():
-    spec = pm.get_model("gpt-tiny")
+    """The runtime's layout (perfmodel.memory's docstring; tests/test_memory_agreement.py checks it on the runtime)."""
+    spec = pm.get_model("gpt-tiny")                      # L 2, h 64, 4 heads, S 64, V 256
     opt = pm.Options(recompute=False, overlap_ag=False, overlap_rs=False)
     mem = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt)
-    # every parameter: 2+2 bytes param/grad + 12 bytes AdamW (master + 2 moments)
-    assert float(mem.static) == pytest.approx(spec.params * 16)
-    assert float(mem.activations) == 64 * 2 * 2 * (4 * 64 + 12 * 64) + 64 * 256 * 6 + 2 * 64 * 256 * 2
-    # 2 buffers of the biggest gathered block (head 256×64) without OAG/ORS, and the embedding's dense fp32
-    # gradient of the token table [V, h/Gx]
-    assert float(mem.buffers) == 2 * 256 * 64 * 2 + 256 * 64 * 4
+    # fp32 weights under autocast: 4 + 4 bytes param/grad + 8 bytes AdamW moments, and a 4-byte step per tensor
+    # (2 tables, 12 per block with biases, final layer norm 2, head 1)
+    assert float(mem.static) == spec.params * 16 + 4 * (2 + 2 * 12 + 3)
+    h, V, m = 64, 256, 64
+    block = m * (8 * h + 8 + 2 * 2 * h + 2 * (3 * h + h + 8 * h) + 4 * 4)   # LN xhat+rstd, LN outs, GEMM outs, lse
+    head = m * (4 * h + 4 + 2 * h) + m * (4 * V + 8) + 4                      # final LN, head input, log-softmax
+    assert float(mem.block_activations) == block
+    assert float(mem.activations) == 2 * block + head + 16 * m
+    # Gz = 1: no gathered block (the block is the shard); Gd = 1: no bucket buffers; the largest transient here is
+    # the loss gradient (two fp32 [m', V] at the log-softmax's backward)
+    assert float(mem.gathered) == 0 and float(mem.dp_buckets) == 0
+    assert float(mem.transient) == max(8 * m * V, float(mem.transient)) and float(mem.buffers) == float(mem.transient)
     # the embedding tables are replicated over y and z (features over x only)
     emb = (spec.vocab + spec.seq) * spec.hidden
     assert float(memory_per_gpu(spec, 1, 2, 2, 1, 64, 2, False, opt).static) >= emb * 16
     assert float(memory_per_gpu(spec, 2, 1, 1, 1, 64, 2, False, opt).static) < float(mem.static) * 0.6
-    # z shards the weights: static shrinks with Gz
-    assert float(memory_per_gpu(spec, 1, 1, 2, 1, 64, 2, False, opt).static) < float(mem.static) * 0.6
+    # z shards the weights: static shrinks with Gz, and gathered fp32 blocks appear (the head's 256×64 is largest)
+    z2 = memory_per_gpu(spec, 1, 1, 2, 1, 64, 2, False, opt)
+    assert float(z2.static) < float(mem.static) * 0.6 and float(z2.gathered) == 256 * 64 * 4
+    # Gd > 1: the bucket buffers hold one more copy of every gradient
+    d2 = memory_per_gpu(spec, 1, 1, 1, 2, 64, 2, False, opt)
+    assert float(d2.dp_buckets) == float(mem.grads)
     rec = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt.with_(recompute=True))
-    assert float(rec.activations) < float(mem.activations)
+    assert float(rec.activations) < float(mem.activations) and float(rec.stored_block) == 4 * h * m
 
 
 def test_enumeration_all_divisors():

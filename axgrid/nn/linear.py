@@ -43,6 +43,11 @@ class _LinearFunction(torch.autograd.Function):
     def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
                 layer: "Linear") -> torch.Tensor:
         grid, rt, sh = layer.grid, layer.runtime, layer.sharding
+        dev = x_loc.device.type
+        if torch.is_autocast_enabled(dev) and x_loc.is_floating_point():
+            # both GEMMs read the input in the autocast dtype: cast once, and save that (e.g. a layer norm's fp32
+            # output is saved at half the size; the same values as the GEMMs' own casts)
+            x_loc = x_loc.to(torch.get_autocast_dtype(dev))
         w_blk, saved = rt.weights.forward(layer, weight)           # [n_blk, k_blk]; the block or the shard
         if bias is not None and grid.size(sh.in_dim) == 1 and rt.gemm_is_matmul:
             # nothing to reduce: the bias rides in the GEMM (as in F.linear), no extra pass over the output
@@ -54,7 +59,6 @@ class _LinearFunction(torch.autograd.Function):
                 y.add_(bias.to(y.dtype))    # under autocast, like F.linear: the output keeps the GEMM's dtype
         ctx.layer = layer
         ctx.has_bias = bias is not None
-        dev = x_loc.device.type
         ctx.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         ctx.save_for_backward(x_loc, saved)
         return y
