@@ -3,7 +3,7 @@ vocabulary-parallel argmax moves against gathering the logits.
 
     axgrid launch -n 4 -- python experiments/bench_generate.py --grid 1x2x2x1
 
-Builds axgrid's GPT (``--size``, vocabulary ``--vocab``) on the grid, decodes ``--new`` tokens greedily after
+Builds axgrid's GPT (``--size``, optionally ``--hidden``/``--layers``, vocabulary ``--vocab``) on the grid, decodes ``--new`` tokens greedily after
 ``--batch`` random prompts of ``--prompt`` tokens, with the cache and without (``use_cache=False``), checks the
 tokens are equal, and prints (rank 0), measured in one run: seconds and new tokens/s of each (best of
 ``--repeat``), their ratio, and from the ledger the bytes gathered over y per step by the argmax (``[b, 2]``
@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--grid", default="1x2x2x1")
     ap.add_argument("--size", default="gpt-mini")
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=None, help="override the size's hidden width")
+    ap.add_argument("--layers", type=int, default=None, help="override the size's layer count")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
@@ -37,7 +39,8 @@ def main() -> None:
     torch.set_num_threads(1)
     grid = axgrid.init(args.grid)
     try:
-        cfg = GPTConfig.named(args.size, vocab=args.vocab, seq=max(args.prompt + args.new, 128))
+        sizes = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers)) if v is not None}
+        cfg = GPTConfig.named(args.size, vocab=args.vocab, seq=max(args.prompt + args.new, 128), **sizes)
         model = GPT(cfg, grid)
         prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
         axgrid.generate(model, prompts, grid, 2)              # warm-up (first calls allocate and build caches)
@@ -56,7 +59,7 @@ def main() -> None:
         if grid.rank == 0:
             b = args.batch // grid.size("zd")
             logits_bytes = b * cfg.vocab * 4                # an all-gather over y of [b, V/Gy] fp32: its output
-            print(f"GPT {args.size} vocab {cfg.vocab} on {grid.shape}: {args.batch} prompts x {args.prompt} tokens, "
+            print(f"GPT {args.size} (layers {cfg.layers}, hidden {cfg.hidden}) vocab {cfg.vocab} on {grid.shape}: {args.batch} prompts x {args.prompt} tokens, "
                   f"{args.new} new (greedy); best of {args.repeat}")
             for cached in (True, False):
                 print(f"  {'cached  ' if cached else 'uncached'} {seconds[cached]:7.3f} s  "

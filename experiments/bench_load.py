@@ -24,12 +24,16 @@ job A, on the first grid, in this order:
 job B, on the other grid: its own baseline, then
 
 8. **reload**: the model built there by ``axgrid.from_pretrained`` (not measured), then ``load_checkpoint`` of
-   job A's checkpoint, model and optimizer (its peak): the logits equal job A's after its steps;
-9. ``axgrid.from_pretrained`` of job A's export: the logits equal job A's (max abs differences printed).
+   job A's checkpoint, model and optimizer (its peak): its logits against job A's after the steps (another
+   grid: equal up to the summation order, which shows in bf16);
+9. ``axgrid.from_pretrained`` of job A's export: its logits against the reloaded model's on the same grid.
 
 Peak RSS per phase: the kernel's own high-water mark, reset at the start of each phase by writing ``5`` to
 ``/proc/self/clear_refs`` and read from ``VmHWM`` in ``/proc/self/status`` at its end: exact (no sampling
-thread that could miss a short spike), Linux only. The baseline and the available memory come from psutil.
+thread that could miss a short spike), Linux only. Before the reset, what earlier phases freed is handed back to
+the OS (``gc.collect()`` and glibc's ``malloc_trim(0)``): glibc keeps freed blocks below its mmap threshold
+(up to 32 MiB, i.e. most parameter parts) in the heap, which would otherwise count as the next phase's memory.
+The baseline and the available memory come from psutil.
 
 Page cache: before each timed read of the checkpoint (disk, load, today) rank 0 evicts the checkpoint's files
 from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)`` per file; the files were fsynced when made, so their
@@ -46,6 +50,8 @@ at a time). Printed per rank with PASS/FAIL; the load time beside the disk read 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import math
@@ -64,6 +70,7 @@ SIZES = {   # hidden, layers, heads, kv_heads, ffn, vocab
 #: of x holds the least per rank (the 1B model's AdamW step needs ~20 GB on 8 ranks even so)
 DEFAULT_GRIDS = {4: ("2x2x1x1", "1x2x2x1"), 8: ("8x1x1x1", "2x2x2x1")}
 PHASES = ("load", "step", "save", "reload", "export")
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
 
 
 def parse_size(text: str) -> tuple[int, ...]:
@@ -171,6 +178,7 @@ class Rank:
         from axgrid.io import agree
         agree(self.grid, [0])
         gc.collect()
+        _LIBC.malloc_trim(0)
         reset_peak()
         t0 = time.perf_counter()
         out = fn()
@@ -278,11 +286,13 @@ def job_b(args: argparse.Namespace) -> None:
     me.phase("reload", lambda: load_checkpoint(os.path.join(args.work, "ckpt"), model, opt, grid))
     rec["optim_b"] = optim_bytes(opt)
     ref = torch.load(os.path.join(args.work, "logits.pt"))
-    rec["reload_diff"] = float((me.logits(model) - ref).abs().max())
+    mine = me.logits(model)
+    rec["reload_diff"] = float((mine - ref).abs().max())
+    rec["logit_max"] = float(ref.abs().max())
     del model, opt
     gc.collect()
     back = axgrid.from_pretrained(os.path.join(args.work, "export"), grid, torch_dtype=dtype)
-    rec["export_diff"] = float((me.logits(back) - ref).abs().max())
+    rec["export_diff"] = float((me.logits(back) - mine).abs().max())
     recs_b = gather_records(grid, rec)
     if grid.rank == 0:
         with open(os.path.join(args.work, "records-a.json")) as f:
@@ -344,8 +354,9 @@ def report(recs: list[dict], args: argparse.Namespace) -> None:
               f"{(peak - r0['baseline']) / r0['own']:.1f} x own parameters")
     else:
         print(f"today's path not run: {world} dense copies need {r0['today_need'] / 2**30:.1f} GiB")
-    print(f"step losses {', '.join(f'{x:.4f}' for x in r0['losses'])} | reload logits max diff "
-          f"{max(r['reload_diff'] for r in recs):.2e} | from_pretrained(export) logits max diff "
+    print(f"step losses {', '.join(f'{x:.4f}' for x in r0['losses'])} | reloaded on {args.reshard_grid} vs "
+          f"before the save on {args.grid}: logits max diff {max(r['reload_diff'] for r in recs):.2e} (max |logit| "
+          f"{r0['logit_max']:.1f}) | from_pretrained(export) vs the reloaded model, same grid: "
           f"{max(r['export_diff'] for r in recs):.2e}")
     print("phases:", " ".join(f"{p} {'PASS' if verdict[p] else 'FAIL'}" for p in PHASES), flush=True)
     if args.json:

@@ -175,6 +175,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="override the named size's hidden size")
     p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
     p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
+    p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
     p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
     p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
     p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
@@ -212,7 +213,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig:
-    over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq") if getattr(args, k) is not None}
+    over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, k) is not None}
     return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, **over)
 
 

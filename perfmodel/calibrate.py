@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import least_squares, nnls
 
 from .errors import PerfModelError
-from .machines import GemmRecord, Machine, Placement, machine_to_toml
+from .machines import CPU_RANK, GemmRecord, Machine, Placement, machine_to_toml
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def local_base(nranks: int, peak_flops: float, memory_bytes: int | None = None) 
     return Machine(name="local", gpus_per_node=nranks, peak_flops_bf16=peak_flops, peak_flops_fp32=peak_flops,
                    memory_bytes=mem, intra_node_bandwidth=1e9, intra_node_latency=1e-4,
                    inter_node_bandwidth_per_nic=1e9, inter_node_latency=1e-4, nics_per_node=1,
-                   description=f"this host, {nranks} gloo ranks (calibrated)", gpu="cpu rank")
+                   description=f"this host, {nranks} gloo ranks (calibrated)", gpu=CPU_RANK)
 
 
 MEASURE_COMMAND = "axgrid launch -n 4 -- python experiments/measure_runtime.py collectives --out {path}"

@@ -86,6 +86,10 @@ class GemmRecord:
     flops_per_s: float
 
 
+#: ``Machine.gpu`` of a calibrated profile whose devices are gloo ranks on CPU cores (``perfmodel calibrate``).
+CPU_RANK = "cpu rank"
+
+
 @dataclass(frozen=True)
 class Machine:
     """A machine. Bandwidths are per direction; intra_node_bandwidth is what one GPU can push into a ring

@@ -1,8 +1,13 @@
-"""sbatch scripts for the top-k configurations (the original launched its top 20 as short jobs)."""
+"""sbatch scripts for the top-k configurations (the original launched its top 20 as short jobs).
+
+For a machine profile of CPU ranks (``perfmodel calibrate`` writes ``gpu = "cpu rank"``: gloo on this host) the
+script asks for tasks, not GPUs, so it runs as written on a Slurm without GPUs (tests/test_slurm.py submits one).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
+from .machines import CPU_RANK
 from .rank import Ranking, Row
 
 
@@ -12,14 +17,14 @@ def sbatch_script(rk: Ranking, row: Row, steps: int = 20, minutes: int = 30) -> 
     nodes = -(-p.gpus // m.gpus_per_node)
     per_node = min(p.gpus, m.gpus_per_node)
     name = f"axgrid-{p.model.name}-{row.grid_str}"
+    gpus = "" if m.gpu == CPU_RANK else f"#SBATCH --gpus-per-node={per_node}\n"
     model_args = (f"--model {p.model.name}" if p.model.name else
                   f"--layers {p.model.layers} --hidden {p.model.hidden} --heads {p.model.heads}")
     return f"""#!/bin/bash
 #SBATCH --job-name={name}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node={per_node}
-#SBATCH --gpus-per-node={per_node}
-#SBATCH --time=00:{minutes:02d}:00
+{gpus}#SBATCH --time=00:{minutes:02d}:00
 #SBATCH --output={name}-%j.out
 # perfmodel rank {row.rank}: predicted {row.time_s:.3f} s/batch, {row.tflops_per_gpu:.1f} TFLOP/s/GPU \
 ({row.pct_peak:.1f}% of peak), {row.memory_bytes / 2**30:.1f} GiB/GPU on {m.name}

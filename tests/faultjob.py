@@ -1,9 +1,10 @@
 """Run one fault-injection job (tests/fault_rank.py on 2 ranks) under a launcher and time its teardown.
 
-Used by tests/test_faults.py and experiments/bench_teardown.py. Launchers: ``mpiexec`` (``axgrid launch``, the
-default), ``plain`` (``axgrid launch --no-mpi``), ``bare-mpiexec`` (mpiexec without axgrid's launcher) and
-``torchrun``. The job's processes are found by a tag on their command lines (/proc), its temporary folder by
-TMPDIR. Teardown runs from the fault (the failing rank's ``FAIL`` line, or the signal sent to the launcher) to the
+Used by tests/test_faults.py, tests/test_slurm.py and experiments/bench_teardown.py. Launchers: ``mpiexec``
+(``axgrid launch``, the default), ``plain`` (``axgrid launch --no-mpi``), ``bare-mpiexec`` (mpiexec without axgrid's
+launcher), ``torchrun``, and ``srun`` / ``srun-kill`` (``srun -n 2``, without / with ``--kill-on-bad-exit=1``; the
+job is named by the tag, and ``env`` must point at a cluster: tests/slurm_cluster.py). The job's processes are
+found by a tag on their command lines (/proc), its temporary folder by TMPDIR. Teardown runs from the fault (the failing rank's ``FAIL`` line, or the signal sent to the launcher) to the
 launcher's exit.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Union
 
 from axgrid.launcher import find_mpiexec
 
@@ -38,6 +39,7 @@ class Job:
     teardown_s: float    # from the fault (FAIL line or signal) to the launcher's exit
     left: list[str]      # "pid: command line" of the job's processes still alive afterwards
     folders: list[str]   # axgrid-launch-* folders left in the job's TMPDIR
+    rescued: bool = False  # still running ``rescue_after_s`` after the fault: ``rescue`` was called
 
 
 def tagged(tag: str) -> list[str]:
@@ -56,7 +58,10 @@ def tagged(tag: str) -> list[str]:
     return found
 
 
-def command(launcher: str, rank_cmd: list[str]) -> list[str]:
+def command(launcher: str, rank_cmd: list[str], tag: str = "") -> list[str]:
+    if launcher in ("srun", "srun-kill"):
+        kill = ["--kill-on-bad-exit=1"] if launcher == "srun-kill" else ["--kill-on-bad-exit=0"]
+        return ["srun", "-n", "2", f"--job-name={tag}", *kill, *rank_cmd]
     if launcher == "bare-mpiexec":
         return [MPIEXEC, "-n", "2", *rank_cmd]
     if launcher == "torchrun":
@@ -65,25 +70,38 @@ def command(launcher: str, rank_cmd: list[str]) -> list[str]:
     return [sys.executable, "-m", "axgrid.cli", "launch", "-n", "2", *plain, "--", *rank_cmd]
 
 
-def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, send: Optional[int] = None) -> Job:
+#: What to do to a job once both ranks are up: a signal for the launcher, or a call (the launcher's process,
+#: the job's tag) that does something else, e.g. ``scancel`` it.
+Send = Union[int, Callable[[subprocess.Popen, str], None]]
+
+
+def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, send: Optional[Send] = None,
+            env: Optional[dict[str, str]] = None, tag: Optional[str] = None, rescue_after_s: Optional[float] = None,
+            rescue: Optional[Callable[[subprocess.Popen, str], None]] = None) -> Job:
     """Run fault_rank.py MODE on 2 ranks (rank 1 misbehaves) under ``launcher``; with ``send``, send that signal
-    to the launcher once both ranks are up."""
-    tag = f"axgrid-fault-{uuid.uuid4().hex}"
-    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    to the launcher (or make that call) once both ranks are up. ``env``: the launcher's environment (default:
+    this process's). A job still running ``rescue_after_s`` seconds after the fault is ended by ``rescue(proc,
+    tag)`` (a hung rank under a launcher that waits for it), and the Job says ``rescued``."""
+    tag = tag or f"axgrid-fault-{uuid.uuid4().hex}"
+    env = dict(os.environ if env is None else env, TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
-    proc = subprocess.Popen(command(launcher, [sys.executable, SCRIPT, mode, "1", str(timeout_s), tag]), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(command(launcher, [sys.executable, SCRIPT, mode, "1", str(timeout_s), tag], tag),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(lambda: proc.stdout.readline().decode(), "")))
     reader.start()
-    fault_at = None
+    fault_at, rescued = None, False
     deadline = time.monotonic() + JOB_LIMIT_S
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             if send is not None and fault_at is None and sum("READY" in s for s in list(lines)) == 2:
                 fault_at = time.time()
-                proc.send_signal(send)
+                send(proc, tag) if callable(send) else proc.send_signal(send)
+            failed = _fault_time(lines)
+            if rescue and not rescued and failed and time.time() > failed + rescue_after_s:
+                rescued = True
+                rescue(proc, tag)
             time.sleep(0.02)
         end = time.time()
         hung = proc.poll() is None
@@ -101,8 +119,27 @@ def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, sen
     if hung:
         raise JobHung(f"{launcher} {mode}: the job was still running after {JOB_LIMIT_S} s:\n{output}")
     if fault_at is None:
-        fails = [s.split("FAIL ")[1] for s in output.splitlines() if "FAIL " in s]
-        if not fails:
+        fault_at = _fault_time(lines)
+        if fault_at is None:
             raise RuntimeError(f"{launcher} {mode}: no rank reported its fault:\n{output}")
-        fault_at = float(fails[0].split()[0])
-    return Job(proc.returncode, output, end - fault_at, left, sorted(p.name for p in tmpdir.glob("axgrid-launch-*")))
+    return Job(proc.returncode, output, end - fault_at, left, sorted(p.name for p in tmpdir.glob("axgrid-launch-*")),
+               rescued)
+
+
+def srun_case(cluster, launcher: str, case: str, rescue_after_s: float) -> tuple[str, dict]:
+    """fault_rank.py's mode and run_job's keywords for ``case`` under ``srun``/``srun-kill`` on ``cluster`` (a
+    tests/slurm_cluster.SlurmCluster): ``scancel`` cancels the job once both ranks are up; a job still running
+    ``rescue_after_s`` after its fault (a hung rank srun waits for, without --kill-on-bad-exit) is cancelled."""
+    def cancel(proc: subprocess.Popen, tag: str) -> None:
+        cluster.command(["scancel", f"--name={tag}"])
+
+    kw: dict = dict(env=cluster.env, rescue_after_s=rescue_after_s, rescue=cancel)
+    if case == "scancel":
+        kw["send"] = cancel
+    return ("run" if case == "scancel" else case), kw
+
+
+def _fault_time(lines: list[str]) -> Optional[float]:
+    """The unix time on the first ``FAIL <time>`` line, or None."""
+    fails = [s.split("FAIL ")[1] for s in list(lines) if "FAIL " in s]
+    return float(fails[0].split()[0]) if fails else None

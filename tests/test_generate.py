@@ -93,10 +93,27 @@ def test_greedy_equals_dense_on_every_4_rank_grid(ranks, greedy_refs, spec):
             assert torch.equal(uncached, greedy_refs[kind]), (spec, rank, kind, uncached, greedy_refs[kind])
 
 
+def vocab_selection_on_ties(grid) -> bool:
+    """The vocabulary-parallel argmax and k-th largest value equal torch's on the whole row, ties included
+    (across y slices, inside one, a constant row)."""
+    from axgrid.generate.select import vocab_parallel_argmax, vocab_parallel_top_k_floor
+    v_loc, gy, y = 4, grid.size("y"), grid.index("y")
+    full = torch.randn(4, v_loc * gy, generator=torch.Generator().manual_seed(1))
+    full[0, [1, v_loc * gy - 1]] = 9.0                    # tie between the first and the last slice
+    full[1, [v_loc * (gy - 1) + 1, v_loc * (gy - 1) + 3]] = 9.0   # tie inside the last slice
+    full[2] = 0.5                                         # a constant row
+    mine = full[:, y * v_loc:(y + 1) * v_loc]
+    ok = torch.equal(vocab_parallel_argmax(mine, grid), full.argmax(-1))
+    for k in (1, 3, v_loc + 1, 100):
+        want = full.topk(min(k, full.shape[-1]), dim=-1).values[:, -1:]
+        ok &= torch.equal(vocab_parallel_top_k_floor(mine, k, grid), want)
+    return ok
+
+
 def rank_sampling(spec: str, kinds: tuple[str, ...]) -> dict[str, dict[str, torch.Tensor]]:
     grid = axgrid.init(spec, timeout_s=60)
     try:
-        out = {}
+        out = {"ties": vocab_selection_on_ties(grid)}
         for kind in kinds:
             model = build(kind, grid)
             run = lambda **kw: axgrid.generate(model, prompts(), grid, NEW, temperature=1.5, **kw)  # noqa: E731
@@ -110,6 +127,7 @@ def rank_sampling(spec: str, kinds: tuple[str, ...]) -> dict[str, dict[str, torc
 def test_sampling_same_on_every_rank_reproducible_and_within_top_k(ranks, greedy_refs):
     kinds = KINDS[:2]
     by_grid = [ranks(4, rank_sampling, spec, kinds) for spec in ("1x2x2x1", "2x1x1x2")]
+    assert all(r["ties"] for results in by_grid for r in results)
     for kind in kinds:
         first = by_grid[0][0][kind]
         for results in by_grid:                  # every rank of both grids: the same tokens (noise is per batch)

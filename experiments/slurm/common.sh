@@ -1,0 +1,58 @@
+# The part of every axgrid sbatch template that is the same on every site: sourced by perlmutter.sbatch,
+# frontier.sbatch, alps.sbatch and local.sbatch after their #SBATCH header and SITE SETTINGS, so a change here
+# shows in all of them (tests/test_slurm.py submits local.sbatch and checks the others with sbatch --test-only).
+#
+# The site part sets: SITE (a name for the log line), MACHINE (the perfmodel machine profile that picks the grid
+# when GRID is empty), SRUN_ARGS (an array: the site's CPU/GPU binding options for srun), REPO (the checkout),
+# RUN_DIR, and may override any default below before sourcing. Environment variables of the submission:
+#   MODEL GRID BATCH MICRO STEPS SAVE_EVERY OVERLAP CKPT   what to train, where to save
+#   CHAIN=K        queue K follow-up jobs, one after another (each resumes from "$CKPT/latest")
+#   NEXT_GRID=G    the follow-ups run on grid G (a checkpoint loads on any grid: it is resharded)
+#   EXTRA_ARGS     more train_gpt.py arguments, split on spaces (e.g. "--layers 1 --hidden 32")
+#
+# Time limit and resume: `#SBATCH --signal=USR1@N` makes Slurm send SIGUSR1 to every task N s before the time
+# limit (at its next time-limit check, which comes every 30 s); train_gpt.py (with --save, through
+# axgrid.checkpoint.SaveOnSignal) agrees on it at the next step boundary, writes a checkpoint and exits 0. The next
+# link of the chain (submitted when this one starts, --dependency=afterany: it runs however this one ends)
+# resumes from "$CKPT/latest". Checkpoints are atomic: a job killed mid-save leaves the previous one as latest.
+
+MODEL="${MODEL:-gpt-5b}"
+GRID="${GRID:-}"                    # GXxGYxGZxGD; empty: the perf model's best for this job's rank count
+BATCH="${BATCH:-64}"
+MICRO="${MICRO:-1}"
+STEPS="${STEPS:-1000}"
+SAVE_EVERY="${SAVE_EVERY:-100}"
+OVERLAP="${OVERLAP:-oar,ors,oag,odp}"
+CKPT="${CKPT:-$RUN_DIR/ckpt}"
+CHAIN="${CHAIN:-0}"
+NEXT_GRID="${NEXT_GRID:-$GRID}"
+EXTRA_ARGS="${EXTRA_ARGS:-}"
+
+# ---- chained jobs: queue the next link now, to start when this one ends for any reason ----
+if (( CHAIN > 0 )); then
+  sbatch --dependency=afterany:"$SLURM_JOB_ID" --export=ALL,CHAIN=$((CHAIN - 1)),GRID="$NEXT_GRID" \
+    -N "$SLURM_JOB_NUM_NODES" "$0"
+fi
+
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1     # a failed or timed-out collective crashes the job instead of hanging it
+export PYTHONUNBUFFERED=1
+
+mkdir -p "$RUN_DIR"
+cd "$REPO"
+N=$SLURM_NTASKS
+if [[ -z "$GRID" ]]; then
+  GRID=$(python -m axgrid.perfmodel rank --model "$MODEL" --gpus "$N" --machine "$MACHINE" --batch "$BATCH" --top 1 \
+           --csv "$RUN_DIR/rank-$SLURM_JOB_ID.csv" >/dev/null && awk -F, 'NR==2{print $2}' "$RUN_DIR/rank-$SLURM_JOB_ID.csv")
+fi
+RESUME=()
+[[ -f "$CKPT/latest" ]] && RESUME=(--resume "$CKPT")
+
+echo "$SITE: $N ranks, model $MODEL, grid $GRID, batch $BATCH, resume: ${RESUME[*]:-no}"
+# --kill-on-bad-exit=1: a task that fails ends the whole step at once (a hung rank's peers time out and fail;
+# without it the step waits for the hung rank until the time limit). srun then exits 143 (the tasks it ended);
+# the failing task's own code is in its "task R: Exited with exit code C" line.
+# shellcheck disable=SC2086  # EXTRA_ARGS is split on purpose
+srun --kill-on-bad-exit=1 "${SRUN_ARGS[@]}" \
+  python experiments/train_gpt.py --model "$MODEL" --grid "$GRID" --batch "$BATCH" --microbatches "$MICRO" \
+    --steps "$STEPS" --recompute --overlap "$OVERLAP" --data synthetic --no-progress \
+    --log "$RUN_DIR/train-$SLURM_JOB_ID.jsonl" --save "$CKPT" --save-every "$SAVE_EVERY" "${RESUME[@]}" $EXTRA_ARGS

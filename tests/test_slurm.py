@@ -1,0 +1,276 @@
+"""Real Slurm jobs on a private one-node cluster (the ``slurm`` fixture: tests/slurm_cluster.py).
+
+- ``srun`` launches: the demo and train_gpt on 4 ranks; every rank finds its place from ``SLURM_*``.
+- The reliability table under srun (tests/faultjob.py, 2 ranks, run side by side as separate jobs): a rank raises,
+  is SIGKILLed, hangs (collective timeout 5 s), or the job is ``scancel``-ed; with and without
+  ``--kill-on-bad-exit=1``; exit codes, what Slurm recorded, and that no process of the job is left.
+- experiments/slurm/local.sbatch: SIGUSR1 before a 1-minute time limit saves through SaveOnSignal and exits 0;
+  with CHAIN=1 the follow-up (``--dependency=afterany``) resumes from ``latest`` on another grid; the losses of
+  the chain equal an uninterrupted run's, step for step.
+- ``perfmodel rank --emit-slurm`` for the local machine profile writes a script that runs here as written.
+- The site templates pass ``sbatch --test-only`` here with the options this node cannot satisfy overridden
+  (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from faultjob import run_job, srun_case
+from slurm_cluster import ROOT
+
+pytestmark = pytest.mark.slurm
+
+SLURM_DIR = ROOT / "experiments" / "slurm"
+SITES = ("perlmutter", "frontier", "alps")
+TINY = "--layers 1 --hidden 32 --heads 2 --seq 16"     # train_gpt.py model overrides: a few ms per step
+RUN_LIMIT_S = 480.0        # any one job here (start-up of 4 torch processes on a loaded 2-core machine is slow)
+
+
+def srun(slurm, args: list[str], timeout_s: float = RUN_LIMIT_S) -> subprocess.CompletedProcess:
+    return subprocess.run(["srun", *args], env=slurm.env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def records(log: Path) -> list[dict]:
+    """The step records of a train_gpt.py JSON-lines log."""
+    if not log.exists():
+        return []
+    return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("event") == "step"]
+
+
+# ---- srun launches ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def launches(slurm):
+    """The demo, train_gpt and a print of detect_launch(), each `srun -n 4`, run side by side."""
+    jobs = {
+        "demo": ["-n", "4", "--kill-on-bad-exit=1", "-J", "demo", "python", "-m", "axgrid.demo", "--grid", "2x2x1x1",
+                 "--steps", "3"],
+        "train": ["-n", "4", "--kill-on-bad-exit=1", "-J", "train", "python", "experiments/train_gpt.py",
+                  "--grid", "2x1x1x2", "--steps", "3", "--batch", "4", "--no-progress", *TINY.split()],
+        "detect": ["-n", "4", "-J", "detect", "python", "-c",
+                   "from axgrid.launch import detect_launch; print(detect_launch(use_mpi=False))"],
+    }
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        futures = {k: ex.submit(srun, slurm, v) for k, v in jobs.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def test_srun_finds_every_rank_from_slurm_variables(launches, slurm):
+    res = launches["detect"]
+    assert res.returncode == 0, res.stderr
+    found = sorted(re.findall(r"LaunchEnv\(rank=(\d), world_size=4, local_rank=(\d), local_world_size=4, "
+                              r"master_addr='([^']*)', master_port=(\d+), launcher='slurm'\)", res.stdout))
+    assert [(r, l) for r, l, _, _ in found] == [(str(i), str(i)) for i in range(4)], res.stdout
+    assert {a for _, _, a, _ in found} == {slurm.node}       # the first host of SLURM_JOB_NODELIST
+    assert len({p for _, _, _, p in found}) == 1             # one port, derived from the job id alike
+
+
+def test_srun_demo_on_4_ranks_matches_serial(launches, slurm):
+    res = launches["demo"]
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "grid 2x2x1x1" in res.stdout and "4 ranks on 1 node(s), backend gloo" in res.stdout
+    assert ": MATCH" in res.stdout, res.stdout
+    assert [(c.state, c.exit_code) for c in slurm.completion(name="demo")] == [("COMPLETED", "0:0")]
+
+
+def test_srun_train_gpt_on_4_ranks(launches, slurm):
+    res = launches["train"]
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "on grid 2x1x1x2 (4 ranks, gloo, fp32)" in res.stdout, res.stdout
+    assert re.search(r"train_gpt: loss [\d.]+ -> [\d.]+ in 3 steps", res.stdout), res.stdout
+    assert [(c.state, c.exit_code) for c in slurm.completion(name="train")] == [("COMPLETED", "0:0")]
+
+
+# ---- the reliability table under srun -----------------------------------------------------------------------------
+HANG_TIMEOUT_S = 5.0
+STILL_HUNG_S = 15.0        # without --kill-on-bad-exit a hung rank keeps the step: scancel it this long after
+TEARDOWN_BOUND_S = 15.0    # as tests/test_faults.py (goal: 5 s)
+CLEANUP_S = 15.0           # after the job's end: its slurmstepd gone, the job out of the queue
+# (launcher, case) -> srun's exit code, the job's state and exit code as Slurm recorded them, the task line
+EXPECTED = {
+    ("srun-kill", "raise"): (143, "FAILED", "0:15", "task 1: Exited with exit code 1"),
+    ("srun-kill", "kill"): (143, "FAILED", "0:15", "task 1: Killed"),
+    ("srun-kill", "hang"): (143, "FAILED", "0:15", "task 0: Exited with exit code 1"),
+    ("srun-kill", "scancel"): (143, "CANCELLED", "0:0", "CANCELLED AT"),
+    ("srun", "raise"): (1, "FAILED", "1:0", "task 1: Exited with exit code 1"),
+    ("srun", "kill"): (137, "FAILED", "0:9", "task 1: Killed"),
+    ("srun", "hang"): (143, "CANCELLED", "0:0", "task 0: Exited with exit code 1"),
+    ("srun", "scancel"): (143, "CANCELLED", "0:0", "CANCELLED AT"),
+}
+
+
+def fault_job(slurm, launcher: str, case: str, tmp: Path):
+    """One case of the table on the cluster: (Job, its completion record, slurmstepd pids still alive)."""
+    tag = f"axgrid-fault-{launcher}-{case}-{tmp.name}"
+    still_hung = (launcher, case) == ("srun", "hang")
+    mode, kw = srun_case(slurm, launcher, case, rescue_after_s=STILL_HUNG_S if still_hung else RUN_LIMIT_S)
+    job = run_job(launcher, mode, tmp, tag=tag, timeout_s=HANG_TIMEOUT_S if case == "hang" else 60.0, **kw)
+    rec = slurm.wait_done_named(tag, timeout_s=30.0)
+    # Slurm finishes the job's records first, then slurmstepd leaves and the job leaves COMPLETING
+    deadline = time.monotonic() + CLEANUP_S
+    while time.monotonic() < deadline and (slurm.steps_alive(rec.job_id) or any(tag in q for q in slurm.queue())):
+        time.sleep(0.2)
+    return job, rec, slurm.steps_alive(rec.job_id), [q for q in slurm.queue() if tag in q]
+
+
+@pytest.fixture(scope="module")
+def fault_jobs(slurm, tmp_path_factory):
+    with ThreadPoolExecutor(len(EXPECTED)) as ex:
+        futures = {k: ex.submit(fault_job, slurm, *k, tmp_path_factory.mktemp(f"{k[0]}-{k[1]}")) for k in EXPECTED}
+        return {k: f.result() for k, f in futures.items()}
+
+
+@pytest.mark.parametrize("launcher,case", list(EXPECTED), ids=[f"{a}-{b}" for a, b in EXPECTED])
+def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
+    job, rec, steps, queued = fault_jobs[launcher, case]
+    code, state, recorded, line = EXPECTED[launcher, case]
+    assert job.code == code, job.output
+    assert (rec.state, rec.exit_code) == (state, recorded), job.output
+    assert line in job.output, job.output
+    if case == "raise":
+        assert "RuntimeError: rank 1 fails on purpose" in job.output      # the traceback came through srun
+    if (launcher, case) == ("srun", "hang"):
+        # no --kill-on-bad-exit: rank 0 timed out and left, the hung rank kept the step until scancel
+        assert job.rescued and job.teardown_s > STILL_HUNG_S, job.output
+    else:
+        assert not job.rescued
+        bound = TEARDOWN_BOUND_S + (HANG_TIMEOUT_S if case == "hang" else 0.0)
+        assert job.teardown_s < bound, job.output
+        if case == "hang":
+            assert job.teardown_s > HANG_TIMEOUT_S - 1, job.output
+    assert not job.left, "processes of the job are still alive:\n" + "\n".join(job.left)
+    assert not steps, f"slurmstepd of job {rec.job_id} still alive: {steps}"
+    assert not queued, queued
+
+
+# ---- local.sbatch: signal before the time limit, save, chain, resume on another grid -------------------------------
+CHAIN_STEPS = 600          # more than link 1 trains before its signal (<= 30 s; it saves after every step)
+WARN_S = 600               # link 1's --signal=USR1@WARN_S; its time limit is cut once it trains (see below)
+
+
+def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm, tmp_path):
+    """Link 1 (grid 1x2x1x1, CHAIN=1, `--signal=USR1@600`) gets SIGUSR1 from Slurm a few seconds into training,
+    saves and exits 0; its follow-up resumes from latest on grid 2x1x1x1 and finishes; an uninterrupted run of
+    the same script gives the same losses.
+
+    Slurm sends the warning at its time-limit checks (every 30 s), and a signal that comes before train_gpt.py
+    has installed its handler would kill the ranks: so link 1 is started shortly before a check (--begin), and
+    only once it trains is its time limit cut (scontrol update) to within WARN_S of now, which makes the warning
+    due at once -- it is sent at the next check."""
+    script = str(SLURM_DIR / "local.sbatch")
+    base = dict(slurm.env, REPO=str(ROOT), MODEL="gpt-tiny", BATCH="4", STEPS=str(CHAIN_STEPS), EXTRA_ARGS=TINY,
+                GRID="1x2x1x1")
+    ref = slurm.sbatch(script, env=dict(base, RUN_DIR=str(tmp_path / "ref"), SAVE_EVERY="0", CHAIN="0"),
+                       cwd=tmp_path)
+    lead = 10.0                              # start-up of 2 ranks on a quiet 2-core machine: about 5 s
+    check = slurm.next_timelimit_check(after=time.time() + lead + 2.0)
+    begin = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(check - lead))
+    chain_env = dict(base, RUN_DIR=str(tmp_path / "chain"), SAVE_EVERY="1", CHAIN="1", NEXT_GRID="2x1x1x1")
+    link1 = slurm.sbatch("-t", "15", f"--signal=USR1@{WARN_S}", f"--begin={begin}", script, env=chain_env,
+                         cwd=tmp_path)
+    _wait_for(lambda: records(tmp_path / "chain" / f"train-{link1}.jsonl"), RUN_LIMIT_S, "step of link 1")
+    started = slurm.command(["squeue", "-h", "-j", str(link1), "-o", "%S"]).stdout.strip()
+    elapsed = time.time() - time.mktime(time.strptime(started, "%Y-%m-%dT%H:%M:%S"))
+    minutes = int((elapsed + WARN_S) // 60)  # the limit minus WARN_S is now or just past: the warning is due
+    slurm.command(["scontrol", "update", f"JobId={link1}", f"TimeLimit={minutes}"])
+    rec1 = slurm.wait_done(link1, timeout_s=RUN_LIMIT_S)
+    out1 = (tmp_path / f"axgrid-local-{link1}.out").read_text()
+    link2 = int(re.search(r"Submitted batch job (\d+)", out1).group(1))
+    rec2 = slurm.wait_done(link2, timeout_s=RUN_LIMIT_S)
+    out2 = (tmp_path / f"axgrid-local-{link2}.out").read_text()
+    rec_ref = slurm.wait_done(ref, timeout_s=RUN_LIMIT_S)
+
+    saved = re.search(r"SIGUSR1 received; saved step (\d+)", out1)
+    assert saved, out1
+    k = int(saved.group(1))
+    assert 0 < k < CHAIN_STEPS, out1
+    assert (rec1.state, rec1.exit_code) == ("COMPLETED", "0:0"), out1      # saved and left before the limit
+    assert f"resumed from {tmp_path / 'chain' / 'ckpt'}" in out2 and f"at step {k} (saved on grid 1x2x1x1, " \
+        "resharded to 2x1x1x1)" in out2, out2
+    assert (rec2.state, rec2.exit_code) == ("COMPLETED", "0:0"), out2
+    assert (rec_ref.state, rec_ref.exit_code) == ("COMPLETED", "0:0")
+    ref_loss = [r["loss"] for r in records(tmp_path / "ref" / f"train-{ref}.jsonl")]
+    one = records(tmp_path / "chain" / f"train-{link1}.jsonl")
+    two = records(tmp_path / "chain" / f"train-{link2}.jsonl")
+    assert [r["step"] for r in one + two] == list(range(CHAIN_STEPS))
+    assert [r["loss"] for r in one] == ref_loss[:k]                         # the same grid: the same numbers
+    assert [r["loss"] for r in two] == pytest.approx(ref_loss[k:], rel=1e-5)   # resharded: up to rounding
+
+
+def _wait_for(fn, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise TimeoutError(f"no {what} after {timeout_s} s")
+
+
+# ---- perfmodel rank --emit-slurm ---------------------------------------------------------------------------------
+def test_emitted_sbatch_script_for_the_local_profile_runs_as_written(slurm, tmp_path):
+    out = tmp_path / "emit"
+    res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--model", "gpt-tiny", "--gpus", "2",
+                          "--machine", "local-4", "--batch", "4", "--dtype", "fp32", "--top", "1",
+                          "--emit-slurm", str(out)], env=slurm.env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    (script,) = sorted(out.glob("*.sbatch"))
+    job = slurm.sbatch("--chdir", str(ROOT), "--output", str(tmp_path / "%j.out"), str(script))
+    rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
+    text = (tmp_path / f"{job}.out").read_text()
+    assert (rec.state, rec.exit_code) == ("COMPLETED", "0:0"), text
+    grid = script.stem.split("_", 1)[1]
+    assert f"on grid {grid} (2 ranks" in text and re.search(r"loss [\d.]+ -> [\d.]+ in 20 steps", text), text
+
+
+# ---- the site templates -------------------------------------------------------------------------------------------
+#: options every site template must set in its #SBATCH header
+REQUIRED = ("-J", "-A", "-N", "--ntasks-per-node", "--gpus-per-node", "-t", "--signal", "-o")
+#: overridden for --test-only (this node has no GPUs, one node, one partition, no features); parsed instead
+OVERRIDES = ("-N", "1", "--gpus-per-node=0", "-p", "debug", "--constraint=")
+
+
+def sbatch_options(path: Path) -> dict[str, str]:
+    """The #SBATCH options of a script: {"-N": "16", "--signal": "USR1@120", ...} (comments dropped)."""
+    opts = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("#SBATCH "):
+            words = line[len("#SBATCH "):].split("#")[0].split()
+            name, _, value = words[0].partition("=")
+            opts[name] = value or (words[1] if len(words) > 1 else "")
+    return opts
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_site_template_is_accepted_by_sbatch_test_only(slurm, site):
+    path = SLURM_DIR / f"{site}.sbatch"
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    opts = sbatch_options(path)
+    assert set(REQUIRED) <= set(opts), f"{site}: missing {sorted(set(REQUIRED) - set(opts))}"
+    nodes, per_node = int(opts["-N"]), int(opts["--ntasks-per-node"])
+    assert nodes >= 1 and int(opts["--gpus-per-node"]) == per_node      # one task per GPU
+    assert re.fullmatch(r"USR1@\d+", opts["--signal"]), opts["--signal"]
+    res = slurm.command(["sbatch", "--test-only", *OVERRIDES, str(path)], check=False, cwd=ROOT)
+    assert res.returncode == 0 and "to start at" in res.stderr, f"{site}: {res.stderr}"
+    text = path.read_text()
+    assert text.rstrip().endswith('source "$REPO/experiments/slurm/common.sh"'), f"{site}: not built on common.sh"
+    # the site's srun options (SRUN_ARGS) parse: srun reads its options before it asks the controller anything
+    srun_args = re.search(r"^SRUN_ARGS=\((.*)\)$", text, re.M).group(1).replace('"${SRUN_ENV_ARGS[@]}"', "").split()
+    res = slurm.command(["srun", "--test-only", "-n", "1", *srun_args, "true"], check=False, cwd=ROOT)
+    assert not re.search(r"unrecognized option|invalid option|requires an argument|Invalid --", res.stderr), \
+        f"{site}: srun {' '.join(srun_args)}: {res.stderr}"
+
+
+def test_common_part_of_the_templates(slurm):
+    text = (SLURM_DIR / "common.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(SLURM_DIR / "common.sh")], capture_output=True).returncode == 0
+    assert "srun --kill-on-bad-exit=1" in text and "--dependency=afterany:" in text and '"$CKPT/latest"' in text
+    assert sbatch_options(SLURM_DIR / "local.sbatch")["--signal"].startswith("USR1@")
