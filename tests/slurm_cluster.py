@@ -21,6 +21,7 @@ harness) either needs a container runtime or a system-wide installation in /etc.
 from __future__ import annotations
 
 import os
+import pwd
 import random
 import re
 import shutil
@@ -133,12 +134,13 @@ class SlurmCluster:
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
+        user = pwd.getpwuid(os.getuid()).pw_name
         lines = [
             f"ClusterName={self.id[-12:]}",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
             f"SlurmctldPort={self.ctld_port}", f"SlurmdPort={self.slurmd_port}",
             f"SrunPortRange={self.srun_ports[0]}-{self.srun_ports[1]}",
-            "SlurmUser=root", "SlurmdUser=root",
+            f"SlurmUser={user}", f"SlurmdUser={user}",    # (root here; slurmd as another user runs only its jobs)
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket}",
             f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}",
             f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd.pid'}",
