@@ -103,6 +103,7 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
               f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
               f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
               f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
+    con.print(m.elementwise_note())
     if rk.band is not None:
         con.print(f"band: {rk.band.describe()}. ≈ = within model error of the best row (bands overlap).")
         shown = rk.combined[:top]
@@ -271,6 +272,8 @@ def cmd_check_published(a: argparse.Namespace) -> int:
           f"configuration of the published layout (top 5: n/a). Time points (s/iteration): priced at the published "
           f"configuration. Ratio = published/predicted time (> 1: optimistic). Machine files as shipped. "
           f"* = outside ±{TOLERANCE:.0%}: {len(bad)} of {len(checks)}.")
+    for name in dict.fromkeys(c.point.machine for c in checks):
+        print(f"{name}: {load_machine(name).elementwise_note()}")
     if a.write_residuals:
         from .published import write_all_residuals
         for f in write_all_residuals(checks):

@@ -3,7 +3,12 @@ log space, as written by ``python -m axgrid.kernels export-efficiency``) or from
 dimension, eff = eff_max · d / (d + dim_half): per dtype from the machine file's ``gemm_efficiency`` (measured
 large-GEMM rates of that GPU), else the two parameters calibration fits (default 0.75, 96).
 Operand layouts are not modelled: the runtime's layout tuner picks the best layout per shape, and no per-layout
-table is held for any shipped GPU."""
+table is held for any shipped GPU.
+
+Element-wise time: the bytes a block's memory-bound kernels (layer norms, residual adds, bias + GELU, dropout,
+an unfused attention's S×S scores) move through HBM (``elementwise_bytes``, the one formula both the 4D grids and
+the TP×PP×DP stages use) at the machine file's ``hbm_bandwidth`` (``memory_time``); not priced on a machine
+without that figure."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,3 +54,37 @@ def gemm_time(m, n, k, machine: Machine, dtype: str) -> np.ndarray:
     flops = 2.0 * m * n * k
     return np.where(flops > 0, flops / gemm_rate(np.maximum(m, 1), np.maximum(n, 1), np.maximum(k, 1),
                                                   machine, dtype), 0.0)
+
+
+def elementwise_bytes(tokens, width, ffn_width, heads, seq: int, dtype_bytes: int, dropout: bool,
+                      fused_attention: bool) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes one block's forward moves through its element-wise (memory-bound) kernels on one rank, per
+    micro-batch: (token-wise kernels, attention-score kernels). Per rank: ``tokens`` rows of the residual stream,
+    each ``width`` wide there (the 4D runtime: [m', h/Gx]; Megatron: [mbs·S, h], [mbs·S/TP, h] with sequence
+    parallel), the MLP's hidden ``ffn_width`` wide ([·, 4h/Gy] or [·, 4h/TP]), ``heads`` attention heads
+    ([·, H/Gy]), activations of ``dtype_bytes``:
+
+    * two layer norms, each reads and writes the stream: 4·b per element of [tokens, width];
+    * two residual adds (x + proj, x + down), each reads two and writes one: 6·b, and with ``dropout`` (Megatron's
+      fused bias-dropout-add) a 1-byte mask written: +2;
+    * bias + GELU reads and writes the MLP hidden: 2·b per element of [tokens, ffn_width];
+    * without a fused (flash-style) attention, per score of [tokens/S sequences, heads, S, S]: QKᵀ writes it,
+      scale-mask-softmax reads and writes it, ·V reads it: 4·b, and with ``dropout`` dropout reads and writes it
+      and writes a 1-byte mask: +2·b + 1. Flash-style attention keeps the scores on chip: 0.
+
+    The backward moves about twice the forward's bytes (each kernel reads its saved input and the incoming
+    gradient and writes the gradient); a recompute forward moves the forward's again (``model.evaluate``)."""
+    b = float(dtype_bytes)
+    tokens = np.asarray(tokens, float)
+    stream = tokens * np.asarray(width, float) * (2 * 2 * b + 2 * (3 * b + (1 if dropout else 0)))
+    mlp = tokens * np.asarray(ffn_width, float) * 2 * b
+    per_score = 0.0 if fused_attention else 4 * b + ((2 * b + 1) if dropout else 0)
+    scores = tokens * seq * np.asarray(heads, float) * per_score
+    return stream + mlp, scores
+
+
+def memory_time(nbytes, machine: Machine) -> np.ndarray:
+    """Seconds to move ``nbytes`` through the GPU's HBM at the machine's ``hbm_bandwidth``; 0 where the machine
+    file has no figure (the element-wise term is then not priced; ``Machine.elementwise_note`` says so)."""
+    nbytes = np.asarray(nbytes, float)
+    return nbytes / machine.hbm_bandwidth if machine.hbm_bandwidth > 0 else np.zeros_like(nbytes)

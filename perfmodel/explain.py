@@ -42,7 +42,8 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
                      f"sequence parallel {'on' if row.sp else 'off'}; bubble {row.bubble_s:.4g} s "
                      f"((PP-1)/VPP of {row.microbatches} + (PP-1)/VPP micro-batch slots), stage sends "
                      f"{row.p2p_s:.4g} s; one stage (the one with the LM head) below")
-    lines += [f"  compute {row.compute_s:.4g} s",
+    lines += [f"  compute {row.compute_s:.4g} s (element-wise {row.elementwise_s:.4g} s of it; "
+              f"{m.elementwise_note()})",
               "  dim  size stride placement  beta(GB/s)  bytes/step/GPU   raw comm s  exposed s"]
     for d in DIMS:
         size, stride = geo[d]

@@ -11,6 +11,9 @@ Optional measured tables (each with a ``# source:`` comment line in the shipped 
         row covers falls back to the α-β link-sharing rule (``comm.ring_alpha_beta``).
     gemm_efficiency = {bf16 = {eff_max = <0..1>, dim_half = <elements>}, fp32 = {...}}
         per-dtype GEMM efficiency curve eff = eff_max · d / (d + dim_half), d = the smallest GEMM dimension.
+    hbm_bandwidth = <bytes/s>
+        one GPU's (GCD's) memory bandwidth from its spec sheet: prices the element-wise kernels
+        (``compute.elementwise_bytes``); without it they are not priced, and ``rank`` says so.
 
 Optional ``[fitted]`` table, written by calibration:
 
@@ -111,6 +114,7 @@ class Machine:
     source: str = ""
     bandwidth_table: tuple[BandwidthRow, ...] = ()
     gemm_curves: dict[str, GemmCurve] = field(default_factory=dict)
+    hbm_bandwidth: float = 0.0          # bytes/s per GPU; 0 = not known: element-wise kernels not priced
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s per GPU for a dtype (fp16 uses the bf16 figure: same tensor-core rate)."""
@@ -123,6 +127,12 @@ class Machine:
             if key in self.gemm_curves:
                 return self.gemm_curves[key]
         return GemmCurve(self.gemm_eff_max, self.gemm_dim_half)
+
+    def elementwise_note(self) -> str:
+        """How the element-wise kernels are priced on this machine (one line for the output)."""
+        if self.hbm_bandwidth > 0:
+            return f"element-wise kernels priced at HBM {self.hbm_bandwidth / 1e9:g} GB/s"
+        return f"element-wise kernels not priced: {self.name} has no hbm_bandwidth in its machine file"
 
     def placement_of(self, cls: str) -> Placement:
         """α, β of a placement class: fitted values if calibrated, else from the spec sheet."""
@@ -227,6 +237,8 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
     for key in ("description", "gpu"):
         if key in data:
             kw[key] = _check(where, key, data[key], str)
+    if "hbm_bandwidth" in data:
+        kw["hbm_bandwidth"] = _check(where, "hbm_bandwidth", data["hbm_bandwidth"], float)
     if "bandwidth_table" in data:
         kw["bandwidth_table"] = _bandwidth_rows(where, data["bandwidth_table"])
     if "gemm_efficiency" in data:
@@ -310,6 +322,8 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
     for key in REQUIRED:
         lines.append(f"{key} = {_fmt(getattr(m, key))}")
     lines += [f"description = {_fmt(m.description)}", f"gpu = {_fmt(m.gpu)}"]
+    if m.hbm_bandwidth > 0:
+        lines.append(f"hbm_bandwidth = {m.hbm_bandwidth!r}")
     if m.bandwidth_table:
         rows = ", ".join(f'{{placement = "{r.placement}", stride = {r.stride}, group = {r.group}, beta = {r.beta!r}}}'
                          for r in m.bandwidth_table)

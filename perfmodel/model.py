@@ -19,7 +19,13 @@ layer norms, FC weight shards and biases) is packed into buckets of ``Options.bu
 the order gradients become final, ``gpt.gpt_step``), and each bucket is one ring all-reduce over d paying
 2(Gd−1)·α once (see ``comm.dp_buckets``). With ODP the buckets hide under the slack left in the last
 micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is exposed.
-Not modelled: element-wise kernels, the optimizer step, contention between different dimensions' rings, GEMM
+Element-wise kernels (``compute.elementwise_bytes``: layer norms, residual adds, bias + GELU, with the options' dropout
+and unfused attention their S×S traffic) on the runtime's per-rank activations ([m', h/Gx] replicated over y, the
+MLP hidden [m', 4h/Gy], H/Gy heads; the stream divided by ``seq_split`` for sequence-parallel stages) move their
+bytes through HBM at the machine's ``hbm_bandwidth``: 3× the forward's bytes per block (forward + a backward of
+twice them), 4× with recompute; serial with the GEMMs, counted in compute, and hiding no collective. Zero on a
+machine without ``hbm_bandwidth``. The head's softmax/cross entropy and the embeddings are not counted.
+Not modelled: the optimizer step, contention between different dimensions' rings, GEMM
 operand layouts. Pipeline parallelism (Megatron-style TP×PP×DP) is priced on top of this by ``perfmodel.pipeline``.
 """
 from __future__ import annotations
@@ -31,7 +37,7 @@ import numpy as np
 from axgrid.spec import ceil_div
 
 from .comm import DIMS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
-from .compute import gemm_rate, gemm_time
+from .compute import elementwise_bytes, gemm_rate, gemm_time, memory_time
 from .gpt import STAT_BYTES, gpt_parameters, gpt_step
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
@@ -182,10 +188,10 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
 def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_split=1,
              microbatches: np.ndarray | None = None, memory_layout: str = "axgrid") -> Evaluation:
     """Model every configuration in ``grids`` for ``prob`` on ``machine``. For pipeline stages
-    (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change only the
-    activation memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``) and
-    ``microbatches`` fixes each grid's micro-batch count; ``memory_layout``: "axgrid" (the runtime's) or
-    "megatron" (``memory.memory_per_gpu``)."""
+    (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change the activation
+    memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``), ``seq_split`` also the
+    element-wise kernels' stream width, and ``microbatches`` fixes each grid's micro-batch count;
+    ``memory_layout``: "axgrid" (the runtime's) or "megatron" (``memory.memory_per_gpu``)."""
     spec, opt, dt = prob.model, prob.options, prob.dtype
     b = prob.dtype_bytes
     g = grids
@@ -314,7 +320,13 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
     else:
         exposed["d"] += ard
 
-    compute = mb * (compute_fwd + compute_bwd)
+    # ---- element-wise kernels per micro-batch (HBM-bound; compute.elementwise_bytes)
+    ew_stream, ew_scores = elementwise_bytes(mprime, hx / np.asarray(seq_split, float), 4 * h / g.gy,
+                                             spec.heads / g.gy, S, b, opt.dropout, opt.fused_attention)
+    ew_fwd_scores = memory_time(ew_scores, machine)
+    elementwise = L * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + ew_fwd_scores)
+
+    compute = mb * (compute_fwd + compute_bwd + elementwise)
     for d in ("x", "y", "z"):
         exposed[d] = exposed[d] * mb
         raw[d] = raw[d] * mb
@@ -363,5 +375,6 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
         compute=compute, exposed=exposed, raw=raw, step_bytes=step_bytes, memory=mem, memory_limit=limit,
         flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(dt),
         extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd, "attention": mb * 3 * L * att,
+               "elementwise": mb * elementwise, "scores_fwd": mb * L * ew_fwd_scores,
                "dp_buckets": np.where(g.gd > 1, n_buckets, 0)},
     )

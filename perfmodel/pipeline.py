@@ -24,7 +24,9 @@ so the bubble is (p−1)/v of m + (p−1)/v slots: (p−1)/(m+p−1) of the step
 first stage keeps the stored activations of min(m, p) micro-batches alive in 1F1B; interleaved, Megatron's
 warm-up of 2(p−1) + (v−1)·p + 1 chunks of L/(p·v) blocks. Sequence parallel splits the layer-norm/residual
 activations over t; its time is that of plain TP here: each all-reduce becomes a reduce-scatter + all-gather of
-the same ring volume, and the layer-norm/dropout work it splits is element-wise, which the model does not price.
+the same ring volume, and the layer-norm/dropout/residual work it splits over t is priced as element-wise
+(``compute.elementwise_bytes`` on [mbs·S/t, h]; without SP [mbs·S, h], replicated over TP; the scores of an unfused
+attention [mbs, H/t, S, S] when the options say so, repeated with full or selective recompute).
 Not modelled: the embedding/head imbalance between stages beyond "the last stage is the slowest", p2p overlap,
 zero-bubble schedules, tensor parallel across nodes, context parallel.
 """
@@ -133,9 +135,10 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
                       inflight=np.array([_inflight(c.pp, c.vpp, int(k)) for c, k in zip(cs, m)]),
                       seq_split=np.array([c.tp if c.sp else 1 for c in cs]), microbatches=m,
                       memory_layout="megatron")
-        compute = ev.compute
-        if mode == "selective":     # one more forward attention per block and micro-batch ("attention" is 3 of them)
-            compute = compute + ev.extra["attention"] / 3.0
+        compute, elementwise = ev.compute, ev.extra["elementwise"]
+        if mode == "selective":     # one more forward attention per block and micro-batch ("attention" is 3 of them),
+            compute = compute + ev.extra["attention"] / 3.0 + ev.extra["scores_fwd"]   # with its S×S kernels
+            elementwise = elementwise + ev.extra["scores_fwd"]
         p = np.array([c.pp for c in cs], dtype=float)
         v = np.array([c.vpp for c in cs], dtype=float)
         t_mb = (compute + ev.exposed["x"] + ev.exposed["y"] + ev.exposed["z"]) / m
@@ -158,7 +161,7 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
                 memory_parts={"static": float(ev.memory.static[j]), "buffers": float(ev.memory.buffers[j]),
                               "activations": float(ev.memory.activations[j])},
                 dp_buckets=int(ev.extra["dp_buckets"][j]), layout="TPxPPxDP", pp=c.pp, vpp=c.vpp, sp=c.sp,
-                bubble_s=float(bubble[j]), p2p_s=float(p2p[j]),
+                bubble_s=float(bubble[j]), p2p_s=float(p2p[j]), elementwise_s=float(elementwise[j]),
                 recompute="" if c.recompute is None else mode)
     return out  # type: ignore[return-value]
 

@@ -11,7 +11,9 @@ Two kinds of point:
   Table 5: Megatron-LM on Selene's DGX A100 80 GB nodes, fp16, sequence 2048, vocabulary 51200): a published
   time per iteration at a published TP, PP, interleaving, micro-batch size, global batch and recompute (full, or
   selective + sequence parallel), priced at exactly that configuration. The model's memory verdict is reported
-  but does not stop the pricing (the run was made, so it fitted).
+  but does not stop the pricing (the run was made, so it fitted). Their element-wise kernels are Megatron-LM
+  2022's: dropout and an unfused attention softmax (``Options.dropout``, ``fused_attention``); the throughput
+  points keep the defaults (no dropout, flash-style attention), their runs' settings not being held.
 
 The ratio is predicted / published throughput = published / predicted time (> 1: the model is optimistic), and
 ``ln(ratio)`` is the residual the error band uses (``perfmodel.band``).
@@ -25,7 +27,7 @@ from .machines import load_machine
 from .pipeline import price_named
 from .rank import rank
 from .row import Row
-from .spec import Problem, TransformerSpec, get_model
+from .spec import Options, Problem, TransformerSpec, get_model
 
 #: the goal: |predicted / published − 1| ≤ TOLERANCE for every point
 TOLERANCE = 0.15
@@ -54,6 +56,14 @@ class Published:
     vpp: int = 1
     sp: bool = False
     recompute: str | None = None
+    dropout: bool = False             # the run's element-wise kernels (``Options.dropout`` / ``fused_attention``)
+    fused_attention: bool = True
+
+    @property
+    def problem(self) -> Problem:
+        """The point's problem, with the element-wise kernels its runtime ran."""
+        return Problem(self.spec, self.batch, self.gpus, self.dtype,
+                       Options(dropout=self.dropout, fused_attention=self.fused_attention))
 
     @property
     def batch(self) -> int:
@@ -70,7 +80,8 @@ def _korthikanti(size: str, layers: int, hidden: int, heads: int, tp: int, pp: i
     src = (f"Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, {size}: TP {tp}, PP {pp}"
            + (f", interleaved {vpp}" if vpp > 1 else "") + f", {gpus} A100 80 GB, batch {batch}, micro-batch {mbs}")
     common = dict(machine="dgx-a100", model=spec, gpus=gpus, tflops_per_gpu=None, layout="TPxPPxDP",
-                  config=(tp, pp, gpus // (tp * pp)), global_batch=batch, dtype="fp16", mbs=mbs, vpp=vpp)
+                  config=(tp, pp, gpus // (tp * pp)), global_batch=batch, dtype="fp16", mbs=mbs, vpp=vpp,
+                  dropout=True, fused_attention=False)    # Megatron-LM 2022: dropout 0.1, unfused softmax
     return (Published(f"Korthikanti {size} full", source=src + ": full recompute", seconds=full_s,
                       recompute="full", **common),
             Published(f"Korthikanti {size} sel+SP", source=src + ": selective recompute + sequence parallel",
@@ -128,7 +139,7 @@ def _same(row: Row, point: Published) -> bool:
 
 def _check_configuration(point: Published) -> Check:
     machine = load_machine(point.machine)
-    prob = Problem(point.spec, point.batch, point.gpus, point.dtype)
+    prob = point.problem
     tp, pp, dp = point.config
     row = price_named(prob, machine.scaled(memory=_NO_MEMORY_LIMIT), tp, pp, dp, point.vpp, point.sp, point.mbs,
                       point.recompute)
@@ -144,7 +155,7 @@ def check(point: Published) -> Check:
     if point.seconds is not None:
         return _check_configuration(point)
     machine = load_machine(point.machine)
-    prob = Problem(point.spec, point.batch, point.gpus, point.dtype)
+    prob = point.problem
     rk = rank(prob, machine, tp_pp_dp=point.layout != "4D", require_feasible=point.layout == "4D")
     rows = rk.feasible if point.layout == "4D" else [r for r in rk.megatron if r.feasible]
     if point.config is None:

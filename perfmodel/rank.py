@@ -104,7 +104,8 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
     L = {k: np.asarray(v)[order].tolist() for k, v in {
         "tf": ev.tflops_per_gpu, "pp": ev.pct_peak, "ok": ev.feasible, "time": ev.time, "mem": ev.memory.total,
         "mb": ev.microbatches, "comp": ev.compute, "static": ev.memory.static, "buf": ev.memory.buffers,
-        "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids)))}.items()}
+        "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids))),
+        "ew": ev.extra.get("elementwise", np.zeros(len(ev.grids)))}.items()}
     ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in DIMS}
     rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in DIMS}
     sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in DIMS}
@@ -118,7 +119,7 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             exposed_s={d: ex[d][pos] for d in DIMS}, raw_comm_s={d: rw[d][pos] for d in DIMS},
             step_bytes={d: sb[d][pos] for d in DIMS},
             memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
-            dp_buckets=int(L["dpb"][pos])))
+            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos]))
     return out
 
 

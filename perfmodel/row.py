@@ -17,7 +17,7 @@ class Row:
     pct_peak: float
     memory_bytes: float
     microbatches: int
-    compute_s: float
+    compute_s: float       # GEMMs (attention as GEMMs) + element-wise kernels (``elementwise_s``, included)
     exposed_s: dict[str, float] = field(default_factory=dict)
     raw_comm_s: dict[str, float] = field(default_factory=dict)
     step_bytes: dict[str, float] = field(default_factory=dict)
@@ -30,6 +30,7 @@ class Row:
     bubble_s: float = 0.0  # pipeline bubble: (PP−1)/VPP stage-slots of one micro-batch
     p2p_s: float = 0.0     # activation sends between stages, exposed
     recompute: str = ""    # TPxPPxDP named with its own recompute ("full"/"selective"/"none"); "": the problem's
+    elementwise_s: float = 0.0  # the element-wise kernels' HBM time inside compute_s (0: not priced on the machine)
     time_low: float = 0.0  # the model's error band on this machine around time_s (``perfmodel.band``); 0 = not set
     time_high: float = 0.0
     within_error: bool = False  # band overlaps the best row's: not told apart from the best by the model

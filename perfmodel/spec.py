@@ -84,6 +84,9 @@ class Options:
     bucket_bytes: size of the data-parallel gradient buckets (the runtime's ``RuntimeConfig.bucket_bytes``,
         default 25 MiB): the gradients are all-reduced over d one bucket per call, so each bucket pays the
         ring latency 2(Gd−1)·α once.
+    dropout / fused_attention: the element-wise kernels the runtime runs (``compute.elementwise_bytes``): the 4D
+        runtime's GPT has no dropout and calls ``scaled_dot_product_attention`` (flash-style on a GPU: no S×S
+        scores in HBM); Megatron-LM 2022 (Korthikanti et al.) ran dropout and an unfused softmax.
     """
 
     overlap_ar: bool = True
@@ -98,6 +101,8 @@ class Options:
     memory_usable: float = 0.9
     zero1_over_d: bool = False
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    dropout: bool = False
+    fused_attention: bool = True
 
     def __post_init__(self) -> None:
         if sorted(self.order) != sorted("xyzd"):

@@ -151,35 +151,32 @@ def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
 
 
 # ---- local.sbatch: signal before the time limit, save, chain, resume on another grid -------------------------------
-CHAIN_STEPS = 600          # more than link 1 trains before its signal (<= 30 s; it saves after every step)
+CHAIN_STEPS = 150          # more than link 1 trains before its signal arrives (it saves after every step)
 WARN_S = 600               # link 1's --signal=USR1@WARN_S; its time limit is cut once it trains (see below)
 
 
 def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm, tmp_path):
-    """Link 1 (grid 1x2x1x1, CHAIN=1, `--signal=USR1@600`) gets SIGUSR1 from Slurm a few seconds into training,
-    saves and exits 0; its follow-up resumes from latest on grid 2x1x1x1 and finishes; an uninterrupted run of
-    the same script gives the same losses.
+    """Link 1 (grid 1x2x1x1, CHAIN=1, ``--signal=USR1@600``) gets SIGUSR1 from Slurm while it trains, saves and
+    exits 0; its follow-up resumes from latest on grid 2x1x1x1 and finishes; an uninterrupted run of the same
+    script gives the same losses.
 
-    Slurm sends the warning at its time-limit checks (every 30 s), and a signal that comes before train_gpt.py
-    has installed its handler would kill the ranks: so link 1 is started shortly before a check (--begin), and
-    only once it trains is its time limit cut (scontrol update) to within WARN_S of now, which makes the warning
-    due at once -- it is sent at the next check."""
+    A warning that came before train_gpt.py installs its handler would kill the ranks, and Slurm sends warnings
+    at its time-limit checks, every 30 s: so once link 1 trains, its time limit is cut (scontrol update) to
+    WARN_S from now, which makes the warning due, and the controller is restarted -- it checks time limits as it
+    starts -- so the warning goes out at once instead of up to 30 s later."""
     script = str(SLURM_DIR / "local.sbatch")
     base = dict(slurm.env, REPO=str(ROOT), MODEL="gpt-tiny", BATCH="4", STEPS=str(CHAIN_STEPS), EXTRA_ARGS=TINY,
                 GRID="1x2x1x1")
+    chain_env = dict(base, RUN_DIR=str(tmp_path / "chain"), SAVE_EVERY="1", CHAIN="1", NEXT_GRID="2x1x1x1")
+    link1 = slurm.sbatch("-t", "15", f"--signal=USR1@{WARN_S}", script, env=chain_env, cwd=tmp_path)
     ref = slurm.sbatch(script, env=dict(base, RUN_DIR=str(tmp_path / "ref"), SAVE_EVERY="0", CHAIN="0"),
                        cwd=tmp_path)
-    lead = 10.0                              # start-up of 2 ranks on a quiet 2-core machine: about 5 s
-    check = slurm.next_timelimit_check(after=time.time() + lead + 2.0)
-    begin = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(check - lead))
-    chain_env = dict(base, RUN_DIR=str(tmp_path / "chain"), SAVE_EVERY="1", CHAIN="1", NEXT_GRID="2x1x1x1")
-    link1 = slurm.sbatch("-t", "15", f"--signal=USR1@{WARN_S}", f"--begin={begin}", script, env=chain_env,
-                         cwd=tmp_path)
     _wait_for(lambda: records(tmp_path / "chain" / f"train-{link1}.jsonl"), RUN_LIMIT_S, "step of link 1")
     started = slurm.command(["squeue", "-h", "-j", str(link1), "-o", "%S"]).stdout.strip()
     elapsed = time.time() - time.mktime(time.strptime(started, "%Y-%m-%dT%H:%M:%S"))
     minutes = int((elapsed + WARN_S) // 60)  # the limit minus WARN_S is now or just past: the warning is due
     slurm.command(["scontrol", "update", f"JobId={link1}", f"TimeLimit={minutes}"])
+    slurm.restart_controller()
     rec1 = slurm.wait_done(link1, timeout_s=RUN_LIMIT_S)
     out1 = (tmp_path / f"axgrid-local-{link1}.out").read_text()
     link2 = int(re.search(r"Submitted batch job (\d+)", out1).group(1))

@@ -80,10 +80,11 @@ class _Reader:
             self.bytes_read += ov.numel * out.element_size()
         return out
 
-    def part(self, e: TensorPart) -> torch.Tensor:
-        """This rank's new data for entry ``e`` (shape and dtype of ``e.tensor``), read box by box."""
+    def part(self, e: TensorPart, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """This rank's new data for entry ``e`` (shape and dtype of ``e.tensor``), read box by box (into
+        ``out``, e.g. ``e.tensor`` itself, when given)."""
         self.check(e)
-        part = read_part(e.spec, lambda box: self.assemble(e.name, box), dtype=e.tensor.dtype)
+        part = read_part(e.spec, lambda box: self.assemble(e.name, box), dtype=e.tensor.dtype, out=out)
         return part.reshape(e.tensor.shape)
 
 
@@ -167,7 +168,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     try:                                                # one tensor's part in flight at a time
         with torch.no_grad():
             for e in todo:
-                e.tensor.copy_(reader.part(e))
+                reader.part(e, out=e.tensor)
     except (CheckpointError, OSError, RuntimeError) as ex:   # checked above: only a failing disk gets here
         err = ex if isinstance(ex, CheckpointError) else CheckpointError(
             f"reading {where} failed on rank {rank} ({type(ex).__name__}: {ex})")
