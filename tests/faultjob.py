@@ -3,9 +3,9 @@
 Used by tests/test_faults.py, tests/test_slurm.py and experiments/bench_teardown.py. Launchers: ``mpiexec``
 (``axgrid launch``, the default), ``plain`` (``axgrid launch --no-mpi``), ``bare-mpiexec`` (mpiexec without axgrid's
 launcher), ``torchrun``, and ``srun`` / ``srun-kill`` (``srun -n 2``, without / with ``--kill-on-bad-exit=1``; the
-job is named by the tag, and ``env`` must point at a cluster: tests/slurm_cluster.py). The job's processes are
-found by a tag on their command lines (/proc), its temporary folder by TMPDIR. Teardown runs from the fault (the failing rank's ``FAIL`` line, or the signal sent to the launcher) to the
-launcher's exit.
+job is named by the tag, and ``env`` must point at a cluster: tests/slurm_cluster.py). The job's processes are found
+by a tag on their command lines (/proc), its temporary folder by TMPDIR. Teardown runs from the fault (the failing
+rank's ``FAIL`` line, or the signal sent to the launcher) to the launcher's exit.
 """
 from __future__ import annotations
 

@@ -7,16 +7,17 @@
 
 The node declares more CPUs than the machine has (``SlurmdParameters=config_overrides``) and the partition
 oversubscribes them (``OverSubscribe=FORCE``), so several small jobs run side by side on 2 cores; processes are
-tracked through /proc (``proctrack/linuxproc``, ``task/none``: no cgroups). Its name is this machine's host name,
-so the first host of ``SLURM_JOB_NODELIST`` resolves as it does on a real cluster (``axgrid.launch`` meets there).
+tracked through /proc (``proctrack/linuxproc``, ``task/none``: no cgroups). Its name is this machine's host name, so
+the first host of ``SLURM_JOB_NODELIST`` resolves as it does on a real cluster (``axgrid.launch`` meets there).
 Accounting: there is no database daemon (``accounting_storage/none``); finished jobs are recorded by
 ``jobcomp/filetxt``, which ``sacct --completion`` reads (:meth:`SlurmCluster.completion`: state and exit code).
 ``FirstJobId`` is random (two clusters on one machine derive different rendezvous ports from their job ids), and
-chosen so that those ports, 20000 + job id % 20000, are below the kernel's ephemeral ports. Every daemon carries ``AXGRID_LAUNCH_JOB=<cluster id>`` in its environment (slurmstepd inherits it from
-slurmd), so :mod:`axgrid.proctree` finds what is left of the cluster however it was forked.
+chosen so that those ports, 20000 + job id % 20000, are below the kernel's ephemeral ports. Every daemon carries
+``AXGRID_LAUNCH_JOB=<cluster id>`` in its environment (slurmstepd inherits it from slurmd), so
+:mod:`axgrid.proctree` finds what is left of the cluster however it was forked.
 
-Written by hand rather than taken from a package: what exists (docker images, the Slurm test suite's
-harness) either needs a container runtime or a system-wide installation in /etc.
+Written by hand rather than taken from a package: what exists (docker images, the Slurm test suite's harness) either
+needs a container runtime or a system-wide installation in /etc.
 """
 from __future__ import annotations
 
