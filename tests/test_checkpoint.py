@@ -705,3 +705,21 @@ def test_rank_killed_during_resave(ranks, tmp_path):
     assert latest_checkpoint(root) == step2
     model = Net(None, seed=11)
     assert load_checkpoint(root, model, _opt(model), None, restore_rng=False).path == step2
+
+
+def test_optimizer_state_is_read_into_the_state_it_already_has(tmp_path):
+    """Loading into an optimizer that has state overwrites its state tensors in place (no second copy) with
+    the saved values, and training goes on as from the save."""
+    torch.manual_seed(5)
+    model, gen = Net(None), torch.Generator().manual_seed(7)
+    opt = _opt(model)
+    _train(model, opt, None, gen, 2)
+    path = save_checkpoint(str(tmp_path / "ck"), model, opt, step=2, generators={"data": gen})
+    straight = _train(model, opt, None, gen, 2)
+    model2, gen2 = Net(None, seed=11), torch.Generator().manual_seed(99)
+    opt2 = _opt(model2)
+    _train(model2, opt2, None, gen2, 1)                 # state of its own, which the load must overwrite
+    storages = {(id(p), k): v.data_ptr() for p, st in opt2.state.items() for k, v in st.items() if v.dim()}
+    load_checkpoint(path, model2, opt2, generators={"data": gen2})
+    assert storages == {(id(p), k): v.data_ptr() for p, st in opt2.state.items() for k, v in st.items() if v.dim()}
+    assert _train(model2, opt2, None, gen2, 2) == straight

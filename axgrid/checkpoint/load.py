@@ -8,6 +8,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from ..io import Box, TensorPart, agree, overlap, part_boxes, read_part, replicated_letters, tile_of
 from .format import CheckpointError, CheckpointWarning, LoadInfo, _dtype_of, _grid_str, _like, _rank_world, _sha256_file
@@ -15,13 +16,27 @@ from .runconfig import compare_config
 from .state import _check_entry, _model_entries, _param_names, _restore_rng
 from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoint
 
+#: Bytes read through the files' mappings before they are dropped: a page of a mapped file that was read stays
+#: in this process's RSS until the mapping goes, so it is dropped (and reopened on demand) every ~this many
+#: bytes; each reopening costs one ``torch.load`` of the file's index (tens of ms).
+_MAPPED_BAND = 16 * 2**20
+
+
 class _Reader:
-    """Loads (and checks) the checkpoint's files on demand, each once."""
+    """Maps (and checks, once) the checkpoint's files on demand; :meth:`release` drops the mappings."""
 
     def __init__(self, ckdir: str, man: Mapping[str, Any], verify: bool) -> None:
         self.ckdir, self.man, self.verify = ckdir, man, verify
         self.cache: dict[str, dict[str, Any]] = {}
+        self.verified: set[str] = set()
         self.bytes_read = 0                                   # of tensor data, in the saved dtype
+        self.mapped_read = 0                                  # read since the mappings were last dropped
+
+    def release(self, band: int = 0) -> None:
+        """Drop the files' mappings (their read pages leave RSS) once ``band`` bytes were read through them."""
+        if self.mapped_read >= band:
+            self.cache.clear()
+            self.mapped_read = 0
 
     def file(self, fname: str) -> dict[str, Any]:
         if fname not in self.cache:
@@ -30,9 +45,11 @@ class _Reader:
             if meta is None:
                 raise CheckpointError(f"the manifest of {self.ckdir} refers to {fname}, which it does not list: "
                                       f"the manifest is damaged; {_alternatives(self.ckdir)}")
-            if self.verify and _sha256_file(path) != meta["sha256"]:
-                raise CheckpointError(f"{path}: sha256 differs from the manifest's: the file is corrupt; "
-                                      f"{_alternatives(self.ckdir)}")
+            if self.verify and fname not in self.verified:
+                if _sha256_file(path) != meta["sha256"]:
+                    raise CheckpointError(f"{path}: sha256 differs from the manifest's: the file is corrupt; "
+                                          f"{_alternatives(self.ckdir)}")
+                self.verified.add(fname)
             try:
                 self.cache[fname] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             except Exception as e:  # torch raises several kinds for damaged zip/pickle data
@@ -78,6 +95,7 @@ class _Reader:
         for ov, src, saved in self._pieces(name, box):
             out[ov.slices(box.offsets)] = src[ov.slices(saved.offsets)]
             self.bytes_read += ov.numel * out.element_size()
+            self.mapped_read += ov.numel * out.element_size()
         return out
 
     def part(self, e: TensorPart, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -85,6 +103,7 @@ class _Reader:
         ``out``, e.g. ``e.tensor`` itself, when given)."""
         self.check(e)
         part = read_part(e.spec, lambda box: self.assemble(e.name, box), dtype=e.tensor.dtype, out=out)
+        self.release(_MAPPED_BAND)
         return part.reshape(e.tensor.shape)
 
 
@@ -106,14 +125,16 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     after them can leave the model partly loaded, and then every rank raises too).
 
     Memory: the model's tensors are read one at a time, each rank reading only the boxes of its own parts
-    (``LoadInfo.bytes_read``); the optimizer's state is assembled before the agreement (it becomes the
-    optimizer's state). Two agreement all-reduces in all.
+    (``LoadInfo.bytes_read``), the optimizer's state after the model's, into its existing state tensors where it
+    has them; the files' mappings are dropped every ~16 MiB read, so their pages do not pile up in RSS. Two
+    agreement all-reduces in all.
     """
     rank, world = _rank_world(grid)
     err: Optional[CheckpointError] = None
     todo: list[TensorPart] = []
     reader: Optional[_Reader] = None
     opt_state: Optional[dict[str, Any]] = None
+    opt_pending: list = []
     info: Optional[LoadInfo] = None
     rng_state: Optional[Mapping[str, Any]] = None
     where = path
@@ -142,13 +163,14 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
         for e in todo:                                  # every check before anything changes; no data read
             reader.check(e)
         if optimizer is not None:
-            opt_state = _stage_optimizer(reader, model, optimizer, grid, ckdir)
+            opt_state, opt_pending = _stage_optimizer(reader, model, optimizer, grid, ckdir)
         same = (man["world_size"] == world and man["grid"] == _grid_str(grid)
                 and man.get("order") == (None if grid is None else grid.order))
         rng_note = "not restored"
         if restore_rng:
             src = rank if same else 0
-            rng_state = reader.file(_rank_file(man, src, ckdir))["rng"]
+            rng_state = tree_map(lambda v: v.clone() if torch.is_tensor(v) else v,   # not a view of the mapping
+                                 reader.file(_rank_file(man, src, ckdir))["rng"])
             missing = [k for k in (generators or {}) if k not in rng_state.get("generators", {})]
             if missing:
                 raise CheckpointError(f"generator(s) {missing} are not in the checkpoint {ckdir} (it holds "
@@ -169,9 +191,11 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
         with torch.no_grad():
             for e in todo:
                 reader.part(e, out=e.tensor)
+            _read_optimizer(reader, opt_pending)
     except (CheckpointError, OSError, RuntimeError) as ex:   # checked above: only a failing disk gets here
         err = ex if isinstance(ex, CheckpointError) else CheckpointError(
             f"reading {where} failed on rank {rank} ({type(ex).__name__}: {ex})")
+    reader.release()
     (failed,) = agree(grid, [int(err is not None)])
     if failed:
         raise err or CheckpointError(f"{failed} rank(s) failed reading {where} (see their errors)")
@@ -193,8 +217,9 @@ def _rank_file(man: Mapping[str, Any], rank: int, ckdir: str) -> str:
 
 
 def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimizer, grid,
-                     ckdir: str) -> dict[str, Any]:
-    """The ``optimizer.load_state_dict`` argument for this rank, built from the checkpoint."""
+                     ckdir: str) -> tuple[dict[str, Any], list]:
+    """The ``optimizer.load_state_dict`` argument for this rank, checked against the checkpoint but with its
+    tensors still to read (the second item: what :func:`_read_optimizer` reads, after the agreement)."""
     desc = reader.man.get("optimizer")
     if not desc:
         raise CheckpointError(f"the checkpoint {ckdir} holds no optimizer state (it was saved without an "
@@ -208,6 +233,7 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
         raise CheckpointError(f"the checkpoint {ckdir} has {len(desc['param_groups'])} optimizer parameter groups, "
                               f"this optimizer has {len(opt.param_groups)}: build the optimizer the same way")
     state: dict[int, dict[str, Any]] = {}
+    pending: list = []
     groups = []
     for gi, (g, sg, cg) in enumerate(zip(opt.param_groups, desc["param_groups"], cur["param_groups"])):
         pnames = [names.get(id(p), "?") for p in g["params"]]
@@ -225,12 +251,26 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
                     raise CheckpointError(f"{name} is listed as optimizer state but has no tiles in {ckdir}: the "
                                           f"manifest is damaged; {_alternatives(ckdir)}")
                 if info["kind"] == "optim":
-                    like = torch.empty(p.shape, dtype=_dtype_of(info["dtype"]))
-                    st[key] = reader.part(TensorPart(name, like, tile, rep, "optim"))
+                    dtype, have = _dtype_of(info["dtype"]), opt.state.get(p, {}).get(key)
+                    fits = (torch.is_tensor(have) and have.shape == p.shape and have.dtype == dtype
+                            and have.device.type == "cpu")
+                    like = have.detach() if fits else torch.empty(p.shape, dtype=dtype)   # no pages touched yet
+                    e = TensorPart(name, like, tile, rep, "optim")
+                    reader.check(e)
+                    pending.append((st, key, e, None))
                 else:
                     shape = tuple(info["dense_shape"])
-                    st[key] = reader.assemble(name, Box((0,) * len(shape), shape))
+                    for _ in reader._pieces(name, Box((0,) * len(shape), shape)):
+                        pass
+                    pending.append((st, key, None, (name, Box((0,) * len(shape), shape))))
             st.update(desc["values"].get(pname, {}))
-            if st:
+            if st or desc["state_keys"].get(pname):
                 state[idx] = st
-    return {"state": state, "param_groups": groups}
+    return {"state": state, "param_groups": groups}, pending
+
+
+def _read_optimizer(reader: _Reader, pending: list) -> None:
+    """Read the optimizer state :func:`_stage_optimizer` checked, one tensor at a time, into the optimizer's
+    own state tensors where it has them (no second copy)."""
+    for st, key, e, scalar in pending:
+        st[key] = reader.part(e, out=e.tensor) if e is not None else reader.assemble(*scalar)
