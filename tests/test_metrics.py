@@ -204,7 +204,16 @@ def _bar_output(stream, master=None) -> bytes:
     finally:
         sys.stderr = old
     stream.flush()
-    return os.read(master, 65536) if master is not None else b""
+    if master is None:
+        return b""
+    import select
+    out = b""
+    while select.select([master], [], [], 0.5)[0]:     # tqdm's writes arrive as separate reads on a pty
+        chunk = os.read(master, 65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path):

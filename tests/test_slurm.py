@@ -151,7 +151,8 @@ def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
 
 
 # ---- local.sbatch: signal before the time limit, save, chain, resume on another grid -------------------------------
-CHAIN_STEPS = 150          # more than link 1 trains before its signal arrives (it saves after every step)
+CHAIN_STEPS = 600          # more than link 1 trains before its signal arrives (it saves after every step): on an
+                           # idle host 150 steps took 5 s, less than the signal's round trip (CI failed on it)
 WARN_S = 600               # link 1's --signal=USR1@WARN_S; its time limit is cut once it trains (see below)
 
 
