@@ -11,10 +11,12 @@ dense forms are assembled here through the parameters' :class:`~axgrid.spec.Tile
     dense = axgrid.to_dense(model, grid)           # a dense copy on every rank: small models only
 
 All are collective: every rank of the grid calls them (and exhausts the iterator). The streaming pair never
-builds the dense model: the writing rank assembles one tensor at a time from the other ranks' parts, which they
-send point to point through the grid's communicator (ledger ops ``send``/``recv``), so the writing rank holds at
-most one dense tensor (plus a 16 MiB chunk of a part in flight) beyond its own parts, and the others only
-their own parts.
+builds the dense model: the writing rank assembles a tensor slab by slab (dense rows, 16 MiB at a time) from the
+other ranks' parts, which send the piece of their part in each slab point to point through the grid's
+communicator (ledger ops ``send``/``recv``). The export writes each slab into its file as soon as it is complete,
+so beyond its own parts the writing rank holds one slab and one received piece (two reused 16 MiB buffers),
+whatever the size of the tensor (a 405B LLaMA's embedding table is 3.9 GiB in bf16); the iterator holds the one dense
+tensor it yields; the other ranks hold only their own parts.
 Training state (optimizer, RNG, resharding on another grid) belongs in :mod:`axgrid.checkpoint`.
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ from .safetensors_stream import SafetensorsWriter
 from .spec import TileSpec
 
 
-#: Largest piece of another rank's part in flight on the writing rank (the senders cut their parts to it).
+#: Bytes of dense rows assembled at a time on the writing rank (one slab; the pieces of it that the other ranks
+#: send are at most as big).
 CHUNK_BYTES = 16 * 2**20
 
 
@@ -103,18 +106,52 @@ def _own_piece(e: TensorPart) -> torch.Tensor:
     return e.tensor.detach().reshape(-1)[: stop - start]
 
 
+def _rows_per_slab(shape: Sequence[int], element_size: int, chunk_bytes: int) -> int:
+    """Dense rows (dim 0) per slab: as many as fit in ``chunk_bytes``, at least one."""
+    return max(1, chunk_bytes // (math.prod(shape[1:]) * element_size or 1))
+
+
+def _part_in_rows(tile: TileSpec, r0: int, r1: int) -> tuple[int, int]:
+    """``[s, e)``: the elements of ``tile`` flattened row-major, within its part's range, that lie in the dense
+    rows ``[r0, r1)`` (a tile's rows are contiguous in its flat order); ``(0, 0)`` when none."""
+    a, h = tile.offsets[0], tile.tile_shape[0]
+    lo, hi = max(a, r0), min(a + h, r1)
+    row = math.prod(tile.tile_shape[1:])
+    start, stop = tile.part_range()
+    s, e = max(start, (lo - a) * row), min(stop, (hi - a) * row)
+    return (s, e) if hi > lo and e > s else (0, 0)
+
+
+class _Scratch:
+    """One reusable byte buffer per device, grown on demand and viewed as any dtype and shape: what the writing
+    rank receives into (and, for the export, assembles slabs in) without allocating per message, so no freed
+    buffers pile up in the heap (glibc keeps blocks below its mmap threshold, up to 32 MiB, resident)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[torch.device, torch.Tensor] = {}
+
+    def view(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        buf = self._bufs.get(device)
+        if buf is None or buf.numel() < n:
+            self._bufs.pop(device, None)
+            buf = self._bufs[device] = torch.empty(n, dtype=torch.uint8, device=device)
+        return buf[:n].view(dtype).view(tuple(shape))
+
+
 def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names: Optional[Sequence[str]] = None,
                           chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, dense tensor)`` for each entry of ``model.state_dict()`` (or of ``names``, in that order), on
     global rank ``rank`` only; the other ranks' iterators yield nothing. Collective: every rank must iterate it
     to the end, with the same ``names``.
 
-    A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold, received in chunks
-    of at most ``chunk_bytes``, each placed at its boxes (:func:`axgrid.io.flat_boxes`); the other xyz groups
-    (other ``d``) take no part. Only the tensor being yielded is alive in the iterator: drop it before asking for
-    the next to keep the writing rank's extra memory at one tensor and one chunk. Tensors
-    that are dense on every rank (norms under a Linear-only plan, tied weights, buffers) are yielded as the
-    model's own tensors, not copies. Tensors are on the model's device.
+    A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold, in slabs of dense
+    rows of at most ``chunk_bytes`` (at least one row): each member sends the piece of its part that falls in
+    the slab, which is placed at its boxes (:func:`axgrid.io.flat_boxes`); the other xyz groups (other ``d``)
+    take no part. Only the tensor being yielded is alive in the iterator (plus one reused receive buffer of
+    ``chunk_bytes``): drop it before asking for the next to keep the writing rank's extra memory at one tensor
+    and one chunk. Tensors that are dense on every rank (norms under a Linear-only plan, tied weights, buffers)
+    are yielded as the model's own tensors, not copies. Tensors are on the model's device.
     """
     if not 0 <= rank < grid.world_size:
         raise ValueError(f"iter_dense_state_dict: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
@@ -126,45 +163,61 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names:
                          f"be a subset of its keys)")
     if chunk_bytes < 1:
         raise ValueError(f"iter_dense_state_dict: chunk_bytes={chunk_bytes} must be a positive number of bytes")
-    return _assemble(model, grid, rank, order, chunk_bytes)
+    return ((name, t) for name, _, t in _stream(model, grid, rank, order, chunk_bytes, whole=True))
 
 
-def _assemble(model: nn.Module, grid: Grid, rank: int, order: Sequence[str],
-              chunk_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk_bytes: int,
+            whole: bool) -> Iterator[tuple[str, int, torch.Tensor]]:
+    """``(name, first row, rows)`` on ``rank``: with ``whole``, each tensor once (first row 0, the dense tensor);
+    else each tiled tensor as consecutive slabs ``dense[r0 : r0 + len(rows)]`` assembled in a reused buffer,
+    valid only until the next item (the writer's extra memory: one slab and one received piece), and each
+    untiled tensor as one item, the model's own tensor."""
     entries = {e.name[len("model/"):]: e for e in _checked_entries(model, grid, "iter_dense_state_dict")}
     group = grid.layout.group_of(rank, "xyz")
     if grid.rank not in group:
         return
     me, dst = grid.comm.indices["xyz"], grid.layout.index_in(rank, "xyz")
     pieces = _pieces(list(entries.values()), grid, prefer=dst)
+    received, slabs = _Scratch(), _Scratch()
     for name in order:
         e = entries[name]
         if e.tile is None:
             if me == dst:
-                yield name, e.tensor
+                yield name, 0, e.tensor
             continue
-        step = max(1, chunk_bytes // e.tensor.element_size())
+        shape, dtype, device = tuple(e.dense_shape), e.tensor.dtype, e.tensor.device
+        per = _rows_per_slab(shape, e.tensor.element_size(), chunk_bytes)
+        cuts = [(r0, min(r0 + per, shape[0])) for r0 in range(0, shape[0], per)]
         if me != dst:
             for p in pieces[e.name]:
                 if p.src == me:
-                    own = _own_piece(e)
-                    for lo in range(0, p.numel, step):
-                        grid.comm.send(own[lo: lo + step], "xyz", dst)
+                    own, start = _own_piece(e), e.tile.part_range()[0]
+                    for r0, r1 in cuts:
+                        s, t = _part_in_rows(p.tile, r0, r1)
+                        if t > s:
+                            grid.comm.send(own[s - start: t - start], "xyz", dst)
             continue
-        dense = torch.empty(e.dense_shape, dtype=e.tensor.dtype, device=e.tensor.device)
-        for p in pieces[e.name]:
-            if p.src == me:
-                place_part(e.tile, e.tensor, dense)
-                continue
-            start = p.tile.part_range()[0]
-            for lo in range(0, p.numel, step):        # one chunk in flight: received, placed, dropped
-                chunk = grid.comm.recv(dense.new_empty(min(step, p.numel - lo)), "xyz", p.src)
+        dense = torch.empty(shape, dtype=dtype, device=device) if whole else None
+        for r0, r1 in cuts:
+            rows = dense[r0:r1] if whole else slabs.view((r1 - r0, *shape[1:]), dtype, device)
+            origin = (r0,) + (0,) * (len(shape) - 1)
+            for p in pieces[e.name]:
+                if p.src == me:
+                    place_part(e.tile, e.tensor, rows, origin)
+                    continue
+                s, t = _part_in_rows(p.tile, r0, r1)
+                if t <= s:
+                    continue
+                got = grid.comm.recv(received.view((t - s,), dtype, device), "xyz", p.src)
                 pos = 0
-                for b in flat_boxes(tile_box(p.tile), start + lo, start + lo + chunk.numel()):
-                    dense[b.slices()] = chunk[pos: pos + b.numel].view(b.shape)
+                for b in flat_boxes(tile_box(p.tile), s, t):
+                    rows[b.slices(origin)] = got[pos: pos + b.numel].view(b.shape)
                     pos += b.numel
-        yield name, dense
-        del dense
+            if not whole:
+                yield name, r0, rows
+        if whole:
+            yield name, 0, dense
+            del dense
 
 
 def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
@@ -272,17 +325,19 @@ def _shard_plan(model: nn.Module, grid: Grid, max_shard_size: int | str) -> tupl
 
 
 def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank: int = 0,
-                      max_shard_size: int | str = "50GB", tokenizer: Any = None) -> str:
+                      max_shard_size: int | str = "50GB", tokenizer: Any = None,
+                      chunk_bytes: int = CHUNK_BYTES) -> str:
     """Write a parallelised Hugging Face model as a dense HF checkpoint that ``from_pretrained`` (transformers'
     or :func:`axgrid.from_pretrained`) loads: safetensors files of at most ``max_shard_size`` each (default and
     naming as transformers' ``save_pretrained``; ``model.safetensors.index.json`` when there are several), the
     config, the generation config if the model generates, and the tokenizer (``tokenizer.save_pretrained``, or
     the tokenizer files of the model's local source directory). Returns ``save_directory``.
 
-    Collective: every rank calls it; global rank ``rank`` writes. Streamed: tensors are assembled on ``rank``
-    one at a time (:func:`iter_dense_state_dict`) and written straight into their file, so the writing rank's
-    extra memory is one dense tensor (the file's bytes go to the OS as each tensor is written) and the other
-    ranks hold only their own parts. A failure on the writing rank is raised on every rank; the files are
+    Collective: every rank calls it; global rank ``rank`` writes. Streamed: each tensor is assembled on ``rank``
+    in slabs of dense rows of at most ``chunk_bytes`` (at least one row), each written into its file as soon as
+    it is complete, so the writing rank's extra memory is one slab and one received piece (two reused buffers
+    of ``chunk_bytes``; the file's bytes go to the OS as they are written), whatever the size of the tensor,
+    and the other ranks hold only their own parts. A failure on the writing rank is raised on every rank; the files are
     written under a temporary name and renamed when complete, so a failed export leaves no half-written file
     under a final name.
     """
@@ -291,6 +346,8 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
                         f"save_pretrained); use axgrid.to_dense(model, grid) or axgrid.dense_state_dict(model, grid)")
     if not 0 <= rank < grid.world_size:
         raise ValueError(f"export_pretrained: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
+    if chunk_bytes < 1:
+        raise ValueError(f"export_pretrained: chunk_bytes={chunk_bytes} must be a positive number of bytes")
     files, index_meta = _shard_plan(model, grid, max_shard_size)
     writer_rank = grid.rank == rank
     err: Optional[BaseException] = None
@@ -308,7 +365,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
               for n, t in model.state_dict(keep_vars=True).items() if n in layout}
     current: Optional[SafetensorsWriter] = None
     current_names: set[str] = set()
-    for name, tensor in iter_dense_state_dict(model, grid, rank, names=list(layout)):
+    for name, row, rows in _stream(model, grid, rank, list(layout), chunk_bytes, whole=False):
         if err is not None:
             continue                                  # keep receiving: the other ranks are sending
         try:
@@ -318,12 +375,12 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
                 current_names = set(files[layout[name]])
                 current = SafetensorsWriter(os.path.join(save_directory, layout[name]),
                                             [(n, *shapes[n]) for n in files[layout[name]]], {"format": "pt"})
-            current.write(name, tensor)
+            current.write_rows(name, row, rows)
         except Exception as ex:
             err = ex
             if current is not None:
                 current.abort()
-        del tensor
+        del rows
     if writer_rank and err is None:
         try:
             if current is not None:

@@ -11,7 +11,7 @@ header is written first. The tests read the files back with ``safetensors.safe_o
 
     with SafetensorsWriter(path, [(name, dtype, shape), ...], metadata={"format": "pt"}) as w:
         for name, tensor in ...:          # in the order given
-            w.write(name, tensor)
+            w.write(name, tensor)         # or in slabs of rows: w.write_rows(name, first_row, rows)
 
 The file appears under ``path`` only when every tensor was written (it is written as ``path.tmp`` and renamed);
 a failure removes the temporary file.
@@ -58,21 +58,39 @@ class SafetensorsWriter:
         self.path, self._tmp = path, path + ".tmp"
         self._f = open(self._tmp, "wb")
         self._f.write(struct.pack("<Q", len(text)) + text)
-        self._next = 0
+        self._next = self._row = 0          # the tensor being written, and its rows written so far
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Append ``tensor`` (any device; copied to the host only if it is not there) as ``name``, which must be
         the next name of the layout with its dtype and shape."""
-        if self._next >= len(self._todo):
-            raise ValueError(f"{name}: {self.path} already holds every tensor of its layout")
-        want, dtype, shape = self._todo[self._next]
-        if name != want or tensor.dtype != dtype or tuple(tensor.shape) != shape:
-            raise ValueError(f"{self.path}: expected {want} {dtype} {list(shape)} next, got {name} {tensor.dtype} "
-                             f"{list(tensor.shape)}")
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        want, dtype, shape = self._expected(name)
+        if name != want or tensor.dtype != dtype or tuple(tensor.shape) != shape or self._row:
+            at = f" from row {self._row}" if self._row else ""
+            raise ValueError(f"{self.path}: expected {want} {dtype} {list(shape)}{at} next, got {name} "
+                             f"{tensor.dtype} {list(tensor.shape)}")
+        self.write_rows(name, 0, tensor)
+
+    def write_rows(self, name: str, start: int, rows: torch.Tensor) -> None:
+        """Append the dense rows ``[start, start + len(rows))`` (dim 0) of ``name``: a tensor may come in slabs,
+        in order from row 0, and must be complete before the next name (a 0-d tensor: whole, ``start`` 0)."""
+        want, dtype, shape = self._expected(name)
+        n = rows.shape[0] if rows.dim() else 1
+        fits = (rows.dim() == 0) == (len(shape) == 0) and tuple(rows.shape[1:]) == shape[1:] and \
+            self._row + n <= (shape[0] if shape else 1)
+        if name != want or rows.dtype != dtype or start != self._row or not fits:
+            raise ValueError(f"{self.path}: expected {want} {dtype} {list(shape)} from row {self._row} next, got "
+                             f"{name} {rows.dtype} {list(rows.shape)} from row {start}")
+        flat = rows.detach().to("cpu").contiguous().reshape(-1)
         if flat.numel():
             self._f.write(flat.view(torch.uint8).numpy().data)    # the tensor's own bytes, no copy on the host
-        self._next += 1
+        self._row += n
+        if self._row == (shape[0] if shape else 1):
+            self._next, self._row = self._next + 1, 0
+
+    def _expected(self, name: str) -> tuple[str, torch.dtype, tuple[int, ...]]:
+        if self._next >= len(self._todo):
+            raise ValueError(f"{name}: {self.path} already holds every tensor of its layout")
+        return self._todo[self._next]
 
     def close(self) -> None:
         """Finish the file (flushed, fsynced, renamed into place); raises if a tensor of the layout is missing."""

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 import axgrid
+from axgrid.memtrack import LiveBytes
 from axgrid.safetensors_stream import SafetensorsWriter
 
-GRIDS = [("2x2x1x1", 0, 20_000), ("1x2x2x1", 2, "50GB"), ("1x1x2x2", 3, 9_000)]   # grid, writing rank, shard
+#: grid, writing rank, max_shard_size, export's chunk_bytes (256 and 300: slabs of 2 rows of 32 fp32; 16 MiB: whole)
+GRIDS = [("2x2x1x1", 0, 20_000, 256), ("1x2x2x1", 2, "50GB", None), ("1x1x2x2", 3, 9_000, 300)]
 
 
 def _config():
@@ -42,7 +44,7 @@ def rank_stream(tmp: str) -> dict:
     logging.set_verbosity_error()
     out = {}
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(5))
-    for spec, writer, shard in GRIDS:
+    for spec, writer, shard, chunk in GRIDS:
         grid = axgrid.init(spec, timeout_s=60)
         try:
             torch.manual_seed(0)
@@ -71,7 +73,14 @@ def rank_stream(tmp: str) -> dict:
                  "dense_tiled_bytes": sum(want[n].numel() * want[n].element_size() for n in tiled),
                  "keys": list(model.state_dict())}
             where = os.path.join(tmp, spec)
-            assert axgrid.export_pretrained(model, where, grid, rank=writer, max_shard_size=shard) == where
+            live = LiveBytes(existing=model.state_dict(keep_vars=True).values())   # the parts: there already
+            before = live.current
+            with live:                          # every tensor the export makes, while it lives
+                done = axgrid.export_pretrained(model, where, grid, rank=writer, max_shard_size=shard,
+                                                **({"chunk_bytes": chunk} if chunk else {}))
+            assert done == where
+            o["export_peak"] = live.peak - before
+            o["dense_max"] = max(t.numel() * t.element_size() for t in want.values())
             back = axgrid.from_pretrained(where, grid)            # axgrid's own reader, on this grid
             with torch.no_grad():
                 o["axgrid_logits"] = float((gather_logits(back(input_ids=ids).logits, grid) - logits).abs().max())
@@ -113,7 +122,7 @@ def _save_pretrained_layout(where: str, shard) -> tuple[list[str], dict | None]:
 
 def test_stream_iterator_ledger_and_hf_round_trip(ranks, tmp_path):
     outs = ranks(4, rank_stream, str(tmp_path))
-    for spec, writer, shard in GRIDS:
+    for spec, writer, shard, chunk in GRIDS:
         hf_listing, hf_index = _save_pretrained_layout(str(tmp_path / f"{spec}-hf"), shard)
         group = [r for r in range(4) if outs[r][spec]["sent"] or outs[r][spec]["recv"] or r == writer]
         w = outs[writer][spec]
@@ -127,6 +136,10 @@ def test_stream_iterator_ledger_and_hf_round_trip(ranks, tmp_path):
                 o = outs[r][spec]
                 assert o["names"] == [] and o["recv"] == 0 and o["sent"] <= o["part_bytes"], (spec, r)
         assert len(group) > 1
+        # the export assembles slabs, never a whole tensor: with 256-300 byte slabs the writer's live tensors
+        # peak below the largest dense tensor (8 KiB; what is left is the pieces' geometry, gathered once)
+        if chunk:
+            assert w["export_peak"] < w["dense_max"], (spec, w["export_peak"], w["dense_max"])
         # the files: save_pretrained's layout for this max_shard_size, each within it, safetensors, dense values
         assert w["file_wrong"] == [] and w["index"] == hf_index, spec
         assert [f for f in w["listing"] if f.endswith(".safetensors")] == \
@@ -165,3 +178,24 @@ def test_safetensors_writer_checks_order_and_leaves_no_half_file(tmp_path):
     with safe_open(path, "pt") as f:
         assert torch.equal(f.get_tensor("a"), a) and torch.equal(f.get_tensor("b"), b)
         assert torch.equal(f.get_slice("a")[1:, 1:], a[1:, 1:])
+
+
+def test_safetensors_writer_takes_a_tensor_in_slabs_of_rows(tmp_path):
+    from safetensors import safe_open
+    path = str(tmp_path / "rows.safetensors")
+    a, s = torch.arange(12.0).view(4, 3), torch.tensor(7, dtype=torch.int64)
+    layout = [("a", a.dtype, a.shape), ("s", s.dtype, s.shape)]
+    with pytest.raises(ValueError, match=r"from row 0 next, got a torch.float32 \[1, 3\] from row 1"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write_rows("a", 1, a[1:2])                          # rows must come in order, from row 0
+    with pytest.raises(ValueError, match=r"expected a .* from row 3 next, got s"):
+        with SafetensorsWriter(path, layout) as w:
+            w.write_rows("a", 0, a[:3])
+            w.write("s", s)                                       # a is not complete yet
+    assert os.listdir(tmp_path) == []
+    with SafetensorsWriter(path, layout) as w:
+        w.write_rows("a", 0, a[:1])
+        w.write_rows("a", 1, a[1:4])
+        w.write_rows("s", 0, s)
+    with safe_open(path, "pt") as f:
+        assert torch.equal(f.get_tensor("a"), a) and torch.equal(f.get_tensor("s"), s)

@@ -5,7 +5,11 @@ leaves buffers where they are, so buffers a model computes at construction (rota
 computed for real. It is accelerate's ``init_empty_weights(include_buffers=False)``, written here in a few lines
 because accelerate is not among our dependencies and ``transformers``' own meta initialisation puts the
 buffers on meta too (it recomputes them per model family afterwards). The patch of
-``nn.Module.register_parameter`` lasts only for the ``with`` block.
+``nn.Module.register_parameter`` lasts only for the ``with`` block. It also marks each module that registers a
+parameter with transformers' own "already initialised" flag (``_is_hf_initialized``, which its loader sets on
+loaded modules): initialising meta tensors runs torch's Python reference kernels, half the time of building a
+model, for parameters the files fill anyway (one left unfilled is an error, not a random init). A model that is
+not a transformers one ignores the flag.
 
 :func:`materialize` replaces a meta parameter's data with a real tensor *in place*: the Python object stays the
 same (via ``torch.utils.swap_tensors``), so ties between modules, ``axgrid_tile`` marks and anything holding the
@@ -27,6 +31,7 @@ def parameters_on_meta() -> Iterator[None]:
 
     def register(module: nn.Module, name: str, param) -> None:
         original(module, name, param)
+        module.__dict__["_is_hf_initialized"] = True      # transformers: skip its init of what the files fill
         if param is not None and param.device.type != "meta":
             kept = module._parameters[name]
             meta = nn.Parameter(kept.detach().to("meta"), requires_grad=kept.requires_grad)

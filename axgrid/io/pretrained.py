@@ -29,7 +29,7 @@ from .hf_files import DTYPES, HFCheckpoint, PretrainedError
 from .meta import materialize, parameters_on_meta
 from .parts import agree
 from ..spec import TileSpec
-from .tiles import Box, read_part, tile_of
+from .tiles import Box, part_boxes, part_shape, read_part, tile_of
 
 
 @dataclass
@@ -157,6 +157,19 @@ def _fill(r: _Read, ck: HFCheckpoint, device: torch.device) -> None:
         return ck.read(r.key, box)
 
     with torch.no_grad():
+        boxes = part_boxes(tile)
+        if r.is_param and len(boxes) == 1 and boxes[0].numel == t.numel():
+            # one box, no padding: the tensor read becomes the parameter's data, copied once out of the file's
+            # mapping (safetensors' slices are views of it), never twice; the parameter's untouched pages stay out
+            data = read(boxes[0]).to(device=device, dtype=t.dtype)
+            if data.untyped_storage().nbytes() != data.numel() * data.element_size():
+                data = data.clone(memory_format=torch.contiguous_format)   # a view of the file's mapping: copy
+            data = data.reshape(part_shape(tile))
+            if t.device.type == "meta":
+                materialize(t, data)
+            else:
+                t.data = data
+            return
         if r.is_param and t.device.type != "meta":      # a parallel layer's uninitialised part: filled in place
             read_part(tile, read, out=t)
             return

@@ -119,7 +119,7 @@ def read_part(tile: TileSpec, read: Callable[[Box], torch.Tensor], dtype: Option
         if flat is None:
             out = torch.empty(part_shape(tile), dtype=dtype or got.dtype, device=device or got.device)
             flat = out.view(-1)
-        flat[pos: pos + b.numel].copy_(got.reshape(-1))
+        flat[pos: pos + b.numel].view(b.shape).copy_(got)      # one strided copy, no flattened temporary
         pos += b.numel
     if out is None:
         return torch.zeros(part_shape(tile), dtype=dtype or torch.float32, device=device)
