@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .grid import Grid
-from .io import TensorPart, agree, fingerprint, flat_boxes, model_parts, place_part, tile_box
+from .io import TensorPart, agree, fingerprint, flat_boxes, model_parts, place_part, raise_on_any_rank, tile_box
 from .nn.linear import Linear
 from .safetensors_stream import SafetensorsWriter
 from .spec import TileSpec
@@ -356,10 +356,8 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
             _write_side_files(model, save_directory, tokenizer)
         except Exception as ex:  # reported on every rank below, before any tensor moves
             err = ex
-    (failed,) = agree(grid, [int(err is not None)])
-    if failed:
-        raise err if err is not None else RuntimeError(
-            f"export_pretrained: rank {rank} could not write {save_directory} (see its error)")
+    raise_on_any_rank(grid, err, lambda n: RuntimeError(
+        f"export_pretrained: rank {rank} could not write {save_directory} (see its error)"))
     layout = {n: f for f, names in files.items() for n in names}
     shapes = {n: (t.dtype, tuple(t.axgrid_tile.dense_shape) if getattr(t, "axgrid_tile", None) else tuple(t.shape))
               for n, t in model.state_dict(keep_vars=True).items() if n in layout}
@@ -388,11 +386,8 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
             _finish_index(save_directory, files, index_meta)
         except Exception as ex:
             err = ex
-    (failed,) = agree(grid, [int(err is not None)])
-    if err is not None:
-        raise err
-    if failed:
-        raise RuntimeError(f"export_pretrained: rank {rank} could not write {save_directory} (see its error)")
+    raise_on_any_rank(grid, err, lambda n: RuntimeError(
+        f"export_pretrained: rank {rank} could not write {save_directory} (see its error)"))
     return save_directory
 
 

@@ -45,7 +45,8 @@ activations and gathered-weight buffers as perfmodel's memory model counts them 
 ``activations + buffers`` for a GPT of the same hidden size, layers, heads, vocab, sequence; fp32) in the step;
 parameters and AdamW's moments in the save. Largest single slice: the largest of the rank's own tensors (a part,
 or a tensor replicated whole), and on the writing rank of the export the largest dense tensor (what the issue
-allows it: one tensor; it assembles 16 MiB slabs of rows, so its rise is printed beside). Printed per rank with PASS/FAIL; the load time beside the disk read and today's path, as ratios.
+allows it: one tensor; it assembles 16 MiB slabs of rows, so its rise is printed beside). Printed per rank
+with PASS/FAIL; the load time beside the disk read and today's path, as ratios.
 """
 from __future__ import annotations
 
@@ -363,8 +364,8 @@ def report(recs: list[dict], args: argparse.Namespace) -> None:
     export_bytes = sum(os.path.getsize(os.path.join(args.work, "export", f))
                        for f in os.listdir(os.path.join(args.work, "export")) if f.endswith(".safetensors"))
     export_s = max(r["export_s"] for r in recs)
-    print(f"export {export_s:.2f} s for {export_bytes / 2**20:.0f} MiB of safetensors ({export_bytes / 2**20 / export_s:.0f} "
-          f"MiB/s); the writing rank's rise {(r0['export_peak'] - r0['export_start']) / mib:.0f} MiB against its "
+    print(f"export {export_s:.2f} s for {export_bytes / 2**20:.0f} MiB of safetensors "
+          f"({export_bytes / 2**20 / export_s:.0f} MiB/s); the writing rank's rise {(r0['export_peak'] - r0['export_start']) / mib:.0f} MiB against its "
           f"largest dense tensor {r0['dense_max'] / mib:.0f} MiB (it assembles slabs of 16 MiB of rows)")
     print(f"step losses {', '.join(f'{x:.4f}' for x in r0['losses'])} | reloaded on {args.reshard_grid} vs "
           f"before the save on {args.grid}: logits max diff {max(r['reload_diff'] for r in recs):.2e} (max |logit| "

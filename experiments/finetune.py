@@ -54,7 +54,8 @@ from axgrid.goldfish import step_mask  # noqa: E402
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT  # noqa: E402
 from axgrid.train import cosine_lr, decay_groups, train_step  # noqa: E402
-from train_gpt import DEFAULT_TEXT, ByteTokenizer, TokenWindows  # noqa: E402
+from train_gpt import DEFAULT_TEXT, ByteTokenizer, TokenWindows, add_run_arguments  # noqa: E402
+from train_gpt import add_step_arguments as add_gpt_step_arguments  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -185,17 +186,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="Hugging Face model folder (save_pretrained)")
     p.add_argument("--text-file", default=str(DEFAULT_TEXT), help="UTF-8 text to fine-tune on")
-    p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
-    p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
     p.add_argument("--steps", type=int, default=100)
     add_step_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the data order")
-    p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
-                   help="seconds before a stuck collective fails")
-    p.add_argument("--save", default=None, help="checkpoint directory")
-    p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
-    p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    add_run_arguments(p)
     p.add_argument("--export", default=None, help="write the fine-tuned model as a Hugging Face folder here")
     add_metrics_arguments(p)
     args = p.parse_args(list(argv) if argv is not None else None)
@@ -205,21 +200,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of :class:`StepSettings` (and the optimizer), shared with experiments/memorization.py, which
-    changes some defaults with ``set_defaults``."""
-    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
-    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
-    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-    p.add_argument("--recompute", action="store_true", help="activation checkpointing of the decoder layers")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="autocast; default bf16 on GPU, fp32 on CPU")
-    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
-    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
-    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
+    """The options of :class:`StepSettings` (and the optimizer): train_gpt's, with a fine-tuning learning rate and
+    no weight decay by default (experiments/memorization.py changes more with ``set_defaults``)."""
+    add_gpt_step_arguments(p)
+    p.set_defaults(lr=1e-4, weight_decay=0.0)
 
 
 def step_settings(args: argparse.Namespace, steps: int, dtype: str, goldfish: bool = True) -> StepSettings:

@@ -176,33 +176,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
     p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
     p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
-    p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
-    p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
-    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
-    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
-    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-    p.add_argument("--recompute", action="store_true", help="recompute each block's activations in backward")
+    add_step_arguments(p)
     p.add_argument("--overlap", default="none", help="oar,ors,oag,odp | all | none")
     p.add_argument("--data", choices=("synthetic", "text"), default="synthetic")
     p.add_argument("--text-file", default=str(DEFAULT_TEXT))
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--tune-gemm", choices=("off", "on-first-use", "cache-only"), default="off")
     p.add_argument("--gemm-cache", default=None, help="GEMM tuner decision file (default: the tuner's own)")
-    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
-    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
-    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
-    p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
-                   help="seconds before a stuck collective fails")
-    p.add_argument("--save", default=None, help="checkpoint directory")
-    p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
-    p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    add_run_arguments(p)
     p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
                    help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
     add_metrics_arguments(p)
@@ -210,6 +192,36 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.min_lr is None:
         args.min_lr = args.lr / 10
     return args
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The grid, the collective timeout and checkpointing: shared with experiments/finetune.py."""
+    p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
+    p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
+    p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s,
+                   help="seconds before a stuck collective fails")
+    p.add_argument("--save", default=None, help="checkpoint directory")
+    p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
+    p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The optimizer step: batch, schedule, AdamW, clipping, recompute, autocast, Goldfish. Shared with
+    experiments/finetune.py and memorization.py, which change some defaults with ``set_defaults``."""
+    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
+    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--recompute", action="store_true", help="recompute each block's (decoder layer's) "
+                                                            "activations in backward")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="autocast; default bf16 on GPU, fp32 on CPU")
+    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
+    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
+    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig:

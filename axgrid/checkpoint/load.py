@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..io import Box, TensorPart, agree, overlap, part_boxes, read_part, replicated_letters, tile_of
+from ..io import Box, TensorPart, overlap, part_boxes, raise_on_any_rank, read_part, replicated_letters, tile_of
 from .format import CheckpointError, CheckpointWarning, LoadInfo, _dtype_of, _grid_str, _like, _rank_world, _sha256_file
 from .runconfig import compare_config
 from .state import _check_entry, _model_entries, _param_names, _restore_rng
@@ -180,12 +180,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
                         not same, rng_note, opt_state is not None, dict(man.get("config") or {}))
     except CheckpointError as ex:
         err = ex
-    (failed,) = agree(grid, [int(err is not None)])
-    if err is not None:
-        raise err
-    if failed:
-        raise CheckpointError(f"{failed} rank(s) could not load the checkpoint {where} (see their errors); "
-                              f"nothing was changed")
+    raise_on_any_rank(grid, err, lambda n: CheckpointError(
+        f"{n} rank(s) could not load the checkpoint {where} (see their errors); nothing was changed"))
     assert info is not None and reader is not None
     try:                                                # one tensor's part in flight at a time
         with torch.no_grad():
@@ -196,9 +192,7 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
         err = ex if isinstance(ex, CheckpointError) else CheckpointError(
             f"reading {where} failed on rank {rank} ({type(ex).__name__}: {ex})")
     reader.release()
-    (failed,) = agree(grid, [int(err is not None)])
-    if failed:
-        raise err or CheckpointError(f"{failed} rank(s) failed reading {where} (see their errors)")
+    raise_on_any_rank(grid, err, lambda n: CheckpointError(f"{n} rank(s) failed reading {where} (see their errors)"))
     info.bytes_read = reader.bytes_read
     if opt_state is not None:
         optimizer.load_state_dict(opt_state)  # type: ignore[union-attr]

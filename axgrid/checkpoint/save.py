@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..io import Box, TensorPart, agree, dtype_name, fingerprint, part_boxes
+from ..io import Box, TensorPart, agree, dtype_name, fingerprint, part_boxes, raise_on_any_rank
 from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world,
                      _sha256_file, _write_bytes)
 from .runconfig import config_record
@@ -119,13 +119,10 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
         _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
     except Exception as ex:  # OSError, or torch.save failing: every rank must still reach the agreement below
         err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {type(ex).__name__}: {ex}")
-    (failed,) = agree(grid, [int(err is not None)])
-    if failed:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        agree(grid, [0])                   # every rank raises only once the files are gone
-        raise err or CheckpointError(f"{failed} rank(s) failed writing {final} (see their errors); the previous "
-                                     f"checkpoints and {os.path.join(root, LATEST)} are untouched")
+    raise_on_any_rank(grid, err, lambda n: CheckpointError(
+        f"{n} rank(s) failed writing {final} (see their errors); the previous checkpoints and "
+        f"{os.path.join(root, LATEST)} are untouched"),
+        cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True) if rank == 0 else None)   # raised once gone
     if rank == 0:
         try:
             _finish(root, tmp, final, entries, optim_desc, grid, world, int(step), extra, record, generators, keep,
@@ -136,10 +133,8 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
             err = ex if isinstance(ex, CheckpointError) else CheckpointError(
                 f"finishing {final} failed ({type(ex).__name__}: {ex}); {os.path.join(root, LATEST)} still names "
                 f"a complete checkpoint")
-    (failed,) = agree(grid, [int(err is not None)])
-    if failed:
-        raise err or CheckpointError(f"rank 0 failed to finish {final} (see its error); the previous checkpoints "
-                                     f"are untouched")
+    raise_on_any_rank(grid, err, lambda n: CheckpointError(
+        f"rank 0 failed to finish {final} (see its error); the previous checkpoints are untouched"))
     return final
 
 

@@ -7,7 +7,8 @@ geometry               :class:`Box`, :func:`part_boxes`, :func:`part_shape`, :fu
 moving a part          :func:`read_part` (from any box reader: safetensors slice, dense tensor, saved tile),
                        :func:`part_of_dense`, :func:`place_part` (:mod:`.tiles`)
 a model's tensors      :class:`TensorPart`, :func:`model_parts`, :func:`replicated_letters`,
-                       :func:`fingerprint`, :func:`dtype_name`, :func:`agree` (:mod:`.parts`)
+                       :func:`fingerprint`, :func:`dtype_name`, :func:`agree`,
+                       :func:`raise_on_any_rank` (one rank's error raised on every rank) (:mod:`.parts`)
 loading a HF model     ``axgrid.from_pretrained``, ``LoadReport`` (:mod:`.pretrained`), on
                        :class:`~.hf_files.HFCheckpoint` (the safetensors folder, read box by box) and
                        :mod:`.meta` (parameters on meta while building, materialised in place)
@@ -15,9 +16,11 @@ loading a HF model     ``axgrid.from_pretrained``, ``LoadReport`` (:mod:`.pretra
 
 (:mod:`.pretrained` is not imported here: it builds on :func:`axgrid.parallelize`, which builds on this package.)
 """
-from .parts import TensorPart, agree, dtype_name, fingerprint, model_parts, replicated_letters
+from .parts import (TensorPart, agree, dtype_name, fingerprint, model_parts, raise_on_any_rank,
+                    replicated_letters)
 from .tiles import (Box, flat_boxes, overlap, part_boxes, part_of_dense, part_shape, place_part, read_part, tile_box,
                     tile_of)
 
 __all__ = ["Box", "flat_boxes", "overlap", "part_boxes", "part_of_dense", "part_shape", "place_part", "read_part",
-           "tile_box", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint", "model_parts", "replicated_letters"]
+           "tile_box", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint", "model_parts", "raise_on_any_rank",
+           "replicated_letters"]

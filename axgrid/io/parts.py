@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -94,3 +94,18 @@ def agree(grid, values: Sequence[int]) -> list[int]:
         t = grid.comm.all_reduce(t, "d")
     return [int(v) for v in t.cpu().tolist()]
 
+
+
+def raise_on_any_rank(grid, err: Optional[BaseException], others: Callable[[int], BaseException], *,
+                      cleanup: Optional[Callable[[], None]] = None) -> None:
+    """Collective, called by every rank whether it failed or not: when any rank holds an error, every rank raises
+    -- its own ``err``, or ``others(n)`` (``n``: how many ranks failed) where it has none -- after ``cleanup()``
+    has run on every rank and a barrier (so no rank raises while another still cleans up). Returns when no rank
+    failed. The one way an axgrid collective turns one rank's bad input or I/O error into an error on all."""
+    (failed,) = agree(grid, [int(err is not None)])
+    if not failed:
+        return
+    if cleanup is not None:
+        cleanup()
+        agree(grid, [0])
+    raise err if err is not None else others(failed)

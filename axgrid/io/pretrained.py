@@ -27,7 +27,7 @@ from ..grid import Grid
 from ..parallelize import parallelize
 from .hf_files import DTYPES, HFCheckpoint, PretrainedError
 from .meta import materialize, parameters_on_meta
-from .parts import agree
+from .parts import raise_on_any_rank
 from ..spec import TileSpec
 from .tiles import Box, part_boxes, part_shape, read_part, tile_of
 
@@ -215,11 +215,8 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
         reads = _reads(model, ck)
     except (PretrainedError, ValueError, OSError) as e:
         err = e
-    (failed,) = agree(grid, [int(err is not None)])
-    if err is not None:
-        raise err
-    if failed:
-        raise PretrainedError(f"{failed} rank(s) could not load {path} (see their errors); no model was built")
+    raise_on_any_rank(grid, err, lambda n: PretrainedError(
+        f"{n} rank(s) could not load {path} (see their errors); no model was built"))
     assert model is not None and ck is not None
     try:
         for r in reads:
@@ -237,11 +234,8 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
         err = e if isinstance(e, PretrainedError) else PretrainedError(
             f"reading {path} failed on rank {grid.rank} ({type(e).__name__}: {e}); check the files (copy or save "
             f"them again)")
-    (failed,) = agree(grid, [int(err is not None)])
-    if err is not None:
-        raise err
-    if failed:
-        raise PretrainedError(f"{failed} rank(s) failed reading {path} (see their errors); no model was returned")
+    raise_on_any_rank(grid, err, lambda n: PretrainedError(
+        f"{n} rank(s) failed reading {path} (see their errors); no model was returned"))
     summary = getattr(model, "axgrid_plan", None)
     model.__dict__["axgrid_load_report"] = LoadReport(
         path, ck.files_opened, len(reads), ck.bytes_read, time.perf_counter() - t0,
