@@ -36,7 +36,7 @@ from torch import nn
 from .grid import Grid
 from .io import TensorPart, agree, fingerprint, flat_boxes, model_parts, place_part, raise_on_any_rank, tile_box
 from .nn.linear import Linear
-from .safetensors_stream import SafetensorsWriter
+from .io.safetensors_writer import SafetensorsWriter
 from .spec import TileSpec
 
 

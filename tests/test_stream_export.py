@@ -14,7 +14,7 @@ import torch
 
 import axgrid
 from axgrid.memtrack import LiveBytes
-from axgrid.safetensors_stream import SafetensorsWriter
+from axgrid.io.safetensors_writer import SafetensorsWriter
 
 #: grid, writing rank, max_shard_size, export's chunk_bytes (256 and 300: slabs of 2 rows of 32 fp32; 16 MiB: whole)
 GRIDS = [("2x2x1x1", 0, 20_000, 256), ("1x2x2x1", 2, "50GB", None), ("1x1x2x2", 3, 9_000, 300)]

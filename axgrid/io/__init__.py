@@ -12,6 +12,8 @@ a model's tensors      :class:`TensorPart`, :func:`model_parts`, :func:`replicat
 loading a HF model     ``axgrid.from_pretrained``, ``LoadReport`` (:mod:`.pretrained`), on
                        :class:`~.hf_files.HFCheckpoint` (the safetensors folder, read box by box) and
                        :mod:`.meta` (parameters on meta while building, materialised in place)
+writing safetensors    :class:`~.safetensors_writer.SafetensorsWriter`: a file written tensor by tensor, or
+                       slab of rows by slab (what ``axgrid.export_pretrained`` streams into)
 =====================  ====================================================================================
 
 (:mod:`.pretrained` is not imported here: it builds on :func:`axgrid.parallelize`, which builds on this package.)

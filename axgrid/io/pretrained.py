@@ -158,10 +158,11 @@ def _fill(r: _Read, ck: HFCheckpoint, device: torch.device) -> None:
 
     with torch.no_grad():
         boxes = part_boxes(tile)
-        if r.is_param and len(boxes) == 1 and boxes[0].numel == t.numel():
-            # one box, no padding: the tensor read becomes the parameter's data, copied once out of the file's
-            # mapping (safetensors' slices are views of it), never twice; the parameter's untouched pages stay out
-            data = read(boxes[0]).to(device=device, dtype=t.dtype)
+        if r.is_param and len(boxes) == 1 and boxes[0].numel == t.numel() and ck.dtype_of(r.key) == t.dtype:
+            # one box, no padding, no cast: the tensor read becomes the parameter's data, copied once out of the
+            # file's mapping (safetensors' slices are views of it), never twice, and nothing temporary is
+            # allocated between the kept tensors (a cast copies into the parameter below: no temporary either)
+            data = read(boxes[0]).to(device=device)
             if data.untyped_storage().nbytes() != data.numel() * data.element_size():
                 data = data.clone(memory_format=torch.contiguous_format)   # a view of the file's mapping: copy
             data = data.reshape(part_shape(tile))
