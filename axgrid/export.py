@@ -187,7 +187,7 @@ def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk
             continue
         shape, dtype, device = tuple(e.dense_shape), e.tensor.dtype, e.tensor.device
         per = _rows_per_slab(shape, e.tensor.element_size(), chunk_bytes)
-        cuts = [(r0, min(r0 + per, shape[0])) for r0 in range(0, shape[0], per)]
+        cuts = [(r0, min(r0 + per, shape[0])) for r0 in range(0, shape[0], per)] or [(0, 0)]   # 0 rows: one slab
         if me != dst:
             for p in pieces[e.name]:
                 if p.src == me:
@@ -336,8 +336,9 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
     Collective: every rank calls it; global rank ``rank`` writes. Streamed: each tensor is assembled on ``rank``
     in slabs of dense rows of at most ``chunk_bytes`` (at least one row), each written into its file as soon as
     it is complete, so the writing rank's extra memory is one slab and one received piece (two reused buffers
-    of ``chunk_bytes``; the file's bytes go to the OS as they are written), whatever the size of the tensor,
-    and the other ranks hold only their own parts. A failure on the writing rank is raised on every rank; the files are
+    of ``chunk_bytes``, or of one row if a row is bigger; the file's bytes go to the OS as they are written),
+    whatever the size of the tensor (a tensor held whole, such as a norm, is written from the model itself,
+    through a host copy when on a GPU), and the other ranks hold only their own parts. A failure on the writing rank is raised on every rank; the files are
     written under a temporary name and renamed when complete, so a failed export leaves no half-written file
     under a final name.
     """
@@ -363,22 +364,27 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
               for n, t in model.state_dict(keep_vars=True).items() if n in layout}
     current: Optional[SafetensorsWriter] = None
     current_names: set[str] = set()
-    for name, row, rows in _stream(model, grid, rank, list(layout), chunk_bytes, whole=False):
-        if err is not None:
-            continue                                  # keep receiving: the other ranks are sending
-        try:
-            if name not in current_names:
+    try:
+        for name, row, rows in _stream(model, grid, rank, list(layout), chunk_bytes, whole=False):
+            if err is not None:
+                continue                              # keep receiving: the other ranks are sending
+            try:
+                if name not in current_names:
+                    if current is not None:
+                        current.close()
+                    current_names = set(files[layout[name]])
+                    current = SafetensorsWriter(os.path.join(save_directory, layout[name]),
+                                                [(n, *shapes[n]) for n in files[layout[name]]], {"format": "pt"})
+                current.write_rows(name, row, rows)
+            except Exception as ex:
+                err = ex
                 if current is not None:
-                    current.close()
-                current_names = set(files[layout[name]])
-                current = SafetensorsWriter(os.path.join(save_directory, layout[name]),
-                                            [(n, *shapes[n]) for n in files[layout[name]]], {"format": "pt"})
-            current.write_rows(name, row, rows)
-        except Exception as ex:
-            err = ex
-            if current is not None:
-                current.abort()
-        del rows
+                    current.abort()
+            del rows
+    except ValueError as ex:      # the stream's own check (tiles that do not cover a tensor): raised by the whole
+        err = err or ex           # xyz group at once, so the ranks outside it must hear of it below
+        if current is not None:
+            current.abort()
     if writer_rank and err is None:
         try:
             if current is not None:

@@ -106,6 +106,8 @@ def raise_on_any_rank(grid, err: Optional[BaseException], others: Callable[[int]
     if not failed:
         return
     if cleanup is not None:
-        cleanup()
-        agree(grid, [0])
+        try:
+            cleanup()
+        finally:
+            agree(grid, [0])
     raise err if err is not None else others(failed)

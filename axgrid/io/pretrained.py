@@ -163,7 +163,8 @@ def _fill(r: _Read, ck: HFCheckpoint, device: torch.device) -> None:
             # file's mapping (safetensors' slices are views of it), never twice, and nothing temporary is
             # allocated between the kept tensors (a cast copies into the parameter below: no temporary either)
             data = read(boxes[0]).to(device=device)
-            if data.untyped_storage().nbytes() != data.numel() * data.element_size():
+            st = data.untyped_storage()
+            if not st.resizable() or st.nbytes() != data.numel() * data.element_size():
                 data = data.clone(memory_format=torch.contiguous_format)   # a view of the file's mapping: copy
             data = data.reshape(part_shape(tile))
             if t.device.type == "meta":
