@@ -17,7 +17,10 @@
 #      free / total on the device;
 #   6. memory against the model: torch.cuda.max_memory_allocated of a training step (two micro-batches) against
 #      perfmodel.memory's prediction, printing the ratio and PASS within 10% (experiments/memory_check.py, which
-#      also runs on the CPU: python experiments/memory_check.py --device cpu).
+#      also runs on the CPU: python experiments/memory_check.py --device cpu);
+#   7. axgrid.from_pretrained(device="cuda") of a sharded ~100M LLaMA written by save_pretrained: logits equal
+#      transformers', bytes read equal the parameters', GPU memory grows by exactly the parameters and the host's
+#      peak RSS by at most one tensor + 80 MiB (experiments/load_check.py; also --device cpu).
 # Sizes: GPU_CHECK_HIDDEN, GPU_CHECK_LAYERS, GPU_CHECK_SEQ, GPU_CHECK_BATCH, GPU_CHECK_STEPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -158,6 +161,14 @@ _, _, mem_ok, mem_line = memory_check(grid, layers, hidden, seq, batch)
 print(f"gpu_check: {mem_line}", flush=True)
 if not mem_ok:
     fail(f"training-step memory is not within 10% of perfmodel's prediction: {mem_line}")
+
+# 7. from_pretrained straight onto the GPU, host memory bounded
+from load_check import check as load_check
+torch.cuda.empty_cache()
+load_ok, load_line = load_check(grid)
+print(f"gpu_check: {load_line}", flush=True)
+if not load_ok:
+    fail(f"from_pretrained(device='cuda') did not pass: {load_line}")
 grid.destroy()
 print("gpu_check: PASS")
 EOF

@@ -57,3 +57,19 @@ def test_memory_check_passes_on_cpu():
     assert line.startswith("memory_check:") and line.endswith("PASS (within 10%)") and "device CPU_GLOO" in line
     ratio = float(line.split("measured/predicted ")[1].split(":")[0])
     assert abs(ratio - 1) <= 0.10
+
+
+LOAD_CHECK = os.path.join(ROOT, "experiments", "load_check.py")
+
+
+def test_load_check_passes_on_cpu():
+    """The check gpu_check.sh runs as its step 7 (from_pretrained onto the device, host memory bounded), on the
+    CPU with a small LLaMA: logits equal transformers', the bytes read equal the model's own, and the line says
+    PASS."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, LOAD_CHECK, "--device", "cpu", "--hidden", "128", "--layers", "2", "--vocab",
+                        "512", "--shard", "200KB"], capture_output=True, text=True, env=env, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = p.stdout.strip().splitlines()[-1]
+    assert line.startswith("load_check:") and line.endswith("PASS") and " = own" in line, line
+    assert "files) on cpu" in line and not line.split("(fp32, ")[1].startswith("1 files"), line   # sharded
