@@ -120,17 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--shard", default="200MB", help="max_shard_size of the written checkpoint")
     a = ap.parse_args(argv)
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print(f"load_check: FAIL: --device cuda but torch {torch.__version__} sees no CUDA GPU", file=sys.stderr)
+    from memory_check import one_rank_grid
+    grid = one_rank_grid("load_check", a.device)
+    if grid is None:
         return 2
-    torch.set_num_threads(1)
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(k, v)
-    if "MASTER_PORT" not in os.environ:
-        from axgrid.launch import free_port
-        os.environ["MASTER_PORT"] = str(free_port())
-    import axgrid
-    grid = axgrid.init("1x1x1x1", config=axgrid.RuntimeConfig(timeout_s=120, seed=0))
     try:
         ok, line = check(grid, a.hidden, a.layers, a.vocab, a.shard)
     finally:

@@ -73,6 +73,22 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
     return measured, predicted, ok, line
 
 
+def one_rank_grid(check_name: str, device: str):
+    """A 1x1x1x1 grid for a check run as a plain process (no launcher: the rendezvous variables are set here), one
+    thread; None, after a one-line FAIL naming ``check_name``, when ``device`` is cuda and torch sees no GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"{check_name}: FAIL: --device cuda but torch {torch.__version__} sees no CUDA GPU", file=sys.stderr)
+        return None
+    torch.set_num_threads(1)
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(k, v)
+    if "MASTER_PORT" not in os.environ:
+        from axgrid.launch import free_port
+        os.environ["MASTER_PORT"] = str(free_port())
+    import axgrid
+    return axgrid.init("1x1x1x1", config=axgrid.RuntimeConfig(timeout_s=120, seed=0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -83,17 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=51200)
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     a = ap.parse_args(argv)
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print(f"memory_check: FAIL: --device cuda but torch {torch.__version__} sees no CUDA GPU", file=sys.stderr)
+    grid = one_rank_grid("memory_check", a.device)
+    if grid is None:
         return 2
-    torch.set_num_threads(1)
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(k, v)
-    if "MASTER_PORT" not in os.environ:
-        from axgrid.launch import free_port
-        os.environ["MASTER_PORT"] = str(free_port())
-    import axgrid
-    grid = axgrid.init("1x1x1x1", config=axgrid.RuntimeConfig(timeout_s=120, seed=0))
     try:
         _, _, ok, line = check(grid, a.layers, a.hidden, a.seq, a.batch, a.vocab, dtype=a.dtype)
     finally:
