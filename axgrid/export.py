@@ -15,8 +15,8 @@ builds the dense model: the writing rank assembles a tensor slab by slab (dense 
 other ranks' parts, which send the piece of their part in each slab point to point through the grid's
 communicator (ledger ops ``send``/``recv``). The export writes each slab into its file as soon as it is complete,
 so beyond its own parts the writing rank holds one slab and one received piece (two reused 16 MiB buffers),
-whatever the size of the tensor (a 405B LLaMA's embedding table is 3.9 GiB in bf16); the iterator holds the one dense
-tensor it yields; the other ranks hold only their own parts.
+whatever the size of the tensor (a 405B LLaMA's embedding table is 3.9 GiB in bf16); the iterator holds the one
+dense tensor it yields; the other ranks hold only their own parts.
 Training state (optimizer, RNG, resharding on another grid) belongs in :mod:`axgrid.checkpoint`.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ class _Scratch:
         self._bufs: dict[torch.device, torch.Tensor] = {}
 
     def view(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        n = math.prod(shape) * dtype.itemsize
         buf = self._bufs.get(device)
         if buf is None or buf.numel() < n:
             self._bufs.pop(device, None)
@@ -338,9 +338,9 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
     it is complete, so the writing rank's extra memory is one slab and one received piece (two reused buffers
     of ``chunk_bytes``, or of one row if a row is bigger; the file's bytes go to the OS as they are written),
     whatever the size of the tensor (a tensor held whole, such as a norm, is written from the model itself,
-    through a host copy when on a GPU), and the other ranks hold only their own parts. A failure on the writing rank is raised on every rank; the files are
-    written under a temporary name and renamed when complete, so a failed export leaves no half-written file
-    under a final name.
+    through a host copy when on a GPU), and the other ranks hold only their own parts. A failure on the writing
+    rank is raised on every rank; the files are written under a temporary name and renamed when complete, so a
+    failed export leaves no half-written file under a final name.
     """
     if not _is_hf(model):
         raise TypeError(f"export_pretrained: {type(model).__name__} is not a Hugging Face model (no "

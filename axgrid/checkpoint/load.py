@@ -86,8 +86,12 @@ class _Reader:
                                   f"the model with the checkpoint's sizes, or start fresh / point the resume path "
                                   f"elsewhere")
         for box in part_boxes(e.spec):
-            for _ in self._pieces(e.name, box):
-                pass
+            self.check_box(e.name, box)
+
+    def check_box(self, name: str, box: Box) -> None:
+        """The saved boxes of ``name`` cover ``box`` and their files are sound (no data read)."""
+        for _ in self._pieces(name, box):
+            pass
 
     def assemble(self, name: str, box: Box) -> torch.Tensor:
         """The ``box`` of tensor ``name``'s dense form, from the saved boxes (counted in ``bytes_read``)."""
@@ -254,9 +258,9 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
                     pending.append((st, key, e, None))
                 else:
                     shape = tuple(info["dense_shape"])
-                    for _ in reader._pieces(name, Box((0,) * len(shape), shape)):
-                        pass
-                    pending.append((st, key, None, (name, Box((0,) * len(shape), shape))))
+                    whole = Box((0,) * len(shape), shape)
+                    reader.check_box(name, whole)
+                    pending.append((st, key, None, (name, whole)))
             st.update(desc["values"].get(pname, {}))
             if st or desc["state_keys"].get(pname):
                 state[idx] = st

@@ -24,5 +24,5 @@ from .tiles import (Box, flat_boxes, overlap, part_boxes, part_of_dense, part_sh
                     tile_of)
 
 __all__ = ["Box", "flat_boxes", "overlap", "part_boxes", "part_of_dense", "part_shape", "place_part", "read_part",
-           "tile_box", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint", "model_parts", "raise_on_any_rank",
-           "replicated_letters"]
+           "tile_box", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint", "model_parts",
+           "raise_on_any_rank", "replicated_letters"]

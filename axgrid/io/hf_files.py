@@ -123,10 +123,6 @@ class HFCheckpoint:
                                   f"again") from None
         return fname, tuple(sl.get_shape()), sl.get_dtype()
 
-    def dtype_of(self, name: str) -> Optional[torch.dtype]:
-        """The torch dtype tensor ``name`` has in its file (None for a dtype torch lacks)."""
-        return DTYPES.get(self.describe(name)[2])
-
     def read(self, name: str, box: Box) -> torch.Tensor:
         """The ``box`` of tensor ``name`` (only its bytes are read; counted in ``bytes_read``).
 

@@ -53,6 +53,7 @@ class _Read:
     attr: str
     key: str                         # its name in the files
     is_param: bool
+    file_dtype: torch.dtype          # its dtype in the files
 
 
 def _config(path: str, overrides: dict[str, Any]):
@@ -138,7 +139,7 @@ def _reads(model: nn.Module, ck: HFCheckpoint) -> list[_Read]:
             raise PretrainedError(f"{key} in {ck.path}/{fname} is {st_dtype}, but the model's {names[tid][0]} is "
                                   f"{str(t.dtype).replace('torch.', '')}: the file holds another kind of tensor; "
                                   f"re-save the checkpoint from the model of this config")
-        out.append(_Read(t, mod, attr, key, is_param))
+        out.append(_Read(t, mod, attr, key, is_param, dt))
     return out
 
 
@@ -158,7 +159,7 @@ def _fill(r: _Read, ck: HFCheckpoint, device: torch.device) -> None:
 
     with torch.no_grad():
         boxes = part_boxes(tile)
-        if r.is_param and len(boxes) == 1 and boxes[0].numel == t.numel() and ck.dtype_of(r.key) == t.dtype:
+        if r.is_param and len(boxes) == 1 and boxes[0].numel == t.numel() and r.file_dtype == t.dtype:
             # one box, no padding, no cast: the tensor read becomes the parameter's data, copied once out of the
             # file's mapping (safetensors' slices are views of it), never twice, and nothing temporary is
             # allocated between the kept tensors (a cast copies into the parameter below: no temporary either)

@@ -74,9 +74,8 @@ class SafetensorsWriter:
         """Append the dense rows ``[start, start + len(rows))`` (dim 0) of ``name``: a tensor may come in slabs,
         in order from row 0, and must be complete before the next name (a 0-d tensor: whole, ``start`` 0)."""
         want, dtype, shape = self._expected(name)
-        n = rows.shape[0] if rows.dim() else 1
-        fits = (rows.dim() == 0) == (len(shape) == 0) and tuple(rows.shape[1:]) == shape[1:] and \
-            self._row + n <= (shape[0] if shape else 1)
+        n, total = (rows.shape[0] if rows.dim() else 1), (shape[0] if shape else 1)
+        fits = (rows.dim() == 0) == (len(shape) == 0) and tuple(rows.shape[1:]) == shape[1:] and self._row + n <= total
         if name != want or rows.dtype != dtype or start != self._row or not fits:
             raise ValueError(f"{self.path}: expected {want} {dtype} {list(shape)} from row {self._row} next, got "
                              f"{name} {rows.dtype} {list(rows.shape)} from row {start}")
@@ -84,7 +83,7 @@ class SafetensorsWriter:
         if flat.numel():
             self._f.write(flat.view(torch.uint8).numpy().data)    # the tensor's own bytes, no copy on the host
         self._row += n
-        if self._row == (shape[0] if shape else 1):
+        if self._row == total:
             self._next, self._row = self._next + 1, 0
 
     def _expected(self, name: str) -> tuple[str, torch.dtype, tuple[int, ...]]:
