@@ -54,7 +54,7 @@ from axgrid.goldfish import step_mask  # noqa: E402
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT  # noqa: E402
 from axgrid.train import cosine_lr, decay_groups, train_step  # noqa: E402
-from train_gpt import DEFAULT_TEXT, ByteTokenizer, TokenWindows, add_run_arguments  # noqa: E402
+from train_gpt import DEFAULT_TEXT, ByteTokenizer, TokenWindows, add_run_arguments, parse_step_args  # noqa: E402
 from train_gpt import add_step_arguments as add_gpt_step_arguments  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -193,10 +193,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     add_run_arguments(p)
     p.add_argument("--export", default=None, help="write the fine-tuned model as a Hugging Face folder here")
     add_metrics_arguments(p)
-    args = p.parse_args(list(argv) if argv is not None else None)
-    if args.min_lr is None:
-        args.min_lr = args.lr / 10
-    return args
+    return parse_step_args(p, argv)
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:

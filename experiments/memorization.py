@@ -51,7 +51,7 @@ from axgrid.train import decay_groups  # noqa: E402
 from axgrid.metrics import Metrics  # noqa: E402
 from finetune import (add_step_arguments, causal_lm_loss, compute_dtype, encode, llama_flops, load_model,  # noqa: E402
                       load_tokenizer, run_step, step_settings)
-from train_gpt import DEFAULT_TEXT, TokenWindows  # noqa: E402
+from train_gpt import DEFAULT_TEXT, TokenWindows, parse_step_args  # noqa: E402
 
 LOSSES = ("standard", "goldfish")
 GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed", "emb_std", "name")
@@ -203,9 +203,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s)
     add_step_arguments(p)          # the step's options, as experiments/finetune.py has them; the study's defaults:
     p.set_defaults(batch=24, lr=4e-3, warmup=10, goldfish_k=4)
-    args = p.parse_args(list(argv) if argv is not None else None)
-    if args.min_lr is None:
-        args.min_lr = args.lr / 10
+    args = parse_step_args(p, argv)
     args.loss_list = [s for s in args.losses.split(",") if s]
     return args
 

@@ -188,6 +188,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
                    help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
     add_metrics_arguments(p)
+    return parse_step_args(p, argv)
+
+
+def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """Parse ``argv`` with a parser holding :func:`add_step_arguments`; ``--min-lr`` then defaults to ``--lr``/10
+    (a default that depends on another option, which argparse cannot express)."""
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10
