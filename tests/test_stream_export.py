@@ -104,6 +104,10 @@ def rank_stream(tmp: str) -> dict:
                     o["blocked"] = "wrote"
                 except (OSError, RuntimeError) as e:
                     o["blocked"] = str(e)
+                for call in (lambda: axgrid.export_pretrained(model, blocker, grid, chunk_bytes=0),   # before any
+                             lambda: axgrid.iter_dense_state_dict(model, grid, chunk_bytes=0)):        # collective
+                    with pytest.raises(ValueError, match=r"chunk_bytes=0 must be a positive number of bytes"):
+                        call()
             out[spec] = o
         finally:
             grid.destroy()
