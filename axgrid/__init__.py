@@ -7,13 +7,11 @@
     axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batched
     dense = axgrid.to_dense(model, grid)   # or axgrid.export_pretrained(hf_model, "out", grid)
 
-The public names below load on first use (PEP 562), so the torch-free subpackages (axgrid.layout,
+The public names below load on first use (PEP 562), so the torch-free subpackages (axgrid.spec.layout,
 axgrid.perfmodel) import without torch.
 """
 import importlib
 import importlib.util
-import sys
-import types
 
 __version__ = "0.1.0"
 
@@ -24,14 +22,15 @@ _SOURCES = {
     "clip_grad_norm_": "data_parallel", "finish_gradients": "data_parallel", "grad_norm": "data_parallel",
     "sync_gradients": "data_parallel",
     "Grid": "grid", "current_grid": "grid", "Runtime": "runtime", "init": "runtime",
-    "LaunchEnv": "launch", "detect_launch": "launch",
-    "GridError": "layout", "GridShape": "layout", "Layout": "layout",
-    "generate": "generate",
-    "dense_state_dict": "export", "iter_dense_state_dict": "export", "export_pretrained": "export", "to_dense": "export",
+    "LaunchEnv": "launch.env", "detect_launch": "launch.env",
+    "GridError": "spec.layout", "GridShape": "spec.layout", "RankLayout": "spec.layout",
+    "generate": "generation",
+    "dense_state_dict": "io.export", "iter_dense_state_dict": "io.export", "export_pretrained": "io.export",
+    "to_dense": "io.export",
     "LoadReport": "io.pretrained", "PretrainedError": "io.hf_files", "from_pretrained": "io.pretrained",
-    "LinearPlan": "parallelize", "pair": "parallelize", "parallelize": "parallelize",
+    "LinearPlan": "plans.parallelize", "pair": "plans.parallelize", "parallelize": "plans.parallelize",
     "gather_tokens_features": "redistribute", "shard_tokens_features": "redistribute",
-    "ParallelizeSummary": "ties",
+    "ParallelizeSummary": "plans.ties",
     "StepResult": "train", "train_step": "train",
 }
 
@@ -54,14 +53,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
-
-class _Package(types.ModuleType):
-    """The import system binds each loaded submodule onto its package; `axgrid.parallelize` names the function
-    (as it did when this file imported it eagerly), so the submodule of the same name is not bound over it."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if not (name in _SOURCES and isinstance(value, types.ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .layout import GridError, GridShape, Layout
+from .spec.layout import GridError, GridShape, RankLayout
 
 
 def _describe(args: argparse.Namespace) -> int:
@@ -13,7 +13,7 @@ def _describe(args: argparse.Namespace) -> int:
         if args.gpus_per_node is not None and args.gpus_per_node < 1:
             raise GridError(f"--gpus-per-node {args.gpus_per_node} must be >= 1 (or left out: one node)")
         shape = GridShape.parse(args.grid, args.world)
-        layout = Layout(shape, args.order)
+        layout = RankLayout(shape, args.order)
     except GridError as e:
         print(f"axgrid describe: {e}", file=sys.stderr)
         return 2
@@ -45,14 +45,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     m.add_argument("rest", nargs=argparse.REMAINDER, help="options for python -m axgrid.demo")
     args = ap.parse_args(argv)
     if args.command == "launch":
-        from .launcher import launch
+        from .launch.local import launch
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return launch(args.ranks, cmd, use_mpi=False if args.no_mpi else None, timeout_s=args.timeout,
                       grace_s=args.grace)
     if args.command == "describe":
         return _describe(args)
     if args.command == "demo":
-        from .launcher import launch
+        from .launch.local import launch
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
         return launch(args.ranks, [sys.executable, "-m", "axgrid.demo", *rest])
     return 2

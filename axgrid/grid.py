@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 from .comm import Communicator, Ledger
 from .config import RuntimeConfig
-from .launch import LaunchEnv
-from .layout import Coord, GridError, Layout
-from .trace import Tracer
+from .launch.env import LaunchEnv
+from .spec.layout import Coord, GridError, RankLayout
+from .metrics.trace import Tracer
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -33,7 +33,7 @@ class Grid:
 
     runtime: "Runtime"
 
-    def __init__(self, layout: Layout, launch: LaunchEnv, backend: str, config: RuntimeConfig,
+    def __init__(self, layout: RankLayout, launch: LaunchEnv, backend: str, config: RuntimeConfig,
                  owns_world: bool, hosts: Sequence[str]) -> None:
         self.layout, self.shape, self.order = layout, layout.shape, layout.order
         self.launch, self.backend = launch, backend
@@ -106,7 +106,7 @@ class Grid:
     def destroy(self) -> None:
         """Complete what is in flight, then release this grid's groups (and the default group when
         :func:`init` created it). No reference to a group is kept, so gloo joins its threads here, not
-        during interpreter shutdown (see :mod:`axgrid.teardown`). The grid cannot be used afterwards."""
+        during interpreter shutdown (see :mod:`axgrid.launch.teardown`). The grid cannot be used afterwards."""
         _ACTIVE.discard(id(self))
         if _CURRENT and _CURRENT[0] is self:
             _CURRENT.clear()

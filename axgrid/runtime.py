@@ -17,14 +17,14 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import teardown
+from .launch import teardown
 from .config import GemmFn, RuntimeConfig
 from .data_parallel import BucketBuffers
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
-from .launch import LaunchEnv, detect_launch, init_distributed
-from .layout import GridError, GridShape, Layout, check_order
+from .launch.env import LaunchEnv, detect_launch, init_distributed
+from .spec.layout import GridError, GridShape, RankLayout, check_order
 from .overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
-from .trace import Tracer
+from .metrics.trace import Tracer
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
@@ -104,7 +104,7 @@ def _gemm_tuner(grid: Grid, config: RuntimeConfig) -> GemmFn:
     return kernels.GemmTuner(config.gemm_tuning, cache_path=config.gemm_cache, group=agreement)
 
 
-def build_grid(layout: Layout, launch: LaunchEnv, backend: str, config: RuntimeConfig, owns_world: bool,
+def build_grid(layout: RankLayout, launch: LaunchEnv, backend: str, config: RuntimeConfig, owns_world: bool,
                hosts: Sequence[str], seed: int) -> Grid:
     """A grid over an initialised default group, with its runtime attached (collective over the world)."""
     grid = Grid(layout, launch, backend, config, owns_world, hosts)
@@ -139,7 +139,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     else:
         sizes = [gx, 1 if gy is None else gy, 1 if gz is None else gz]
         shape = GridShape.parse(sizes if gdata is None else sizes + [gdata], launch.world_size)
-    layout = Layout(shape, order)
+    layout = RankLayout(shape, order)
     if owns_world:
         if launch.launcher in ("mpich", "openmpi"):
             launch = detect_launch()            # now agree on the rendezvous address through mpi4py

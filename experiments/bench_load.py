@@ -165,7 +165,7 @@ class Rank:
         import torch._dynamo  # noqa: F401  (loaded by the optimizer's first step: part of the baseline)
         import axgrid
         import axgrid.checkpoint  # noqa: F401
-        import axgrid.export  # noqa: F401
+        import axgrid.io.export  # noqa: F401
         from transformers.utils import logging
         logging.set_verbosity_error()
         torch.set_num_threads(1)

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"({args.rounds} rounds, the 16 combinations in a new shuffled order each round, {args.steps} timed "
               f"step(s) each per round after {args.warmup} warm-up step(s); spread = min-max over rounds)")
     if args.trace:
-        from axgrid.trace import merge_traces
+        from axgrid.metrics.trace import merge_traces
         paths = sorted(os.path.join(args.trace, f) for f in os.listdir(args.trace) if f.startswith("trace-"))
         print("\nmerged trace:", merge_traces(paths, os.path.join(args.trace, "merged.json")))
     return 0

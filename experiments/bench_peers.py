@@ -82,7 +82,7 @@ def rank_main(w: peers.Workload, a: argparse.Namespace) -> Optional[dict]:
     dp = f"1x1x1x{world}"
     for same in (tp1d, dp):            # the layouts of DTensor 1-D TP and of DDP, always measured
         if same not in {str(c.grid.shape) for c in contenders} and \
-                w.grid_fits(axgrid.layout.GridShape.parse(same, world)):
+                w.grid_fits(axgrid.spec.layout.GridShape.parse(same, world)):
             contenders.append(peers.AxgridContender(w, same, overlap, a.timeout))
     contenders += peers.build_peers(w, set(a.skip), log)
     names = [c.name for c in contenders]
@@ -188,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for n in a.ranks:
         with RankPool(n, timeout_s=a.timeout) as pool:
             for w in loads:
-                if a.grid and not w.grid_fits(axgrid.layout.GridShape.parse(a.grid, n)):
+                if a.grid and not w.grid_fits(axgrid.spec.layout.GridShape.parse(a.grid, n)):
                     raise SystemExit(f"--grid {a.grid} does not fit the {w.kind} workload on {n} ranks")
                 r = pool.run(rank_main, w, a, deadline_s=3 * 3600)[0]
                 print(report(n, w, r), flush=True)

@@ -4,11 +4,11 @@
     python experiments/bench_teardown.py --launchers plain,torchrun --cases raise,kill --repeat 3
     python experiments/bench_teardown.py --launchers srun-kill,srun --cases raise,kill,hang,scancel   # Slurm
 
-Each job is tests/fault_rank.py (2 ranks all-reducing in a loop; see tests/faultjob.py). Cases: ``raise`` (rank 1
+Each job is axgrid/testing/fault_rank.py (2 ranks all-reducing in a loop; see axgrid/testing/faults.py). Cases: ``raise`` (rank 1
 raises), ``exit`` (rank 1 calls sys.exit(7)), ``kill`` (rank 1 SIGKILLs itself), ``hang`` (rank 1 sleeps; the
 collective timeout is --hang-timeout), ``sigterm`` (SIGTERM to the launcher once both ranks are up), ``scancel``
 (srun only: the job is cancelled once both ranks are up). ``srun`` / ``srun-kill`` (without / with
-``--kill-on-bad-exit=1``) run on a private one-node Slurm started for the run (tests/slurm_cluster.py); a job still
+``--kill-on-bad-exit=1``) run on a private one-node Slurm started for the run (axgrid/testing/slurm.py); a job still
 running --rescue-after s after its fault (a hung rank that srun waits for) is cancelled and marked. Printed per
 job: the launcher's exit code, seconds from the fault to the launcher's exit, and how many of the job's
 processes / temporary folders were left behind.
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from faultjob import MPIEXEC, JobHung, run_job, srun_case  # noqa: E402
+from axgrid.testing.faults import MPIEXEC, JobHung, run_job, srun_case  # noqa: E402
 
 CASES = ("raise", "exit", "kill", "hang", "sigterm", "scancel")
 SRUN = ("srun", "srun-kill")
@@ -44,7 +44,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         cluster = None
         if any(name in SRUN for name in args.launchers.split(",")):
-            from slurm_cluster import SlurmCluster
+            from axgrid.testing.slurm import SlurmCluster
             cluster = SlurmCluster(Path(root)).start()
         try:
             _run(args, cluster)

@@ -20,7 +20,7 @@ accumulated micro-batches, each split over d and (inside the model) over z by wh
 with ``--dtype bf16`` (default on GPU), fp32 otherwise; AdamW (decay on matrices only), linear warm-up then
 cosine decay to ``--min-lr``, global gradient-norm clipping ``--clip``. Goldfish loss ``--goldfish-k K
 [--goldfish-h 13] [--goldfish-mode hash|static]``: dropped targets become ``-100`` labels and the loss is the
-mean over the kept targets of the whole step (:func:`axgrid.goldfish.step_mask`), as in train_gpt.
+mean over the kept targets of the whole step (:func:`axgrid.memorization.goldfish.step_mask`), as in train_gpt.
 
 FLOPs per step (``B·S`` tokens, ``P`` parameters in the decoder's and head's matrices, ``L`` layers, attention
 width ``a = heads·head_dim``): ``(6 + 2·r)·P·B·S + (6 + 2·r)·2·L·S·a·B·S``, ``r = 1`` under ``--recompute``
@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import axgrid  # noqa: E402
-from axgrid.goldfish import step_mask  # noqa: E402
+from axgrid.memorization.goldfish import step_mask  # noqa: E402
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT  # noqa: E402
 from axgrid.train import cosine_lr, decay_groups, train_step  # noqa: E402

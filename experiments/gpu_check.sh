@@ -67,7 +67,7 @@ print(f"gpu_check: device {props.name}, {props.total_memory / 2**30:.1f} GiB, co
 for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
     os.environ.setdefault(k, v)
 if "MASTER_PORT" not in os.environ:
-    from axgrid.launch import free_port
+    from axgrid.launch.env import free_port
     os.environ["MASTER_PORT"] = str(free_port())
 t0 = time.perf_counter()
 cache = os.path.join(tempfile.mkdtemp(prefix="gpu_check-"), "gemm.json")

@@ -311,7 +311,7 @@ def _init_world(timeout_s: float) -> bool:
     """Join the job's default gloo group unless one exists (in-process callers); True when this call made it."""
     if dist.is_initialized():
         return False
-    from axgrid.launch import detect_launch, init_distributed
+    from axgrid.launch.env import detect_launch, init_distributed
     init_distributed(detect_launch(), "gloo", timeout_s)
     return True
 

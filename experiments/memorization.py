@@ -18,7 +18,7 @@ a named size of axgrid.spec, overridden by ``--layers/--hidden/--heads``), or th
 decay, clipping, micro-batches, Goldfish normalised over the step's global batch). ``--losses`` names the runs:
 ``standard`` and ``goldfish`` (``--goldfish-k 4 --goldfish-mode hash --goldfish-h 13`` by default).
 
-Scores (axgrid.eval.memorization; every ``--eval-every`` epochs and at the end): each passage's first P tokens
+Scores (axgrid.memorization.scores; every ``--eval-every`` epochs and at the end): each passage's first P tokens
 prompt ``axgrid.generate`` (greedy) for C tokens; exact-match rate (all C right), token accuracy, ROUGE-L against
 the true continuation; and the mean loss per token on ``--heldout`` windows of the held-out text (standard
 cross entropy, no Goldfish mask). Written under ``--out DIR``: ``memorization.json`` (``{"standard":
@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import axgrid  # noqa: E402
-from axgrid.eval import score_continuations  # noqa: E402
+from axgrid.memorization import score_continuations  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
 from axgrid.train import decay_groups  # noqa: E402
 from axgrid.metrics import Metrics  # noqa: E402

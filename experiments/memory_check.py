@@ -2,7 +2,7 @@
 step (AdamW's state exists from then on), then one measured step of two micro-batches (the second starts with
 gradients live, as ``perfmodel.memory`` prices the peak). On CUDA the measure is
 ``torch.cuda.max_memory_allocated`` (the allocator's peak, reset before the step); on the CPU, the peak of live
-tensor bytes (``axgrid.memtrack.LiveBytes``). The prediction is ``perfmodel.memory.memory_per_gpu`` for the same
+tensor bytes (``axgrid.metrics.memtrack.LiveBytes``). The prediction is ``perfmodel.memory.memory_per_gpu`` for the same
 model, grid and micro-batch, on the device it ran on (``memory.GPU`` or ``memory.CPU_GLOO``). One line:
 
     memory_check: bf16 GPT layers 2 hidden 64 seq 64 micro-batch 2: peak 3.2 MiB, predicted 3.2 MiB
@@ -26,7 +26,7 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
           dtype: str = "bf16", fused: bool | None = None) -> tuple[int, float, bool, str]:
     """Train the GPT one warm-up step and one measured step (``batch`` sequences as 2 micro-batches) on ``grid``
     (1x1x1x1); returns (measured peak bytes, predicted bytes, within 10%, the report line)."""
-    from axgrid import memtrack
+    from axgrid.metrics import memtrack
     from axgrid.models.gpt import GPT, GPTConfig
     from axgrid.perfmodel import Options, TransformerSpec
     from axgrid.perfmodel.memory import CPU_GLOO, GPU, memory_per_gpu
@@ -83,7 +83,7 @@ def one_rank_grid(check_name: str, device: str):
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(k, v)
     if "MASTER_PORT" not in os.environ:
-        from axgrid.launch import free_port
+        from axgrid.launch.env import free_port
         os.environ["MASTER_PORT"] = str(free_port())
     import axgrid
     return axgrid.init("1x1x1x1", config=axgrid.RuntimeConfig(timeout_s=120, seed=0))

@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
 from axgrid.grid import Grid  # noqa: E402
 from axgrid.runtime import build_grid  # noqa: E402
-from axgrid.launch import detect_launch  # noqa: E402
+from axgrid.launch.env import detect_launch  # noqa: E402
 from axgrid.train import train_step  # noqa: E402
-from axgrid.layout import GridShape, Layout, all_shapes  # noqa: E402
+from axgrid.spec.layout import GridShape, RankLayout, all_shapes  # noqa: E402
 from axgrid.models import MLPStack  # noqa: E402
 from axgrid.models.gpt import GPT, GPTConfig  # noqa: E402
 
@@ -109,7 +109,7 @@ def side_grid(spec: str, overlap: axgrid.OverlapConfig, timeout_s: float, record
     launch = replace(detect_launch(use_mpi=False), rank=dist.get_rank(), world_size=world, launcher="existing")
     cfg = axgrid.RuntimeConfig(timeout_s=timeout_s, overlap=overlap, seed=0, record_timing=record_timing,
                                trace=trace)
-    return build_grid(Layout(shape, "xyzd"), launch, dist.get_backend(), cfg, False, ["local"] * world, 0)
+    return build_grid(RankLayout(shape, "xyzd"), launch, dist.get_backend(), cfg, False, ["local"] * world, 0)
 
 
 def candidate_grids(w: Workload, world: int) -> list[str]:

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "experiments" / "train_gpt.py"
 sys.path.insert(0, str(ROOT))
 
-from axgrid.layout import GridShape, all_shapes  # noqa: E402
+from axgrid.spec.layout import GridShape, all_shapes  # noqa: E402
 
 COLUMNS = ["mode", "model", "parameters", "gpus", "grid", "batch", "seq", "steps", "time_per_batch_s",
            "tflops_per_device", "tflops_total", "tokens_per_s", "bytes_x", "bytes_y", "bytes_z", "bytes_d",

@@ -48,8 +48,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import axgrid  # noqa: E402
-from axgrid.goldfish import step_mask  # noqa: E402
-from axgrid.layout import GridError, GridShape  # noqa: E402
+from axgrid.memorization.goldfish import step_mask  # noqa: E402
+from axgrid.spec.layout import GridError, GridShape  # noqa: E402
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments  # noqa: E402
 from axgrid.models import GPT, GPTConfig  # noqa: E402
 from axgrid.spec import NAMED_SIZES  # noqa: E402

@@ -1,7 +1,7 @@
 """Per-GPU memory in bytes, vectorised over grids and micro-batch sizes, for two layouts.
 
 ``layout="axgrid"`` (the 4D grids) is what axgrid's runtime holds, checked against it byte for byte by
-``tests/test_memory_agreement.py`` (``axgrid.memtrack`` measures the runtime). ``m'`` tokens per rank per
+``tests/test_memory_agreement.py`` (``axgrid.metrics.memtrack`` measures the runtime). ``m'`` tokens per rank per
 micro-batch, ``hx = h/Gx``, ``hy = h/Gy``, ``fy = 4h/Gy``, ``Hy = heads/Gy``, ``Vy = V/Gy``, ``b`` = the activation
 dtype's bytes (2 under bf16/fp16 autocast, 4 in fp32):
 

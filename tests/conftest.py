@@ -50,11 +50,11 @@ def ranks():
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A private one-node Slurm cluster (tests/slurm_cluster.py), started once per session, stopped at the end.
+    """A private one-node Slurm cluster (axgrid/testing/slurm.py), started once per session, stopped at the end.
 
     In CI (``CI`` set, as .ci/run does) a missing Slurm fails the tests that need it; elsewhere they are skipped
     with the install command."""
-    from slurm_cluster import INSTALL_HINT, SlurmCluster, missing
+    from axgrid.testing.slurm import INSTALL_HINT, SlurmCluster, missing
     absent = missing()
     if absent:
         message = f"Slurm is not installed (missing {', '.join(absent)}): {INSTALL_HINT}"

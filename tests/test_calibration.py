@@ -10,7 +10,7 @@ import os
 import pytest
 
 from axgrid import perfmodel as pm
-from axgrid.layout import GridShape, Layout
+from axgrid.spec.layout import GridShape, RankLayout
 from axgrid.perfmodel import calibrate as cal
 from axgrid.perfmodel.cli import main
 
@@ -43,7 +43,7 @@ def rank_refusal(argv: list) -> str:
 def test_group_layouts_have_the_size_and_stride_they_claim(n):
     seen = set()
     for p, s, spec, dim in _script().group_layouts(n):
-        groups = Layout(GridShape.parse(spec, n), "xyzd").groups(dim)
+        groups = RankLayout(GridShape.parse(spec, n), "xyzd").groups(dim)
         assert all(len(g) == p for g in groups) and len(groups) == n // p
         assert all(b - a == s for g in groups for a, b in zip(g, g[1:]))
         seen.add((p, s))

@@ -114,7 +114,7 @@ def rank_ledger(spec: str, n: int, k: int, m_loc: int, transposed: bool, bias: b
     (6, "1x3x1x2", 9, 6, True, True, False),
 ])
 def test_ledger_matches_design_formulas(ranks, world, spec, n, k, transposed, bias, keep):
-    from axgrid.layout import GridShape
+    from axgrid.spec.layout import GridShape
     shape = GridShape.parse(spec).as_tuple()
     got = ranks(world, rank_ledger, spec, n, k, 5, transposed, bias, keep)
     want = expected_layer_ledger(shape, n, k, 5, transposed, bias, keep)

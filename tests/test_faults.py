@@ -1,6 +1,6 @@
 """Failures end the whole job, fast, with the failing rank's exit code, and leave nothing behind.
 
-Real jobs of tests/fault_rank.py (2 ranks, see tests/faultjob.py) under ``axgrid launch`` (mpiexec, the
+Real jobs of axgrid/testing/fault_rank.py (2 ranks, see axgrid/testing/faults.py) under ``axgrid launch`` (mpiexec, the
 default), ``axgrid launch --no-mpi`` (the plain launcher) and a bare ``mpiexec``: one rank raises, hangs or is
 SIGKILLed, or the launcher gets SIGTERM/SIGHUP. Afterwards no process of the job may be alive and no
 axgrid-launch-* folder left. The time bounds are generous for a loaded 2-core machine (the goal is 5 s).
@@ -13,7 +13,7 @@ import signal
 import pytest
 import torch
 
-from faultjob import MPIEXEC, Job, JobHung, run_job
+from axgrid.testing.faults import MPIEXEC, Job, JobHung, run_job
 
 LAUNCHERS = ["plain"] + (["mpiexec"] if MPIEXEC else [])
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not installed (pip install 'axgrid[mpi]')")

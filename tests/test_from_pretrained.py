@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import axgrid
-from axgrid.layout import all_shapes
+from axgrid.spec.layout import all_shapes
 
 pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import axgrid
-from axgrid.layout import all_shapes
+from axgrid.spec.layout import all_shapes
 from axgrid.models import GPT, GPTConfig, KVCache
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
@@ -96,7 +96,7 @@ def test_greedy_equals_dense_on_every_4_rank_grid(ranks, greedy_refs, spec):
 def vocab_selection_on_ties(grid) -> bool:
     """The vocabulary-parallel argmax and k-th largest value equal torch's on the whole row, ties included
     (across y slices, inside one, a constant row)."""
-    from axgrid.generate.select import vocab_parallel_argmax, vocab_parallel_top_k_floor
+    from axgrid.generation.select import vocab_parallel_argmax, vocab_parallel_top_k_floor
     v_loc, gy, y = 4, grid.size("y"), grid.index("y")
     full = torch.randn(4, v_loc * gy, generator=torch.Generator().manual_seed(1))
     full[0, [1, v_loc * gy - 1]] = 9.0                    # tie between the first and the last slice

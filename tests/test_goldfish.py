@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import axgrid
-from axgrid.goldfish import context_hash, goldfish_mask, kept_count
+from axgrid.memorization.goldfish import context_hash, goldfish_mask, kept_count
 from axgrid.models import GPT, GPTConfig
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import axgrid
-from axgrid.layout import all_shapes
+from axgrid.spec.layout import all_shapes
 from axgrid.models import GPT, GPTConfig, gpt_flops_per_iteration
 
 TOL = dict(rtol=1e-4, atol=2e-5)

@@ -1,4 +1,4 @@
-"""axgrid.io.tiles: a part's boxes are exactly its elements of the dense tensor, in order, and placing every
+"""axgrid.spec.tiles: a part's boxes are exactly its elements of the dense tensor, in order, and placing every
 rank's part rebuilds the dense tensor (no ranks needed: the geometry is per rank)."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axgrid.io import Box, overlap, part_boxes, part_of_dense, part_shape, place_part, read_part
+from axgrid.spec import Box, overlap, part_boxes, part_shape
+from axgrid.io import part_of_dense, place_part, read_part
 from axgrid.spec import TileSpec
 
 

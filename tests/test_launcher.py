@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from axgrid.launcher import find_mpiexec, launch
+from axgrid.launch.local import find_mpiexec, launch
 
 MODES = [False] + ([True] if find_mpiexec() else [])
 
@@ -13,7 +13,7 @@ MODES = [False] + ([True] if find_mpiexec() else [])
 @pytest.mark.parametrize("use_mpi", MODES)
 def test_ranks_see_the_environment_contract(use_mpi):
     out = io.StringIO()
-    code = ("from axgrid.launch import detect_launch; e = detect_launch(); "
+    code = ("from axgrid.launch.env import detect_launch; e = detect_launch(); "
             "print('ME', e.rank, e.world_size, e.local_rank, e.launcher)")
     assert launch(3, [sys.executable, "-c", code], use_mpi=use_mpi, out=out) == 0
     lines = sorted(line for line in out.getvalue().splitlines() if "ME" in line)
@@ -24,7 +24,7 @@ def test_ranks_see_the_environment_contract(use_mpi):
 @pytest.mark.parametrize("use_mpi", MODES)
 def test_a_failing_rank_ends_the_others(use_mpi):
     out = io.StringIO()
-    code = ("import os, sys, time; from axgrid.launch import detect_launch; r = detect_launch(use_mpi=False).rank; "
+    code = ("import os, sys, time; from axgrid.launch.env import detect_launch; r = detect_launch(use_mpi=False).rank; "
             "sys.exit(7) if r == 1 else time.sleep(60)")
     t = time.monotonic()
     rc = launch(3, [sys.executable, "-c", code], use_mpi=use_mpi, out=out)

@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from axgrid.launch import LaunchError, detect_launch, expand_hostlist
-from axgrid.layout import Coord, GridError, GridShape, Layout, all_shapes
+from axgrid.launch.env import LaunchError, detect_launch, expand_hostlist
+from axgrid.spec.layout import Coord, GridError, GridShape, RankLayout, all_shapes
 
 shapes = st.tuples(*[st.integers(1, 4)] * 4).map(lambda t: GridShape(*t))
 orders = st.permutations("xyzd").map("".join)
@@ -12,7 +12,7 @@ orders = st.permutations("xyzd").map("".join)
 @given(shapes, orders)
 @settings(max_examples=60, deadline=None)
 def test_rank_coord_bijection(shape, order):
-    lay = Layout(shape, order)
+    lay = RankLayout(shape, order)
     seen = set()
     for r in range(shape.size):
         c = lay.coord(r)
@@ -22,7 +22,7 @@ def test_rank_coord_bijection(shape, order):
 
 
 def test_default_order_formula():
-    lay = Layout(GridShape(2, 3, 2, 2))
+    lay = RankLayout(GridShape(2, 3, 2, 2))
     for r in range(24):
         assert lay.coord(r) == Coord(r % 2, (r // 2) % 3, (r // 6) % 2, r // 12)
 
@@ -30,7 +30,7 @@ def test_default_order_formula():
 @given(shapes, orders, st.sampled_from(["x", "y", "z", "d", "xy", "xyz"]))
 @settings(max_examples=60, deadline=None)
 def test_groups_partition_and_vary_only_their_dims(shape, order, dims):
-    lay = Layout(shape, order)
+    lay = RankLayout(shape, order)
     groups = lay.groups(dims)
     flat = sorted(r for g in groups for r in g)
     assert flat == list(range(shape.size))
@@ -44,9 +44,9 @@ def test_groups_partition_and_vary_only_their_dims(shape, order, dims):
 
 
 def test_x_groups_are_consecutive_ranks():
-    assert Layout(GridShape(4, 2, 1, 1)).groups("x") == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert Layout(GridShape(2, 2, 2, 1)).groups("z") == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert Layout(GridShape(2, 2, 1, 1), order="yxzd").groups("y") == [[0, 1], [2, 3]]
+    assert RankLayout(GridShape(4, 2, 1, 1)).groups("x") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert RankLayout(GridShape(2, 2, 2, 1)).groups("z") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert RankLayout(GridShape(2, 2, 1, 1), order="yxzd").groups("y") == [[0, 1], [2, 3]]
 
 
 def test_parse_specs():
@@ -69,7 +69,7 @@ def test_parse_errors(spec, world, msg):
 
 def test_bad_order():
     with pytest.raises(GridError, match="permutation of the letters"):
-        Layout(GridShape(1, 1, 1, 1), "xyzq")
+        RankLayout(GridShape(1, 1, 1, 1), "xyzq")
 
 
 def test_all_shapes_counts():

@@ -5,7 +5,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import axgrid
-from axgrid.layout import all_shapes
+from axgrid.spec.layout import all_shapes
 from axgrid.nn.init import reference_linear
 
 TOL = dict(rtol=1e-5, atol=1e-5)

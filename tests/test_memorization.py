@@ -1,8 +1,8 @@
-"""The memorization scorer (axgrid.eval.memorization) on hand-computed cases."""
+"""The memorization scorer (axgrid.memorization.scores) on hand-computed cases."""
 import pytest
 import torch
 
-from axgrid.eval import exact_match, lcs_length, rouge_l, score_continuations, token_accuracy
+from axgrid.memorization import exact_match, lcs_length, rouge_l, score_continuations, token_accuracy
 
 
 def test_lcs_on_known_pairs():

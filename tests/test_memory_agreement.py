@@ -1,6 +1,6 @@
 """perfmodel's memory is the runtime's: for axgrid's GPT on every grid of 4 ranks and several of 8, with and without
 recompute, OAG and kept gathered weights, in fp32 and under bf16 autocast, the bytes ``perfmodel.memory`` predicts
-per component equal what one rank holds (issue 21, item 1). Measured with ``axgrid.memtrack``:
+per component equal what one rank holds (issue 21, item 1). Measured with ``axgrid.metrics.memtrack``:
 
 - parameters, gradients, AdamW state (moments and 0-d steps) and the data-parallel bucket buffers: the bytes of
   the tensors' storages -- exactly;
@@ -72,7 +72,7 @@ def measure(cases: list[tuple]) -> list[dict]:
     recorded."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from axgrid import memtrack as mt
+    from axgrid.metrics import memtrack as mt
     from axgrid.models.gpt import GPT, GPTConfig
     from axgrid.train import train_step
     torch.set_num_threads(1)

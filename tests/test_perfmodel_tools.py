@@ -151,10 +151,10 @@ def test_perfmodel_imports_no_torch_or_runtime():
     import subprocess
     import sys
     # only the package shell `axgrid`, the perf model itself and the torch-free spec (with the grid shape it
-    # re-exports from axgrid.layout) may load: no torch, no runtime
+    # re-exports from axgrid.spec.layout) may load: no torch, no runtime
     code = ("import sys, axgrid.perfmodel, axgrid.perfmodel.cli, axgrid.perfmodel.calibrate, "
             "axgrid.perfmodel.validate, axgrid.perfmodel.explain, axgrid.perfmodel.slurm; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'axgrid', 'kernels', 'perfmodel') "
-            "and m not in ('axgrid', 'axgrid.layout') and not m.startswith(('axgrid.perfmodel', 'axgrid.spec'))]; "
+            "and m not in ('axgrid', 'axgrid.spec.layout') and not m.startswith(('axgrid.perfmodel', 'axgrid.spec'))]; "
             "assert 'axgrid.perfmodel.cli' in sys.modules and not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,7 +1,7 @@
-"""Real Slurm jobs on a private one-node cluster (the ``slurm`` fixture: tests/slurm_cluster.py).
+"""Real Slurm jobs on a private one-node cluster (the ``slurm`` fixture: axgrid/testing/slurm.py).
 
 - ``srun`` launches: the demo and train_gpt on 4 ranks; every rank finds its place from ``SLURM_*``.
-- The reliability table under srun (tests/faultjob.py, 2 ranks, run side by side as separate jobs): a rank raises,
+- The reliability table under srun (axgrid/testing/faults.py, 2 ranks, run side by side as separate jobs): a rank raises,
   is SIGKILLed, hangs (collective timeout 5 s), or the job is ``scancel``-ed; with and without
   ``--kill-on-bad-exit=1``; exit codes, what Slurm recorded, and that no process of the job is left.
 - experiments/slurm/local.sbatch: SIGUSR1 before a 1-minute time limit saves through SaveOnSignal and exits 0;
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from faultjob import run_job, srun_case
-from slurm_cluster import ROOT
+from axgrid.testing.faults import run_job, srun_case
+from axgrid.testing.slurm import ROOT
 
 pytestmark = pytest.mark.slurm
 
@@ -55,7 +55,7 @@ def launches(slurm):
         "train": ["-n", "4", "--kill-on-bad-exit=1", "-J", "train", "python", "experiments/train_gpt.py",
                   "--grid", "2x1x1x2", "--steps", "3", "--batch", "4", "--no-progress", *TINY.split()],
         "detect": ["-n", "4", "-J", "detect", "python", "-c",
-                   "from axgrid.launch import detect_launch; print(detect_launch(use_mpi=False))"],
+                   "from axgrid.launch.env import detect_launch; print(detect_launch(use_mpi=False))"],
     }
     with ThreadPoolExecutor(len(jobs)) as ex:
         futures = {k: ex.submit(srun, slurm, v) for k, v in jobs.items()}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import axgrid
-from axgrid.memtrack import LiveBytes
+from axgrid.metrics.memtrack import LiveBytes
 from axgrid.io.safetensors_writer import SafetensorsWriter
 
 #: grid, writing rank, max_shard_size, export's chunk_bytes (256 and 300: slabs of 2 rows of 32 fp32; 16 MiB: whole)

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..io import Box, TensorPart, overlap, part_boxes, raise_on_any_rank, read_part, replicated_letters, tile_of
+from ..spec import Box, overlap, part_boxes
+from ..io import TensorPart, raise_on_any_rank, read_part, replicated_letters, tile_of
 from .format import CheckpointError, CheckpointWarning, LoadInfo, _dtype_of, _grid_str, _like, _rank_world, _sha256_file
 from .runconfig import compare_config
 from .state import _check_entry, _model_entries, _param_names, _restore_rng

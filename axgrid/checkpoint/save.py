@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..io import Box, TensorPart, agree, dtype_name, fingerprint, part_boxes, raise_on_any_rank
+from ..spec import Box, part_boxes
+from ..io import TensorPart, agree, dtype_name, fingerprint, raise_on_any_rank
 from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world,
                      _sha256_file, _write_bytes)
 from .runconfig import config_record

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from .tiles import Box
+from ..spec.tiles import Box
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..spec import TileSpec
-from .tiles import tile_of
+from .part_copy import tile_of
 
 
 @dataclass

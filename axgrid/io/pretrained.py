@@ -24,12 +24,13 @@ import torch
 from torch import nn
 
 from ..grid import Grid
-from ..parallelize import parallelize
+from ..plans.parallelize import parallelize
 from .hf_files import DTYPES, HFCheckpoint, PretrainedError
 from .meta import materialize, parameters_on_meta
 from .parts import raise_on_any_rank
 from ..spec import TileSpec
-from .tiles import Box, part_boxes, part_shape, read_part, tile_of
+from ..spec.tiles import Box, part_boxes, part_shape
+from .part_copy import read_part, tile_of
 
 
 @dataclass

@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..grid import Grid
-from ..io.tiles import part_of_dense
+from ..io.part_copy import part_of_dense
 from ..redistribute import feature_part
-from ..sharding import add_state_hooks, deepcopy_keeping_marks
+from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
 from . import init as _init
 from .replicated_grad import reduce_over_z

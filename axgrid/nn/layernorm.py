@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from ..grid import Grid
 from ..redistribute import feature_part
-from ..sharding import add_state_hooks, deepcopy_keeping_marks
+from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
 from .replicated_grad import reduce_over_z
 

@@ -25,13 +25,14 @@ from torch import nn
 
 from ..comm import Pending
 from ..grid import Grid, current_grid
-from ..io.tiles import Box, part_of_dense, read_part
+from ..spec.tiles import Box
+from ..io.part_copy import part_of_dense, read_part
 from ..redistribute import gather_tokens_features, shard_tokens_features
-from ..sharding import add_state_hooks, deepcopy_keeping_marks
+from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import LinearSharding
 from . import init as _init
 
-Layout = Literal["replicated", "sharded"]
+ActivationLayout = Literal["replicated", "sharded"]
 
 
 
@@ -112,8 +113,8 @@ class Linear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, transpose: bool = False, *,
-                 grid: Optional[Grid] = None, input_layout: Layout = "replicated",
-                 output_layout: Layout = "replicated", seed: Optional[int] = None,
+                 grid: Optional[Grid] = None, input_layout: ActivationLayout = "replicated",
+                 output_layout: ActivationLayout = "replicated", seed: Optional[int] = None,
                  dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
                  init: bool = True) -> None:
         super().__init__()

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from ..grid import Grid
-from ..io.tiles import part_of_dense
+from ..io.part_copy import part_of_dense
 from ..redistribute import feature_part
-from ..sharding import add_state_hooks, deepcopy_keeping_marks
+from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
 from .replicated_grad import reduce_over_z
 

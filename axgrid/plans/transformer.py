@@ -35,7 +35,7 @@ from torch import nn
 from ..grid import Grid
 from ..nn.embedding import Embedding
 from ..nn.rmsnorm import RMSNorm
-from ..parallelize import LinearPlan, parallel_copy, set_submodule
+from .parallelize import LinearPlan, parallel_copy, set_submodule
 from ..redistribute import gather_tokens_features
 from .loss import VocabParallelCausalLMLoss
 

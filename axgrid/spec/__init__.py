@@ -1,27 +1,29 @@
 """What the algorithm knows, in one torch-free place: imported by the runtime, the GEMM tuner and perfmodel alike.
 
 =====================  =======================================================================================
-grid shape, layout     :class:`GridShape`, :class:`Layout`, :class:`Coord` (defined in :mod:`axgrid.layout`)
+grid shape, layout     :class:`GridShape`, :class:`RankLayout`, :class:`Coord` (:mod:`.layout`)
 named model sizes      :data:`NAMED_SIZES`, :class:`GPTSize`, :func:`named_size` (:mod:`.sizes`)
 the layer list         :class:`FCLayer`, :data:`BLOCK_MODULES`, :func:`block_layers`, :func:`head_layer`,
                        :func:`model_layers` (:mod:`.layers`)
-per-rank sharding      :func:`fc_volumes`, :class:`LinearSharding` (:mod:`.fc`); :class:`TileSpec`,
-                       :func:`split_part` (:mod:`.tiles`)
+per-rank sharding      :func:`fc_volumes`, :class:`LinearSharding` (:mod:`.fc`)
+which part a rank holds :class:`TileSpec`, :func:`split_part`, :class:`Box`, :func:`part_boxes`, :func:`part_shape`,
+                       :func:`flat_boxes`, :func:`tile_box`, :func:`overlap` (:mod:`.tiles`)
 FLOPs, parameters      :func:`gpt_flops_per_iteration`, :func:`gpt_parameters` (:mod:`.flops`)
 overlap schedule       :data:`GRADIENT_WINDOW`, :data:`DEFAULT_BUCKET_BYTES` (:mod:`.schedule`)
 =====================  =======================================================================================
 
 Pure Python: no torch, no numpy (the volume functions take ints or integer arrays alike).
 """
-from ..layout import Coord, GridError, GridShape, Layout
+from .layout import Coord, GridError, GridShape, RankLayout
 from .fc import FCVolumes, LinearSharding, fc_volumes
 from .flops import gpt_flops_per_iteration, gpt_parameters
 from .layers import BLOCK_MODULES, FCLayer, block_layers, head_layer, model_layers
 from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW
 from .sizes import GPT2_PADDED_VOCAB, NAMED_SIZES, GPTSize, named_size
-from .tiles import TileSpec, ceil_div, split_part
+from .tiles import Box, TileSpec, ceil_div, flat_boxes, overlap, part_boxes, part_shape, split_part, tile_box
 
-__all__ = ["Coord", "GridError", "GridShape", "Layout", "FCVolumes", "LinearSharding", "fc_volumes",
+__all__ = ["Coord", "GridError", "GridShape", "RankLayout", "FCVolumes", "LinearSharding", "fc_volumes",
            "gpt_flops_per_iteration", "gpt_parameters", "BLOCK_MODULES", "FCLayer", "block_layers", "head_layer",
            "model_layers", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "GPT2_PADDED_VOCAB", "NAMED_SIZES",
-           "GPTSize", "named_size", "TileSpec", "ceil_div", "split_part"]
+           "GPTSize", "named_size", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes", "part_shape",
+           "split_part", "tile_box"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..layout import Coord, GridShape
+from .layout import Coord, GridShape
 from .layers import FCLayer
 from .tiles import TileSpec, ceil_div, split_part
 

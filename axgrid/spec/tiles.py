@@ -1,4 +1,14 @@
-"""How a rank's parameter is a piece of a dense tensor: a rectangular tile, optionally flattened and split.
+"""Which part of a dense tensor a rank holds: the one place that knows it (pure arithmetic, no torch).
+
+A :class:`TileSpec` says a rank's parameter is the tile ``dense[offsets : offsets + tile_shape]`` of a dense tensor
+or, split over z, the elements ``[start, stop)`` of that tile flattened row-major (zero-padded to ``part_numel``).
+:func:`part_boxes` turns that into a list of :class:`Box` -- rectangles of the dense tensor whose row-major contents,
+concatenated, are exactly the part's real elements. A 2-D split part is at most three boxes: the tail of one row,
+whole rows, the head of another; a tile is one box. Everything that moves a rank's part in or out (the loader, the
+checkpoint's reshard, ``load_state_dict``, the export; :mod:`axgrid.io.part_copy` does the copying) goes through
+these boxes:
+
+    boxes = part_boxes(tile)                       # [Box(offsets, shape), ...] in dense coordinates
 
 The split rule (one definition for the runtime's weight shards, checkpoints and perfmodel's volumes): a flat
 buffer of ``numel`` elements is zero-padded to ``parts · ceil(numel/parts)`` and cut into ``parts`` equal parts;
@@ -6,8 +16,9 @@ part ``i`` holds elements ``[i·part, min((i+1)·part, numel))`` of the buffer, 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -75,3 +86,74 @@ class TileSpec:
     def slices(self) -> tuple[slice, ...]:
         """Where the tile sits in the dense tensor."""
         return tuple(slice(o, o + s) for o, s in zip(self.offsets, self.tile_shape))
+
+
+@dataclass(frozen=True)
+class Box:
+    """The rectangle ``dense[offsets : offsets + shape]`` of a dense tensor (0-d: the whole scalar)."""
+
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def slices(self, origin: Optional[Sequence[int]] = None) -> tuple[slice, ...]:
+        """Index of the box in the dense tensor, or in a region of it that starts at ``origin``."""
+        origin = origin or (0,) * len(self.offsets)
+        return tuple(slice(o - g, o - g + s) for o, g, s in zip(self.offsets, origin, self.shape))
+
+
+def tile_box(tile: TileSpec) -> Box:
+    """The whole tile as a box."""
+    return Box(tuple(tile.offsets), tuple(tile.tile_shape))
+
+
+def flat_boxes(box: Box, start: int, stop: int) -> list[Box]:
+    """The elements ``[start, stop)`` of ``box`` flattened row-major, as boxes in row-major order."""
+    if stop <= start:
+        return []
+    if not box.shape:
+        return [box]
+    if len(box.shape) == 1:
+        return [Box((box.offsets[0] + start,), (stop - start,))]
+    row = math.prod(box.shape[1:])
+    first, last = start // row, stop // row            # rows [first, last) may be whole
+    inner = Box(box.offsets[1:], box.shape[1:])
+
+    def in_row(r: int, lo: int, hi: int) -> list[Box]:
+        return [Box((box.offsets[0] + r, *b.offsets), (1, *b.shape)) for b in flat_boxes(inner, lo, hi)]
+
+    if first == last:                                  # inside one row
+        return in_row(first, start - first * row, stop - first * row)
+    out: list[Box] = []
+    if start % row:
+        out += in_row(first, start % row, row)
+        first += 1
+    if last > first:
+        out.append(Box((box.offsets[0] + first, *box.offsets[1:]), (last - first, *box.shape[1:])))
+    if stop % row:
+        out += in_row(last, 0, stop % row)
+    return out
+
+
+def part_boxes(tile: TileSpec) -> list[Box]:
+    """The boxes of the dense tensor holding this rank's part, in the part's element order (empty for a part
+    that is only padding)."""
+    start, stop = tile.part_range()
+    return flat_boxes(tile_box(tile), start, stop) if tile.split_dim else [tile_box(tile)]
+
+
+def part_shape(tile: TileSpec) -> tuple[int, ...]:
+    """The shape of this rank's parameter: ``[part_numel]`` when split, else ``tile_shape``."""
+    return (tile.part_numel,) if tile.split_dim else tuple(tile.tile_shape)
+
+
+def overlap(a: Box, b: Box) -> Optional[Box]:
+    """The intersection of two boxes, or None when empty (0-d boxes always intersect)."""
+    lo = [max(x, y) for x, y in zip(a.offsets, b.offsets)]
+    hi = [min(x + sx, y + sy) for x, sx, y, sy in zip(a.offsets, a.shape, b.offsets, b.shape)]
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return Box(tuple(lo), tuple(h - l for l, h in zip(lo, hi)))

@@ -107,7 +107,7 @@ def check_order(order: str) -> str:
 
 
 @dataclass(frozen=True)
-class Layout:
+class RankLayout:
     """Rank <-> coordinates for one grid shape and rank order."""
 
     shape: GridShape

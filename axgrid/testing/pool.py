@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
-from .launch import free_port
+from ..launch.env import free_port
 
 
 class RankFailure(RuntimeError):
@@ -58,8 +58,9 @@ def _rank_main(rank: int, world: int, port: int, timeout_s: float, conn) -> None
 
 #: The runtime a rank uses (``import axgrid`` alone loads none of it: its names load on first use), and the memory
 #: measurement tools (whose dispatch mode imports torch._dynamo: once in the forkserver, not once per rank).
-RUNTIME_MODULES = ("axgrid.grid", "axgrid.nn", "axgrid.parallelize", "axgrid.plans", "axgrid.checkpoint",
-                   "axgrid.data_parallel", "axgrid.export", "axgrid.redistribute", "axgrid.launch", "axgrid.memtrack")
+RUNTIME_MODULES = ("axgrid.grid", "axgrid.nn", "axgrid.plans.parallelize", "axgrid.plans", "axgrid.checkpoint",
+                   "axgrid.data_parallel", "axgrid.io.export", "axgrid.redistribute", "axgrid.launch.env",
+                   "axgrid.metrics.memtrack")
 
 
 class RankPool:

@@ -33,11 +33,12 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from .grid import Grid
-from .io import TensorPart, agree, fingerprint, flat_boxes, model_parts, place_part, raise_on_any_rank, tile_box
-from .nn.linear import Linear
-from .io.safetensors_writer import SafetensorsWriter
-from .spec import TileSpec
+from ..grid import Grid
+from . import TensorPart, agree, fingerprint, model_parts, place_part, raise_on_any_rank
+from ..spec import flat_boxes, tile_box
+from ..nn.linear import Linear
+from .safetensors_writer import SafetensorsWriter
+from ..spec import TileSpec
 
 
 #: Bytes of dense rows assembled at a time on the writing rank (one slab; the pieces of it that the other ranks

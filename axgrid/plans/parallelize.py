@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .grid import Grid
-from .nn.linear import Linear
-from .export import guard_save_pretrained
+from ..grid import Grid
+from ..nn.linear import Linear
+from ..io.export import guard_save_pretrained
 from .ties import report, tied_linears
 
 if TYPE_CHECKING:
-    from .plans import TransformerPlan
+    from . import TransformerPlan
 
 #: Modules that act on each element alone and are deterministic, so sharded tokens/features pass through.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.LeakyReLU, nn.ELU, nn.Mish,
@@ -163,13 +163,13 @@ def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | Transformer
     names the plan does not mention.
 
     Left dense, with a warning: a Linear whose features do not divide the grid, a Linear whose weight is tied
-    to another module (see :mod:`axgrid.ties`), and matmul-like modules that are not ``nn.Linear`` (HF
+    to another module (see :mod:`axgrid.plans.ties`), and matmul-like modules that are not ``nn.Linear`` (HF
     ``Conv1D``). ``model.axgrid_summary`` lists what became parallel and what stayed dense and why
     (``summary=True`` also prints it on rank 0). The parallel model's ``save_pretrained`` refuses; use
     :func:`axgrid.export_pretrained` / :func:`axgrid.to_dense`.
     """
     if not isinstance(plan, dict):
-        from .plans import apply_plan, builtin_plan
+        from . import apply_plan, builtin_plan
         whole = plan if plan is not None else builtin_plan(model, grid)
         if whole is not None:
             apply_plan(model, grid, whole)

@@ -1,6 +1,6 @@
-"""One rank of a fault-injection job, run by tests/test_faults.py and experiments/bench_teardown.py.
+"""One rank of a fault-injection job (:mod:`axgrid.testing.faults` starts it on 2 ranks under a launcher).
 
-    python tests/fault_rank.py MODE BAD_RANK TIMEOUT_S [TAG]
+    python -m axgrid.testing.fault_rank MODE BAD_RANK TIMEOUT_S [TAG]
 
 Every rank builds a pure data-parallel grid (collective timeout TIMEOUT_S) and all-reduces a small tensor in a
 loop. At step 3 rank BAD_RANK prints ``FAIL <unix time>`` and misbehaves: ``raise`` (an uncaught exception),
@@ -16,8 +16,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import axgrid  # noqa: E402
+import axgrid
 
 mode, bad, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 grid = axgrid.init("1x1x1", timeout_s=timeout_s)

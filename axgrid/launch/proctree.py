@@ -12,7 +12,7 @@ import signal
 import time
 from typing import Iterable
 
-from .launch import LAUNCH_JOB_VAR as JOB_VAR   # tags every process of a launched job
+from .env import LAUNCH_JOB_VAR as JOB_VAR   # tags every process of a launched job
 
 
 def _state(pid: int) -> str | None:

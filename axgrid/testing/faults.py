@@ -1,9 +1,9 @@
-"""Run one fault-injection job (tests/fault_rank.py on 2 ranks) under a launcher and time its teardown.
+"""Run one fault-injection job (:mod:`axgrid.testing.fault_rank` on 2 ranks) under a launcher and time its teardown.
 
-Used by tests/test_faults.py, tests/test_slurm.py and experiments/bench_teardown.py. Launchers: ``mpiexec``
+Used by the fault and Slurm tests and experiments/bench/bench_teardown.py. Launchers: ``mpiexec``
 (``axgrid launch``, the default), ``plain`` (``axgrid launch --no-mpi``), ``bare-mpiexec`` (mpiexec without axgrid's
 launcher), ``torchrun``, and ``srun`` / ``srun-kill`` (``srun -n 2``, without / with ``--kill-on-bad-exit=1``; the
-job is named by the tag, and ``env`` must point at a cluster: tests/slurm_cluster.py). The job's processes are found
+job is named by the tag, and ``env`` must point at a cluster: axgrid/testing/slurm.py). The job's processes are found
 by a tag on their command lines (/proc), its temporary folder by TMPDIR. Teardown runs from the fault (the failing
 rank's ``FAIL`` line, or the signal sent to the launcher) to the launcher's exit.
 """
@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from axgrid.launcher import find_mpiexec
+from axgrid.launch.local import find_mpiexec
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = str(ROOT / "tests" / "fault_rank.py")
+#: The folder that holds the axgrid package (a checkout's root): on the ranks' PYTHONPATH.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+RANK_CMD = [sys.executable, "-m", "axgrid.testing.fault_rank"]
 MPIEXEC = find_mpiexec()
 JOB_LIMIT_S = 300.0      # a job still running after this is a hang (start-up on a loaded box is slow)
 
@@ -78,15 +79,16 @@ Send = Union[int, Callable[[subprocess.Popen, str], None]]
 def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, send: Optional[Send] = None,
             env: Optional[dict[str, str]] = None, tag: Optional[str] = None, rescue_after_s: Optional[float] = None,
             rescue: Optional[Callable[[subprocess.Popen, str], None]] = None) -> Job:
-    """Run fault_rank.py MODE on 2 ranks (rank 1 misbehaves) under ``launcher``; with ``send``, send that signal
+    """Run fault_rank MODE on 2 ranks (rank 1 misbehaves) under ``launcher``; with ``send``, send that signal
     to the launcher (or make that call) once both ranks are up. ``env``: the launcher's environment (default:
     this process's). A job still running ``rescue_after_s`` seconds after the fault is ended by ``rescue(proc,
     tag)`` (a hung rank under a launcher that waits for it), and the Job says ``rescued``."""
     tag = tag or f"axgrid-fault-{uuid.uuid4().hex}"
-    env = dict(os.environ if env is None else env, TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ if env is None else env, TMPDIR=str(tmpdir), PYTHONPATH=str(SOURCE_ROOT),
+               OMP_NUM_THREADS="1")
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
-    proc = subprocess.Popen(command(launcher, [sys.executable, SCRIPT, mode, "1", str(timeout_s), tag], tag),
+    proc = subprocess.Popen(command(launcher, [*RANK_CMD, mode, "1", str(timeout_s), tag], tag),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(lambda: proc.stdout.readline().decode(), "")))
@@ -127,7 +129,7 @@ def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, sen
 
 
 def srun_case(cluster, launcher: str, case: str, rescue_after_s: float) -> tuple[str, dict]:
-    """fault_rank.py's mode and run_job's keywords for ``case`` under ``srun``/``srun-kill`` on ``cluster`` (a
+    """fault_rank's mode and run_job's keywords for ``case`` under ``srun``/``srun-kill`` on ``cluster`` (a
     tests/slurm_cluster.SlurmCluster): ``scancel`` cancels the job once both ranks are up; a job still running
     ``rescue_after_s`` after its fault (a hung rank srun waits for, without --kill-on-bad-exit) is cancelled."""
     def cancel(proc: subprocess.Popen, tag: str) -> None:

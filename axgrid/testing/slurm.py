@@ -8,13 +8,13 @@
 The node declares more CPUs than the machine has (``SlurmdParameters=config_overrides``) and the partition
 oversubscribes them (``OverSubscribe=FORCE``), so several small jobs run side by side on 2 cores; processes are
 tracked through /proc (``proctrack/linuxproc``, ``task/none``: no cgroups). Its name is this machine's host name, so
-the first host of ``SLURM_JOB_NODELIST`` resolves as it does on a real cluster (``axgrid.launch`` meets there).
+the first host of ``SLURM_JOB_NODELIST`` resolves as it does on a real cluster (``axgrid.launch.env`` meets there).
 Accounting: there is no database daemon (``accounting_storage/none``); finished jobs are recorded by
 ``jobcomp/filetxt``, which ``sacct --completion`` reads (:meth:`SlurmCluster.completion`: state and exit code).
 ``FirstJobId`` is random (two clusters on one machine derive different rendezvous ports from their job ids), and
 chosen so that those ports, 20000 + job id % 20000, are below the kernel's ephemeral ports. Every daemon carries
 ``AXGRID_LAUNCH_JOB=<cluster id>`` in its environment (slurmstepd inherits it from slurmd), so
-:mod:`axgrid.proctree` finds what is left of the cluster however it was forked.
+:mod:`axgrid.launch.proctree` finds what is left of the cluster however it was forked.
 
 Written by hand rather than taken from a package: what exists (docker images, the Slurm test suite's harness) either
 needs a container runtime or a system-wide installation in /etc.
@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from axgrid import proctree
+from axgrid.launch import proctree
 
-ROOT = Path(__file__).resolve().parent.parent
+#: The folder that holds the axgrid package (a checkout's root): on the jobs' PYTHONPATH, the default cwd.
+ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("srun", "sbatch", "scancel", "sinfo", "squeue", "sacct", "scontrol")
 INSTALL_HINT = "install Slurm: sudo apt-get install slurm-wlm (Debian/Ubuntu; brings munge)"
@@ -55,7 +56,7 @@ def _program(name: str) -> str:
 
 
 def _free_ports(n: int) -> int:
-    """The first of ``n`` consecutive TCP ports, all free right now, above the ones axgrid.launch derives from
+    """The first of ``n`` consecutive TCP ports, all free right now, above the ones axgrid.launch.env derives from
     Slurm job ids (20000-39999) and outside the kernel's ephemeral range where possible."""
     rng = random.Random()
     for _ in range(200):
@@ -108,7 +109,7 @@ class SlurmCluster:
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.log_dir = self.root / "log"
         self.pids: dict[str, int] = {}
-        # axgrid.launch meets on port 20000 + job id % 20000 under srun: start where those ports are below the
+        # axgrid.launch.env meets on port 20000 + job id % 20000 under srun: start where those ports are below the
         # kernel's ephemeral range (32768-), which other programs' outgoing connections take
         self.first_job_id = 20000 * random.randrange(1, 100) + random.randrange(1000, 11000)
         base = _free_ports(2 + 64)

@@ -24,7 +24,7 @@ from typing import Literal, Optional
 
 import torch
 
-from .nn.init import _fmix32, _mul32
+from ..nn.init import _fmix32, _mul32
 
 Mode = Literal["static", "hash"]
 _M32 = 0xFFFFFFFF

@@ -15,7 +15,7 @@ How the job ends, under both:
   ``grace_s`` are SIGKILLed, and the exit code is 128 + the signal (143, 129, 130); a second signal kills at once.
 
 Afterwards no process of the job is left (every one carries ``AXGRID_LAUNCH_JOB`` in its environment; see
-:mod:`axgrid.proctree`) and the job's ``/tmp/axgrid-launch-*`` folder is gone.
+:mod:`axgrid.launch.proctree`) and the job's ``/tmp/axgrid-launch-*`` folder is gone.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import time
 from typing import IO, Optional, Sequence
 
 from . import proctree
-from .launch import free_port
+from .env import free_port
 
 #: Signals the launcher forwards to the ranks.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -139,7 +139,7 @@ class _Job:
 def _start(n: int, cmd: Sequence[str], mpiexec: Optional[str], env: dict[str, str], tmp: str) -> _Job:
     popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     if mpiexec:
-        wrap = [sys.executable, "-m", "axgrid.launcher", "--wrap", tmp, "--"]
+        wrap = [sys.executable, "-m", "axgrid.launch.local", "--wrap", tmp, "--"]
         return _Job([subprocess.Popen([mpiexec, "-n", str(n), *wrap, *cmd], env=env, **popen)], [""], tmp, True)
     procs = [subprocess.Popen(list(cmd), env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
                                                   LOCAL_WORLD_SIZE=str(n)), **popen) for r in range(n)]
@@ -255,4 +255,4 @@ def _write_once(path: str, text: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "--wrap" and sys.argv[3] == "--":
         sys.exit(_wrap(sys.argv[2], sys.argv[4:]))
-    sys.exit("usage: python -m axgrid.launcher --wrap DIR -- CMD ... (internal; use `axgrid launch`)")
+    sys.exit("usage: python -m axgrid.launch.local --wrap DIR -- CMD ... (internal; use `axgrid launch`)")

@@ -1,7 +1,8 @@
 """Who am I, how many are we, and where do we meet: read from mpirun/mpiexec, srun or torchrun.
 
 ``detect_launch()`` is the only place that reads launcher variables. ``init_distributed()`` turns its answer
-into a torch.distributed default process group with a timeout on every collective.
+into a torch.distributed default process group with a timeout on every collective. torch is imported only by
+``init_distributed``, so the launcher and the scripts' argument checks read this module without loading it.
 """
 from __future__ import annotations
 
@@ -13,11 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-import torch
-import torch.distributed as dist
 
-
-#: Set by ``axgrid launch`` in every process of a job (see axgrid.proctree).
+#: Set by ``axgrid launch`` in every process of a job (see axgrid.launch.proctree).
 LAUNCH_JOB_VAR = "AXGRID_LAUNCH_JOB"
 
 
@@ -159,6 +157,7 @@ def detect_launch(env: Optional[Mapping[str, str]] = None, use_mpi: bool = True)
 
 def default_backend() -> str:
     """NCCL on NVIDIA (RCCL answers to the same name on ROCm builds), gloo on CPU."""
+    import torch
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
@@ -168,6 +167,8 @@ def init_distributed(launch: LaunchEnv, backend: Optional[str] = None, timeout_s
     Returns the backend used. Every collective on the group (and on groups made later with the same
     timeout) fails after ``timeout_s`` instead of hanging.
     """
+    import torch
+    import torch.distributed as dist
     backend = backend or default_backend()
     if backend == "nccl":
         n = torch.cuda.device_count()

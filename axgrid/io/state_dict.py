@@ -14,8 +14,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .io.tiles import part_of_dense, tile_of
-from .spec import TileSpec
+from .part_copy import part_of_dense, tile_of
+from ..spec import TileSpec
 
 
 # -- a module's tiled parameters in state dicts and copies ------------------------------------------------------
