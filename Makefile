@@ -26,11 +26,11 @@ test: install
 	$(BIN)/python -m pytest -q tests
 
 calibrate: install
-	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python experiments/measure_runtime.py collectives --out runs/calibration.json
+	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python -m axgrid.measure collectives --out runs/calibration.json
 	$(BIN)/python -m axgrid.perfmodel calibrate --samples runs/calibration.json --out runs/local.toml
 
 validate: install
-	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python experiments/measure_runtime.py steps $(PROBLEM) --gpus $(RANKS) \
+	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python -m axgrid.measure steps $(PROBLEM) --gpus $(RANKS) \
 		--top 4 --sample 4 --out runs/steps.json
 	$(BIN)/python -m axgrid.perfmodel validate $(PROBLEM) --gpus $(RANKS) --measured runs/steps.json --out-dir runs/validate
 

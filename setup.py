@@ -12,14 +12,15 @@ setup(
     # axgrid/kernels and axgrid/perfmodel), so axgrid never shadows another package (Hugging Face's `kernels`);
     # experiments/ are scripts run from a checkout and are not installed
     packages=find_packages(include=["axgrid", "axgrid.*"]),
-    package_data={"axgrid.perfmodel": ["machines/*.toml", "machines/*.residuals.json"]},
+    package_data={"axgrid.perfmodel": ["machines/*.toml", "machines/*.residuals.json"],
+                  "axgrid.data": ["text/*.txt", "text/*.md"]},
     install_requires=["torch>=2.3", "numpy", "scipy", "tqdm", "rich"],
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],
         "gpu": ["cupy-cuda12x"],
         "plot": ["matplotlib"],
         "hf": ["transformers>=5,<6", "safetensors"],
-        "bench": ["psutil"],                                  # experiments/bench_load.py: RSS
+        "bench": ["psutil"],                                  # experiments/bench/bench_load.py: RSS
         # axgrid.metrics: TensorBoard scalars (--tensorboard) and NVIDIA energy (NVML; imports without a GPU).
         # AMD energy uses amdsmi, which ships with ROCm (it must match the driver), so it is not listed here.
         "metrics": ["tensorboard", "nvidia-ml-py"],

@@ -1,6 +1,6 @@
 """Calibration: fit α, β per placement class and a GEMM efficiency curve from measured samples, and write a
 machine file. The fitting is pure numpy/scipy; the samples are measured on real ranks by
-``experiments/measure_runtime.py collectives`` (JSON read by ``load_samples``), or come from anywhere else:
+``python -m axgrid.measure collectives`` (JSON read by ``load_samples``), or come from anywhere else:
 ``calibrate(comm_samples, gemm_samples, ...)``.
 
 Sample formats:
@@ -176,12 +176,12 @@ def local_base(nranks: int, peak_flops: float, memory_bytes: int | None = None) 
                    description=f"this host, {nranks} gloo ranks (calibrated)", gpu=CPU_RANK)
 
 
-MEASURE_COMMAND = "axgrid launch -n 4 -- python experiments/measure_runtime.py collectives --out {path}"
+MEASURE_COMMAND = "axgrid launch -n 4 -- python -m axgrid.measure collectives --out {path}"
 
 
 @dataclass(frozen=True)
 class Samples:
-    """What ``experiments/measure_runtime.py collectives`` wrote: the samples and the ranks they were measured on
+    """What ``python -m axgrid.measure collectives`` wrote: the samples and the ranks they were measured on
     (``nranks``; for a file without it, the widest group measured)."""
     comm: list[CommSample]
     gemm: list[GemmSample]

@@ -15,7 +15,7 @@ from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     """The problem's arguments (model, GPUs, machine, batch, dtype, options): rank/validate here, and
-    experiments/measure_runtime.py steps, which times the same problem."""
+    python -m axgrid.measure steps, which times the same problem."""
     p.add_argument("--model", help="named model (gpt-tiny … gpt-1t); or give --layers/--hidden/--heads")
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
@@ -306,9 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("machines", help="list the machine library")
     m.set_defaults(fn=cmd_machines)
     c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve to samples measured by "
-                                         "experiments/measure_runtime.py collectives")
+                                         "python -m axgrid.measure collectives")
     c.add_argument("--samples", help="samples JSON, written by `axgrid launch -n 4 -- python "
-                                     "experiments/measure_runtime.py collectives --out FILE.json`")
+                                     "python -m axgrid.measure collectives --out FILE.json`")
     c.add_argument("--out", default="perfmodel/machines/local.toml")
     c.add_argument("--name", default="local")
     c.add_argument("--nranks", "--ranks", dest="ranks", type=int,
@@ -317,10 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--peak", type=float, help="peak FLOP/s to express GEMM efficiency against")
     c.set_defaults(fn=cmd_calibrate)
     v = sub.add_parser("validate", help="compare predicted step times with those measured by "
-                                        "experiments/measure_runtime.py steps")
+                                        "python -m axgrid.measure steps")
     add_problem_args(v)
     v.add_argument("--measured", help="step times: JSON written by `axgrid launch -n GPUS -- python "
-                                      "experiments/measure_runtime.py steps PROBLEM-ARGS --out FILE.json` (the same "
+                                      "python -m axgrid.measure steps PROBLEM-ARGS --out FILE.json` (the same "
                                       "problem arguments), or a CSV grid,seconds")
     v.add_argument("--out-dir", default="runs/validate")
     v.add_argument("--write-residuals", action="store_true",

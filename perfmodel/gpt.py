@@ -22,7 +22,7 @@ last micro-batch's backward: immediately (autograd's post-accumulate hook) for g
 and for gradients posted to the ORS pipeline (every FC weight and bias with ORS on; layer norms and embeddings
 with ORS on and Gz > 1) when the pipeline completes them, which it does ``axgrid.spec.GRADIENT_WINDOW`` (two)
 posts later or at the end of the backward. This assumes every parameter is watched (``grid.watch(model)``, as
-``experiments/train_gpt.py`` does).
+``experiments/train/train_gpt.py`` does).
 """
 from __future__ import annotations
 

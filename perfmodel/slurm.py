@@ -12,7 +12,7 @@ from .rank import Ranking, Row
 
 
 def sbatch_script(rk: Ranking, row: Row, steps: int = 20, minutes: int = 30) -> str:
-    """One sbatch script running ``experiments/train_gpt.py`` with this row's grid under srun."""
+    """One sbatch script running ``experiments/train/train_gpt.py`` with this row's grid under srun."""
     p, m = rk.problem, rk.machine
     nodes = -(-p.gpus // m.gpus_per_node)
     per_node = min(p.gpus, m.gpus_per_node)
@@ -31,7 +31,7 @@ def sbatch_script(rk: Ranking, row: Row, steps: int = 20, minutes: int = 30) -> 
 set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-srun --kill-on-bad-exit=1 --cpu-bind=none python experiments/train_gpt.py {model_args} --seq {p.model.seq} --vocab {p.model.vocab} \\
+srun --kill-on-bad-exit=1 --cpu-bind=none python experiments/train/train_gpt.py {model_args} --seq {p.model.seq} --vocab {p.model.vocab} \\
     --grid {row.grid_str} --batch {p.batch} --microbatches {row.microbatches} --dtype {p.dtype} \\
     --overlap {p.options.overlap_spec()} {'--recompute ' if p.options.recompute else ''}--steps {steps}
 """

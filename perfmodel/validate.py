@@ -3,7 +3,7 @@
 Metrics (``metrics``): Spearman ρ and Kendall τ (scipy.stats) between predicted and measured times; top-1 regret =
 measured time of the predicted-best configuration ÷ the best measured time (1.0 = perfect); MAPE = mean
 |predicted − measured| / measured in percent. The measured times come from a file (``load_measured``): the JSON
-that ``experiments/measure_runtime.py steps`` writes (it times the configurations ``select_configs`` picks, on real
+that ``python -m axgrid.measure steps`` writes (it times the configurations ``select_configs`` picks, on real
 ranks), or a CSV grid,seconds from anywhere."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def select_configs(rk: Ranking, top: int, sample: int, seed: int = 0) -> list[Ro
     return feas[:top] + random.Random(seed).sample(rest, sample)
 
 
-MEASURE_COMMAND = ("axgrid launch -n {gpus} -- python experiments/measure_runtime.py steps PROBLEM-ARGS "
+MEASURE_COMMAND = ("axgrid launch -n {gpus} -- python -m axgrid.measure steps PROBLEM-ARGS "
                    "--out {path}")
 #: The problem fields a measured file must agree on with the validation that reads it.
 PROBLEM_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "gpus", "batch", "dtype", "options", "recompute",
@@ -61,7 +61,7 @@ def problem_meta(p: Problem) -> dict:
 
 
 def load_measured(path: str | Path, problem: Problem) -> dict[str, float]:
-    """{grid: seconds per step} from ``path``: the JSON of ``experiments/measure_runtime.py steps`` (its problem
+    """{grid: seconds per step} from ``path``: the JSON of ``python -m axgrid.measure steps`` (its problem
     must be ``problem``) or a CSV with columns grid (e.g. 2x2x1x2) and seconds. A missing, malformed or mismatched
     file is a one-line PerfModelError naming it and the command that writes it."""
     fix = f"write it with `{MEASURE_COMMAND.format(gpus=problem.gpus, path=path)}` (the same problem arguments as here)"
@@ -79,7 +79,7 @@ def load_measured(path: str | Path, problem: Problem) -> dict[str, float]:
         measured = {c["grid"]: float(c["seconds"]) for c in doc["configs"]}
         recorded = doc["problem"]
     except (ValueError, TypeError, KeyError) as e:
-        raise PerfModelError(f"measured step times {path} are not measure_runtime.py steps JSON ({e!r}); "
+        raise PerfModelError(f"measured step times {path} are not axgrid.measure steps JSON ({e!r}); "
                              f"{fix}") from None
     want = problem_meta(problem)
     for k in PROBLEM_KEYS:

@@ -1,9 +1,8 @@
-"""experiments/measure_runtime.py (measurements on real gloo ranks, run in-process on every rank of a pool as under
+"""axgrid.measure (measurements on real gloo ranks, run in-process on every rank of a pool as under
 ``axgrid launch``) and perfmodel reading what it writes: samples -> fitted machine file; step times -> validation
 metrics and files; missing, malformed or mismatched files -> one-line errors naming the command that writes them."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -13,27 +12,19 @@ from axgrid import perfmodel as pm
 from axgrid.spec.layout import GridShape, RankLayout
 from axgrid.perfmodel import calibrate as cal
 from axgrid.perfmodel.cli import main
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
-                      "measure_runtime.py")
+from axgrid.measure import cli as measure_cli
+from axgrid.measure.collectives import group_layouts
 TINY = ["--layers", "1", "--hidden", "8", "--heads", "2", "--seq", "8", "--vocab", "16", "--batch", "4",
         "--dtype", "fp32"]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("measure_runtime_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def rank_main(argv: list) -> dict:
-    return _script().main(argv)
+    return measure_cli.main(argv)
 
 
 def rank_refusal(argv: list) -> str:
     try:
-        _script().main(argv)
+        measure_cli.main(argv)
     except SystemExit as e:
         return str(e)
     return "no error"
@@ -42,7 +33,7 @@ def rank_refusal(argv: list) -> str:
 @pytest.mark.parametrize("n", [2, 4, 6, 8, 12])
 def test_group_layouts_have_the_size_and_stride_they_claim(n):
     seen = set()
-    for p, s, spec, dim in _script().group_layouts(n):
+    for p, s, spec, dim in group_layouts(n):
         groups = RankLayout(GridShape.parse(spec, n), "xyzd").groups(dim)
         assert all(len(g) == p for g in groups) and len(groups) == n // p
         assert all(b - a == s for g in groups for a, b in zip(g, g[1:]))
@@ -94,7 +85,7 @@ def test_steps_script_times_what_validate_compares(ranks, tmp_path, capsys):
     # the same file for another problem is refused, naming the field and the command that writes the file
     assert main(["validate", *problem, "--no-odp", "--measured", str(steps)]) == 2
     err = capsys.readouterr().err
-    assert "options='oar,ors,oag,odp'" in err and "experiments/measure_runtime.py steps" in err
+    assert "options='oar,ors,oag,odp'" in err and "python -m axgrid.measure steps" in err
 
 
 def test_script_refuses_bad_input_on_every_rank(ranks, tmp_path):
@@ -111,10 +102,10 @@ def test_script_refuses_bad_input_on_every_rank(ranks, tmp_path):
 def test_calibrate_and_validate_name_the_command_for_a_missing_or_bad_file(tmp_path, capsys):
     missing = str(tmp_path / "none.json")
     assert main(["calibrate", "--out", str(tmp_path / "m.toml")]) == 2
-    assert "experiments/measure_runtime.py collectives" in capsys.readouterr().err
+    assert "python -m axgrid.measure collectives" in capsys.readouterr().err
     assert main(["calibrate", "--samples", missing]) == 2
     err = capsys.readouterr().err
-    assert missing in err and f"measure_runtime.py collectives --out {missing}" in err and err.count("\n") == 1
+    assert missing in err and f"axgrid.measure collectives --out {missing}" in err and err.count("\n") == 1
     bad = tmp_path / "bad.json"
     bad.write_text('{"comm": [{"op": "all_reduce"}]}')
     assert main(["calibrate", "--samples", str(bad)]) == 2
@@ -123,10 +114,10 @@ def test_calibrate_and_validate_name_the_command_for_a_missing_or_bad_file(tmp_p
     cal.write_machine(cal.local_base(4, 5e10), machine)
     problem = [*TINY, "--gpus", "4", "--machine", str(machine)]
     assert main(["validate", *problem]) == 2
-    assert "axgrid launch -n 4 -- python experiments/measure_runtime.py steps" in capsys.readouterr().err
+    assert "axgrid launch -n 4 -- python -m axgrid.measure steps" in capsys.readouterr().err
     assert main(["validate", *problem, "--measured", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert str(bad) in err and "measure_runtime.py steps" in err and err.count("\n") == 1
+    assert str(bad) in err and "axgrid.measure steps" in err and err.count("\n") == 1
 
 
 def test_model_gemm_shapes_cover_the_models_gemms():

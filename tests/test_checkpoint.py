@@ -451,7 +451,7 @@ def test_config_values_that_could_never_match_on_resume(tmp_path):
 
 def _train_gpt_module():
     import importlib.util
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train_gpt.py")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train", "train_gpt.py")
     spec = importlib.util.spec_from_file_location("train_gpt_under_test", script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

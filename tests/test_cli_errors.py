@@ -1,5 +1,5 @@
 """Command lines answer bad input with one clear line (and a non-zero exit), never a traceback: ``axgrid describe``,
-``python -m axgrid.kernels tune``, ``experiments/train_gpt.py``; a 0-d input to a parallel Linear fails before any
+``python -m axgrid.kernels tune``, ``experiments/train/train_gpt.py``; a 0-d input to a parallel Linear fails before any
 collective, on every rank."""
 import importlib.util
 import os
@@ -12,7 +12,7 @@ import torch
 import axgrid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_GPT = os.path.join(ROOT, "experiments", "train_gpt.py")
+TRAIN_GPT = os.path.join(ROOT, "experiments", "train", "train_gpt.py")
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -1,4 +1,4 @@
-"""experiments/finetune.py on a tiny local Llama (save_pretrained, no network), in-process on real gloo ranks:
+"""experiments/train/finetune.py on a tiny local Llama (save_pretrained, no network), in-process on real gloo ranks:
 a run interrupted by SIGUSR1 (SaveOnSignal) and resumed gives the uninterrupted run's losses step for step; the
 Goldfish loss over 4 ranks (d and z splits, micro-batches) equals one serial rank's, so it is normalised over the
 global batch; the checkpoint's own tokenizer is used and the export loads back with from_pretrained."""
@@ -13,7 +13,7 @@ import pytest
 from tiny_hf import tiny_llama
 
 pytest.importorskip("transformers")
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "finetune.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train", "finetune.py")
 COMMON = ["--seq", "16", "--batch", "8", "--microbatches", "2", "--lr", "1e-2", "--warmup", "1", "--timeout", "60"]
 
 

@@ -1,6 +1,6 @@
-"""experiments/gpu_check.sh on a CPU-only machine: it fails fast with a one-line reason and exit status 2, both
+"""experiments/checks/gpu_check.sh on a CPU-only machine: it fails fast with a one-line reason and exit status 2, both
 at the device-node probe and (when a GPU tool is on PATH but torch sees no GPU) at torch's check. Its memory check
-(experiments/memory_check.py: a training step's peak against perfmodel's prediction) runs here on the CPU."""
+(experiments/checks/memory_check.py: a training step's peak against perfmodel's prediction) runs here on the CPU."""
 import os
 import shutil
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "experiments", "gpu_check.sh")
+SCRIPT = os.path.join(ROOT, "experiments", "checks", "gpu_check.sh")
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the script itself")
 
@@ -42,7 +42,7 @@ def test_fails_clearly_when_torch_sees_no_gpu(tmp_path):
     assert "Traceback" not in p.stderr
 
 
-MEMORY_CHECK = os.path.join(ROOT, "experiments", "memory_check.py")
+MEMORY_CHECK = os.path.join(ROOT, "experiments", "checks", "memory_check.py")
 
 
 def test_memory_check_passes_on_cpu():
@@ -59,7 +59,7 @@ def test_memory_check_passes_on_cpu():
     assert abs(ratio - 1) <= 0.10
 
 
-LOAD_CHECK = os.path.join(ROOT, "experiments", "load_check.py")
+LOAD_CHECK = os.path.join(ROOT, "experiments", "checks", "load_check.py")
 
 
 def test_load_check_passes_on_cpu():

@@ -1,16 +1,8 @@
-"""experiments/harness.py: configurations run interleaved in a seeded shuffled order per round, warm-up steps
+"""axgrid.measure.harness: configurations run interleaved in a seeded shuffled order per round, warm-up steps
 are not timed, and ratios are taken within a round (a fake clock stands in for time: no timing assertions)."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "harness.py")
-_spec = importlib.util.spec_from_file_location("harness_under_test", PATH)
-harness = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("harness_under_test", harness)
-_spec.loader.exec_module(harness)
+from axgrid.measure import harness
 
 
 class FakeClock:

@@ -1,8 +1,11 @@
-"""The grid is topology plus the communicator: it imports no runtime machinery, and the overlap machinery
-imports no layer, so there is no cycle grid -> overlap -> nn.linear -> grid. Checked on the source (every
-import statement, also inside functions, where a cycle would hide; ``if TYPE_CHECKING:`` blocks excepted)."""
+"""What may import what. The grid is topology plus the communicator: it imports no runtime machinery, and the overlap
+machinery imports no layer, so there is no cycle grid -> overlap -> nn.linear -> grid. Scripts in experiments/ import
+only the library, nothing imports tests/, axgrid.spec imports no torch, and nothing edits sys.path. Checked on the
+source (every import statement, also inside functions, where a cycle would hide; ``if TYPE_CHECKING:`` blocks
+excepted)."""
 import ast
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -91,3 +94,73 @@ def test_importing_the_grid_loads_no_machinery():
     assert "axgrid.grid" in out
     assert not [m for m in out if m in ("axgrid.runtime", "axgrid.overlap", "axgrid.data_parallel")
                 or m.startswith("axgrid.nn")], out
+
+
+# --- what may import what across the tree: experiments import only the library; nothing imports tests/ -------------
+
+def _py_files(top: str) -> list[pathlib.Path]:
+    return [p for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts and "results" not in p.parts]
+
+
+def _top_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, top-level module name) of every absolute import in ``path`` (inside functions too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return out
+
+
+def test_experiments_import_only_the_library():
+    """A script imports axgrid, the standard library and third-party packages; never another script, tests/, or a
+    module beside it -- except the peers' small package, which the benchmarks in experiments/bench/ import."""
+    scripts = {p.stem for p in _py_files("experiments")} - {"__init__"}
+    tests = {p.stem for p in _py_files("tests")}
+    bad = []
+    for path in _py_files("experiments"):
+        allowed = {"peers"} if path.parent == ROOT / "experiments" / "bench" else set()
+        if "peers" in path.parts:                      # the package's own modules import each other relatively
+            allowed = set()
+        bad += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in _top_imports(path)
+                if (name in scripts or name in tests or name in ("experiments", "tests")) and name not in allowed]
+    assert not bad, "experiments may import only axgrid (and experiments/bench/peers):\n" + "\n".join(bad)
+
+
+def test_nothing_imports_from_tests():
+    tests = {p.stem for p in _py_files("tests")} | {"tests"}
+    bad = [f"{p.relative_to(ROOT)}:{line}: {name}" for top in ("axgrid", "kernels", "perfmodel", "experiments")
+           for p in _py_files(top) for line, name in _top_imports(p) if name in tests]
+    assert not bad, "\n".join(bad)
+
+
+def test_spec_imports_no_torch():
+    """axgrid.spec is what perfmodel and the tuner build on without torch (``if TYPE_CHECKING:`` blocks aside)."""
+    bad = []
+    for path in _py_files("axgrid/spec"):
+        todo = list(ast.parse(path.read_text(encoding="utf-8")).body)
+        while todo:
+            node = todo.pop()
+            if _is_type_checking(node):
+                continue
+            todo.extend(ast.iter_child_nodes(node))
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                    if n.split(".")[0] in ("torch", "numpy")]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_sys_path_edits_and_no_scripts_loaded_by_path_outside_tests():
+    """Scripts and the library find axgrid because it is installed; only the script tests load a script by path."""
+    edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*\[|sys\.path\s*=")
+    by_path = re.compile(r"spec_from_file_location|runpy\.run_path")
+    bad = []
+    for top in ("axgrid", "kernels", "perfmodel", "experiments", "tests"):
+        for p in _py_files(top):
+            text = p.read_text(encoding="utf-8")
+            bad += [f"{p.relative_to(ROOT)}: sys.path edit" for _ in edits.finditer(text) if p != pathlib.Path(__file__)]
+            if top != "tests":
+                bad += [f"{p.relative_to(ROOT)}: loads a file by path" for _ in by_path.finditer(text)]
+    assert not bad, "\n".join(bad)

@@ -108,3 +108,4 @@ def test_wheel_installs_only_the_axgrid_import_name(tmp_path):
     machines = {f"axgrid/perfmodel/machines/{p.name}" for p in (ROOT / "perfmodel" / "machines").glob("*")
                 if p.name.endswith((".toml", ".residuals.json"))}                  # machines and their error bands
     assert machines and machines <= names, sorted(machines - names)
+    assert "axgrid/data/text/kjv_selections.txt" in names                            # the drivers' default text

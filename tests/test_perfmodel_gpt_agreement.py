@@ -3,7 +3,7 @@ vocabulary-parallel cross entropy, the loss, and the data-parallel buckets of ev
 per (grid dimension, operation) that ``perfmodel.collective_bytes`` / ``collective_calls`` predict for the same
 ``TransformerSpec``, grid and step equal what the runtime's ledger counts (issue 3, item 9).
 
-One optimizer step per case, as a training loop runs it (``experiments/train_gpt.py``): ``grid.watch(model)``;
+One optimizer step per case, as a training loop runs it (``experiments/train/train_gpt.py``): ``grid.watch(model)``;
 each micro-batch's forward with targets and ``loss.backward()``, all but the last under ``grid.no_sync()``; then
 ``axgrid.sync_gradients(model, grid)``. Grids include non-powers of two, d > 1, z > 1, several micro-batches,
 recompute on and off, the overlaps (ORS changes the layer norms' z calls and, with ODP, the order gradients fill

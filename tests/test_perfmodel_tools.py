@@ -25,7 +25,7 @@ def test_cli_rank_outputs(tmp_path, capsys):
     assert len(scripts) == 3
     text = scripts[0].read_text()
     g = doc["rows"][0]["grid"]
-    assert f"--grid {g}" in text and "srun --kill-on-bad-exit=1" in text and "experiments/train_gpt.py --model gpt-tiny" in text
+    assert f"--grid {g}" in text and "srun --kill-on-bad-exit=1" in text and "experiments/train/train_gpt.py --model gpt-tiny" in text
     assert "#SBATCH --nodes=2" in text
 
 
@@ -117,9 +117,9 @@ def test_gemm_table_json(tmp_path):
 
 def test_calibrate_and_validate_read_measurements_from_a_file(capsys):
     assert main(["calibrate", "--out", "/tmp/never.toml"]) == 2
-    assert "experiments/measure_runtime.py collectives" in capsys.readouterr().err
+    assert "python -m axgrid.measure collectives" in capsys.readouterr().err
     assert main(["validate", *TINY]) == 2
-    assert "experiments/measure_runtime.py steps" in capsys.readouterr().err
+    assert "python -m axgrid.measure steps" in capsys.readouterr().err
 
 
 def test_metrics_on_synthetic_data():

@@ -1,4 +1,4 @@
-"""experiments/report.py on the logs of a real 2-rank train_gpt run: the table (Markdown, CSV) holds the run's
+"""experiments/plots/report.py on the logs of a real 2-rank train_gpt run: the table (Markdown, CSV) holds the run's
 figures as axgrid.metrics summarises them, the step time splits into compute and exposed communication per
 dimension, and the PNG plots are written; a file that is not a metrics log is refused, naming it."""
 import csv
@@ -13,8 +13,11 @@ ARGS = ["--model", "gpt-tiny", "--hidden", "32", "--heads", "2", "--seq", "16", 
         "--data", "text", "--no-progress", "--comm-timing"]
 
 
+SCRIPTS = {"train_gpt": ("train", "train_gpt.py"), "report": ("plots", "report.py")}
+
+
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", os.path.join(EXPERIMENTS, f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", os.path.join(EXPERIMENTS, *SCRIPTS[name]))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -52,7 +52,7 @@ def launches(slurm):
     jobs = {
         "demo": ["-n", "4", "--kill-on-bad-exit=1", "-J", "demo", "python", "-m", "axgrid.demo", "--grid", "2x2x1x1",
                  "--steps", "3"],
-        "train": ["-n", "4", "--kill-on-bad-exit=1", "-J", "train", "python", "experiments/train_gpt.py",
+        "train": ["-n", "4", "--kill-on-bad-exit=1", "-J", "train", "python", "experiments/train/train_gpt.py",
                   "--grid", "2x1x1x2", "--steps", "3", "--batch", "4", "--no-progress", *TINY.split()],
         "detect": ["-n", "4", "-J", "detect", "python", "-c",
                    "from axgrid.launch.env import detect_launch; print(detect_launch(use_mpi=False))"],

@@ -2,10 +2,9 @@
 ``LlamaForCausalLM`` plus, optionally, a byte-level BPE tokenizer trained on the shipped text (``tokenizers``)."""
 from __future__ import annotations
 
-import os
+from axgrid.data import DEFAULT_TEXT
 
-TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "data",
-                    "kjv_selections.txt")
+TEXT = str(DEFAULT_TEXT)
 
 
 def tiny_llama(path: str, vocab: int = 256, tokenizer: bool = False, hidden: int = 32, layers: int = 2,

@@ -1,4 +1,5 @@
-"""The one place that counts a GPT's floating-point work (the AxoNN papers' formula) and its parameters.
+"""The one place that counts a model's floating-point work (the AxoNN papers' GPT formula, a LLaMA-family decoder's)
+and the GPT's parameters.
 
 Per training iteration (forward + backward), batch ``B`` sequences of ``S`` tokens, ``L`` layers, hidden ``h``,
 vocabulary ``V``, MLP width ``4h``, a multiply-add counted as 2 FLOPs:
@@ -13,6 +14,8 @@ forward of the blocks. TFLOP/s computed with the formula that matches the run (9
 count the recomputed forward as work done, as the papers do.
 """
 from __future__ import annotations
+
+from typing import Any
 
 
 def gpt_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool) -> float:
@@ -32,3 +35,18 @@ def gpt_parameters(layers: int, hidden: int, seq: int, vocab: int, ffn: int | No
         per_block += 3 * h + h + f + h
     head = 0 if tied_head else vocab * h
     return vocab * h + seq * h + layers * per_block + 2 * h + head
+
+
+def llama_flops(config: Any, batch: int, seq: int, recompute: bool) -> float:
+    """FLOPs of one training step of a LLaMA-family decoder (a Hugging Face config: ``hidden_size``,
+    ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``,
+    optionally ``head_dim``) on ``batch x seq`` tokens: ``(6 + 2r)·P·B·S + (6 + 2r)·2·L·S·a·B·S`` with ``P`` the
+    parameters of the decoder's and head's matrices, ``a = heads·head_dim`` the attention width and ``r = 1`` with
+    recompute (one more forward of the layers)."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv, f = config.num_attention_heads * hd, config.num_key_value_heads * hd, config.intermediate_size
+    matrices = layers * (h * q + 2 * h * kv + q * h + 3 * h * f) + h * config.vocab_size
+    per_token = 6 + 2 * int(recompute)
+    tokens = batch * seq
+    return per_token * matrices * tokens + per_token * 2 * layers * seq * q * tokens

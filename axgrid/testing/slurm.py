@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import pwd
 import random
-import re
 import shutil
 import signal
 import socket

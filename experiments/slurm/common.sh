@@ -53,6 +53,6 @@ echo "$SITE: $N ranks, model $MODEL, grid $GRID, batch $BATCH, resume: ${RESUME[
 # the failing task's own code is in its "task R: Exited with exit code C" line.
 # shellcheck disable=SC2086  # EXTRA_ARGS is split on purpose
 srun --kill-on-bad-exit=1 "${SRUN_ARGS[@]}" \
-  python experiments/train_gpt.py --model "$MODEL" --grid "$GRID" --batch "$BATCH" --microbatches "$MICRO" \
+  python experiments/train/train_gpt.py --model "$MODEL" --grid "$GRID" --batch "$BATCH" --microbatches "$MICRO" \
     --steps "$STEPS" --recompute --overlap "$OVERLAP" --data synthetic --no-progress \
     --log "$RUN_DIR/train-$SLURM_JOB_ID.jsonl" --save "$CKPT" --save-every "$SAVE_EVERY" "${RESUME[@]}" $EXTRA_ARGS

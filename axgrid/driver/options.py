@@ -1,0 +1,76 @@
+"""The command-line options every training driver shares, and the defaults that depend on the machine.
+
+    p = argparse.ArgumentParser()
+    add_step_arguments(p)               # batch, micro-batches, schedule, AdamW, clipping, recompute, dtype, Goldfish
+    add_run_arguments(p)                # grid, order, timeout, checkpoints
+    args = parse_step_args(p, argv)     # --min-lr defaults to --lr/10
+    check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Optional, Sequence
+
+from ..config import RuntimeConfig
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The optimizer step: batch, schedule, AdamW, clipping, recompute, autocast, Goldfish (a driver changes
+    defaults with ``set_defaults``)."""
+    p.add_argument("--batch", type=int, default=8, help="global batch in sequences per optimizer step")
+    p.add_argument("--microbatches", type=int, default=1, help="gradient-accumulation micro-batches per step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr", type=float, default=None, help="end of the cosine decay (default lr/10)")
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
+    p.add_argument("--recompute", action="store_true", help="recompute each block's (decoder layer's) "
+                                                            "activations in backward")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="autocast; default bf16 on GPU, fp32 on CPU")
+    p.add_argument("--goldfish-k", type=int, default=0, help="drop 1 target in K from the loss (0: off)")
+    p.add_argument("--goldfish-h", type=int, default=13, help="context tokens hashed by the goldfish mask")
+    p.add_argument("--goldfish-mode", choices=("hash", "static"), default="hash")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The grid, the collective timeout and checkpointing."""
+    p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
+    p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
+    p.add_argument("--timeout", type=float, default=RuntimeConfig.timeout_s,
+                   help="seconds before a stuck collective fails")
+    p.add_argument("--save", default=None, help="checkpoint directory")
+    p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
+    p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
+                   help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
+
+
+def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    """Parse ``argv`` with a parser holding :func:`add_step_arguments`; ``--min-lr`` then defaults to ``--lr``/10
+    (a default that depends on another option, which argparse cannot express)."""
+    args = p.parse_args(list(argv) if argv is not None else None)
+    if args.min_lr is None:
+        args.min_lr = args.lr / 10
+    return args
+
+
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """Problems with :func:`add_run_arguments`' options, raised identically on every rank before any collective."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SystemExit(f"--timeout {args.timeout}: the seconds a stuck collective may take must be a number > 0, "
+                         f"e.g. --timeout 120")
+    if args.save_every and not args.save:
+        raise SystemExit("--save-every needs --save DIR")
+
+
+def compute_dtype(requested: Optional[str]) -> str:
+    """``--dtype`` or its default (bf16 on a GPU, fp32 on a CPU); on a CPU also sets torch's threads to
+    ``OMP_NUM_THREADS`` (default 1 per rank)."""
+    import torch
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    return requested or ("bf16" if on_gpu else "fp32")

@@ -1,0 +1,48 @@
+"""A causal language model on the grid, as the training drivers use it: loaded from a Hugging Face folder onto the
+grid, and its loss over kept targets, for axgrid's GPT and Hugging Face models alike.
+
+    model = load_causal_lm("path/to/hf_folder", grid, recompute=True)        # training mode, fp32
+    loss = causal_lm_loss(model, inputs, targets, mask, normalizer)          # inputs/targets/mask [b, S]
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..grid import Grid
+from ..models.gpt import GPT
+
+
+def load_causal_lm(path: str, grid: Grid, recompute: bool = False) -> torch.nn.Module:
+    """The Hugging Face causal LM at ``path`` in fp32 on ``grid`` (``axgrid.from_pretrained``: each rank reads its
+    own parts), in training mode; ``recompute``: activation checkpointing of the decoder layers (non-reentrant)."""
+    from ..io.pretrained import from_pretrained
+    model = from_pretrained(path, grid, torch_dtype=torch.float32)
+    model.config.use_cache = False
+    if recompute:
+        kw = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    return model.train()
+
+
+def causal_lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                   mask: Optional[torch.Tensor], normalizer: float) -> torch.Tensor:
+    """The summed cross entropy over the kept targets of ``inputs/targets [b, S]`` divided by ``normalizer``, for
+    axgrid's GPT or a Hugging Face causal LM (dropped targets, ``mask == 0``, become ``-100`` labels;
+    ``shift_labels`` are the targets, so no shift happens inside the model's loss)."""
+    if isinstance(model, GPT):
+        return model(inputs, targets, mask, normalizer=normalizer)
+    labels = targets if mask is None else targets.masked_fill(mask == 0, -100)
+    out = model(input_ids=inputs, labels=labels, shift_labels=labels, num_items_in_batch=normalizer, use_cache=False)
+    return out.loss
+
+
+def dense_parameters(model: torch.nn.Module) -> int:
+    """Parameters of the dense model (a parallel parameter counts its dense shape, ``axgrid_tile``)."""
+    return sum(math.prod(t.dense_shape) if (t := getattr(p, "axgrid_tile", None)) is not None else p.numel()
+               for p in model.parameters())

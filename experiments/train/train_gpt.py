@@ -1,0 +1,190 @@
+"""Train a GPT on the 4D grid and log loss, time, tokens/s, TFLOP/s, memory, communication and energy per step.
+
+    axgrid launch -n 8 -- python experiments/train/train_gpt.py --model gpt-tiny --grid 2x2x2x1 --data text --steps 30
+    mpirun -n 64 python experiments/train/train_gpt.py --model gpt-20b --grid 4x4x2x2 --batch 64 --microbatches 4 \\
+        --recompute --overlap oar,ors,oag --log run.jsonl          # (srun / torchrun work the same way)
+
+Batch: ``--batch B`` sequences per optimizer step (global), split into ``--microbatches M`` accumulated
+micro-batches; each micro-batch's ``B/M`` sequences are split over the data-parallel ranks (``B/(M·Gd)`` each) and
+then, inside the model, over z by whole sequences (``B/(M·Gd·Gz)`` per rank: must be a whole number >= 1).
+Every rank builds the same global batch from ``(seed, step)`` and takes its slice, so no data is communicated
+and a resumed run sees the same batches.
+
+Data: ``--data text`` reads ``--text-file`` (default: the public-domain KJV selections shipped in axgrid/data/text/) as
+bytes -- the tokenizer is byte-level, vocabulary 256 -- and samples random windows; ``--data synthetic`` draws
+uniform random token ids (loss stays near ln V: use it for speed, not learning).
+
+Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW, linear warm-up then cosine
+decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
+[--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
+
+FLOPs per step (axgrid.spec.flops; V = vocabulary, L layers, h hidden, B·S tokens):
+    with --recompute:     96·B·S·L·h²·(1 + S/(6h) + V/(16·L·h))
+    without recompute:    72·B·S·L·h²·(1 + S/(6h) + V/(12·L·h))
+TFLOP/s per device = FLOPs per step / time per step / number of ranks / 1e12.
+
+Metrics (``axgrid.metrics``, the same record every driver writes): ``--log run.jsonl`` gets a ``config`` row
+(model, grid, device, the peak MFU is taken against, energy source), one ``step`` row per step (loss, lr,
+grad_norm, step_s, tokens_per_s, tflops, mfu, peak_mem_bytes, comm_bytes / comm_s / comm_exposed_s per grid
+dimension, energy_j, power_w, tokens_per_j) and a ``summary`` row; ``--tensorboard DIR`` writes the same as
+TensorBoard scalars; a progress bar on rank 0 when stderr is a terminal; ``--comm-timing`` times every
+collective; ``--peak-tflops`` / ``--peak-machine local-4`` give MFU a peak where the device table has none (CPU).
+``main(argv)`` returns the summary dict (every rank), so sweeps and validation scripts can call it in-process.
+
+Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid: loading reshards). The run's settings
+(:func:`run_config`: model, seed, data, schedule, batch) are saved with each checkpoint; ``--resume`` refuses a
+checkpoint saved with other settings, naming them, unless ``--allow-config-change steps[,...]`` accepts the change.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Optional, Sequence
+
+import torch
+
+import axgrid
+from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
+from axgrid.driver import (RunCheckpoints, StepSettings, add_run_arguments, add_step_arguments, check_batch_split,
+                           check_run_arguments, compute_dtype, parse_step_args, run_step)
+from axgrid.launch.env import LaunchError, detect_launch
+from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
+from axgrid.models import GPT, GPTConfig
+from axgrid.spec import NAMED_SIZES, GridError, GridShape
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gpt-tiny", help=f"one of {', '.join(NAMED_SIZES)}")
+    p.add_argument("--layers", type=int, default=None, help="override the named size's layers")
+    p.add_argument("--hidden", type=int, default=None, help="override the named size's hidden size")
+    p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
+    p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
+    p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
+    p.add_argument("--steps", type=int, default=20)
+    add_step_arguments(p)
+    p.add_argument("--overlap", default="none", help="oar,ors,oag,odp | all | none")
+    p.add_argument("--data", choices=("synthetic", "text"), default="synthetic")
+    p.add_argument("--text-file", default=str(DEFAULT_TEXT))
+    p.add_argument("--tune-gemm", choices=("off", "on-first-use", "cache-only"), default="off")
+    p.add_argument("--gemm-cache", default=None, help="GEMM tuner decision file (default: the tuner's own)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
+    add_run_arguments(p)
+    add_metrics_arguments(p)
+    return parse_step_args(p, argv)
+
+
+def build_config(args: argparse.Namespace) -> GPTConfig:
+    over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, k) is not None}
+    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, **over)
+
+
+def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
+    """What a resumed run must share with the run that saved: the model, seed, data, schedule and batch (not
+    the grid, overlap, dtype or timeout: loading reshards, and those do not change what is trained)."""
+    model = {k: getattr(cfg, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed",
+                                          "emb_std")}
+    return {"model": model, "seed": args.seed, "data": args.data,
+            "text_file": os.path.abspath(args.text_file) if args.data == "text" else None,
+            "steps": args.steps, "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
+            "optimizer": {"weight_decay": args.weight_decay, "beta2": args.beta2, "clip": args.clip},
+            "batch": args.batch, "microbatches": args.microbatches,
+            "goldfish": {"k": args.goldfish_k, "h": args.goldfish_h, "mode": args.goldfish_mode}}
+
+
+def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridShape]) -> None:
+    """Every problem with the arguments, raised identically on every rank before any collective."""
+    if args.steps < 1 or args.batch < 1 or args.microbatches < 1:
+        raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
+                         f"all must be >= 1")
+    if shape is not None:
+        check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
+    elif args.batch % args.microbatches:
+        raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
+    if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
+        raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
+    try:
+        axgrid.OverlapConfig.parse(args.overlap)
+    except ValueError as e:
+        raise SystemExit(f"--overlap {args.overlap}: {e}") from None
+    check_run_arguments(args)
+    if args.data == "text" and not os.path.isfile(args.text_file):
+        raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass an existing UTF-8 text "
+                         f"file, or use --data synthetic")
+    if args.goldfish_k == 1 or args.goldfish_k < 0:
+        raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Run the training; returns the summary (mean step time after warm-up, tokens/s, TFLOP/s, losses)."""
+    args = parse_args(argv)
+    try:
+        cfg = build_config(args)
+        pre_shape = GridShape.parse(args.grid, detect_launch(use_mpi=False).world_size) if args.grid else None
+    except (ValueError, GridError, LaunchError) as e:
+        raise SystemExit(f"train_gpt: {e}") from None
+    check_args(args, cfg, pre_shape)
+    dtype = compute_dtype(args.dtype)
+    config = axgrid.RuntimeConfig(timeout_s=args.timeout, overlap=axgrid.OverlapConfig.parse(args.overlap),
+                                  gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed,
+                                  record_timing=args.comm_timing)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
+    try:
+        return _train(args, cfg, grid, dtype)
+    finally:
+        grid.destroy()
+
+
+def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: str) -> dict[str, Any]:
+    check_args(args, cfg, grid.shape)
+    rank0 = grid.rank == 0
+    model = GPT(cfg, grid)
+    grid.watch(model)                     # ODP: gradients enter the d buckets during backward
+    opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
+                            eps=1e-8)
+    try:
+        data = (TextBatches(args.text_file, cfg.seq, args.seed) if args.data == "text"
+                else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
+    except (OSError, ValueError) as e:    # the same on every rank, before any collective
+        raise SystemExit(f"--text-file {args.text_file}: {e}") from None
+    settings = StepSettings.from_args(args, args.steps, dtype)
+    ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
+    start = ckpt.resume(model, opt)
+    formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
+               else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
+    config = {"model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
+              "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
+              "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
+              "overlap": args.overlap, "data": args.data, "goldfish_k": args.goldfish_k,
+              "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
+    metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),
+                                tokens_per_step=args.batch * cfg.seq, dtype=dtype, config=config,
+                                progress=None if args.no_progress else args.steps, initial=start,
+                                append=bool(args.resume))
+    if rank0:
+        print(f"train_gpt: {cfg.name} ({cfg.parameters():,} parameters) on grid {grid.shape} ({grid.world_size} "
+              f"ranks, {grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
+              f"micro-batch(es), data {args.data}; energy: {metrics.meter.energy_source}", flush=True)
+    for step in range(start, args.steps):
+        inputs, targets = data.batch(step, args.batch)               # the global batch, the same on every rank
+        run_step(model, opt, grid, settings, step, inputs, targets, metrics)
+        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps):
+            break
+    ckpt.close()
+    losses = [r["loss"] for r in metrics.rows]
+    summary = metrics.close(model=cfg.name, grid=str(grid.shape), world=grid.world_size, dtype=dtype,
+                            first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
+                            losses=losses)
+    if rank0 and not losses:
+        print(f"train_gpt: nothing to run: the run is already at step {args.steps} (--steps)", flush=True)
+    elif rank0:
+        mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""
+        print(f"train_gpt: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {len(losses)} "
+              f"steps; {summary['step_s']:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, "
+              f"{summary['tflops']:.4f} TFLOP/s per device{mfu}, peak memory "
+              f"{summary['peak_mem_bytes'] / 2**20:.0f} MiB", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
