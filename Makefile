@@ -1,6 +1,7 @@
 # Two set-up commands that work on a fresh machine (see README):
 #   make demo   -- the main job: 8 local gloo ranks train an MLP stack 3D-parallel on grid 2x2x2x1
 #   make test   -- the test suite
+#   make test-fast -- the quick loop while editing: the tests not marked slow (under 2 minutes here)
 #   make calibrate / make validate -- measure this host on $(RANKS) gloo ranks for the performance model (runs/)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -25,6 +26,9 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
 calibrate: install
 	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python -m axgrid.measure collectives --out runs/calibration.json
 	$(BIN)/python -m axgrid.perfmodel calibrate --samples runs/calibration.json --out runs/local.toml
@@ -34,4 +38,4 @@ validate: install
 		--top 4 --sample 4 --out runs/steps.json
 	$(BIN)/python -m axgrid.perfmodel validate $(PROBLEM) --gpus $(RANKS) --measured runs/steps.json --out-dir runs/validate
 
-.PHONY: install demo test calibrate validate
+.PHONY: install demo test test-fast calibrate validate

@@ -1,4 +1,9 @@
-"""Shared fixtures: real gloo ranks from a forkserver pool (see axgrid.testing)."""
+"""Shared fixtures: real gloo ranks from a forkserver pool (see axgrid.testing), and a private Slurm cluster.
+
+The folders say what a test needs: ``unit/`` nothing but the code (no ranks), ``ranks/`` real gloo ranks in this
+process's pool, ``scripts/`` the scripts of experiments/ (in-process on ranks, or as processes), ``system/`` launchers
+and Slurm jobs as a user starts them. Shared helpers are in ``helpers/``. Tests in scripts/ and system/ are marked
+``slow``, as are the heavy multi-rank tests; ``make test-fast`` runs the rest."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +26,12 @@ PRELOAD = [f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral",
     if importlib.util.find_spec("transformers") else []
 
 
+#: Pools of different sizes kept alive at once (each rank holds torch and transformers: ~0.4 GB).
+MAX_POOLS = 3
+
+
 class Ranks:
-    """``ranks(n, fn, *args)``: run ``fn`` on ``n`` gloo ranks; pools are reused (at most two kept alive)."""
+    """``ranks(n, fn, *args)``: run ``fn`` on ``n`` gloo ranks; pools are reused (at most MAX_POOLS kept alive)."""
 
     def __init__(self) -> None:
         self.pools: "OrderedDict[int, RankPool]" = OrderedDict()
@@ -30,7 +39,7 @@ class Ranks:
     def __call__(self, n: int, fn, *args, **kwargs):
         pool = self.pools.pop(n, None) or RankPool(n, timeout_s=COLLECTIVE_TIMEOUT_S, preload=PRELOAD)
         self.pools[n] = pool
-        while len(self.pools) > 2:
+        while len(self.pools) > MAX_POOLS:
             _, old = self.pools.popitem(last=False)
             old.close()
         return pool.run(fn, *args, **kwargs)
@@ -39,6 +48,16 @@ class Ranks:
         for p in self.pools.values():
             p.close()
         self.pools.clear()
+
+
+SLOW_FOLDERS = ("scripts", "system")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test under tests/scripts/ and tests/system/ is slow (it starts processes or runs a whole script)."""
+    for item in items:
+        if item.path.parent.name in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 A checkpoint saved on one grid loads on any other grid (or into the serial model, ``grid=None``) built with
 the same sizes: every tensor is written as rectangles (boxes) of its *dense* form -- each rank's own part, as
-:func:`axgrid.io.part_boxes` gives it -- and a loading rank reads, for each box of its own part, only the
+:func:`axgrid.spec.tiles.part_boxes` gives it -- and a loading rank reads, for each box of its own part, only the
 overlapping pieces of the saved boxes. Memory stays bounded: saving posts no gather and writes the rank's parts
 straight from the parameters into the file; loading holds the rank's parts plus one box in flight.
 

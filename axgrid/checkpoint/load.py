@@ -1,5 +1,5 @@
 """Loading on any grid: assemble each rank's part from the saved tiles that overlap it (only the boxes of
-:func:`axgrid.io.part_boxes` are read), then apply all at once."""
+:func:`axgrid.spec.tiles.part_boxes` are read), then apply all at once."""
 from __future__ import annotations
 
 import os

@@ -31,7 +31,7 @@ def _is_writer(grid, e: TensorPart) -> bool:
 
 
 def _boxes_of(e: TensorPart) -> list[tuple[str, Box, torch.Tensor]]:
-    """``(key, box, data)`` for each box of this rank's part (:func:`axgrid.io.part_boxes`): views of the part
+    """``(key, box, data)`` for each box of this rank's part (:func:`axgrid.spec.tiles.part_boxes`): views of the part
     on the CPU (a copy only from another device, or when the part is a view into a larger buffer)."""
     flat = e.tensor.detach().reshape(-1)
     if flat.device.type != "cpu" or flat.untyped_storage().nbytes() != flat.numel() * flat.element_size():

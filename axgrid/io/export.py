@@ -148,7 +148,7 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names:
 
     A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold, in slabs of dense
     rows of at most ``chunk_bytes`` (at least one row): each member sends the piece of its part that falls in
-    the slab, which is placed at its boxes (:func:`axgrid.io.flat_boxes`); the other xyz groups (other ``d``)
+    the slab, which is placed at its boxes (:func:`axgrid.spec.tiles.flat_boxes`); the other xyz groups (other ``d``)
     take no part. Only the tensor being yielded is alive in the iterator (plus one reused receive buffer of
     ``chunk_bytes``): drop it before asking for the next to keep the writing rank's extra memory at one tensor
     and one chunk. Tensors that are dense on every rank (norms under a Linear-only plan, tied weights, buffers)

@@ -10,7 +10,7 @@
    given ``plan``, or drop-in): the parallel layers hold uninitialised parts, the dense leftovers stay on meta.
 3. Every rank checks the files and every tensor it needs (present, shape, dtype), then agrees with the others
    (one all-reduce) before reading anything: bad input raises the same :class:`PretrainedError` on every rank.
-4. Each rank reads, per tensor, only the boxes of its part (:func:`axgrid.io.part_boxes`) with
+4. Each rank reads, per tensor, only the boxes of its part (:func:`axgrid.spec.tiles.part_boxes`) with
    ``safe_open(...).get_slice``; tensors without a tile (tied embeddings, drop-in norms) are read whole.
    A failure while reading is agreed on too: the model is returned complete or not at all.
 """

@@ -159,7 +159,7 @@ class Linear(nn.Module):
 
     def _shard_from(self, block_of) -> torch.Tensor:
         """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix
-        (called for each box of the shard, :func:`axgrid.io.part_boxes`)."""
+        (called for each box of the shard, :func:`axgrid.spec.tiles.part_boxes`)."""
         def read(box: Box) -> torch.Tensor:
             (r, c), (nr, nc) = box.offsets, box.shape
             return block_of(range(r, r + nr), range(c, c + nc))

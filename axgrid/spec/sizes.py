@@ -1,6 +1,6 @@
 """The named GPT sizes: one table, read by the runtime (``GPTConfig.named``), the GEMM tuner and perfmodel.
 
-Layers / hidden / heads are the AxoNN papers' GPT table (REFERENCE.md). Sequence length and vocabulary are not
+Layers / hidden / heads are the AxoNN papers' GPT table (SC24, "Democratizing AI"; arXiv 2305.13525). Sequence length and vocabulary are not
 given there; the large sizes use seq 2048 and GPT-2/NeoX's ~50,257 tokens padded to 51200. ``gpt-1t`` is the
 Megatron-LM 1T shape (~1.01e12 parameters); ``gpt-22b`` (48 / 6144 / 48, ~21.8e9) and ``gpt-175b`` (the GPT-3
 shape) are our assumption for the Frontier study's 22B and 175B, whose exact shapes are not held here.

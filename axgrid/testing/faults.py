@@ -130,7 +130,7 @@ def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, sen
 
 def srun_case(cluster, launcher: str, case: str, rescue_after_s: float) -> tuple[str, dict]:
     """fault_rank's mode and run_job's keywords for ``case`` under ``srun``/``srun-kill`` on ``cluster`` (a
-    tests/slurm_cluster.SlurmCluster): ``scancel`` cancels the job once both ranks are up; a job still running
+    axgrid.testing.slurm.SlurmCluster): ``scancel`` cancels the job once both ranks are up; a job still running
     ``rescue_after_s`` after its fault (a hung rank srun waits for, without --kill-on-bad-exit) is cancelled."""
     def cancel(proc: subprocess.Popen, tag: str) -> None:
         cluster.command(["scancel", f"--name={tag}"])

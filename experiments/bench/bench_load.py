@@ -1,4 +1,4 @@
-"""Memory and time of every path into and out of a parallel model that no single rank could hold (issue 17).
+"""Memory and time of every path into and out of a parallel model that no single rank could hold.
 
     python experiments/bench/bench_load.py                                   # 160m and 1b, on 4 and 8 ranks
     python experiments/bench/bench_load.py --sizes 160m --ranks 4            # one case
@@ -39,12 +39,12 @@ Page cache: before each timed read of the checkpoint (disk, load, today) rank 0 
 from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)`` per file; the files were fsynced when made, so their
 pages are clean and really dropped), so all three read from the disk, i.e. all are cold.
 
-Goal (the issue's): peak RSS of each phase <= baseline + 1.5 x the rank's own bytes + the largest single slice.
+Goal: peak RSS of each phase <= baseline + 1.5 x the rank's own bytes + the largest single slice.
 Own bytes: its parameters (load, reload, export); parameters, gradients, AdamW's two moments and the step's
 activations and gathered-weight buffers as perfmodel's memory model counts them (``memory_per_gpu``'s
 ``activations + buffers`` for a GPT of the same hidden size, layers, heads, vocab, sequence; fp32) in the step;
 parameters and AdamW's moments in the save. Largest single slice: the largest of the rank's own tensors (a part,
-or a tensor replicated whole), and on the writing rank of the export the largest dense tensor (what the issue
+or a tensor replicated whole), and on the writing rank of the export the largest dense tensor (what the goal
 allows it: one tensor; it assembles 16 MiB slabs of rows, so its rise is printed beside). Printed per rank
 with PASS/FAIL; the load time beside the disk read and today's path, as ratios.
 """

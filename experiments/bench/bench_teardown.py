@@ -1,4 +1,4 @@
-"""Teardown time of a failing 2-rank job, per failure and launcher: the figures of the README's "Reliability".
+"""Teardown time of a failing 2-rank job, per failure and launcher: the figures in docs/results.md ("Reliability").
 
     python experiments/bench/bench_teardown.py                         # every launcher, every case, once
     python experiments/bench/bench_teardown.py --launchers plain,torchrun --cases raise,kill --repeat 3

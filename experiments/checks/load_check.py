@@ -1,4 +1,4 @@
-"""``axgrid.from_pretrained`` onto a device with host memory bounded (issue 17): a random-weight LLaMA is written by
+"""``axgrid.from_pretrained`` onto a device with host memory bounded: a random-weight LLaMA is written by
 ``save_pretrained`` (sharded), then loaded on a 1x1x1x1 grid with ``device=`` the grid's device, and checked:
 
 - logits equal transformers' ``from_pretrained`` of the same folder moved to the device (fp32; TF32 off);

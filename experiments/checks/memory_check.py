@@ -1,4 +1,4 @@
-"""A training step's peak memory against perfmodel's prediction (issue 21): the GPT on a 1x1x1x1 grid, one warm-up
+"""A training step's peak memory against perfmodel's prediction: the GPT on a 1x1x1x1 grid, one warm-up
 step (AdamW's state exists from then on), then one measured step of two micro-batches (the second starts with
 gradients live, as ``perfmodel.memory`` prices the peak). On CUDA the measure is
 ``torch.cuda.max_memory_allocated`` (the allocator's peak, reset before the step); on the CPU, the peak of live

@@ -1,4 +1,4 @@
-"""Benchmark: rank every grid configuration of a 1-trillion-parameter GPT on 65,536 GPUs (issue 3: < 1 s).
+"""Benchmark: rank every grid configuration of a 1-trillion-parameter GPT on 65,536 GPUs (goal: < 1 s).
 
     python experiments/perfmodel/bench_perfmodel.py [--model gpt-1t] [--gpus 65536] [--machine frontier] [--batch 16384]
 

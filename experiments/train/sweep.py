@@ -21,7 +21,7 @@ Weak-scaling tables (parameters grow ~linearly with GPUs at a fixed global batch
   cpu: 1 -> 2 layers, hidden 32, 4 heads; 2 -> hidden 48; 4 -> hidden 64 (gpt-tiny); 8 -> hidden 96, 8 heads;
        16 -> hidden 128, 8 heads (seq 64, vocab 256, ffn 4h).
   gpu: 64 -> gpt-5b, 128 -> gpt-10b, 256 -> gpt-20b, 512 -> gpt-40b, 1024 -> gpt-80b, 2048 -> gpt-160b,
-       4096 -> gpt-320b, 8192 -> gpt-640b (the AxoNN GPT sizes of REFERENCE.md; the GPU count per size is our
+       4096 -> gpt-320b, 8192 -> gpt-640b (the AxoNN papers' GPT sizes; the GPU count per size is our
        choice: parameters double as GPUs double).
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ def test_bandwidth_table_by_placement_stride_and_group():
     p = np.array([2, 4, 8, 64, 2, 4, 2, 32])
     s = np.array([1, 1, 1, 1, 2, 2, 4, 64])
     a, b, intra = ring_alpha_beta(p, s, m)
-    assert (b / 1e9).tolist() == [76, 225, 80, 80, 76, 40, 20, 20]      # REFERENCE.md's Perlmutter table
+    assert (b / 1e9).tolist() == [76, 225, 80, 80, 76, 40, 20, 20]      # the AxoNN SC24 paper's Perlmutter table
     assert intra.tolist() == [True, True, False, False, True, False, False, False]
     f = pm.load_machine("frontier")
     _, b, _ = ring_alpha_beta(np.array([2, 4, 8, 16, 2, 4, 8, 2, 4, 2]), np.array([1, 1, 1, 1, 2, 2, 2, 4, 4, 8]), f)
@@ -183,7 +183,7 @@ def test_cli_refuses_non_positive_sizes(flag, value, capsys):
     assert f"{flag} must be a positive integer, got {value}" in capsys.readouterr().err
 
 
-#: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see README):
+#: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see docs/results.md):
 #: kept here so a change that moves them is seen; a change that brings one within 15% moves it to WITHIN.
 KNOWN_MISSES = {"SC24 Frontier 320B": 1.46, "4D paper Perlmutter 80B": 0.78, "Frontier study 22B": 1.19,
                 "Frontier study 175B": 1.40, "Frontier study 1T": 1.70,

@@ -3,6 +3,8 @@ gradient accumulation and activation recompute, and leaves nothing pending after
 import itertools
 
 import pytest
+
+from helpers import slow_where
 import torch
 from torch import nn
 
@@ -57,13 +59,13 @@ def rank_all_combinations(spec: str, recompute: bool, micro: int = 2) -> list:
     return report
 
 
-@pytest.mark.parametrize("world,spec,recompute,micro", [
+@pytest.mark.parametrize("world,spec,recompute,micro", slow_where([
     (8, "2x1x2x2", False, 2),
     (6, "1x1x3x2", True, 2),     # non-power of two, recompute: OAG also prefetches in the recompute forward
     (6, "3x1x2x1", False, 2),
     (8, "1x2x2x2", True, 2),
     (4, "1x1x2x2", False, 1),    # one micro-batch per step: .grad starts as None under ORS + ODP
-])
+], lambda case: case[0] > 4))
 def test_all_16_combinations_equal_no_overlap(ranks, world, spec, recompute, micro):
     for report in ranks(world, rank_all_combinations, spec, recompute, micro):
         for (oar, ors, oag, odp), hits in report:

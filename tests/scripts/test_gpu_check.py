@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 SCRIPT = os.path.join(ROOT, "experiments", "checks", "gpu_check.sh")
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the script itself")
@@ -48,7 +49,7 @@ MEMORY_CHECK = os.path.join(ROOT, "experiments", "checks", "memory_check.py")
 def test_memory_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 6, on the CPU: the step's peak of live tensor bytes is within 10% of
     perfmodel.memory's prediction for the CPU (gloo) device, and the line says so."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq",
                         "64", "--batch", "4", "--vocab", "256", "--dtype", "bf16"], capture_output=True, text=True,
                        env=env, timeout=120)
@@ -66,7 +67,7 @@ def test_load_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 7 (from_pretrained onto the device, host memory bounded), on the
     CPU with a small LLaMA: logits equal transformers', the bytes read equal the model's own, and the line says
     PASS."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, LOAD_CHECK, "--device", "cpu", "--hidden", "128", "--layers", "2", "--vocab",
                         "512", "--shard", "200KB"], capture_output=True, text=True, env=env, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -1,6 +1,6 @@
 """perfmodel's memory is the runtime's: for axgrid's GPT on every grid of 4 ranks and several of 8, with and without
 recompute, OAG and kept gathered weights, in fp32 and under bf16 autocast, the bytes ``perfmodel.memory`` predicts
-per component equal what one rank holds (issue 21, item 1). Measured with ``axgrid.metrics.memtrack``:
+per component equal what one rank holds. Measured with ``axgrid.metrics.memtrack``:
 
 - parameters, gradients, AdamW state (moments and 0-d steps) and the data-parallel bucket buffers: the bytes of
   the tensors' storages -- exactly;
@@ -27,6 +27,8 @@ import itertools
 import os
 
 import pytest
+
+from helpers import slow_where
 import torch
 
 import axgrid
@@ -163,7 +165,8 @@ def compare(spec: str, case: tuple, got: dict) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("spec,cases", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("spec,cases", slow_where(CASES, lambda c: c[0] not in ("2x2x1x1", "1x1x2x2")),
+                         ids=[c[0] for c in CASES])
 def test_memory_equals_runtime(ranks, spec, cases):
     world = 1
     for v in spec.split("x"):

@@ -7,6 +7,8 @@ so one configuration serves all grids. Each parallel parameter's gradient is com
 through the parameter's own TileSpec, so the tile descriptions are checked at the same time.
 """
 import pytest
+
+from helpers import slow_where
 import torch
 
 import axgrid
@@ -77,7 +79,7 @@ def rank_all_grids(world: int, recompute_every: int, only: list | None = None) -
     return done
 
 
-@pytest.mark.parametrize("world", [1, 2, 4, 6, 8])
+@pytest.mark.parametrize("world", slow_where([1, 2, 4, 6, 8], lambda w: w > 4))
 def test_gpt_matches_serial_on_every_grid(ranks, world):
     out = ranks(world, rank_all_grids, world, 3)
     n = len(list(all_shapes(world)))
@@ -204,5 +206,6 @@ def rank_overlaps(spec: str) -> int:
     return 2 * len(combos)
 
 
+@pytest.mark.slow
 def test_overlaps_keep_gpt_training_identical(ranks):
     assert ranks(8, rank_overlaps, "1x2x2x2") == [10] * 8

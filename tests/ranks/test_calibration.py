@@ -42,6 +42,7 @@ def test_group_layouts_have_the_size_and_stride_they_claim(n):
     assert seen == want
 
 
+@pytest.mark.slow
 def test_collectives_script_writes_samples_that_calibrate_fits(ranks, tmp_path, capsys):
     samples, sizes = tmp_path / "calibration.json", [1024, 16384]
     docs = ranks(4, rank_main, ["collectives", "--sizes", "1024,16384", "--gemm-cubes", "16,48", "--reps", "2",
@@ -62,6 +63,7 @@ def test_collectives_script_writes_samples_that_calibrate_fits(ranks, tmp_path, 
     assert 0 < m.gemm_eff_max <= 1 and len(m.gemm_table) == 2
 
 
+@pytest.mark.slow
 def test_steps_script_times_what_validate_compares(ranks, tmp_path, capsys):
     """All overlaps, recompute, 2 micro-batches (the first under no_sync) and small buckets, through the GPT, in
     bf16 as train_gpt runs it (fp32 parameters under autocast; casting the model failed in the first GEMM)."""
@@ -88,6 +90,7 @@ def test_steps_script_times_what_validate_compares(ranks, tmp_path, capsys):
     assert "options='oar,ors,oag,odp'" in err and "python -m axgrid.measure steps" in err
 
 
+@pytest.mark.slow
 def test_script_refuses_bad_input_on_every_rank(ranks, tmp_path):
     machine = tmp_path / "m.toml"
     cal.write_machine(cal.local_base(4, 5e10), machine)

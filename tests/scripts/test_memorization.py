@@ -40,23 +40,18 @@ def test_rows_of_different_lengths():
 # ---------------------------------------------------------------------------------------------------------------
 # the study end to end (experiments/train/memorization.py in-process on 2 gloo ranks, a 1-layer GPT, seconds)
 # ---------------------------------------------------------------------------------------------------------------
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train", "memorization.py")
+from helpers import load_script  # noqa: E402
+
 TINY = ["--model", "gpt-tiny", "--layers", "1", "--hidden", "32", "--passages", "4", "--prompt", "6",
         "--continuation", "6", "--epochs", "2", "--eval-every", "1", "--batch", "4", "--other", "2", "--heldout", "4",
         "--goldfish-h", "3", "--lr", "1e-2", "--warmup", "1", "--timeout", "60"]
 
 
 def rank_study(argv: list) -> dict:
-    spec = importlib.util.spec_from_file_location("memorization_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod.main(argv)
+    return load_script("train/memorization.py").main(argv)
 
 
 def test_the_study_writes_its_json_table_curves_and_png(ranks, tmp_path):

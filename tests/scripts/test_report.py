@@ -2,25 +2,21 @@
 figures as axgrid.metrics summarises them, the step time splits into compute and exposed communication per
 dimension, and the PNG plots are written; a file that is not a metrics log is refused, naming it."""
 import csv
-import importlib.util
 import json
-import os
 
 import pytest
 
-EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+from helpers import load_script
+
 ARGS = ["--model", "gpt-tiny", "--hidden", "32", "--heads", "2", "--seq", "16", "--batch", "4", "--steps", "3",
         "--data", "text", "--no-progress", "--comm-timing"]
 
 
-SCRIPTS = {"train_gpt": ("train", "train_gpt.py"), "report": ("plots", "report.py")}
+SCRIPTS = {"train_gpt": "train/train_gpt.py", "report": "plots/report.py"}
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", os.path.join(EXPERIMENTS, *SCRIPTS[name]))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPTS[name])
 
 
 def rank_train(argv: list) -> dict:

@@ -189,6 +189,7 @@ def rank_reshard(spec: str, src: str | None, dst: str, hidden: int, ffn: int, tr
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_reshard_across_grids(ranks, tmp_path):
     h, f = 12, 18
     a, b, c, e = (str(tmp_path / n) for n in "abce")
@@ -450,12 +451,8 @@ def test_config_values_that_could_never_match_on_resume(tmp_path):
 
 
 def _train_gpt_module():
-    import importlib.util
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train", "train_gpt.py")
-    spec = importlib.util.spec_from_file_location("train_gpt_under_test", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from helpers import load_script
+    return load_script("train/train_gpt.py")
 
 
 def rank_train_gpt_resume(root: str) -> list[str]:

@@ -151,6 +151,7 @@ def _gloo_rank(rank: int, store: str, tmp: str, out) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_follow_rank0(tmp_path):
     import multiprocessing as mp
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
+from helpers import slow_where
 import torch
 
 import axgrid
@@ -85,7 +87,7 @@ def rank_greedy(spec: str, kinds: tuple[str, ...]) -> dict[str, tuple[torch.Tens
         grid.destroy()
 
 
-@pytest.mark.parametrize("spec", [str(s) for s in all_shapes(4)])
+@pytest.mark.parametrize("spec", slow_where([str(s) for s in all_shapes(4)], lambda s: s != "1x2x2x1"))
 def test_greedy_equals_dense_on_every_4_rank_grid(ranks, greedy_refs, spec):
     for rank, got in enumerate(ranks(4, rank_greedy, spec, KINDS)):
         for kind, (cached, uncached) in got.items():

@@ -1,4 +1,4 @@
-"""The communication layer: the backend traps are handled, async works, and the ledger counts what DESIGN.md says."""
+"""The communication layer: the backend traps are handled, async works, and the ledger counts what docs/design.md says."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -66,7 +66,7 @@ def test_backend_traps_are_handled(ranks):
 
 
 def expected_layer_ledger(shape, n, k, m_loc, transposed, bias, keep=False):
-    """DESIGN.md's collectives of one layer's forward + backward, as (dim, op) -> (calls, bytes) for fp32."""
+    """docs/design.md's collectives of one layer's forward + backward, as (dim, op) -> (calls, bytes) for fp32."""
     gx, gy, gz, gd = shape
     gin, gout = (gy, gx) if transposed else (gx, gy)
     din, dout = ("y", "x") if transposed else ("x", "y")

@@ -1,23 +1,19 @@
 """experiments/train/train_gpt.py, called in-process through main(argv) on real gloo ranks: the same run (micro-batches,
 data parallelism, goldfish, recompute, clipping, AdamW) gives the same losses on different grids and on one rank,
 writes the JSON-lines log, and refuses a batch that does not split into whole sequences per rank."""
-import importlib.util
 import json
-import os
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train", "train_gpt.py")
+from helpers import load_script
+
 COMMON = ["--model", "gpt-tiny", "--hidden", "48", "--heads", "4", "--seq", "16", "--data", "text", "--steps", "3",
           "--batch", "8", "--microbatches", "2", "--goldfish-k", "3", "--goldfish-h", "4", "--recompute",
           "--no-progress", "--lr", "3e-3"]
 
 
 def _train_gpt():
-    spec = importlib.util.spec_from_file_location("train_gpt_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("train/train_gpt.py")
 
 
 def rank_run(argv: list) -> dict:

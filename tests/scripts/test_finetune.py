@@ -2,27 +2,21 @@
 a run interrupted by SIGUSR1 (SaveOnSignal) and resumed gives the uninterrupted run's losses step for step; the
 Goldfish loss over 4 ranks (d and z splits, micro-batches) equals one serial rank's, so it is normalised over the
 global batch; the checkpoint's own tokenizer is used and the export loads back with from_pretrained."""
-import importlib.util
 import json
 import os
 import signal
-import sys
 
 import pytest
 
-from tiny_hf import tiny_llama
+from helpers import load_script
+from helpers.tiny_hf import tiny_llama
 
 pytest.importorskip("transformers")
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "train", "finetune.py")
 COMMON = ["--seq", "16", "--batch", "8", "--microbatches", "2", "--lr", "1e-2", "--warmup", "1", "--timeout", "60"]
 
 
 def _finetune():
-    spec = importlib.util.spec_from_file_location("finetune_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                     # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("train/finetune.py")
 
 
 def rank_run(argv: list, signal_after: int = -1) -> dict:

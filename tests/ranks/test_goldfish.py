@@ -5,6 +5,8 @@ serial loss averaged over all kept targets of the step, gradients included."""
 import math
 
 import pytest
+
+from helpers import slow_where
 import torch
 
 import axgrid
@@ -101,7 +103,8 @@ def rank_goldfish_loss(spec: str, micro: int) -> list:
         grid.destroy()
 
 
-@pytest.mark.parametrize("spec,micro", [("1x2x2x2", 2), ("2x1x1x4", 3), ("3x1x1x2", 1)])
+@pytest.mark.parametrize("spec,micro", slow_where([("1x2x2x2", 2), ("2x1x1x4", 3), ("3x1x1x2", 1)],
+                                                  lambda case: case[0] != "2x1x1x4"))
 def test_goldfish_loss_matches_masked_serial(ranks, spec, micro):
     world = math.prod(int(v) for v in spec.split("x"))
     out = ranks(world, rank_goldfish_loss, spec, micro)

@@ -89,6 +89,7 @@ def rank_lost_collective(timeout_s: float) -> str:
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_lost_rank_times_out_instead_of_hanging():
     with RankPool(3, timeout_s=30) as pool:
         out = pool.run(rank_lost_collective, 2.0, deadline_s=60)
@@ -98,6 +99,7 @@ def test_lost_rank_times_out_instead_of_hanging():
         assert o != "no error" and 1.5 <= secs < 20, o
 
 
+@pytest.mark.slow
 def test_launched_job_with_bad_grid_fails_fast():
     """Through the real launcher: every rank raises the clear error and the job exits non-zero, in seconds."""
     t = time.monotonic()

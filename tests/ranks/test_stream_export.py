@@ -1,4 +1,4 @@
-"""Streaming export (issue 17 item 2): iter_dense_state_dict yields every tensor once, dense, on the writing rank
+"""Streaming export: iter_dense_state_dict yields every tensor once, dense, on the writing rank
 only, holding one assembled tensor at a time, with the parts moved point to point (the ledger proves the other
 ranks receive nothing); export_pretrained writes save_pretrained's file layout for max_shard_size, the files are
 safetensors, and both Hugging Face's from_pretrained and axgrid.from_pretrained of the export give the parallel
@@ -124,6 +124,7 @@ def _save_pretrained_layout(where: str, shard) -> tuple[list[str], dict | None]:
     return sorted(os.listdir(where)), (json.load(open(index)) if os.path.exists(index) else None)
 
 
+@pytest.mark.slow
 def test_stream_iterator_ledger_and_hf_round_trip(ranks, tmp_path):
     outs = ranks(4, rank_stream, str(tmp_path))
     for spec, writer, shard, chunk in GRIDS:

@@ -86,7 +86,7 @@ def test_stored_residuals_are_check_published(checks):
     from axgrid.perfmodel.published import residuals_of
     live = residuals_of(checks)
     assert set(live) == {"perlmutter", "frontier", "alps", "dgx-a100"}
-    local = band_for(pm.load_machine("local-4"))            # validate's points on this host (README)
+    local = band_for(pm.load_machine("local-4"))            # validate's points on this host (docs/results.md)
     assert local.own and local.layouts == {"4D"} and all(r.problem for r in local.residuals)
     for name, points in live.items():
         stored = read_residuals(residuals_path(pm.load_machine(name)))
@@ -108,7 +108,7 @@ def test_verdict_says_whether_the_difference_exceeds_the_band(ranking, errors, w
 KORTHIKANTI = {  # Table 5: (layers, hidden, heads, TP, PP, VPP, GPUs, batch, micro-batch)
     "22B": (48, 6144, 64, 8, 1, 1, 8, 4, 4), "175B": (96, 12288, 96, 8, 8, 3, 64, 64, 1),
     "530B": (105, 20480, 128, 8, 35, 3, 280, 280, 1), "1T": (128, 25600, 160, 8, 64, 1, 512, 512, 1)}
-#: the model is optimistic at every Korthikanti configuration, by at most this much (README, check-published)
+#: the model is optimistic at every Korthikanti configuration, by at most this much (docs/results.md, check-published)
 KORTHIKANTI_MAX_RATIO = 1.30
 
 

@@ -1,7 +1,6 @@
 """Command lines answer bad input with one clear line (and a non-zero exit), never a traceback: ``axgrid describe``,
 ``python -m axgrid.kernels tune``, ``experiments/train/train_gpt.py``; a 0-d input to a parallel Linear fails before any
 collective, on every rank."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,8 +10,9 @@ import torch
 
 import axgrid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_GPT = os.path.join(ROOT, "experiments", "train", "train_gpt.py")
+from helpers import ROOT, load_script
+
+TRAIN_GPT = str(ROOT / "experiments" / "train" / "train_gpt.py")
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -60,10 +60,7 @@ def test_kernels_tune_on_cuda_without_gpu(capsys, tmp_path):
 
 
 def _train_gpt_main():
-    spec = importlib.util.spec_from_file_location("train_gpt_under_test", TRAIN_GPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return load_script("train/train_gpt.py").main
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -81,7 +78,7 @@ def test_train_gpt_bad_arguments(argv, msg):
 
 def test_train_gpt_bad_argument_is_one_line_on_stderr():
     res = subprocess.run([sys.executable, TRAIN_GPT, "--overlap", "bogus"], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "--overlap bogus" in res.stderr, res.stderr
 
 
