@@ -12,7 +12,7 @@
                    their index cached next to the data; :func:`parse_split`
 :mod:`.blend`      :func:`parse_blend` (``--data-path 0.7 A 0.3 B``), :class:`Blend`: samples of several datasets
 :mod:`.corpus`     :class:`Corpus`: the train and validation batches of a blend on the grid (index built by one
-                   rank, each rank reads its rows, vocabulary checked, resumable position)
+                   rank, each rank reads its rows, vocabulary checked, resumable position); :func:`split_tokens`
 text/              :data:`DEFAULT_TEXT`: public-domain KJV selections (326 KB, ASCII; text/README.md)
 =================  ===================================================================================
 
@@ -32,7 +32,7 @@ _SOURCES = {
     "DataError": "indexed", "IndexedTokens": "indexed", "IndexedWriter": "indexed", "token_dtype": "indexed",
     "GPTSamples": "samples", "parse_split": "samples",
     "Blend": "blend", "parse_blend": "blend",
-    "Corpus": "corpus", "DataSettings": "corpus",
+    "Corpus": "corpus", "DataSettings": "corpus", "split_tokens": "corpus",
 }
 
 __all__ = ["DEFAULT_TEXT", *_SOURCES]

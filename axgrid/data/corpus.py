@@ -1,6 +1,7 @@
 """A preprocessed corpus on the grid: the train and validation batches of a blend of indexed datasets.
 
     settings = DataSettings(paths=("0.7", "data/a", "0.3", "data/b"), split="949,50,1")
+    tokens = split_tokens(settings, "valid", limit=65536)        # [<= limit]: a split's first tokens, no grid
     corpus = Corpus(settings, grid, seq=1024, seed=0, vocab=50304, train_samples=steps * batch,
                     valid_samples=eval_iters * batch)            # collective: every rank calls it
     corpus.seek(start, consumed_samples)                          # after a resume (checkpoint extra)
@@ -65,6 +66,27 @@ class DataSettings:
     def record(self) -> dict[str, Any]:
         """The settings as a run's configuration records them (prefixes absolute)."""
         return {"blend": [[w, os.path.abspath(p)] for w, p in self.blend()], "split": list(self.fractions())}
+
+
+def split_tokens(settings: DataSettings, split: str, limit: int) -> np.ndarray:
+    """The first ``limit`` tokens (or all) of a split's documents in document order, dataset after dataset of the
+    blend: ``[n]`` int64. Reads only those tokens; no collective, no index (every rank reads the same).
+    DataError (one line) when the files are bad or the split has no tokens."""
+    out: list[np.ndarray] = []
+    left = limit
+    for _, prefix in settings.blend():
+        data = IndexedTokens(prefix)
+        first, end = split_documents(settings.fractions(), data.documents)[SPLITS.index(split)]
+        for sid in data.doc_sequences(first, end) if left > 0 else ():
+            take = min(left, int(data.lengths[sid]))
+            out.append(data.tokens(sid, 0, take).astype(np.int64))
+            left -= take
+            if left <= 0:
+                break
+    if not out or limit - left <= 0:
+        raise DataError(f"--split {settings.split}: the {split} split of --data-path {' '.join(settings.paths)} holds "
+                        f"no tokens; give it a larger share")
+    return np.concatenate(out)
 
 
 def _stats_path(cache: Path, data: IndexedTokens) -> Path:

@@ -239,17 +239,19 @@ class IndexedTokens:
         have = self.bin_path.stat().st_size
         if have < self.bin_bytes:
             raise DataError(f"{self.bin_path} is {have} bytes but {self.idx_path} says its tokens end at byte "
-                            f"{self.bin_bytes}: the .bin is truncated or belongs to another index; preprocess the corpus "
-                            f"again")
+                            f"{self.bin_bytes}: the .bin is truncated or belongs to another index; preprocess the "
+                            f"corpus again")
         self._bin = _map(self.bin_path)
 
     @property
     def total_tokens(self) -> int:
         return int(self.lengths.sum(dtype=np.int64))
 
-    def doc_sequences(self, first_doc: int, end_doc: int) -> np.ndarray:
-        """The sequence ids of documents ``[first_doc, end_doc)``, in order: ``[n]`` int64."""
-        return np.arange(int(self.doc_index[first_doc]), int(self.doc_index[end_doc]), dtype=np.int64)
+    def doc_sequences(self, first_doc: int, end_doc: int) -> range:
+        """The sequence ids of documents ``[first_doc, end_doc)``, in order."""
+        if not self.documents:
+            return range(0)
+        return range(int(self.doc_index[first_doc]), int(self.doc_index[end_doc]))
 
     def tokens(self, seq: int, offset: int = 0, length: Optional[int] = None) -> np.ndarray:
         """``[length]`` tokens of sequence ``seq`` from ``offset`` (to its end by default): a view of the map."""
