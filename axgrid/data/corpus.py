@@ -101,6 +101,7 @@ class Corpus:
                  train_samples: int, valid_samples: int = 0) -> None:
         self.settings, self.grid, self.seq, self.seed, self.vocab = settings, grid, seq, seed, vocab
         self.base = 0
+        self.built_here = False          # this rank wrote (part of) the cached index
         try:
             self._describe(train_samples, valid_samples)
         except DataError as e:
@@ -153,6 +154,7 @@ class Corpus:
             any(not _stats_path(c, d).is_file() for d, c in zip(self.datasets, self.caches))
 
     def _build(self) -> None:
+        self.built_here = True
         for part, epochs in self._epochs.items():
             part.build(epochs)
         for data, cache in zip(self.datasets, self.caches):

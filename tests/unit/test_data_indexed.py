@@ -156,3 +156,23 @@ def test_corpus_without_a_grid_and_split_tokens(tmp_path):
         Corpus(settings, None, seq=8, seed=0, vocab=200, train_samples=10)
     with pytest.raises(SystemExit, match="the valid split .* fewer than one sample"):
         Corpus(DataSettings(settings.paths, "100,0,0", settings.cache), None, 8, 0, 300, 10, valid_samples=4)
+
+
+def _rss_file_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RssFile from Linux's /proc")
+def test_reading_a_whole_epoch_leaves_no_pages_in_rss(tmp_path):
+    rng = np.random.default_rng(0)
+    with IndexedWriter(tmp_path / "big", np.uint8) as w:
+        for _ in range(400):
+            w.add(rng.integers(0, 256, 40_000))                      # 16 MB of tokens
+    corpus = Corpus(DataSettings((str(tmp_path / "big"),), "100,0,0", str(tmp_path / "c")), None, seq=1024, seed=0,
+                    vocab=256, train_samples=1)
+    per_epoch = corpus.train.parts[0].per_epoch
+    before = _rss_file_kib()
+    for step in range(per_epoch // 8):
+        corpus.batch(step, 8)
+    assert _rss_file_kib() - before < 4096                       # without release() the 16 MB stay mapped in
