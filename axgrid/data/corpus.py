@@ -22,9 +22,9 @@ Opening, in this order:
 
 Batch ``step`` of ``size`` holds blended train samples ``[base + step·size, base + (step+1)·size)``, ``base`` 0
 unless :meth:`seek` moved it (a resumed run whose batch size changed). A rank reads only ``rows``: the sequences
-its (d, z) share of the batch trains on (:func:`axgrid.driver.share_rows`); the other rows stay 0. After each
-batch the pages read are dropped from the process (:meth:`GPTSamples.release`), so RSS does not grow with the
-dataset. The validation set is the first ``valid_samples`` blended samples of the validation split.
+its (d, z) share of the batch trains on (:func:`axgrid.driver.share_rows`); the other rows stay 0. Every
+``RELEASE_EVERY`` samples read, the mapped pages are dropped from the process (:meth:`GPTSamples.release`), so RSS
+does not grow with the dataset. The validation set is the first ``valid_samples`` blended samples of the validation split.
 """
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ from .samples import SPLITS, GPTSamples, parse_split, split_documents
 
 #: How often a rank waiting for rank 0's index build says so.
 WAIT_NOTICE_S = 60.0
+#: Samples read between two releases of the mapped pages (each sample maps at most a few 64 KiB fault-around
+#: windows, so RSS holds at most a few tens of MiB of them)
+RELEASE_EVERY = 128
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Corpus:
                  train_samples: int, valid_samples: int = 0) -> None:
         self.settings, self.grid, self.seq, self.seed, self.vocab = settings, grid, seq, seed, vocab
         self.base = 0
+        self._unreleased = 0
         self.built_here = False          # this rank wrote (part of) the cached index
         try:
             self._describe(train_samples, valid_samples)
@@ -245,10 +249,14 @@ class Corpus:
     def _rows(self, blend: Blend, first: int, size: int, rows: Optional[Sequence[int]]
               ) -> tuple[torch.Tensor, torch.Tensor]:
         out = np.zeros((size, self.seq + 1), dtype=np.int64)
-        for r in (range(size) if rows is None else rows):
+        todo = range(size) if rows is None else rows
+        for r in todo:
             out[r] = blend.sample(first + r)
-        for part in blend.parts:
-            part.release()
+        self._unreleased += len(todo)
+        if self._unreleased >= RELEASE_EVERY:
+            self._unreleased = 0
+            for part in blend.parts:
+                part.release()
         t = torch.from_numpy(out)
         return t[:, :-1], t[:, 1:]
 
