@@ -15,7 +15,7 @@ $(BIN)/axgrid: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e '.[mpi,test,plot,hf,metrics,bench]'
+	$(BIN)/pip install -q -e '.[mpi,test,plot,hf,metrics,bench,data]'
 	touch $@
 
 install: $(BIN)/axgrid

@@ -13,7 +13,8 @@ Data: ``--text-file`` (default: the shipped KJV selections) tokenized with the c
 folder has one (``AutoTokenizer``); otherwise byte-level (ids = UTF-8 bytes, which needs a vocabulary of at
 least 256), said in the log's ``config`` record and on stdout. Each step's global batch is ``--batch`` random
 windows of ``--seq + 1`` tokens drawn from ``(seed, step)`` (the same on every rank; each takes its slice), so a
-resumed run sees the same batches.
+resumed run sees the same batches. ``--data-path [W] PREFIX ...`` (``--split``, ``--eval-interval``, ``--eval-iters``)
+trains on a corpus preprocessed with the checkpoint's tokenizer instead, as train_gpt does (docs/data.md).
 
 Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences in ``--microbatches``
 accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
@@ -46,8 +47,9 @@ import torch
 
 import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, TokenWindows, encode, load_tokenizer
-from axgrid.driver import (RunCheckpoints, StepSettings, add_run_arguments, add_step_arguments, check_run_arguments,
-                           compute_dtype, parse_step_args, run_step)
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
+                           add_step_arguments, check_data_arguments, check_run_arguments, compute_dtype,
+                           data_settings, parse_step_args, run_step)
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
 from axgrid.spec import llama_flops
@@ -63,6 +65,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     add_step_arguments(p)
     p.set_defaults(lr=1e-4, weight_decay=0.0)          # a fine-tuning learning rate, no weight decay
     p.add_argument("--seed", type=int, default=0, help="seed of the data order")
+    add_data_arguments(p)
     add_run_arguments(p)
     p.add_argument("--export", default=None, help="write the fine-tuned model as a Hugging Face folder here")
     add_metrics_arguments(p)
@@ -71,7 +74,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """What a resumed run must share with the run that saved (not the grid, dtype or timeout: loading reshards)."""
+    corpus = data_settings(args)
     return {"checkpoint": os.path.abspath(args.checkpoint), "text_file": os.path.abspath(args.text_file),
+            "corpus": corpus.record() if corpus is not None else None,
             "seed": args.seed, "seq": args.seq, "steps": args.steps, "batch": args.batch,
             "microbatches": args.microbatches, "recompute": args.recompute,
             "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
@@ -84,11 +89,12 @@ def check_args(args: argparse.Namespace) -> None:
     if not os.path.isdir(args.checkpoint):
         raise SystemExit(f"--checkpoint {args.checkpoint} is not a folder: pass a Hugging Face model folder written "
                          f"by save_pretrained")
-    if not os.path.isfile(args.text_file):
+    if not args.data_path and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass a UTF-8 text file")
     if args.seq < 1:
         raise SystemExit(f"--seq {args.seq}: tokens per sequence must be >= 1")
     check_run_arguments(args)
+    check_data_arguments(args)
 
 
 def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TokenWindows:
@@ -126,14 +132,17 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     tokenizer = load_tokenizer(args.checkpoint)
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
     mcfg = model.config
-    data = data_of(args, tokenizer, mcfg.vocab_size)
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
+    data = RunData.open(args, grid, settings, seq=args.seq, seed=args.seed, vocab=mcfg.vocab_size, start=start,
+                        resumed=ckpt.extra, fallback=lambda: data_of(args, tokenizer, mcfg.vocab_size))
+    text_tokens = int(data.batches.tokens.numel()) if data.corpus is None else None
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, "text_tokens": int(data.tokens.numel()), "seq": args.seq, "batch": args.batch,
+              "tokenizer": tok_name, "text_tokens": text_tokens, "corpus": data.describe() or None,
+              "seq": args.seq, "batch": args.batch,
               "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
               "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}
@@ -142,12 +151,14 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
                                 append=bool(args.resume))
     if rank0:
         print(f"finetune: {type(model).__name__} from {args.checkpoint} on grid {grid.shape} ({grid.world_size} "
-              f"ranks, {dtype}); tokenizer: {tok_name}; {data.tokens.numel():,} tokens of text; batch {args.batch} x "
+              f"ranks, {dtype}); tokenizer: {tok_name}; "
+              f"{data.describe() if data.corpus else f'{text_tokens:,} tokens of text'}; batch {args.batch} x "
               f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
     for step in range(start, args.steps):
-        inputs, targets = data.batch(step, args.batch)
+        inputs, targets = data.batch(step)
         run_step(model, opt, grid, settings, step, inputs, targets, metrics)
-        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps):
+        data.after_step(step + 1, model, grid, metrics)
+        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps, extra=data.extra(step + 1)):
             break
     ckpt.close()
     exported = args.export if (args.export and not ckpt.stopped) else None

@@ -1,5 +1,6 @@
 """A tiny Hugging Face LLaMA checkpoint written locally (no network): ``save_pretrained`` of a random
-``LlamaForCausalLM`` plus, optionally, a byte-level BPE tokenizer trained on the shipped text (``tokenizers``)."""
+``LlamaForCausalLM`` plus, optionally, a byte-level BPE tokenizer trained on the shipped text (``tokenizers``;
+:func:`byte_bpe` writes the tokenizer alone)."""
 from __future__ import annotations
 
 from axgrid.data import DEFAULT_TEXT
@@ -18,14 +19,20 @@ def tiny_llama(path: str, vocab: int = 256, tokenizer: bool = False, hidden: int
                       tie_word_embeddings=False)
     LlamaForCausalLM(cfg).save_pretrained(path)
     if tokenizer:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-        from transformers import PreTrainedTokenizerFast
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
-        with open(TEXT, encoding="utf-8") as f:
-            tok.train_from_iterator([f.read()[:60000]], trainer)
-        PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+        byte_bpe(path, vocab)
+    return path
+
+
+def byte_bpe(path: str, vocab: int) -> str:
+    """Write a ``vocab``-entry byte-level BPE tokenizer (``PreTrainedTokenizerFast``) trained on the shipped text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    with open(TEXT, encoding="utf-8") as f:
+        tok.train_from_iterator([f.read()[:60000]], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
     return path
