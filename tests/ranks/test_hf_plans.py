@@ -73,8 +73,9 @@ def dense_part(param: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return dense if tile is None else part_of_dense(tile, dense)
 
 
-def rank_equal_serial(spec: str, kinds: list[str]) -> dict:
-    grid = axgrid.init(spec, timeout_s=60)
+def rank_equal_serial(spec: str, kinds: list[str], overlap: bool = False) -> dict:
+    ov = axgrid.OverlapConfig(oar=True, ors=True, oag=True, odp=True) if overlap else axgrid.OverlapConfig()
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=ov, bucket_bytes=4096))
     try:
         gd, gz, d = grid.size("d"), grid.size("z"), grid.index("d")
         worst: dict[str, float] = {}
@@ -92,9 +93,12 @@ def rank_equal_serial(spec: str, kinds: list[str]) -> dict:
             b = ids.shape[0] // gd
             loss_s, logits_s = serial_step(serial, ids, labels, gd)
             loss_s.backward()
+            grid.ledger.reset()
             out = par(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b])
             out.loss.backward()
             axgrid.sync_gradients(par, grid)
+            reduced = grid.ledger.entries.get(("d", "all_reduce"))       # each parameter's gradient once over d
+            assert gd == 1 or reduced.bytes == sum(p.numel() * 4 for p in par.parameters()), (kind, reduced)
             with torch.no_grad():
                 own = serial(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b]).loss
             errs = [abs(float(out.loss) - float(own))]
@@ -131,6 +135,15 @@ def test_every_4_rank_grid_equals_serial(ranks, spec):
 @pytest.mark.parametrize("spec", ["2x2x2x1", "1x2x2x2"])
 def test_8_rank_grids_equal_serial(ranks, spec):
     for worst in ranks(8, rank_equal_serial, spec, list(MODELS)):
+        assert all(v < 1e-4 for v in worst.values()), worst
+
+
+def test_tied_and_head_norm_gradients_under_every_overlap(ranks):
+    """ORS and ODP with a parameter two layers read (the tied weight: both reduce-scatters go back to autograd,
+    which adds them before ODP buckets it) and with the head norms' gradients summed over y, then z by the sink."""
+    for worst in ranks(4, rank_equal_serial, "1x2x1x2", ["llama-tied", "gemma3"], True):
+        assert all(v < 1e-4 for v in worst.values()), worst
+    for worst in ranks(4, rank_equal_serial, "1x1x2x2", ["llama-tied"], True):
         assert all(v < 1e-4 for v in worst.values()), worst
 
 

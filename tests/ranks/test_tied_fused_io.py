@@ -46,6 +46,10 @@ def rank_train_export_save(tmp: str) -> dict:
             axgrid.export_pretrained(model, where + "-export", grid, chunk_bytes=1)      # one row per slab
             save_checkpoint(where + "-ckpt", model, None, grid, step=1)
             o = {"logits": logits}
+            if kind == "phi3":                            # a fused layer back to dense: the files' row order
+                dense = axgrid.dense_state_dict(model, grid)
+                qkv = model.model.layers[0].self_attn.qkv_proj
+                o["to_dense"] = torch.equal(qkv.to_dense().weight, dense["model.layers.0.self_attn.qkv_proj.weight"])
             if grid.rank == 0:
                 loaded = AutoModelForCausalLM.from_pretrained(where + "-export")
                 with torch.no_grad():
@@ -87,6 +91,7 @@ def test_tied_and_fused_models_export_checkpoint_and_reshard(ranks, tmp_path):
         o = first[0][kind]
         assert o["hf"] < 1e-5, (kind, o["hf"])
         assert o["hf_tied"] == (kind == "gemma3") and o["files_have_head"] == (kind == "phi3"), (kind, o)
+    assert all(r["phi3"]["to_dense"] for r in first)
     for got in ranks(4, rank_load_elsewhere, str(tmp_path)):
         for kind in KINDS:
             want = first[0][kind]["logits"]
