@@ -84,8 +84,8 @@ def add_state_hooks(module: nn.Module) -> None:
 
 def deepcopy_keeping_marks(module: nn.Module, memo: dict) -> nn.Module:
     """``copy.deepcopy`` for modules with tiled parameters: the copy's parameters keep ``axgrid_tile``,
-    ``axgrid_replicated`` and ``axgrid_shared`` (``Parameter.__deepcopy__`` drops Python attributes) and the grid is shared, not
-    copied (it holds process groups). Use as ``__deepcopy__ = deepcopy_keeping_marks``."""
+    ``axgrid_replicated`` and ``axgrid_shared`` (``Parameter.__deepcopy__`` drops Python attributes) and the grid
+    is shared, not copied (it holds process groups). Use as ``__deepcopy__ = deepcopy_keeping_marks``."""
     cls = type(module)
     new = cls.__new__(cls)
     memo[id(module)] = new

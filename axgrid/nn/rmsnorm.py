@@ -21,7 +21,7 @@ over y, then over z.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ class _ShardedRMSNorm(torch.autograd.Function):
     gradient summed over ``layer.grad_dims`` (z last, through the gradient sink)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, layer: "RMSNorm | HeadRMSNorm") -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, layer: Any) -> torch.Tensor:  # type: ignore[override]
         grid, dim, h = layer.grid, layer.stat_dim, layer.hidden
         xf = x.float()
         sq = (xf * xf).sum(-1)

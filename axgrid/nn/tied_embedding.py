@@ -31,7 +31,7 @@ a backward ``RS_z`` of the block, in place of the untied table's backward ``AR_z
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ from .linear import Linear
 
 class _TiedLookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: "TiedEmbedding") -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: Any) -> torch.Tensor:  # type: ignore[override]
         head = layer.head
         grid, sh = head.grid, head.sharding
         block = head.gather_weight(weight)                                     # [V/Gy, h/Gx]

@@ -1,7 +1,8 @@
 """axgrid.generate: greedy decoding equals the dense model's (a plain loop for axgrid's GPT, Hugging Face
 ``generate(do_sample=False)`` for Llama/Mistral/Qwen2) token for token on every grid of 4 ranks, cached and
-uncached, and so does it for a tied Llama, Qwen3, Gemma 3 and Phi-3 under their plans and for drop-in models; sampling picks the same tokens on every rank, reproducibly, within the top-k; EOS stops and pads as
-Hugging Face does; bad input raises on every rank before any collective (the ledger is untouched)."""
+uncached, and so does it for a tied Llama, Qwen3, Gemma 3 and Phi-3 under their plans and for drop-in models;
+sampling picks the same tokens on every rank, reproducibly, within the top-k (drop-in: the planned model's draws);
+EOS stops and pads as Hugging Face does; bad input raises on every rank before any collective (the ledger is untouched)."""
 from __future__ import annotations
 
 import importlib.util

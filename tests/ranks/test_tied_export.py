@@ -1,5 +1,6 @@
 """Tied weights survive parallelize (kept dense under drop-in, sharded once under a plan; trained like the dense
-model either way); the summary says what stayed dense and why; dense tensors / a dense model / a Hugging Face export come back from a parallel model; the
+model either way); the summary says what stayed dense and why; dense tensors / a dense model / a Hugging Face
+export come back from a parallel model; the
 state_dict trap paths (another rank's part, a dense state dict, torch.distributed.checkpoint, deepcopy,
 save_pretrained) are right or refused clearly."""
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """Tied embeddings and fused rows through every path tensors take in and out of a parallel model: a tied Gemma 3
 and a Phi-3 (fused qkv_proj and gate_up_proj) trained one step on 1x2x2x1, then
 
+- deep-copied (the copy's embedding reads the copy's head);
 - exported in slabs of one row (every slab cuts the fused bands): transformers loads the export -- tied, its files
   without lm_head.weight -- with the parallel model's logits;
 - checkpointed, and loaded onto 1x4x1x1 (another row map for the fused tensors, no z split) with the same logits;
 - the export read back by axgrid.from_pretrained on 1x4x1x1, the same logits again."""
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -45,7 +47,13 @@ def rank_train_export_save(tmp: str) -> dict:
             where = os.path.join(tmp, kind)
             axgrid.export_pretrained(model, where + "-export", grid, chunk_bytes=1)      # one row per slab
             save_checkpoint(where + "-ckpt", model, None, grid, step=1)
-            o = {"logits": logits}
+            twin = copy.deepcopy(model)                   # shares the grid; ties and local head counts copied
+            with torch.no_grad():
+                o = {"logits": logits, "twin": float((axgrid.plans.gather_logits(twin(input_ids=x).logits, grid)
+                                                      - logits).abs().max())}
+            emb = twin.model.embed_tokens
+            o["twin_tied"] = (emb.weight is twin.lm_head.weight and emb.head is twin.lm_head) if kind == "gemma3" \
+                else twin.model.layers[0].self_attn.config.num_attention_heads == 4
             if kind == "phi3":                            # a fused layer back to dense: the files' row order
                 dense = axgrid.dense_state_dict(model, grid)
                 qkv = model.model.layers[0].self_attn.qkv_proj
@@ -92,6 +100,7 @@ def test_tied_and_fused_models_export_checkpoint_and_reshard(ranks, tmp_path):
         assert o["hf"] < 1e-5, (kind, o["hf"])
         assert o["hf_tied"] == (kind == "gemma3") and o["files_have_head"] == (kind == "phi3"), (kind, o)
     assert all(r["phi3"]["to_dense"] for r in first)
+    assert all(r[k]["twin"] < 1e-6 and r[k]["twin_tied"] for r in first for k in KINDS), first
     for got in ranks(4, rank_load_elsewhere, str(tmp_path)):
         for kind in KINDS:
             want = first[0][kind]["logits"]
