@@ -113,7 +113,7 @@ class Embedding(nn.Module):
         else:
             out = _ShardedLookup.apply(ids.reshape(-1).long(), self.weight, self).reshape(*ids.shape, self.local)
         if self.scale is not None:
-            out = out * torch.tensor(self.scale, dtype=self.weight.dtype, device=out.device)
+            out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
         return out
 
     def extra_repr(self) -> str:

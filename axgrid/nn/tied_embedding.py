@@ -106,7 +106,7 @@ class TiedEmbedding(nn.Module):
                              f"[0, {self.num_embeddings})")
         out = _TiedLookup.apply(flat, self.weight, self)
         if self.scale is not None:
-            out = out * torch.tensor(self.scale, dtype=self.weight.dtype, device=out.device)
+            out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
         return out.reshape(*ids.shape, self.head.sharding.k_blk)
 
     def extra_repr(self) -> str:
