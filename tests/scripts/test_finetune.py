@@ -1,7 +1,8 @@
 """experiments/train/finetune.py on a tiny local Llama (save_pretrained, no network), in-process on real gloo ranks:
 a run interrupted by SIGUSR1 (SaveOnSignal) and resumed gives the uninterrupted run's losses step for step; the
 Goldfish loss over 4 ranks (d and z splits, micro-batches) equals one serial rank's, so it is normalised over the
-global batch; the checkpoint's own tokenizer is used and the export loads back with from_pretrained."""
+global batch; the checkpoint's own tokenizer is used and the export loads back with from_pretrained; a model with
+no built-in plan (a tied SmolLM3) fine-tunes drop-in, on 4 ranks as on one."""
 import json
 import os
 import signal
@@ -75,3 +76,28 @@ def test_goldfish_is_normalised_over_the_global_batch(ranks, checkpoints, tmp_pa
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.vocab_size == 320
     assert AutoTokenizer.from_pretrained(out)("In the beginning")["input_ids"]
+
+
+def _tiny_smollm3(path: str) -> str:
+    """A tiny tied SmolLM3 (Llama-shaped, no built-in plan in axgrid): it runs drop-in."""
+    import torch
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+    torch.manual_seed(0)
+    cfg = SmolLM3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    SmolLM3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_a_model_without_a_plan_finetunes_drop_in(ranks, tmp_path):
+    path = _tiny_smollm3(str(tmp_path / "smollm3"))
+    argv = ["--checkpoint", path, "--steps", "3"] + COMMON
+    serial = ranks(1, rank_run, argv + ["--grid", "1x1x1x1"])[0]
+    out = str(tmp_path / "export")
+    split = ranks(4, rank_run, argv + ["--grid", "2x1x2x1", "--export", out])     # the grid of the crash report
+    assert split[0]["losses"] == pytest.approx(serial["losses"], rel=1e-5)
+    assert split[0]["losses"][-1] < split[0]["losses"][0]
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
