@@ -14,6 +14,7 @@ import os
 from typing import Optional, Sequence
 
 from ..config import RuntimeConfig
+from ..launch.errors import usage_errors_raise
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +52,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
     """Parse ``argv`` with a parser holding :func:`add_step_arguments`; ``--min-lr`` then defaults to ``--lr``/10
     (a default that depends on another option, which argparse cannot express)."""
+    usage_errors_raise(p)               # a bad option: one line, said once (axgrid.launch.errors)
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10

@@ -43,6 +43,7 @@ import torch
 import axgrid
 from axgrid.data import DEFAULT_TEXT, TokenWindows, encode, load_tokenizer
 from axgrid.driver import StepSettings, add_step_arguments, compute_dtype, parse_step_args, run_step
+from axgrid.launch.errors import run
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
 from axgrid.models import GPT, GPTConfig
@@ -380,4 +381,4 @@ def plot(curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], pa
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "memorization")     # errors said once, as one line (axgrid.launch.errors)
