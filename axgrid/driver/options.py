@@ -45,6 +45,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", default=None, help="checkpoint directory")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    p.add_argument("--keep", type=int, default=2, metavar="N",
+                   help="checkpoints kept under --save: the newest N, older ones deleted after each save (0: keep "
+                        "all); the checkpoint --resume loaded is never deleted (default 2)")
     p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
                    help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
 
@@ -66,6 +69,8 @@ def check_run_arguments(args: argparse.Namespace) -> None:
                          f"e.g. --timeout 120")
     if args.save_every and not args.save:
         raise SystemExit("--save-every needs --save DIR")
+    if args.keep < 0:
+        raise SystemExit(f"--keep {args.keep}: the number of checkpoints to keep must be >= 1, or 0 to keep all")
 
 
 def compute_dtype(requested: Optional[str]) -> str:

@@ -210,11 +210,12 @@ def grid_shape_for(spec: Union[str, Sequence[int], GridShape], launch: LaunchEnv
     more ranks, the GridError says how to launch it (:func:`how_to_launch`)."""
     try:
         return GridShape.parse(spec, launch.world_size)
-    except GridError as e:
+    except GridError:
         needed = _ranks_named(spec)
         if launch.launcher != "single" or needed <= 1:
             raise
-        raise GridError(f"{e}. This process runs alone (no launcher): start {needed} ranks with "
+        raise GridError(f"grid {spec if isinstance(spec, (str, GridShape)) else 'x'.join(map(str, spec))} needs {needed} ranks, "
+                        f"but this process runs alone (no launcher, world size 1): start it with "
                         f"`{how_to_launch(needed)}` (or mpirun/srun/torchrun -n {needed})") from None
 
 
