@@ -35,12 +35,12 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 
 class ProgressLines:
-    """A run's progress as plain lines on ``out`` (stdout), for a log without a terminal: after every ``every``-th
+    """A run's progress as plain lines on ``out`` (default: stdout), for a log without a terminal: after every ``every``-th
     step and the last one, ``step 20/100: loss 2.4513, 3185 tokens/s, 0.322 s/step, 0:00:26 left``. The time left
     is the mean step time of this process's steps so far (the first left out once there are more) times the
     steps still to run."""
 
-    def __init__(self, total: int, every: int, out: TextIO = sys.stdout) -> None:
+    def __init__(self, total: int, every: int, out: Optional[TextIO] = None) -> None:
         self.total, self.every, self.out = total, every, out
         self.times: list[float] = []
 
@@ -60,7 +60,7 @@ class ProgressLines:
             left = round(mean * max(0, self.total - done))
             parts += [f"{mean:.3f} s/step", f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d} left"]
         line = f"step {done}/{self.total}: " + ", ".join(parts)
-        print(line, file=self.out, flush=True)
+        print(line, file=self.out or sys.stdout, flush=True)
         return line
 
 
