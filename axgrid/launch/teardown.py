@@ -9,8 +9,8 @@ interpreter teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every
 collective with this one -- and the job sat until the collective timeout; and interpreter teardown with live
 gloo groups is where the exit-134 abort below happens. The other ranks see the closed connections at their
 next collective with this rank and fail the same way. Under a bare mpiexec, a rank that leaves MPI
-unfinalised makes Hydra end the whole job at once, with that rank's exit code (under ``axgrid launch`` MPI is
-finalised right after the rendezvous, and the launcher ends the job).
+unfinalised makes Hydra end the whole job at once, with that rank's exit code (under ``axgrid launch`` the ranks
+do not start MPI -- the launcher gives them their rendezvous address -- and the launcher ends the job).
 
 Success. ``Grid.destroy()`` releases the groups and drops every reference to them, so gloo joins its worker
 and network threads right there; a grid still alive when the program ends is destroyed by an atexit handler,
