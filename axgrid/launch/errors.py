@@ -6,9 +6,9 @@ non-zero exit; a traceback only for a bug, or when asked for with ``--debug`` / 
 
 The project's own errors are bad input, not bugs: ``SystemExit("message")`` from an argument check, an exception
 whose class axgrid defines (``GridError``, ``LaunchError``, ``PretrainedError``, ``CheckpointError``,
-``PerfModelError``, ...), and a ``ValueError`` raised by a ``raise`` statement in axgrid's own code (a value check
-naming the value and the fix). Everything else -- a ``ValueError`` from inside torch or from a builtin, any other
-exception -- is a bug and keeps its traceback.
+``PerfModelError``, ...), and a ``ValueError`` (or ``FloatingPointError``) raised by a ``raise`` statement in
+axgrid's own code (a check naming the value and the fix). Everything else -- a ``ValueError`` from inside torch or
+from a builtin, any other exception -- is a bug and keeps its traceback.
 
 Once per job, whoever started it:
 
@@ -22,7 +22,7 @@ Once per job, whoever started it:
   some other rank only is said only with ``--debug``, where every rank prints its traceback.
 
 A rank of a job of several leaves with ``os._exit`` (see :mod:`axgrid.launch.teardown`: the others may be blocked in
-a collective with it). The same rules apply to an uncaught error in any program that called :func:`axgrid.init`:
+a collective with it), except where MPI is live in it (a bare mpiexec: :func:`leaves_at_once`). The same rules apply to an uncaught error in any program that called :func:`axgrid.init`:
 the teardown hook calls :func:`say`. Nothing here imports torch, so the launcher and perfmodel use it too.
 """
 from __future__ import annotations
@@ -44,6 +44,10 @@ DEBUG_VAR = "AXGRID_DEBUG"
 QUIET_RANK_DELAY_S = 1.0
 #: File, in the job folder of ``axgrid launch``, where rank R records its one-line error.
 ERROR_FILE = "error-{rank}"
+
+#: Built-in exceptions that are one of the project's errors when a ``raise`` in axgrid's code raised them: a value
+#: check, and a loss that stopped being finite (run_step: "lower --lr").
+CHECK_ERRORS = (ValueError, FloatingPointError)
 
 _ROOTS: list[str] = []
 
@@ -77,7 +81,7 @@ def is_user_error(exc: BaseException) -> bool:
         return False                                    # KeyboardInterrupt, GeneratorExit
     if type(exc).__module__.split(".")[0] == "axgrid":
         return True
-    return isinstance(exc, ValueError) and type(exc) is ValueError and _raised_by_our_check(exc)
+    return type(exc) in CHECK_ERRORS and _raised_by_our_check(exc)
 
 
 class UsageError(SystemExit):
