@@ -69,6 +69,9 @@ def check_run_arguments(args: argparse.Namespace) -> None:
                          f"e.g. --timeout 120")
     if args.save_every and not args.save:
         raise SystemExit("--save-every needs --save DIR")
+    if args.resume and not os.path.exists(args.resume):      # before the grid is built: said in a second
+        raise SystemExit(f"--resume {args.resume}: no checkpoint there (the path does not exist); pass a --save "
+                         f"directory of an earlier run, or leave --resume out to start fresh")
     if args.keep < 0:
         raise SystemExit(f"--keep {args.keep}: the number of checkpoints to keep must be >= 1, or 0 to keep all")
 

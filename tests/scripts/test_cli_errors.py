@@ -68,6 +68,7 @@ def _train_gpt_main():
     (["--timeout", "0"], "--timeout 0.0: the seconds a stuck collective may take must be a number > 0"),
     (["--timeout", "nan"], "--timeout nan"),
     (["--data", "text", "--text-file", "/nonexistent/corpus.txt"], "--text-file /nonexistent/corpus.txt does not exist"),
+    (["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no checkpoint there (the path does not exist)"),
 ])
 def test_train_gpt_bad_arguments(argv, msg):
     """Checked before the grid is built (so in this process, with no ranks)."""
