@@ -36,7 +36,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="axgrid", description="4D hybrid tensor parallelism on a virtual grid")
+    ap = argparse.ArgumentParser(prog="axgrid", description="4D hybrid tensor parallelism on a virtual grid. Errors "
+                                 "in the input are one line; --debug (before any --) or AXGRID_DEBUG=1 prints "
+                                 "tracebacks, in the ranks of `axgrid launch` too.")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("launch", help="start N ranks of a command on this machine")
     p.add_argument("-n", "--ranks", type=int, required=True)
