@@ -188,7 +188,8 @@ def summarize_reasons(reasons: list[str]) -> str:
             lo, hi = min(column, key=float), max(column, key=float)
             slots.append(lo if float(lo) == float(hi) else f"{lo}–{hi}")
         pieces = key.split("\0")
-        out.append(f"{len(numbers)}× " + "".join(p + (slots[i] if i < len(slots) else "") for i, p in enumerate(pieces)))
+        text = "".join(p + (slots[i] if i < len(slots) else "") for i, p in enumerate(pieces))
+        out.append(f"{len(numbers)}× {text}")
     return "; ".join(out)
 
 

@@ -214,7 +214,8 @@ def grid_shape_for(spec: Union[str, Sequence[int], GridShape], launch: LaunchEnv
         needed = _ranks_named(spec)
         if launch.launcher != "single" or needed <= 1:
             raise
-        raise GridError(f"grid {spec if isinstance(spec, (str, GridShape)) else 'x'.join(map(str, spec))} needs {needed} ranks, "
+        name = spec if isinstance(spec, (str, GridShape)) else "x".join(map(str, spec))
+        raise GridError(f"grid {name} needs {needed} ranks, "
                         f"but this process runs alone (no launcher, world size 1): start it with "
                         f"`{how_to_launch(needed)}` (or mpirun/srun/torchrun -n {needed})") from None
 

@@ -22,8 +22,9 @@ Once per job, whoever started it:
   some other rank only is said only with ``--debug``, where every rank prints its traceback.
 
 A rank of a job of several leaves with ``os._exit`` (see :mod:`axgrid.launch.teardown`: the others may be blocked in
-a collective with it), except where MPI is live in it (a bare mpiexec: :func:`leaves_at_once`). The same rules apply to an uncaught error in any program that called :func:`axgrid.init`:
-the teardown hook calls :func:`say`. Nothing here imports torch, so the launcher and perfmodel use it too.
+a collective with it), except where MPI is live in it (a bare mpiexec: :func:`leaves_at_once`). The same rules apply
+to an uncaught error in any program that called :func:`axgrid.init`: the teardown hook calls :func:`say`. Nothing
+here imports torch, so the launcher and perfmodel use it too.
 """
 from __future__ import annotations
 

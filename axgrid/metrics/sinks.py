@@ -35,10 +35,10 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 
 class ProgressLines:
-    """A run's progress as plain lines on ``out`` (default: stdout), for a log without a terminal: after every ``every``-th
-    step and the last one, ``step 20/100: loss 2.4513, 3185 tokens/s, 0.322 s/step, 0:00:26 left``. The time left
-    is the mean step time of this process's steps so far (the first left out once there are more) times the
-    steps still to run."""
+    """A run's progress as plain lines on ``out`` (default: stdout), for a log without a terminal: after every
+    ``every``-th step and the last one, ``step 20/100: loss 2.4513, 3185 tokens/s, 0.322 s/step, 0:00:26 left``.
+    The time left is the mean step time of this process's steps so far (the first left out once there are more)
+    times the steps still to run."""
 
     def __init__(self, total: int, every: int, out: Optional[TextIO] = None) -> None:
         self.total, self.every, self.out = total, every, out

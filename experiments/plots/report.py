@@ -6,8 +6,8 @@ any driver that writes the same record): a table as Markdown and CSV, and PNG pl
 Writes to ``--out``: ``report.md`` (one row per log: machine, device, grid, model, batch, tokens/s, GFLOP/s or
 TFLOP/s per device, MFU in %, peak memory in MiB or GiB, J/token, and the step time split below in ms: the units
 of the docs' tables), ``report.csv`` (the same in SI units: seconds, TFLOP/s, GiB, MFU as a fraction),
-``throughput.png`` (tokens/s and J/token per configuration) and ``step_split.png`` (time per step: compute and the exposed
-communication of each grid dimension, stacked; a run without ``--comm-timing`` has no split and is drawn whole).
+``throughput.png`` (tokens/s and J/token per configuration) and ``step_split.png`` (time per step: compute and the
+exposed communication of each grid dimension, stacked; a run without ``--comm-timing`` has no split and is drawn whole).
 A run's figures are recomputed from its step rows with :func:`axgrid.metrics.summarize` (the first ``--skip``
 steps are warm-up), so a log cut short by a failure still reports. "Compute" is the step time minus the exposed
 (blocked) communication of rank 0: everything that is not waiting for a collective.

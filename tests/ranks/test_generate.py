@@ -215,7 +215,8 @@ def rank_bad_input(spec: str) -> list[str]:
 
 
 def test_bad_input_raises_a_clear_error_before_any_collective(ranks):
-    want = ["max_new_tokens=-1 must be an integer >= 0", "must be integer token ids", "outside the vocabulary [0, 128)", "temperature=-1.0 must be",
+    want = ["max_new_tokens=-1 must be an integer >= 0", "must be integer token ids", "outside the vocabulary [0, 128)",
+            "temperature=-1.0 must be",
             "top_k=0 must be an integer >= 1", "eos_token_id=128 must be a token id", "exceeds GPTConfig.seq=32",
             "Linear has no axgrid plan", "built on another grid (or serial", "were given different input_ids",
             "padded 1: True", "padded 3: True"]

@@ -8,7 +8,8 @@
   with CHAIN=1 the follow-up (``--dependency=afterany``) resumes from ``latest`` on another grid; the losses of
   the chain equal an uninterrupted run's, step for step.
 - ``perfmodel rank --emit-slurm`` for the local machine profile writes a script that runs here as written (progress
-  lines in the .out, a checkpoint at the end); for Perlmutter, Frontier and Alps its scripts pass ``sbatch --test-only``.
+  lines in the .out, a checkpoint at the end); for Perlmutter, Frontier and Alps its scripts pass
+  ``sbatch --test-only``.
 - The site templates pass ``sbatch --test-only`` here with the options this node cannot satisfy overridden
   (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
 """
