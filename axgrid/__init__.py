@@ -4,7 +4,8 @@
     layer = axgrid.nn.Linear(1024, 4096)   # drop-in for nn.Linear
     model = axgrid.parallelize(model, grid)
     ...; loss.backward(); axgrid.sync_gradients(model, grid); opt.step()
-    axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batched
+    axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batches averaged
+    ids = axgrid.local_batch(batch, grid)  # this data-parallel rank's rows: [B, S] -> [B/Gd, S]
     dense = axgrid.to_dense(model, grid)   # or axgrid.export_pretrained(hf_model, "out", grid)
 
 The public names below load on first use (PEP 562), so the torch-free subpackages (axgrid.spec.layout,
@@ -20,7 +21,7 @@ _SOURCES = {
     "Communicator": "comm", "Ledger": "comm",
     "OverlapConfig": "config", "RuntimeConfig": "config",
     "clip_grad_norm_": "data_parallel", "finish_gradients": "data_parallel", "grad_norm": "data_parallel",
-    "sync_gradients": "data_parallel",
+    "sync_gradients": "data_parallel", "local_batch": "data_parallel",
     "Grid": "grid", "current_grid": "grid", "Runtime": "runtime", "init": "runtime",
     "LaunchEnv": "launch.env", "detect_launch": "launch.env",
     "GridError": "spec.layout", "GridShape": "spec.layout", "RankLayout": "spec.layout",

@@ -1,4 +1,7 @@
-"""The ``axgrid`` command: ``launch`` ranks locally, ``describe`` a grid's layout, run the ``demo``."""
+"""The ``axgrid`` command: ``launch`` ranks locally, ``describe`` a grid's layout, run the ``demo``.
+
+Errors in the command's input are one line and a non-zero exit (:mod:`axgrid.launch.errors`); ``--debug`` (or
+``AXGRID_DEBUG=1``) prints tracebacks instead, here and in the ranks ``axgrid launch`` starts."""
 from __future__ import annotations
 
 import argparse
@@ -25,8 +28,17 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="axgrid", description="4D hybrid tensor parallelism on a virtual grid")
+    """The command with ``argv`` (None: the command line, with its errors said once, then exit)."""
+    if argv is None:
+        from .launch.errors import run
+        run(_main, "axgrid")
+    return _main(list(argv))
+
+
+def _main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="axgrid", description="4D hybrid tensor parallelism on a virtual grid. Errors "
+                                 "in the input are one line; --debug (before any --) or AXGRID_DEBUG=1 prints "
+                                 "tracebacks, in the ranks of `axgrid launch` too.")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("launch", help="start N ranks of a command on this machine")
     p.add_argument("-n", "--ranks", type=int, required=True)
@@ -59,4 +71,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,6 +15,27 @@ if TYPE_CHECKING:
     from .grid import Grid
 
 
+def local_batch(batch: torch.Tensor, grid: Grid, dim: int = 0) -> torch.Tensor:
+    """This rank's share of a global batch: the rows of its data-parallel index d.
+
+    ``batch [B, ...]`` (the same global batch on every rank) -> ``[B/Gd, ...]``, rows ``d·B/Gd`` to
+    ``(d+1)·B/Gd - 1`` along ``dim`` (a view). Every rank of one x·y·z block gets the same rows; the model splits
+    them further over z inside: axgrid's GPT and the Hugging Face plans by whole sequences (``B/Gd`` must then be a
+    multiple of Gz), a drop-in ``axgrid.nn.Linear`` by tokens. ``sync_gradients`` then averages over d, so the
+    mean loss of each share gives the gradient of the mean over the whole batch.
+
+        ids = axgrid.local_batch(batch, grid)          # batch [B, S] -> ids [B/Gd, S]
+    """
+    if batch.dim() == 0:
+        raise ValueError("local_batch got a 0-d tensor; pass the global batch [B, ...]")
+    b, gd = batch.shape[dim], grid.size("d")
+    if b % gd:
+        raise ValueError(f"a global batch of {b} rows (dim {dim}) does not split over Gd={gd} data-parallel ranks of "
+                         f"grid {grid.shape}; use a batch that is a multiple of {gd}")
+    per = b // gd
+    return batch.narrow(dim, grid.coord.d * per, per)
+
+
 def replicated_over(p: torch.Tensor) -> str:
     return getattr(p, "axgrid_replicated", "xyzd")
 

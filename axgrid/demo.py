@@ -6,7 +6,6 @@ print the communication ledger per grid dimension.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import torch
@@ -83,4 +82,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .launch.errors import run
+    run(main, "axgrid.demo")

@@ -21,7 +21,7 @@ from .launch import teardown
 from .config import GemmFn, RuntimeConfig
 from .data_parallel import BucketBuffers
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
-from .launch.env import LaunchEnv, detect_launch, init_distributed
+from .launch.env import LaunchEnv, detect_launch, grid_shape_for, init_distributed
 from .spec.layout import GridError, GridShape, RankLayout, check_order
 from .overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
 from .metrics.trace import Tracer
@@ -135,10 +135,10 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     if isinstance(gx, (str, GridShape)) or not isinstance(gx, int):
         if gy is not None or gz is not None or gdata is not None:
             raise GridError("give the grid either as one spec (e.g. '2x2x2x1') or as gx, gy, gz, gdata, not both")
-        shape = GridShape.parse(gx, launch.world_size)
+        shape = grid_shape_for(gx, launch)
     else:
         sizes = [gx, 1 if gy is None else gy, 1 if gz is None else gz]
-        shape = GridShape.parse(sizes if gdata is None else sizes + [gdata], launch.world_size)
+        shape = grid_shape_for(sizes if gdata is None else sizes + [gdata], launch)
     layout = RankLayout(shape, order)
     if owns_world:
         if launch.launcher in ("mpich", "openmpi"):

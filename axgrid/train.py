@@ -1,8 +1,14 @@
 """One training step: the ritual every trainer in the project runs (demo, train_gpt, benchmarks).
 
-    for i in micro-batches:  loss_i = loss_of(i); loss_i.backward()   (all but the last under grid.no_sync())
+    for i in micro-batches:  loss_i = loss_of(i); (loss_i / M).backward()   (all but the last under grid.no_sync())
     axgrid.sync_gradients(model, grid)      # completes overlapped collectives, averages over d
     optional global-norm clip; optimizer.step()
+
+Micro-batches are averaged: with ``loss_of(i)`` the mean loss of micro-batch i's rows on this rank, the step
+trains with the gradient of the mean over the whole global batch (equal-sized micro-batches; ``sync_gradients``
+averages over the data-parallel ranks). ``accumulate="sum"`` is for a loss already normalised over the whole
+step, as the training drivers' is (summed over a micro-batch's kept tokens and divided by the step's global
+count of kept tokens, :func:`axgrid.memorization.goldfish.step_mask`): then the micro-batch losses add up.
 
 Gradients are zeroed at the start of the step (``set_to_none``), so after it ``.grad`` holds this step's
 synchronised gradients. With ``grid=None`` the same step runs serially (a plain torch model: no no_sync, no
@@ -21,26 +27,40 @@ from .data_parallel import clip_grad_norm_, sync_gradients
 from .grid import Grid
 
 
+#: How ``train_step`` combines the micro-batches' losses: "mean" (each a mean over its own micro-batch) or "sum"
+#: (each already its share of the step's loss).
+ACCUMULATE = ("mean", "sum")
+
+
 @dataclass(frozen=True)
 class StepResult:
-    """``loss``: the sum over micro-batches of the losses ``loss_of`` returned, detached, fp32, on their device
-    (no host sync: read it with ``float()`` when needed); ``grad_norm``: the global gradient norm before
-    clipping, or nan when not clipped."""
+    """``loss``: the step's loss, the mean (or, with ``accumulate="sum"``, the sum) over micro-batches of the losses
+    ``loss_of`` returned on this rank, detached, fp32, on their device (no host sync: read it with ``float()`` when
+    needed); ``grad_norm``: the global gradient norm before clipping, or nan when not clipped."""
     loss: torch.Tensor
     grad_norm: float
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[int], torch.Tensor],
-               grid: Optional[Grid], microbatches: int = 1, clip: float = 0.0) -> StepResult:
+               grid: Optional[Grid], microbatches: int = 1, clip: float = 0.0,
+               accumulate: str = "mean") -> StepResult:
     """Run one optimizer step of ``microbatches`` forward/backward passes; ``loss_of(i)`` is micro-batch i's
-    forward (autocast included, if any) returning the scalar loss whose gradient is wanted.
+    forward (autocast included, if any) returning its scalar loss.
 
+    ``accumulate="mean"`` (default): the step's gradient is the mean of the micro-batches' (each loss scaled by
+    1/``microbatches`` before its backward), so a ``loss_of`` that returns the mean over micro-batch i trains with
+    the full-batch mean gradient. ``"sum"``: ``loss_of(i)`` is already micro-batch i's share of the step's loss
+    (e.g. divided by the step's global token count), and the gradients add up unscaled.
     ``clip > 0``: clip the global gradient norm (every parameter element counted once over the grid) to
     ``clip`` after the gradient sync."""
     if not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"microbatches must be a positive int, got {microbatches!r}")
     if not clip >= 0:
         raise ValueError(f"clip must be >= 0 (0: off), got {clip!r}")
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"accumulate={accumulate!r}: use 'mean' (loss_of returns each micro-batch's mean loss) or "
+                         f"'sum' (loss_of returns each micro-batch's share of the step's loss)")
+    scale = 1.0 / microbatches if accumulate == "mean" and microbatches > 1 else None
     optimizer.zero_grad(set_to_none=True)
     total = None
     for i in range(microbatches):
@@ -48,9 +68,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
         last = i == microbatches - 1
         with nullcontext() if (grid is None or last) else grid.no_sync():
             loss = loss_of(i)
-            loss.backward()
+            (loss if scale is None else loss * scale).backward()
         part = loss.detach().float()
         total = part if total is None else total + part
+    if scale is not None:
+        total = total * scale
     gnorm = math.nan
     if grid is not None:
         sync_gradients(model, grid)

@@ -1,6 +1,6 @@
 """``python -m axgrid.kernels ...`` (see axgrid.kernels.cli)."""
-import sys
+from axgrid.launch.errors import run
 
 from .cli import main
 
-sys.exit(main())
+run(main, "axgrid.kernels")

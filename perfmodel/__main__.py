@@ -1,6 +1,6 @@
-"""``python -m axgrid.perfmodel``."""
-import sys
+"""``python -m axgrid.perfmodel``: errors said as one line (axgrid.launch.errors, torch-free like the model)."""
+from axgrid.launch.errors import run
 
 from .cli import main
 
-sys.exit(main())
+run(main, "perfmodel")

@@ -74,44 +74,71 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     return Problem(spec, a.batch, a.gpus, a.dtype, opt), machine
 
 
-def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
+def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "all") -> None:
+    """The ranking as a table of the ``top`` rows of ``layouts`` (:meth:`Ranking.shown`; ``#`` is the row number
+    ``--explain`` and ``--emit-slurm`` use), in units that suit the machine, with what the numbers mean below."""
     from rich.console import Console
     from rich.table import Table
 
     from .rank import verdict
+    from .units import count, device_word, flops_unit, memory_unit, time_unit
 
     p, m = rk.problem, rk.machine
-    t = Table(title=f"{p.model.name} ({p.model.params / 1e9:.1f}B params), batch {p.batch}×{p.model.seq}, "
-                    f"{p.gpus} × {m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}: "
-                    f"4D grids and Megatron-style TP×PP×DP ranked together")
-    for c in ("#", "config", "s/batch", "band s", "", "TFLOP/s/GPU", "%peak", "GiB/GPU", "mb", "compute", "x", "y",
-              "z", "d", "bubble", "p2p"):
-        t.add_column(c, justify="right")
-    for i, r in enumerate(rk.combined[:top], 1):
+    rows = rk.shown(layouts)[:top]
+    dev = device_word(m)
+    tu, tf = time_unit(r.time_s for r in rows)
+    fu, ff = flops_unit(r.tflops_per_gpu for r in rows)
+    mu, mf = memory_unit(r.memory_bytes for r in rows)
+    which = {"all": "4D grids (axgrid runs them) and Megatron-style TP×PP×DP (priced for comparison) ranked together",
+             "4d": "4D grids, the layouts axgrid runs",
+             "tpppdp": "Megatron-style TP×PP×DP only (priced for comparison: axgrid has no pipeline parallelism)"}
+    t = Table(title=f"{p.model.name} ({count(p.model.params)} params), batch {p.batch}×{p.model.seq}, {p.gpus} × "
+                    f"{m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}: {which[layouts]}")
+    width = max([len(r.grid_str) for r in rows] + [6])
+    for c in ("#", "config", "axgrid", f"{tu}/batch", f"band {tu}", "", f"{fu}/{dev}", "%peak", f"{mu}/{dev}", "mb",
+              "compute", "x", "y", "z", "d", "bubble", "p2p"):
+        t.add_column(c, justify="right", no_wrap=True, min_width=width if c == "config" else None)
+
+    def sec(v: float) -> str:
+        return f"{v * tf:.3f}" if tu == "s" else f"{v * tf:.2f}"
+
+    for i, r in enumerate(rows, 1):
         pipe = r.layout != "4D"
         mark = ("≈" if r.within_error else "") + ("†" if r.out_of_range else "")
-        t.add_row(str(i), r.grid_str, f"{r.time_s:.3f}", f"{r.time_low:.2f}–{r.time_high:.2f}", mark,
-                  f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
-                  f"{r.memory_bytes / 2**30:.1f}", str(r.microbatches), f"{r.compute_s:.3f}",
-                  *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"),
-                  f"{r.bubble_s:.3f}" if pipe else "-", f"{r.p2p_s:.3f}" if pipe else "-")
+        t.add_row(str(i), r.grid_str, "no" if pipe else "yes", sec(r.time_s),
+                  f"{r.time_low * tf:.3g}–{r.time_high * tf:.3g}", mark,
+                  f"{r.tflops_per_gpu:.1f}" if ff == 1 else f"{r.tflops_per_gpu * ff:.3g}",
+                  f"{r.pct_peak:.1f}", f"{r.memory_bytes / mf:.1f}", str(r.microbatches), sec(r.compute_s),
+                  *(sec(r.exposed_s[d]) for d in "xyzd"),
+                  sec(r.bubble_s) if pipe else "-", sec(r.p2p_s) if pipe else "-")
+    from rich.measure import Measurement
     con = Console(width=max(150, Console().width))
-    con.print(t)
+    big = Console(width=10_000)
+    wide = Console(width=max(con.width, Measurement.get(big, big.options, t).maximum))
+    wide.print(t)                       # as wide as it needs: no name or number is cut
     n_bad = len(rk.rows) - len(rk.feasible)
     n_mf = sum(r.feasible for r in rk.megatron)
     con.print(f"4D: {len(rk.feasible)} feasible of {len(rk.rows)} factorisations ({n_bad} rejected); TP×PP×DP: "
               f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
               f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
-              f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
+              f"per dimension ({tu}; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
+    con.print("axgrid: yes = axgrid runs this grid (train_gpt.py --grid G; --emit-slurm writes its sbatch script); "
+              "no = a TP×PP×DP layout, priced only to compare (axgrid has no pipeline parallelism; "
+              "--layouts 4d shows the 4D grids alone).")
     con.print(m.elementwise_note())
     if rk.band is not None:
         con.print(f"band: {rk.band.describe()}. ≈ = within model error of the best row (bands overlap).")
-        shown = rk.combined[:top]
-        for why in dict.fromkeys(r.out_of_range for r in shown if r.out_of_range):
+        for why in dict.fromkeys(r.out_of_range for r in rows if r.out_of_range):
             con.print(f"† outside the validated range: {why}")
+        if len(rows) > 1 and all(r.within_error for r in rows):
+            con.print(f"Every row shown is within the model's error band of the best: on {m.name} the model cannot "
+                      f"order them. A calibration measured on {m.name} would: run `python -m axgrid.measure "
+                      f"collectives` and `... steps` there, then `perfmodel calibrate` and `perfmodel validate "
+                      f"--write-residuals` (docs/perfmodel.md, calibrating and validating on your machine); until "
+                      f"then time the first rows yourself (--emit-slurm).")
     line = verdict(rk)
-    if line:
-        con.print(line)
+    if line and layouts == "all":
+        con.print(line, soft_wrap=True)
     if show_infeasible:
         bad = [r for r in rk.rows if not r.feasible][:show_infeasible]
         for r in bad:
@@ -174,17 +201,19 @@ def cmd_rank(a: argparse.Namespace) -> int:
         _output("the CSV", a.csv, rk.to_csv)
     if a.json:
         _output("the JSON", a.json, rk.to_json)
+    shown = rk.shown(a.layouts)
     if a.explain:
-        rows = rk.combined
-        if not 1 <= a.explain <= len(rows):
-            raise PerfModelError(f"--explain N needs 1 ≤ N ≤ {len(rows)} (feasible rows)")
-        print(explain(prob, machine, rows[a.explain - 1], position=a.explain))
+        if not 1 <= a.explain <= len(shown):
+            raise PerfModelError(f"--explain N needs 1 ≤ N ≤ {len(shown)} (the feasible rows of --layouts "
+                                 f"{a.layouts})")
+        print(explain(prob, machine, shown[a.explain - 1], position=a.explain))
     else:
-        print_ranking(rk, a.top, a.show_infeasible)
+        print_ranking(rk, a.top, a.show_infeasible, a.layouts)
     if a.emit_slurm:
         from .slurm import emit_slurm
         written: list = []
-        _output("sbatch scripts", a.emit_slurm, lambda d: written.extend(emit_slurm(rk, d, a.top)))
+        argv = "python -m axgrid.perfmodel " + " ".join(a.argv)
+        _output("sbatch scripts", a.emit_slurm, lambda d: written.extend(emit_slurm(rk, d, shown[:a.top], argv)))
         for f in written:
             print(f"wrote {f}")
     return 0
@@ -286,7 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("rank", help="rank every grid configuration")
     add_problem_args(r)
-    r.add_argument("--top", type=int, default=10)
+    r.add_argument("--top", type=int, default=10, help="rows to print (and to write sbatch scripts for)")
+    r.add_argument("--layouts", choices=("4d", "tpppdp", "all"), default="all",
+                   help="4d: the grids axgrid runs; tpppdp: Megatron-style TP×PP×DP (priced for comparison); all "
+                        "(default): both in one ranking")
     r.add_argument("--csv")
     r.add_argument("--json")
     r.add_argument("--explain", type=int, metavar="N", help="print the breakdown of row N of the ranking")
@@ -300,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--recompute-mode", choices=["full", "selective", "none"],
                    help="... activation recompute (default: full, or none with --no-recompute); selective: the core "
                         "attention only (Korthikanti et al. 2022)")
-    r.add_argument("--emit-slurm", metavar="DIR", help="write an sbatch script per top-k configuration")
+    r.add_argument("--emit-slurm", metavar="DIR",
+                   help="write an sbatch script for each 4D row of the printed table (rowNN_GRID.sbatch, NN its row), "
+                        "built on the site template of experiments/slurm/ for the machine")
     r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
     r.set_defaults(fn=cmd_rank)
     m = sub.add_parser("machines", help="list the machine library")
@@ -336,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)     # the command, for what it writes (sbatch headers)
     try:
         return a.fn(a)
     except PerfModelError as e:

@@ -23,6 +23,11 @@ from .pipeline import best_of, enumerate_configs, price
 from .space import Grids, enumerate_grids
 from .row import Row
 from .spec import Problem
+from .units import device_word, flops
+
+
+#: ``rank --layouts``: which layouts a table shows (axgrid runs the 4D grids; TP×PP×DP is priced for comparison).
+LAYOUTS = {"4d": ("4D",), "tpppdp": ("TPxPPxDP",), "all": ("4D", "TPxPPxDP")}
 
 
 @dataclass
@@ -65,6 +70,13 @@ class Ranking:
                 continue
             out.append(r)
         return out
+
+    def shown(self, layouts: str = "all") -> list[Row]:
+        """:attr:`combined` restricted to ``layouts``: "4d" (what axgrid runs), "tpppdp" (Megatron-style, for
+        comparison) or "all"; the rows of the printed table, numbered from 1 in this order."""
+        if layouts not in LAYOUTS:
+            raise PerfModelError(f"--layouts {layouts}: use one of {', '.join(LAYOUTS)}")
+        return [r for r in self.combined if r.layout in LAYOUTS[layouts]]
 
     def to_csv(self, path: str | Path) -> None:
         """Every row (4D, then TP×PP×DP); ``rank`` is the rank within its layout."""
@@ -146,21 +158,72 @@ def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_fe
     order = order_of(ev)
     rows = _rows(ev, order, ranked=True)
     if require_feasible and not any(r.feasible for r in rows):
-        counts: dict[str, int] = {}
-        for r in rows:
-            for part in r.reason.split("; "):
-                key = re.sub(r"\d+(\.\d+)?", "N", part.split(" (with")[0])
-                counts[key] = counts.get(key, 0) + 1
-        summary = "; ".join(f"{n}× {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         raise NoFeasibleConfig(
             f"no feasible grid for {prob.model.name} with batch {prob.batch} on {prob.gpus} GPUs of {machine.name} "
-            f"({len(rows)} factorisations tried): {summary}")
+            f"({len(rows)} factorisations tried): {summarize_reasons([r.reason for r in rows])}; "
+            f"{what_would_fit(prob, machine)}")
     mrows = _ranked(price(prob, machine, enumerate_configs(prob, machine))) if tp_pp_dp else []
     band = band_for(machine)
     best = min((r.time_s for r in rows + mrows if r.feasible), default=np.inf)
     best_high = best * band.hi
     return Ranking(prob, machine, with_band(rows, band, best_high, prob.gpus),
                    with_band(mrows, band, best_high, prob.gpus), band)
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def summarize_reasons(reasons: list[str]) -> str:
+    """The reasons of rejected grids grouped by kind, most frequent first, with their real numbers: a number that
+    differs between grids of a kind as its range, e.g. ``35× memory 45.1–1451.0 GiB > 36.0 GiB usable``."""
+    groups: dict[str, list[list[str]]] = {}
+    for reason in reasons:
+        for part in reason.split("; "):
+            part = part.split(" (with")[0]
+            groups.setdefault(_NUMBER.sub("\0", part), []).append(_NUMBER.findall(part))
+    out = []
+    for key, numbers in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        slots = []
+        for column in zip(*numbers):
+            lo, hi = min(column, key=float), max(column, key=float)
+            slots.append(lo if float(lo) == float(hi) else f"{lo}–{hi}")
+        pieces = key.split("\0")
+        text = "".join(p + (slots[i] if i < len(slots) else "") for i, p in enumerate(pieces))
+        out.append(f"{len(numbers)}× {text}")
+    return "; ".join(out)
+
+
+def _fits(prob: Problem, machine: Machine) -> Row | None:
+    """The best feasible 4D row of ``prob`` on ``machine``, or None."""
+    ev = evaluate(prob, machine, enumerate_grids(prob.gpus))
+    if not ev.feasible.any():
+        return None
+    return _rows(ev, order_of(ev), ranked=True)[0]
+
+
+def what_would_fit(prob: Problem, machine: Machine, max_factor: int = 1024) -> str:
+    """What to change so that a 4D grid fits: the smallest GPU count ``prob.gpus·2^k`` (up to ``max_factor`` times
+    as many) with a feasible grid, and the smallest batch above ``prob.batch`` (a multiple of one of the GPU count's
+    divisors, up to 8 times the batch) that has one on ``prob.gpus`` GPUs."""
+    found = []
+    for k in range(1, max_factor.bit_length()):
+        n = prob.gpus << k
+        row = _fits(replace(prob, gpus=n), machine)
+        if row is not None:
+            found.append(f"the fewest GPUs that fit (doubling) are {n} ({row.grid_str}, {row.time_s:.3g} s/batch, "
+                         f"{row.memory_bytes / 2**30:.1f} GiB/GPU)")
+            break
+    else:
+        found.append(f"no count up to {prob.gpus * max_factor} GPUs fits")
+    candidates = sorted({-(-prob.batch // m) * m for m in range(2, prob.gpus + 1) if prob.gpus % m == 0} - {prob.batch})
+    for b in (c for c in candidates if c <= 8 * prob.batch):
+        if prob.options.microbatches is not None and b % prob.options.microbatches:
+            continue
+        row = _fits(replace(prob, batch=b), machine)
+        if row is not None:
+            found.append(f"on {prob.gpus} GPUs the smallest larger batch that fits is {b} ({row.grid_str})")
+            break
+    return "; ".join(found)
 
 
 def verdict(rk: Ranking) -> str:
@@ -171,8 +234,9 @@ def verdict(rk: Ranking) -> str:
     if not (best4 and bestm):
         return f"no feasible {'TP×PP×DP configuration' if best4 else '4D grid'}" if (best4 or bestm) else ""
     fast, slow = (best4, bestm) if best4.time_s <= bestm.time_s else (bestm, best4)
-    head = (f"best 4D {best4.grid_str}: {best4.tflops_per_gpu:.1f} TFLOP/s/GPU; best TP×PP×DP {bestm.grid_str}: "
-            f"{bestm.tflops_per_gpu:.1f}; {fast.layout} is {slow.time_s / fast.time_s:.2f}× faster")
+    per = device_word(rk.machine)
+    head = (f"best 4D {best4.grid_str}: {flops(best4.tflops_per_gpu, per)}; best TP×PP×DP {bestm.grid_str}: "
+            f"{flops(bestm.tflops_per_gpu, per)}; {fast.layout} is {slow.time_s / fast.time_s:.2f}× faster")
     bands = (f"bands {fast.time_low:.3g}–{fast.time_high:.3g} s and {slow.time_low:.3g}–{slow.time_high:.3g} s")
     if slow.time_low > fast.time_high:
         return f"{head}, a difference larger than the model's error band ({bands} do not overlap)"

@@ -1,49 +1,139 @@
-"""sbatch scripts for the top-k configurations (the original launched its top 20 as short jobs).
+"""sbatch scripts for the rows of a printed ranking (``rank --emit-slurm DIR``), built on the site templates of
+``experiments/slurm/`` (the original system launched its top configurations as short jobs).
 
-For a machine profile of CPU ranks (``perfmodel calibrate`` writes ``gpu = "cpu rank"``: gloo on this host) the
-script asks for tasks, not GPUs, so it runs as written on a Slurm without GPUs (tests/test_slurm.py submits one).
+Each 4D row of the printed table gets ``rowNN_GRID.sbatch``, NN its row number there (a TP×PP×DP row gets none: axgrid
+has no pipeline parallelism). The script is the machine's template -- ``perlmutter.sbatch``, ``frontier.sbatch``,
+``alps.sbatch``; ``local.sbatch`` for a machine of CPU ranks and, with GPUs, for a machine without a template -- with:
+
+- the row's header: job name, nodes, tasks (and GPUs) per node, a 30-minute limit, the output file; the template's
+  other options stay, ``--signal=USR1@N`` among them (save a checkpoint and exit before the limit);
+- no account and no constraint in the header: sbatch reads them from ``SBATCH_ACCOUNT`` and ``SBATCH_CONSTRAINT``
+  at submission (the script's first lines say so), so it submits under any account as written;
+- the template's site settings (modules, environment, network variables) as they are: check them once;
+- the row's run as defaults that the environment of the submission may override: MODEL, GRID, BATCH, MICRO,
+  OVERLAP, STEPS (20: a trial run), EXTRA_ARGS (sizes, dtype); ``common.sh`` does the rest: checkpoints under
+  ``$CKPT``, a resume from ``$CKPT/latest`` when one exists, chained jobs (``CHAIN=K``), the srun line.
+
+The templates and train_gpt.py live in a checkout (experiments/ is not installed): the scripts run from one, and
+``REPO`` defaults to the checkout that wrote them. For a machine of CPU ranks the script asks for tasks, not GPUs,
+so it runs on a Slurm without GPUs (tests/system/test_slurm.py submits one).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .machines import CPU_RANK
+from .errors import PerfModelError
+from .machines import CPU_RANK, Machine
 from .rank import Ranking, Row
+from .units import device_word, flops, memory_unit
+
+#: The checkout that holds experiments/slurm/ (perfmodel/ sits at its top level).
+CHECKOUT = Path(__file__).resolve().parents[1]
+SLURM_DIR = CHECKOUT / "experiments" / "slurm"
+#: The machines with a site template of their own; the others build on local.sbatch.
+SITE_TEMPLATES = {"perlmutter": "perlmutter.sbatch", "frontier": "frontier.sbatch", "alps": "alps.sbatch"}
+#: #SBATCH options a script sets for its row (the template's are dropped).
+ROW_OPTIONS = ("-J", "--job-name", "-N", "--nodes", "--ntasks-per-node", "--gpus-per-node", "-t", "--time", "-o",
+               "--output")
+#: #SBATCH options left to the submission (``SBATCH_ACCOUNT``, ``SBATCH_CONSTRAINT``).
+SUBMISSION_OPTIONS = ("-A", "--account", "-C", "--constraint")
+#: The variables of common.sh a script sets for its row (the template's own defaults of them are dropped).
+RUN_VARIABLES = ("MODEL", "GRID", "BATCH", "MICRO", "OVERLAP", "STEPS", "EXTRA_ARGS")
+TRIAL_STEPS = 20
+TRIAL_MINUTES = 30
 
 
-def sbatch_script(rk: Ranking, row: Row, steps: int = 20, minutes: int = 30) -> str:
-    """One sbatch script running ``experiments/train/train_gpt.py`` with this row's grid under srun."""
+def template_for(machine: Machine) -> Path:
+    """The site template a script for ``machine`` is built on."""
+    path = SLURM_DIR / SITE_TEMPLATES.get(machine.name, "local.sbatch")
+    if not path.is_file():
+        raise PerfModelError(f"--emit-slurm builds on the site templates in experiments/slurm/ of a checkout, and "
+                             f"{path} is missing: run it from an axgrid checkout")
+    return path
+
+
+def _option(line: str) -> str:
+    """``-N`` of ``#SBATCH -N 16   # comment``, ``--signal`` of ``#SBATCH --signal=USR1@120``."""
+    return line[len("#SBATCH "):].split("#")[0].split()[0].partition("=")[0]
+
+
+def sbatch_script(rk: Ranking, row: Row, number: int, command: str, steps: int = TRIAL_STEPS,
+                  minutes: int = TRIAL_MINUTES) -> str:
+    """The script of ``row``, row ``number`` of the table ``command`` printed (see the module docstring)."""
     p, m = rk.problem, rk.machine
-    nodes = -(-p.gpus // m.gpus_per_node)
-    per_node = min(p.gpus, m.gpus_per_node)
+    if row.layout != "4D":
+        raise PerfModelError(f"{row.grid_str} is a TP×PP×DP layout: axgrid runs 4D grids only")
+    template = template_for(m)
+    nodes, per_node = -(-p.gpus // m.gpus_per_node), min(p.gpus, m.gpus_per_node)
     name = f"axgrid-{p.model.name}-{row.grid_str}"
-    gpus = "" if m.gpu == CPU_RANK else f"#SBATCH --gpus-per-node={per_node}\n"
-    model_args = (f"--model {p.model.name}" if p.model.name else
-                  f"--layers {p.model.layers} --hidden {p.model.hidden} --heads {p.model.heads}")
-    return f"""#!/bin/bash
-#SBATCH --job-name={name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node={per_node}
-{gpus}#SBATCH --time=00:{minutes:02d}:00
-#SBATCH --output={name}-%j.out
-# perfmodel rank {row.rank}: predicted {row.time_s:.3f} s/batch, {row.tflops_per_gpu:.1f} TFLOP/s/GPU \
-({row.pct_peak:.1f}% of peak), {row.memory_bytes / 2**30:.1f} GiB/GPU on {m.name}
-set -euo pipefail
-export CUDA_DEVICE_MAX_CONNECTIONS=1
-export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-srun --kill-on-bad-exit=1 --cpu-bind=none python experiments/train/train_gpt.py {model_args} --seq {p.model.seq} --vocab {p.model.vocab} \\
-    --grid {row.grid_str} --batch {p.batch} --microbatches {row.microbatches} --dtype {p.dtype} \\
-    --overlap {p.options.overlap_spec()} {'--recompute ' if p.options.recompute else ''}--steps {steps}
-"""
+    dev = device_word(m)
+    mem_unit, mem_per = memory_unit([row.memory_bytes])
+    header = [f"#SBATCH -J {name}", f"#SBATCH -N {nodes}", f"#SBATCH --ntasks-per-node={per_node}"]
+    header += [] if m.gpu == CPU_RANK else [f"#SBATCH --gpus-per-node={per_node}"]
+    header += [f"#SBATCH -t 00:{minutes:02d}:00", "#SBATCH -o %x-%j.out"]
+    extra = f"--seq {p.model.seq} --vocab {p.model.vocab} --dtype {p.dtype}"
+    if not p.model.name or p.model.name == "custom":
+        extra = f"--layers {p.model.layers} --hidden {p.model.hidden} --heads {p.model.heads} {extra}"
+    run = [f"# ---- the row's run (perfmodel rank row {number}); the submission's environment may override any ----",
+           f'MODEL="${{MODEL:-{p.model.name if p.model.name and p.model.name != "custom" else "gpt-tiny"}}}"',
+           f'GRID="${{GRID:-{row.grid_str}}}"', f'BATCH="${{BATCH:-{p.batch}}}"',
+           f'MICRO="${{MICRO:-{row.microbatches}}}"', f'OVERLAP="${{OVERLAP:-{p.options.overlap_spec()}}}"',
+           f'STEPS="${{STEPS:-{steps}}}"                      # a trial run; a real one: STEPS=N (and CHAIN=K)',
+           f'EXTRA_ARGS="${{EXTRA_ARGS:-{extra}}}"']
+    if not p.options.recompute:
+        run.append("# (priced without activation recompute; common.sh trains with --recompute)")
+    dropped: list[str] = []
+    body: list[str] = []
+    seen_header = False
+    for line in template.read_text().splitlines():
+        if line.startswith("#SBATCH "):
+            opt = _option(line)
+            if not seen_header:
+                body += header
+                seen_header = True
+            if opt in SUBMISSION_OPTIONS:
+                dropped.append(line[len("#SBATCH "):].split("#")[0].strip())
+            if opt in ROW_OPTIONS or opt in SUBMISSION_OPTIONS:
+                continue
+        elif not seen_header:
+            continue                                    # the template's own comment block: ours replaces it
+        if line.split("=", 1)[0] in RUN_VARIABLES:
+            continue                                    # the template's defaults of what the row sets
+        if line.startswith('REPO="${REPO:-'):
+            line = f'REPO="${{REPO:-{CHECKOUT}}}"   # the checkout that wrote this script'
+        body.append(line)
+        if line.strip() == "set -euo pipefail":
+            body += [""] + run
+    account = (f"SBATCH_ACCOUNT=<account> {'SBATCH_CONSTRAINT=<constraint> ' if '-C' in ' '.join(dropped) else ''}"
+               if dropped else "")
+    intro = [
+        "#!/bin/bash",
+        f"# Row {number} of `{command}`:",
+        f"#   {row.grid_str} on {nodes} node(s) x {per_node} {dev}s: predicted {row.time_s:.4g} s/batch (model error "
+        f"band {row.time_low:.4g}-{row.time_high:.4g} s), {flops(row.tflops_per_gpu, dev)}, "
+        f"{row.memory_bytes / mem_per:.3g} {mem_unit}/{dev}, {row.microbatches} micro-batch(es), on {m.name}",
+        f"# Built on experiments/slurm/{template.name}: check its site settings below once. Submit with",
+        f"#   {account}sbatch <this file>",
+        *([f"# (sbatch reads the account and constraint from those variables; the template's were: "
+           f"{'; '.join(dropped)})"] if dropped else []),
+        "# Checkpoints go to $CKPT (default $RUN_DIR/ckpt); a job started again resumes from $CKPT/latest; SIGUSR1",
+        "# before the time limit saves one and exits; CHAIN=K queues K follow-ups (experiments/slurm/common.sh).",
+    ]
+    return "\n".join(intro + body) + "\n"
 
 
-def emit_slurm(rk: Ranking, outdir: str | Path, top: int) -> list[Path]:
-    """Write ``rankNN_GRID.sbatch`` for the ``top`` best feasible rows; returns the paths."""
+def emit_slurm(rk: Ranking, outdir: str | Path, rows: list[Row], command: str) -> list[Path]:
+    """Write ``rowNN_GRID.sbatch`` for every 4D row of ``rows`` (the printed table, row NN = its position from 1);
+    returns the paths."""
+    if not any(r.layout == "4D" for r in rows):
+        raise PerfModelError(f"--emit-slurm: none of the {len(rows)} rows printed is a 4D grid, the layouts axgrid "
+                             f"runs; use --layouts 4d, or a larger --top")
     d = Path(outdir)
     d.mkdir(parents=True, exist_ok=True)
     out = []
-    for row in rk.top(top):
-        f = d / f"rank{row.rank:02d}_{row.grid_str}.sbatch"
-        f.write_text(sbatch_script(rk, row))
-        out.append(f)
+    for number, row in enumerate(rows, 1):
+        if row.layout == "4D":
+            f = d / f"row{number:02d}_{row.grid_str}.sbatch"
+            f.write_text(sbatch_script(rk, row, number, command))
+            out.append(f)
     return out

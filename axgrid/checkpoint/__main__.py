@@ -30,4 +30,5 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    from ..launch.errors import run
+    run(_main, "axgrid.checkpoint")

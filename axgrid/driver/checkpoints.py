@@ -9,18 +9,23 @@ the last step, and at the step boundary after SIGTERM / SIGUSR1 (Slurm's ``--sig
             break                                    # a stop signal: saved, leave the loop
     ckpt.close()
 
-Saving goes through :class:`axgrid.checkpoint.CheckpointManager` (the newest 2 kept). ``config`` (the run's
-settings: model, seed, data, schedule) is saved with each checkpoint; a resume with other settings is refused,
-naming them, unless ``--allow-config-change`` lists the fields.
+Saving goes through :class:`axgrid.checkpoint.CheckpointManager`. After each save rank 0 deletes all but the newest
+``--keep N`` checkpoints under ``--save`` (default 2; 0 keeps all), never the one ``--resume`` loaded, which may be
+the only copy of the run's start. ``config`` (the run's settings: model, seed, data, schedule) is saved with each
+checkpoint; a resume with other settings is refused, naming them, unless ``--allow-config-change`` lists the
+fields.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 from typing import Any, Mapping, Optional
 
 import torch
 
-from ..checkpoint import CheckpointError, CheckpointManager, ConfigMismatch, SaveOnSignal, load_checkpoint
+from ..checkpoint import (CheckpointError, CheckpointManager, ConfigMismatch, SaveOnSignal, list_checkpoints,
+                          load_checkpoint)
 from ..grid import Grid
 
 
@@ -33,7 +38,9 @@ class RunCheckpoints:
         self.save_dir: Optional[str] = args.save
         self.every: int = args.save_every
         self.allow = [f for f in (getattr(args, "allow_config_change", None) or "").split(",") if f]
-        self.manager = CheckpointManager(args.save, grid, config=self.config) if args.save else None
+        self.keep: int = getattr(args, "keep", 2)
+        self.resumed_from: Optional[str] = None          # the checkpoint --resume loaded: never deleted
+        self.manager = CheckpointManager(args.save, grid, keep=None, config=self.config) if args.save else None
         self.stop = SaveOnSignal(grid).install() if args.save else None
         #: the ``extra`` of the checkpoint resumed from (e.g. the data position), ``{}`` without one
         self.extra: dict[str, Any] = {}
@@ -57,6 +64,7 @@ class RunCheckpoints:
         except CheckpointError as e:
             raise SystemExit(f"--resume {self.resume_dir}: {e}") from None
         self.extra = dict(info.extra)
+        self.resumed_from = os.path.realpath(info.path)
         if self.grid.rank == 0:
             print(f"{self.name}: resumed from {info.path} at step {info.step} (saved on grid {info.saved_grid}"
                   f"{', resharded to ' + str(self.grid.shape) if info.resharded else ''})", flush=True)
@@ -72,10 +80,21 @@ class RunCheckpoints:
         halt = self.stop.should_stop()
         if halt or last or (self.every and steps_done % self.every == 0):
             self.manager.save(steps_done, model, optimizer, extra=extra)
+            self.prune()
         if halt and self.grid.rank == 0:
             print(f"{self.name}: {self.stop.signal_name or 'a stop signal'} received; saved step {steps_done} to "
                   f"{self.save_dir}; exiting (resume with --resume {self.save_dir})", flush=True)
         return halt
+
+    def prune(self) -> list[str]:
+        """Delete (rank 0) the complete checkpoints under ``--save`` older than the newest ``--keep``, except the one
+        ``--resume`` loaded; returns what was deleted."""
+        if self.grid.rank != 0 or not self.keep or self.save_dir is None:
+            return []
+        old = [p for p in list_checkpoints(self.save_dir)[:-self.keep] if os.path.realpath(p) != self.resumed_from]
+        for p in old:
+            shutil.rmtree(p, ignore_errors=True)
+        return old
 
     def close(self) -> None:
         """Put the previous signal handlers back."""

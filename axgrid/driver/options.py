@@ -16,6 +16,7 @@ import os
 from typing import Optional, Sequence
 
 from ..config import RuntimeConfig
+from ..launch.errors import usage_errors_raise
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +47,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", default=None, help="checkpoint directory")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
+    p.add_argument("--keep", type=int, default=2, metavar="N",
+                   help="checkpoints kept under --save: the newest N, older ones deleted after each save (0: keep "
+                        "all); the checkpoint --resume loaded is never deleted (default 2)")
     p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
                    help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
 
@@ -97,6 +101,7 @@ def check_data_arguments(args: argparse.Namespace) -> None:
 def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
     """Parse ``argv`` with a parser holding :func:`add_step_arguments`; ``--min-lr`` then defaults to ``--lr``/10
     (a default that depends on another option, which argparse cannot express)."""
+    usage_errors_raise(p)               # a bad option: one line, said once (axgrid.launch.errors)
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.min_lr is None:
         args.min_lr = args.lr / 10
@@ -110,6 +115,11 @@ def check_run_arguments(args: argparse.Namespace) -> None:
                          f"e.g. --timeout 120")
     if args.save_every and not args.save:
         raise SystemExit("--save-every needs --save DIR")
+    if args.resume and not os.path.exists(args.resume):      # before the grid is built: said in a second
+        raise SystemExit(f"--resume {args.resume}: no checkpoint there (the path does not exist); pass a --save "
+                         f"directory of an earlier run, or leave --resume out to start fresh")
+    if args.keep < 0:
+        raise SystemExit(f"--keep {args.keep}: the number of checkpoints to keep must be >= 1, or 0 to keep all")
 
 
 def compute_dtype(requested: Optional[str]) -> str:

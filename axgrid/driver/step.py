@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..data_parallel import local_batch
 from ..grid import Grid
 from ..memorization.goldfish import step_mask
 from ..metrics import Metrics
@@ -96,23 +97,23 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: 
     ``metrics``; returns the step's row (``loss``: the step's mean over kept targets, the same on every rank;
     ``lr``, ``grad_norm``, ``kept_fraction`` under Goldfish; the rest is :mod:`axgrid.metrics`')."""
     device = grid.device
-    gd, d = grid.size("d"), grid.coord.d
+    gd = grid.size("d")
     mask, normalizer = step_mask(inputs, s.goldfish_k, s.goldfish_h, s.goldfish_mode, gd)
     lr = cosine_lr(step, s.steps, s.lr, s.min_lr, s.warmup)
     for group in opt.param_groups:
         group["lr"] = lr
     per_mb = s.batch // s.microbatches
-    bd = per_mb // gd
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=s.bf16)
 
     def loss_of(mb: int) -> torch.Tensor:
-        rows = slice(mb * per_mb + d * bd, mb * per_mb + (d + 1) * bd)
-        m = mask[rows].to(device) if mask is not None else None
+        rows = slice(mb * per_mb, (mb + 1) * per_mb)             # micro-batch mb, then this rank's share of it
+        m = local_batch(mask[rows], grid).to(device) if mask is not None else None
         with autocast:
-            return causal_lm_loss(model, inputs[rows].to(device), targets[rows].to(device), m, normalizer)
+            return causal_lm_loss(model, local_batch(inputs[rows], grid).to(device),
+                                  local_batch(targets[rows], grid).to(device), m, normalizer)
 
     metrics.begin()
-    out = train_step(model, opt, loss_of, grid, s.microbatches, clip=s.clip)
+    out = train_step(model, opt, loss_of, grid, s.microbatches, clip=s.clip, accumulate="sum")   # global normaliser
     extra = {"kept_fraction": normalizer * gd / inputs.numel()} if mask is not None else {}
     row = metrics.end(step, loss=out.loss, lr=lr, grad_norm=out.grad_norm, **extra)
     if not math.isfinite(row["loss"]):

@@ -6,8 +6,8 @@
     out = axgrid.generate(model, prompts, grid, 32, temperature=0.8, top_k=50, eos_token_id=2, seed=1)
 
 ``loop`` holds the loop, ``decoders`` one step of each supported model (and its key/value cache), ``select``
-the vocabulary-parallel argmax, top-k and sampling.
+the vocabulary-parallel argmax, top-k and sampling; ``pad`` pads a batch that does not split over the grid.
 """
-from .loop import generate
+from .pad import generate
 
 __all__ = ["generate"]

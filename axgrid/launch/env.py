@@ -7,16 +7,22 @@ into a torch.distributed default process group with a timeout on every collectiv
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
+import shlex
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence, Union
+
+from ..spec.layout import GridError, GridShape
 
 
 #: Set by ``axgrid launch`` in every process of a job (see axgrid.launch.proctree).
 LAUNCH_JOB_VAR = "AXGRID_LAUNCH_JOB"
+#: Set by ``axgrid launch``: the job's folder, where a rank records its one-line error (axgrid.launch.errors).
+LAUNCH_DIR_VAR = "AXGRID_LAUNCH_DIR"
 
 
 class LaunchError(RuntimeError):
@@ -54,6 +60,12 @@ def expand_hostlist(nodelist: str) -> list[str]:
             else:
                 hosts.append(prefix + part + suffix)
     return hosts
+
+
+def launch_dir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The job folder of ``axgrid launch`` when this process is one of its ranks (None otherwise)."""
+    folder = (os.environ if env is None else env).get(LAUNCH_DIR_VAR)
+    return folder if folder and os.path.isdir(folder) else None
 
 
 def _int(env: Mapping[str, str], *names: str, default: Optional[int] = None) -> Optional[int]:
@@ -183,3 +195,37 @@ def init_distributed(launch: LaunchEnv, backend: Optional[str] = None, timeout_s
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     return backend
+
+
+def how_to_launch(ranks: int) -> str:
+    """The command that starts this program on ``ranks`` local ranks: ``axgrid launch -n N -- python ARGS``."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    if os.path.basename(argv[0]).startswith("python"):
+        argv[0] = "python"
+    return f"axgrid launch -n {ranks} -- {shlex.join(argv)}"
+
+
+def grid_shape_for(spec: Union[str, Sequence[int], GridShape], launch: LaunchEnv) -> GridShape:
+    """``GridShape.parse(spec, launch.world_size)``; when this process runs alone (no launcher) and the grid needs
+    more ranks, the GridError says how to launch it (:func:`how_to_launch`)."""
+    try:
+        return GridShape.parse(spec, launch.world_size)
+    except GridError:
+        needed = _ranks_named(spec)
+        if launch.launcher != "single" or needed <= 1:
+            raise
+        name = spec if isinstance(spec, (str, GridShape)) else "x".join(map(str, spec))
+        raise GridError(f"grid {name} needs {needed} ranks, "
+                        f"but this process runs alone (no launcher, world size 1): start it with "
+                        f"`{how_to_launch(needed)}` (or mpirun/srun/torchrun -n {needed})") from None
+
+
+def _ranks_named(spec: Union[str, Sequence[int], GridShape]) -> int:
+    """The ranks a grid spec names at least (Gx*Gy*Gz when Gdata is left out); 1 when it does not parse."""
+    if isinstance(spec, GridShape):
+        return spec.size
+    parts = spec.lower().replace("×", "x").split("x") if isinstance(spec, str) else list(spec)
+    try:
+        return math.prod(int(p) for p in parts) if len(parts) in (3, 4) else 1
+    except (TypeError, ValueError):
+        return 1

@@ -14,6 +14,11 @@ How the job ends, under both:
 - SIGTERM, SIGHUP or SIGINT reaches the launcher: it is forwarded to every rank, the ranks still alive after
   ``grace_s`` are SIGKILLed, and the exit code is 128 + the signal (143, 129, 130); a second signal kills at once.
 
+A rank that stops on one of the project's own errors records its one-line message in the job's folder
+(:mod:`axgrid.launch.errors`); when that rank is the first to fail, the launcher prints that line once (prefixed by
+the rank) instead of its "rank R exited" line. :func:`preflight` refuses, before any rank starts, what it can
+check from the command line: a missing script, and a ``--grid`` that does not parse or does not have N ranks.
+
 Afterwards no process of the job is left (every one carries ``AXGRID_LAUNCH_JOB`` in its environment; see
 :mod:`axgrid.launch.proctree`) and the job's ``/tmp/axgrid-launch-*`` folder is gone.
 """
@@ -30,8 +35,9 @@ import threading
 import time
 from typing import IO, Optional, Sequence
 
-from . import proctree
-from .env import free_port
+from . import errors, proctree
+from .env import LAUNCH_DIR_VAR, LaunchError, free_port
+from ..spec.layout import GridError, GridShape
 
 #: Signals the launcher forwards to the ranks.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -156,7 +162,8 @@ def _end(job: _Job, sig: int, grace_s: float, signals: _Signals) -> None:
     while time.monotonic() < deadline and signals.count == seen and any(proctree.alive(p) for p in ranks):
         time.sleep(0.02)
     if job.mpi:     # mpiexec exits once its ranks have: let it pass on their last lines (tracebacks) first
-        proctree.wait_gone([job.procs[0].pid], time.monotonic() + 3.0)
+        proctree.signal_groups([p for p in ranks if proctree.alive(p)], signal.SIGKILL)   # ranks, not wrappers:
+        proctree.wait_gone([job.procs[0].pid], time.monotonic() + 3.0)   # a wrapper killed draws Hydra's banner
     proctree.kill_job(os.path.basename(job.tmp))
     for p in job.procs:
         p.wait()
@@ -171,21 +178,20 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
     ``grace_s``: how long ranks may take to exit after a forwarded SIGTERM/SIGHUP/SIGINT (e.g. to save a
     checkpoint) before they are killed. See the module docstring for how a job ends.
     """
-    if n < 1:
-        raise ValueError(f"-n {n}: the number of ranks must be >= 1")
-    if not cmd:
-        raise ValueError("no command to launch: axgrid launch -n N [--] CMD ...")
+    preflight(n, cmd)
     mpiexec = find_mpiexec() if use_mpi in (None, True) else None
     if use_mpi and not mpiexec:
         raise FileNotFoundError("mpiexec not found: pip install 'axgrid[mpi]' (mpi4py + mpich), or use_mpi=False")
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
     env["PYTHONUNBUFFERED"] = "1"
-    if not mpiexec:     # under mpiexec, rank 0 picks the port through mpi4py just before it listens on it
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # the rendezvous, under mpiexec too: the ranks then never start MPI, whose processes Hydra ends with SIGKILL
+    # and its "BAD TERMINATION" banner when one of them leaves with os._exit (as a failing rank does)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="axgrid-launch-") as tmp, _Signals() as signals:
         env[proctree.JOB_VAR] = os.path.basename(tmp)
+        env[LAUNCH_DIR_VAR] = tmp
         job = _start(n, cmd, mpiexec, env, tmp)
         pumps = [threading.Thread(target=_pump, args=(p.stdout, pre, out, lock), daemon=True)
                  for p, pre in zip(job.procs, job.prefixes)]
@@ -201,6 +207,9 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
             failed = job.failure()
             if failed:
                 code, why = failed[1], f"rank {failed[0]} exited with code {failed[1]}; the other ranks were ended"
+                said = errors.recorded(tmp, failed[0]) if failed[0].isdigit() else None
+                if said:        # one of the project's errors: its line, once, is all there is to say
+                    why = f"[{failed[0]}] {said}"
                 break
             if job.done():
                 break
@@ -213,7 +222,7 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
             t.join(timeout=2)
         if code:
             with lock:
-                out.write(f"axgrid launch: {why}\n")
+                out.write(f"{why}\n" if why.startswith("[") else f"axgrid launch: {why}\n")
                 out.flush()
     return code
 
@@ -221,7 +230,11 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
 def _wrap(tmp: str, cmd: Sequence[str]) -> int:
     """Run one rank's command under mpiexec: in a process group of its own (its pid in ``rank-R.pid``), its
     output lines prefixed with the rank, forwarded signals passed on; when it fails, the first failure of the
-    job is recorded in ``failed`` (``"RANK CODE"``, created once: later failures are effects, not causes)."""
+    job is recorded in ``failed`` (``"RANK CODE"``, created once: later failures are effects, not causes).
+
+    Returns 0 however the rank ended: the launcher reads ``failed`` and ends the job itself. A wrapper that
+    returned the rank's failure would make Hydra kill the other wrappers, and print its "BAD TERMINATION" banner
+    when one of them died of that signal first."""
     rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "x"))
     pass_fds = tuple(int(os.environ[k]) for k in ("PMI_FD",) if os.environ.get(k, "").isdigit())
     proc = subprocess.Popen(list(cmd), pass_fds=pass_fds, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -236,7 +249,40 @@ def _wrap(tmp: str, cmd: Sequence[str]) -> int:
     pump.join(timeout=5)
     if code != 0:
         _write_once(os.path.join(tmp, "failed"), f"{rank} {code}")
-    return code
+    return 0
+
+
+#: Modules whose ``--grid`` describes a job other than the one launched (priced or tuned, not run): not checked.
+OTHER_JOBS_GRID = ("axgrid.perfmodel", "axgrid.kernels")
+
+
+def _grid_arguments(cmd: Sequence[str]) -> list[str]:
+    """The values of ``--grid G`` / ``--grid=G`` in ``cmd`` (none when it runs one of OTHER_JOBS_GRID)."""
+    if any(cmd[i] == "-m" and cmd[i + 1].startswith(OTHER_JOBS_GRID) for i in range(len(cmd) - 1)):
+        return []
+    found = [cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i] == "--grid"]
+    return found + [a.split("=", 1)[1] for a in cmd if a.startswith("--grid=")]
+
+
+def preflight(n: int, cmd: Sequence[str]) -> None:
+    """What ``axgrid launch -n N -- CMD`` can refuse before starting a rank: N < 1, no command, a Python script
+    that does not exist, a ``--grid`` for CMD that does not parse or does not have N ranks (LaunchError, GridError
+    or ValueError: one line each)."""
+    if n < 1:
+        raise ValueError(f"-n {n}: the number of ranks must be >= 1")
+    if not cmd:
+        raise ValueError("no command to launch: axgrid launch -n N [--] CMD ...")
+    if os.path.basename(cmd[0]).startswith("python") and len(cmd) > 1 and cmd[1].endswith(".py") \
+            and not os.path.isfile(cmd[1]):
+        raise LaunchError(f"{cmd[1]}: no such script (from {os.getcwd()}); check the path")
+    for spec in _grid_arguments(cmd):
+        try:
+            shape = GridShape.parse(spec) if spec.count("x") == 3 else GridShape.parse(spec, n)
+        except GridError as e:
+            raise GridError(f"--grid {spec}: {e}") from None
+        if shape.size != n:
+            raise GridError(f"--grid {spec} needs {shape.size} ranks but -n is {n}: use -n {shape.size}, or a grid "
+                            f"of {n} ranks")
 
 
 def _write_once(path: str, text: str) -> None:

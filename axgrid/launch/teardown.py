@@ -1,14 +1,16 @@
 """How a rank leaves the job: at once when it fails; with its process groups released while Python is still
 whole when it succeeds.
 
-Failure. From the start of ``axgrid.init`` in a job of several ranks (not an interactive session), an uncaught
-exception prints its traceback, flushes open files and ends the process at once with ``os._exit`` (exit code
-1; 130 for KeyboardInterrupt): no atexit handlers, no interpreter teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every other rank -- which are blocked in a
+Failure. From the start of ``axgrid.init`` (not in an interactive session), an uncaught exception that is one of
+the project's own errors is said as one line, once per job (:func:`axgrid.launch.errors.say`; its traceback only
+with ``AXGRID_DEBUG=1``); any other prints its traceback. In a job of several ranks the process then flushes open
+files and ends at once with ``os._exit`` (exit code 1; 130 for KeyboardInterrupt): no atexit handlers, no
+interpreter teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every other rank -- which are blocked in a
 collective with this one -- and the job sat until the collective timeout; and interpreter teardown with live
 gloo groups is where the exit-134 abort below happens. The other ranks see the closed connections at their
 next collective with this rank and fail the same way. Under a bare mpiexec, a rank that leaves MPI
-unfinalised makes Hydra end the whole job at once, with that rank's exit code (under ``axgrid launch`` MPI is
-finalised right after the rendezvous, and the launcher ends the job).
+unfinalised makes Hydra end the whole job at once, with that rank's exit code (under ``axgrid launch`` the ranks
+do not start MPI -- the launcher gives them their rendezvous address -- and the launcher ends the job).
 
 Success. ``Grid.destroy()`` releases the groups and drops every reference to them, so gloo joins its worker
 and network threads right there; a grid still alive when the program ends is destroyed by an atexit handler,
@@ -26,13 +28,16 @@ import gc
 import io
 import os
 import sys
+import warnings
 from types import TracebackType
 from typing import Callable, Optional
 
 
-def _flush() -> None:
+def flush_all() -> None:
     """Flush stdout, stderr and every open file written through Python (os._exit would drop their buffers)."""
-    files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
+    with warnings.catch_warnings():     # isinstance on every live object touches deprecated module attributes
+        warnings.simplefilter("ignore")
+        files = [o for o in gc.get_objects() if isinstance(o, io.IOBase)]
     for f in [sys.stdout, sys.stderr, *files]:
         try:
             if not f.closed and f.writable():
@@ -41,19 +46,29 @@ def _flush() -> None:
             pass
 
 
-def _fail_fast(previous: Callable[..., object], running: list[bool]) -> Callable[..., None]:
-    """A hook that prints through ``previous``, then exits. Hooks installed later (torch's rank prefix, which
-    prints through a buffer) may wrap it: only the outermost of ours exits, after everything was printed."""
+def _fail_fast(previous: Callable[..., object], running: list[bool], world_size: int) -> Callable[..., None]:
+    """A hook that says one of the project's errors once, or prints a bug's traceback through ``previous``; then,
+    in a job of several ranks, exits at once. Hooks installed later (torch's rank prefix, which prints through a
+    buffer) may wrap it: only the outermost of ours exits, after everything was printed."""
     def hook(kind: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
         if running:                     # called from inside another hook wrapping ours: just print
             previous(kind, value, tb)
             return
+        from . import errors
         running.append(True)
+        code = 130 if issubclass(kind, KeyboardInterrupt) else 1
+        at_once = world_size > 1
         try:
-            previous(kind, value, tb)
+            if errors.is_user_error(value) and not errors.debugging():
+                code = errors.say(value, errors.program_name())
+                at_once = errors.leaves_at_once()
+            else:
+                previous(kind, value, tb)
         finally:
-            _flush()
-            os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
+            flush_all()
+            if at_once:
+                os._exit(code)
+            running.clear()     # Python exits with code 1 after the hook
 
     hook.axgrid_fail_fast = True  # type: ignore[attr-defined]
     return hook
@@ -64,11 +79,12 @@ _RUNNING: list[bool] = []
 
 
 def install(release: Callable[[], None], world_size: int) -> None:
-    """Run ``release`` at exit (before mpi4py's ``MPI_Finalize``: call this after MPI is initialised) and, in a
-    job of several ranks that is not an interactive session, make an uncaught exception end this rank at once.
+    """Run ``release`` at exit (before mpi4py's ``MPI_Finalize``: call this after MPI is initialised) and, outside
+    an interactive session, say the project's uncaught errors once and, in a job of several ranks, make an
+    uncaught exception end this rank at once.
     Call it again after ``init_process_group`` (which wraps the hook) so that ours is outermost."""
     interactive = hasattr(sys, "ps1") or sys.flags.interactive
-    if world_size > 1 and not interactive and not getattr(sys.excepthook, "axgrid_fail_fast", False):
-        sys.excepthook = _fail_fast(sys.excepthook, _RUNNING)
+    if not interactive and not getattr(sys.excepthook, "axgrid_fail_fast", False):
+        sys.excepthook = _fail_fast(sys.excepthook, _RUNNING, world_size)
     atexit.unregister(release)
     atexit.register(release)

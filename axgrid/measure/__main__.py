@@ -1,4 +1,5 @@
 """``python -m axgrid.measure``: see :mod:`axgrid.measure.cli`."""
+from ..launch.errors import run
 from .cli import main
 
-main()
+run(main, "axgrid.measure")

@@ -28,11 +28,11 @@ class Metrics:
                  config: Optional[dict[str, Any]] = None, jsonl: Optional[str] = None,
                  tensorboard: Optional[str] = None, progress: Optional[int] = None, initial: int = 0,
                  append: bool = False, peak_flops: Optional[float] = None, peak_machine: Optional[str] = None,
-                 timing_skip: int = 1) -> None:
+                 timing_skip: int = 1, progress_every: int = 10) -> None:
         self.meter = StepMeter(grid, flops_per_step=flops_per_step, tokens_per_step=tokens_per_step, dtype=dtype,
                                peak_flops=peak_flops, peak_machine=peak_machine)
         self.log = MetricsLog(grid.rank, jsonl=jsonl, tensorboard=tensorboard, progress=progress,
-                              initial=initial, append=append)
+                              initial=initial, append=append, progress_every=progress_every)
         self.timing_skip = timing_skip
         self.rows: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
@@ -46,10 +46,14 @@ class Metrics:
             raise SystemExit(f"--peak-tflops {args.peak_tflops}: the device's dense peak must be > 0, e.g. 989")
         if args.timing_skip < 0:
             raise SystemExit(f"--timing-skip {args.timing_skip}: warm-up steps must be >= 0")
+        if args.progress_every < 1:
+            raise SystemExit(f"--progress-every {args.progress_every}: print a progress line every N >= 1 steps "
+                             f"(--no-progress: none)")
         try:
             return cls(grid, jsonl=args.log, tensorboard=args.tensorboard,
                        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                       peak_machine=args.peak_machine, timing_skip=args.timing_skip, **kwargs)
+                       peak_machine=args.peak_machine, timing_skip=args.timing_skip,
+                       progress_every=args.progress_every, **kwargs)
         except MachineFileError as e:
             raise SystemExit(f"--peak-machine {args.peak_machine}: {e}") from None
 
@@ -88,7 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("metrics")
     g.add_argument("--log", default=None, help="JSON-lines file of config, step and summary rows (rank 0)")
     g.add_argument("--tensorboard", default=None, metavar="DIR", help="also write TensorBoard scalars to DIR")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal) and no progress lines (in a batch job)")
+    g.add_argument("--progress-every", type=int, default=10, metavar="N",
+                   help="without a terminal (a batch job), print step, loss, tokens/s and time left on stdout every "
+                        "N steps and at the last (default 10)")
     g.add_argument("--timing-skip", type=int, default=1, help="warm-up steps left out of the summary's means")
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense peak TFLOP/s for MFU (default: the device table; none on a CPU)")

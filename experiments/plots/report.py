@@ -3,9 +3,10 @@ any driver that writes the same record): a table as Markdown and CSV, and PNG pl
 
     python experiments/plots/report.py runs/a.jsonl runs/b.jsonl ... --out experiments/results/report
 
-Writes to ``--out``: ``report.md`` and ``report.csv`` (one row per log: machine, device, grid, model, batch,
-tokens/s, TFLOP/s per device, MFU, peak memory, J/token, the last validation loss and perplexity (``eval`` rows of a
-run with ``--eval-interval``; n/a without), and the step time split below), ``throughput.png``
+Writes to ``--out``: ``report.md`` (one row per log: machine, device, grid, model, batch, tokens/s, GFLOP/s or
+TFLOP/s per device, MFU in %, peak memory in MiB or GiB, J/token, the last validation loss and perplexity (``eval``
+rows of a run with ``--eval-interval``; n/a without), and the step time split below in ms: the units of the docs'
+tables), ``report.csv`` (the same in SI units: seconds, TFLOP/s, GiB, MFU as a fraction), ``throughput.png``
 (tokens/s and J/token per configuration) and ``step_split.png`` (time per step: compute and the exposed
 communication of each grid dimension, stacked; a run without ``--comm-timing`` has no split and is drawn whole).
 A run's figures are recomputed from its step rows with :func:`axgrid.metrics.summarize` (the first ``--skip``
@@ -20,6 +21,7 @@ import json
 import os
 from typing import Any, Optional, Sequence
 
+from axgrid.launch.errors import run, usage_errors_raise
 from axgrid.metrics import summarize
 
 COLUMNS = ("run", "machine", "device", "grid", "world", "model", "batch", "dtype", "step_s", "tokens_per_s",
@@ -76,30 +78,57 @@ def run_row(path: str, skip: int) -> dict[str, Any]:
     return row
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, scale: float = 1.0, digits: str = ".4g") -> str:
     if v is None:
         return "n/a"
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return format(v * scale, digits)
     return str(v)
 
 
+def _units(rows: Sequence[dict[str, Any]]) -> tuple[tuple[str, float], tuple[str, float]]:
+    """The table's units as the docs write them: (FLOP/s header, factor from TFLOP/s), (memory header, factor from
+    GiB): GFLOP/s below 1 TFLOP/s and MiB below 10 GiB for every row, else TFLOP/s and GiB."""
+    flops = [r["tflops"] for r in rows if r["tflops"] is not None]
+    mem = [r["peak_mem_gib"] for r in rows if r["peak_mem_gib"] is not None]
+    flop_unit = ("GFLOP/s/device", 1e3) if flops and max(flops) < 1 else ("TFLOP/s/device", 1.0)
+    mem_unit = ("peak memory MiB", 1024.0) if mem and max(mem) < 10 else ("peak memory GiB", 1.0)
+    return flop_unit, mem_unit
+
+
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """The table as Markdown (the energy source below it, once per distinct source)."""
-    cols = [("run", "run"), ("machine", "machine"), ("device", "device"), ("grid", "grid"), ("model", "model"),
-            ("batch", "batch"), ("tokens_per_s", "tokens/s"), ("tflops", "TFLOP/s/device"), ("mfu", "MFU"),
-            ("peak_mem_gib", "peak mem GiB"), ("j_per_token", "J/token"), ("valid_loss", "valid loss"),
-            ("valid_ppl", "valid ppl"), ("step_s", "s/step"),
-            ("compute_s", "compute s")] + [(f"exposed_{d}_s", f"exposed {d} s") for d in DIM_COLORS]
-    out = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(_fmt(r[k]) for k, _ in cols) + " |" for r in rows]
+    """The table as Markdown in the units of the docs' tables (tokens/s, GFLOP/s or TFLOP/s per device, MFU in %,
+    MiB or GiB, milliseconds per step and per part of the step); the energy source below it, once per source."""
+    (flop_head, flop_scale), (mem_head, mem_scale) = _units(rows)
+    cols = [("run", "run", 1.0, ".4g"), ("machine", "machine", 1.0, ""), ("device", "device", 1.0, ""),
+            ("grid", "grid", 1.0, ""), ("model", "model", 1.0, ""), ("batch", "batch", 1.0, ""),
+            ("tokens_per_s", "tokens/s", 1.0, ".0f"), ("tflops", flop_head, flop_scale, ".3g"),
+            ("mfu", "MFU %", 100.0, ".1f"), ("peak_mem_gib", mem_head, mem_scale, ".0f" if mem_scale > 1 else ".1f"),
+            ("j_per_token", "J/token", 1.0, ".3g"), ("valid_loss", "valid loss", 1.0, ".4g"),
+            ("valid_ppl", "valid ppl", 1.0, ".4g"), ("step_s", "ms/step", 1e3, ".0f"),
+            ("compute_s", "compute ms", 1e3, ".0f")] + \
+        [(f"exposed_{d}_s", f"exposed {d} ms", 1e3, ".0f") for d in DIM_COLORS]
+    out = ["| " + " | ".join(h for _, h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_fmt(r[k], scale, digits or ".4g") for k, _, scale, digits in cols) + " |"
+            for r in rows]
     sources = sorted({r["energy_source"] for r in rows})
     out += ["", *[f"Energy: {s}" for s in sources]]
     return "\n".join(out) + "\n"
 
 
 def label(r: dict[str, Any]) -> str:
-    return f"{r['model']} {r['grid']} b{r['batch']}"
+    """A run's name in the plots: model, grid and the global batch in sequences, spelled out."""
+    return f"{r['model']} {r['grid']}, batch {r['batch']}"
+
+
+def check_logs(paths: Sequence[str]) -> None:
+    """One line for a log that is missing or empty (a shell pattern that matched nothing arrives as it is)."""
+    for path in paths:
+        if not os.path.isfile(path):
+            hint = " (a shell pattern that matched no file)" if any(c in path for c in "*?[") else ""
+            raise SystemExit(f"{path}: no such file{hint}; pass the --log files of axgrid runs (train_gpt --log)")
+        if os.path.getsize(path) == 0:
+            raise SystemExit(f"{path}: empty: the run wrote no metrics (did it stop before its first step?)")
 
 
 def plot(rows: Sequence[dict[str, Any]], out: str) -> list[str]:
@@ -162,7 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
     ap.add_argument("logs", nargs="+", help="metrics logs (JSON lines)")
     ap.add_argument("--out", required=True, help="directory for report.md, report.csv and the PNGs")
     ap.add_argument("--skip", type=int, default=1, help="warm-up steps of each run left out")
-    a = ap.parse_args(list(argv) if argv is not None else None)
+    a = usage_errors_raise(ap).parse_args(list(argv) if argv is not None else None)
+    check_logs(a.logs)
     rows = [run_row(p, a.skip) for p in a.logs]
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.md"), "w") as f:
@@ -178,4 +208,4 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "report")     # errors said once, as one line (axgrid.launch.errors)

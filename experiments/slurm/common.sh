@@ -48,11 +48,13 @@ RESUME=()
 [[ -f "$CKPT/latest" ]] && RESUME=(--resume "$CKPT")
 
 echo "$SITE: $N ranks, model $MODEL, grid $GRID, batch $BATCH, resume: ${RESUME[*]:-no}"
+# No terminal here: train_gpt prints a progress line (step, loss, tokens/s, time left) every 10 steps to the .out
+# (--progress-every N in EXTRA_ARGS to change it).
 # --kill-on-bad-exit=1: a task that fails ends the whole step at once (a hung rank's peers time out and fail;
 # without it the step waits for the hung rank until the time limit). srun then exits 143 (the tasks it ended);
 # the failing task's own code is in its "task R: Exited with exit code C" line.
 # shellcheck disable=SC2086  # EXTRA_ARGS is split on purpose
 srun --kill-on-bad-exit=1 "${SRUN_ARGS[@]}" \
   python experiments/train/train_gpt.py --model "$MODEL" --grid "$GRID" --batch "$BATCH" --microbatches "$MICRO" \
-    --steps "$STEPS" --recompute --overlap "$OVERLAP" --data synthetic --no-progress \
+    --steps "$STEPS" --recompute --overlap "$OVERLAP" --data synthetic \
     --log "$RUN_DIR/train-$SLURM_JOB_ID.jsonl" --save "$CKPT" --save-every "$SAVE_EVERY" "${RESUME[@]}" $EXTRA_ARGS

@@ -46,10 +46,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
+from axgrid.checkpoint import list_checkpoints
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, TokenWindows, encode, load_tokenizer
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_data_arguments, check_run_arguments, compute_dtype,
                            data_settings, parse_step_args, run_step)
+from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
 from axgrid.spec import llama_flops
@@ -89,6 +91,12 @@ def check_args(args: argparse.Namespace) -> None:
     if not os.path.isdir(args.checkpoint):
         raise SystemExit(f"--checkpoint {args.checkpoint} is not a folder: pass a Hugging Face model folder written "
                          f"by save_pretrained")
+    saved = list_checkpoints(args.checkpoint) or os.path.isfile(os.path.join(args.checkpoint, "manifest.json"))
+    if saved and not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
+        raise SystemExit(f"--checkpoint {args.checkpoint} is an axgrid checkpoint folder (written by --save), not a "
+                         f"Hugging Face model folder: continue that run with --resume {args.checkpoint} and the "
+                         f"--checkpoint it was started from, or start from a folder written by save_pretrained or "
+                         f"--export")
     if not args.data_path and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass a UTF-8 text file")
     if args.seq < 1:
@@ -174,4 +182,4 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "finetune")     # errors said once, as one line (axgrid.launch.errors)

@@ -46,6 +46,7 @@ import axgrid
 from axgrid.data import DEFAULT_TEXT, DataError, TokenWindows, encode, load_tokenizer, split_tokens
 from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments, compute_dtype,
                            data_settings, parse_step_args, run_step)
+from axgrid.launch.errors import run
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
 from axgrid.models import GPT, GPTConfig
@@ -409,4 +410,4 @@ def plot(curves: dict[str, list[dict[str, float]]], settings: dict[str, Any], pa
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "memorization")     # errors said once, as one line (axgrid.launch.errors)

@@ -54,7 +54,8 @@ from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatch
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_batch_split, check_data_arguments, check_run_arguments,
                            compute_dtype, data_settings, parse_step_args, run_step)
-from axgrid.launch.env import LaunchError, detect_launch
+from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
+from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.models import GPT, GPTConfig
 from axgrid.spec import NAMED_SIZES, GridError, GridShape
@@ -138,7 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     try:
         cfg = build_config(args)
-        pre_shape = GridShape.parse(args.grid, detect_launch(use_mpi=False).world_size) if args.grid else None
+        pre_shape = grid_shape_for(args.grid, detect_launch(use_mpi=False)) if args.grid else None
     except (ValueError, GridError, LaunchError) as e:
         raise SystemExit(f"train_gpt: {e}") from None
     check_args(args, cfg, pre_shape)
@@ -215,4 +216,4 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "train_gpt")     # errors said once, as one line (axgrid.launch.errors)

@@ -26,6 +26,17 @@ def load_script(path: str) -> ModuleType:
     return mod
 
 
+def load_example(name: str) -> ModuleType:
+    """The example ``examples/<name>`` as a fresh module (its ``main(argv)`` is what the example runs)."""
+    file = ROOT / "examples" / name
+    spec = importlib.util.spec_from_file_location(f"example_{file.stem}_under_test", file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def slow_where(values: list, is_slow) -> list:
     """``values`` for ``pytest.mark.parametrize``, those with ``is_slow(value)`` marked ``slow`` (so ``make
     test-fast`` keeps a few cheap cases of a test that runs on many grids)."""

@@ -1,5 +1,6 @@
 """axgrid.train.train_step, the one training step of demo, train_gpt and the benchmarks: micro-batches (all but
-the last under no_sync), gradient sync over d, clipping and the optimizer step end where serial training ends."""
+the last under no_sync, averaged), gradient sync over d, clipping and the optimizer step end where serial training on
+the whole batch ends."""
 import pytest
 import torch
 from torch import nn
@@ -24,17 +25,17 @@ def rank_train_step(spec: str, overlap: str, micro: int) -> dict:
         for _ in range(3):
             x, t = torch.randn(8 * micro, 8, generator=gen), torch.randn(8 * micro, 8, generator=gen)
 
-            def loss_p(mb: int) -> torch.Tensor:
+            def loss_p(mb: int) -> torch.Tensor:      # the mean over this rank's rows of micro-batch mb
                 rows = slice(mb * 8 + d * per, mb * 8 + (d + 1) * per)
-                return nn.functional.mse_loss(par(x[rows]), t[rows]) / micro
+                return nn.functional.mse_loss(par(x[rows]), t[rows])
 
-            def loss_s(mb: int) -> torch.Tensor:
-                return nn.functional.mse_loss(ser(x[mb * 8:(mb + 1) * 8]), t[mb * 8:(mb + 1) * 8]) / micro
+            def loss_s(_: int) -> torch.Tensor:       # the mean over the whole batch, in one pass
+                return nn.functional.mse_loss(ser(x), t)
 
             grid.ledger.reset()
             rp = train_step(par, opt_p, loss_p, grid, micro, clip=0.05)
             reduces = sum(e.calls for (dim, op), e in grid.ledger.entries.items() if dim == "d")
-            rs = train_step(ser, opt_s, loss_s, None, micro, clip=0.05)
+            rs = train_step(ser, opt_s, loss_s, None, 1, clip=0.05)
             mean_p = float(grid.comm.all_reduce(rp.loss.reshape(1), "d", average=True)[0])
             out["loss"].append((mean_p, float(rs.loss)))
             out["norm"].append((rp.grad_norm, rs.grad_norm))
@@ -49,6 +50,7 @@ def rank_train_step(spec: str, overlap: str, micro: int) -> dict:
 
 
 def test_train_step_with_micro_batches_matches_serial_and_syncs_once_per_step(ranks):
+    """Micro-batches averaged (the default) over d and micro-batches: the full-batch mean gradient and loss."""
     one, two = (ranks(2, rank_train_step, "1x1x1x2", "oar,odp", micro) for micro in (1, 2))
     for out in (one[0], two[0]):
         for p, s in out["loss"] + out["norm"]:
@@ -66,3 +68,24 @@ def test_train_step_refuses_bad_input_before_any_work():
     with pytest.raises(ValueError, match="clip"):
         train_step(model, opt, lambda i: model(torch.ones(2)).sum(), None, 1, clip=float("nan"))
     assert model.weight.grad is None                            # nothing ran
+
+
+def _gradients(accumulate: str, micro: int, scale: float) -> torch.Tensor:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    x, t = torch.randn(8, 3, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 2)
+    rows = 8 // micro
+    out = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                     lambda i: nn.functional.mse_loss(model(x[i * rows:(i + 1) * rows]), t[i * rows:(i + 1) * rows],
+                                                      reduction="sum") / scale, None, micro, accumulate=accumulate)
+    return torch.cat([model.weight.grad.flatten(), model.bias.grad, out.loss.reshape(1)])
+
+
+def test_micro_batches_are_averaged_by_default_and_summed_on_request():
+    """The README's loss_of (each micro-batch's mean) trains with the full-batch mean gradient; accumulate="sum" is
+    for a loss already divided by the step's global count (the drivers' Goldfish normaliser)."""
+    full = _gradients("mean", 1, 8 * 2)                  # mean over all 8 rows (x 2 outputs), one pass
+    torch.testing.assert_close(_gradients("mean", 2, 4 * 2), full)      # two micro-batch means, averaged
+    torch.testing.assert_close(_gradients("sum", 2, 8 * 2), full)       # two shares of the global mean, summed
+    with pytest.raises(ValueError, match="accumulate='avg'"):
+        _gradients("avg", 2, 1)

@@ -68,6 +68,7 @@ def _train_gpt_main():
     (["--timeout", "0"], "--timeout 0.0: the seconds a stuck collective may take must be a number > 0"),
     (["--timeout", "nan"], "--timeout nan"),
     (["--data", "text", "--text-file", "/nonexistent/corpus.txt"], "--text-file /nonexistent/corpus.txt does not exist"),
+    (["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no checkpoint there (the path does not exist)"),
 ])
 def test_train_gpt_bad_arguments(argv, msg):
     """Checked before the grid is built (so in this process, with no ranks)."""
@@ -88,3 +89,30 @@ def test_kernels_export_to_unwritable_path_is_one_line(capsys, tmp_path):
     assert main(["export-efficiency", str(tmp_path / "missing" / "eff.json"), "--cache", str(tmp_path / "g.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot write") and "choose a writable path" in err and err.count("\n") == 1, err
+
+
+def test_finetune_refuses_an_axgrid_checkpoint_folder_as_its_model_in_one_line(tmp_path):
+    """An easy mistake: --checkpoint pointed at a --save folder (4 tracebacks and a FutureWarning before)."""
+    (tmp_path / "step-00000002").mkdir()
+    (tmp_path / "step-00000002" / "manifest.json").write_text("{}")
+    (tmp_path / "latest").write_text("step-00000002\n")
+    for folder in (tmp_path, tmp_path / "step-00000002"):
+        with pytest.raises(SystemExit) as e:
+            load_script("train/finetune.py").main(["--checkpoint", str(folder)])
+        assert str(e.value).startswith(f"--checkpoint {folder} is an axgrid checkpoint folder (written by --save), "
+                                       f"not a Hugging Face model folder: continue that run with --resume")
+
+
+@pytest.mark.parametrize("content,msg", [(None, "no such file (a shell pattern that matched no file)"),
+                                         ("", "empty: the run wrote no metrics")])
+def test_report_says_a_missing_or_empty_log_in_one_line(tmp_path, capsys, content, msg):
+    from axgrid.launch.errors import run
+    log = tmp_path / "runs" / ("*.jsonl" if content is None else "a.jsonl")
+    if content is not None:
+        log.parent.mkdir()
+        log.write_text(content)
+    with pytest.raises(SystemExit) as e:
+        run(load_script("plots/report.py").main, "report", [str(log), "--out", str(tmp_path / "r")])
+    assert e.value.code == 1 and capsys.readouterr().err == f"report: {log}: {msg}" + (
+        "; pass the --log files of axgrid runs (train_gpt --log)\n" if content is None else
+        " (did it stop before its first step?)\n")

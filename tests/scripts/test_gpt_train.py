@@ -1,6 +1,7 @@
 """experiments/train/train_gpt.py, called in-process through main(argv) on real gloo ranks: the same run (micro-batches,
 data parallelism, goldfish, recompute, clipping, AdamW) gives the same losses on different grids and on one rank,
-writes the JSON-lines log, and refuses a batch that does not split into whole sequences per rank."""
+writes the JSON-lines log, refuses a batch that does not split into whole sequences per rank, and keeps --keep N
+checkpoints (never the one it resumed from)."""
 import json
 
 import pytest
@@ -50,3 +51,17 @@ def test_train_gpt_same_losses_on_every_grid(ranks, tmp_path):
 def test_train_gpt_rejects_a_batch_that_does_not_split(ranks):
     msgs = ranks(4, rank_bad_batch, COMMON[:-4] + ["--grid", "1x1x2x2", "--batch", "6", "--microbatches", "1"])
     assert all("not divisible by Gd*Gz = 2*2" in m for m in msgs)
+
+
+def test_keep_n_checkpoints_but_never_the_one_resumed_from(ranks, tmp_path):
+    """--keep N deletes all but the newest N after each save, except the checkpoint --resume named (rank 0)."""
+    import os
+    ck = str(tmp_path / "ck")
+    tiny = COMMON[:-4] + ["--grid", "1x1x1x1", "--save", ck, "--save-every", "1"]
+    names = lambda: sorted(n for n in os.listdir(ck) if n.startswith("step-"))   # noqa: E731
+    ranks(1, rank_run, tiny + ["--keep", "0"])                                    # 3 steps, all kept
+    assert names() == ["step-00000001", "step-00000002", "step-00000003"]
+    first = os.path.join(ck, "step-00000001")
+    ranks(1, rank_run, tiny + ["--keep", "1", "--steps", "5", "--resume", first, "--allow-config-change", "steps"])
+    assert names() == ["step-00000001", "step-00000005"]
+    assert rank_bad_batch(tiny + ["--keep", "-1"]).startswith("--keep -1: the number of checkpoints to keep")

@@ -7,7 +7,9 @@
 - experiments/slurm/local.sbatch: SIGUSR1 before a 1-minute time limit saves through SaveOnSignal and exits 0;
   with CHAIN=1 the follow-up (``--dependency=afterany``) resumes from ``latest`` on another grid; the losses of
   the chain equal an uninterrupted run's, step for step.
-- ``perfmodel rank --emit-slurm`` for the local machine profile writes a script that runs here as written.
+- ``perfmodel rank --emit-slurm`` for the local machine profile writes a script that runs here as written (progress
+  lines in the .out, a checkpoint at the end); for Perlmutter, Frontier and Alps its scripts pass
+  ``sbatch --test-only``.
 - The site templates pass ``sbatch --test-only`` here with the options this node cannot satisfy overridden
   (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
 """
@@ -216,17 +218,45 @@ def _wait_for(fn, timeout_s: float, what: str):
 def test_emitted_sbatch_script_for_the_local_profile_runs_as_written(slurm, tmp_path):
     out = tmp_path / "emit"
     res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--model", "gpt-tiny", "--gpus", "2",
-                          "--machine", "local-4", "--batch", "4", "--dtype", "fp32", "--top", "1",
+                          "--machine", "local-4", "--batch", "4", "--dtype", "fp32", "--top", "1", "--layouts", "4d",
                           "--emit-slurm", str(out)], env=slurm.env, cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
     (script,) = sorted(out.glob("*.sbatch"))
-    job = slurm.sbatch("--chdir", str(ROOT), "--output", str(tmp_path / "%j.out"), str(script))
+    assert script.name.startswith("row01_")
+    job = slurm.sbatch("--chdir", str(ROOT), "--output", str(tmp_path / "%j.out"), str(script),
+                       env={**slurm.env, "RUN_DIR": str(tmp_path / "run")})
     rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
     text = (tmp_path / f"{job}.out").read_text()
     assert (rec.state, rec.exit_code) == ("COMPLETED", "0:0"), text
     grid = script.stem.split("_", 1)[1]
     assert f"on grid {grid} (2 ranks" in text and re.search(r"loss [\d.]+ -> [\d.]+ in 20 steps", text), text
+    assert re.search(r"^step 10/20: loss [\d.]+, \d+ tokens/s, [\d.]+ s/step, 0:\d\d:\d\d left$", text, re.M), text
+    assert (tmp_path / "run" / "ckpt" / "latest").exists()         # saved at the end, for a resume
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_emitted_site_scripts_pass_sbatch_test_only(slurm, tmp_path, site):
+    """rank --emit-slurm for a site machine: scripts numbered by their row in the printed table, built on the site's
+    template (its options, --signal, site settings; no account or constraint: given at submission), accepted by
+    sbatch --test-only here with what this one node cannot satisfy overridden."""
+    res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--model", "gpt-20b", "--gpus", "64",
+                          "--machine", site, "--batch", "64", "--top", "3", "--layouts", "4d",
+                          "--emit-slurm", str(tmp_path)], env=slurm.env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    scripts = sorted(tmp_path.glob("row*.sbatch"))
+    assert [s.name[:5] for s in scripts] == ["row01", "row02", "row03"]
+    template = sbatch_options(SLURM_DIR / f"{site}.sbatch")
+    for script in scripts:
+        opts = sbatch_options(script)
+        assert opts["--signal"] == template["--signal"] and opts["--gpus-per-node"] == opts["--ntasks-per-node"]
+        assert "-A" not in opts and "-C" not in opts and int(opts["-N"]) * int(opts["--ntasks-per-node"]) == 64
+        text = script.read_text()
+        assert f'GRID="${{GRID:-{script.stem.split("_", 1)[1]}}}"' in text and "SBATCH_ACCOUNT=<account>" in text
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+        res = slurm.command(["sbatch", "--test-only", *OVERRIDES, str(script)], check=False, cwd=ROOT)
+        assert res.returncode == 0 and "to start at" in res.stderr, f"{script.name}: {res.stderr}"
 
 
 # ---- the site templates -------------------------------------------------------------------------------------------

@@ -21,12 +21,15 @@ def test_cli_rank_outputs(tmp_path, capsys):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["rows"][0]["rank"] == 1 and doc["machine"] == "perlmutter"
     assert (tmp_path / "r.csv").read_text().startswith("rank,grid,")
-    scripts = sorted((tmp_path / "slurm").glob("*.sbatch"))
-    assert len(scripts) == 3
+    scripts = sorted((tmp_path / "slurm").glob("*.sbatch"))       # one per 4D row of the 3 printed
+    table = [line.split("│") for line in out.splitlines() if line.startswith("│")]
+    printed = [(int(c[1]), c[2].strip()) for c in table if c[3].strip() == "yes"]   # (row, grid) axgrid runs
+    assert [s.name for s in scripts] == [f"row{n:02d}_{g}.sbatch" for n, g in printed] and printed
     text = scripts[0].read_text()
-    g = doc["rows"][0]["grid"]
-    assert f"--grid {g}" in text and "srun --kill-on-bad-exit=1" in text and "experiments/train/train_gpt.py --model gpt-tiny" in text
-    assert "#SBATCH --nodes=2" in text
+    assert f'GRID="${{GRID:-{printed[0][1]}}}"' in text and 'MODEL="${MODEL:-gpt-tiny}"' in text
+    assert "#SBATCH -N 2" in text and "#SBATCH --gpus-per-node=4" in text and "#SBATCH --signal=USR1@" in text
+    assert "#SBATCH -A" not in text and "SBATCH_ACCOUNT=<account> SBATCH_CONSTRAINT=<constraint> sbatch" in text
+    assert text.rstrip().endswith('source "$REPO/experiments/slurm/common.sh"')
 
 
 def test_cli_explain_and_machines(capsys):
@@ -158,3 +161,37 @@ def test_perfmodel_imports_no_torch_or_runtime():
             "and m not in ('axgrid', 'axgrid.spec.layout') and not m.startswith(('axgrid.perfmodel', 'axgrid.spec'))]; "
             "assert 'axgrid.perfmodel.cli' in sys.modules and not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rank_layouts_units_and_names(capsys):
+    """--layouts 4d shows only what axgrid runs (numbered as --explain numbers them); names are never cut; a machine
+    of CPU ranks gets units its numbers show in; every row within the band is said plainly."""
+    big = ["rank", "--model", "gpt-80b", "--gpus", "1024", "--machine", "perlmutter", "--batch", "1024"]
+    assert main([*big, "--top", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "TP4xPP16xDP16+SP" in out and "…" not in out                      # 150 columns: nothing truncated
+    assert "│ 1 │  TP4xPP4xDP64+SP │     no │" in out and "the model cannot order them" in out
+    assert main([*big, "--top", "3", "--layouts", "4d"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("│") for line in out.splitlines() if line.startswith("│")]
+    assert [c[3].strip() for c in rows] == ["yes"] * 3 and "TP" not in "".join(c[2] for c in rows)
+    assert main([*big, "--layouts", "4d", "--explain", "1"]) == 0
+    assert capsys.readouterr().out.startswith(f"4D {rows[0][2].strip()} ")
+    assert main(["rank", "--model", "gpt-tiny", "--gpus", "4", "--machine", "local-4", "--batch", "8", "--dtype",
+                 "fp32", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-tiny (137.0K params)" in out and "GFLOP/s/rank" in out and "MiB/rank" in out and "ms/batch" in out
+    assert "0.0B params" not in out and "TFLOP/s" not in out
+
+
+def test_no_feasible_grid_says_the_numbers_and_what_would_fit(capsys):
+    assert main(["rank", "--model", "gpt-80b", "--gpus", "16", "--machine", "perlmutter", "--batch", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "35× memory 73.6–1451.0 GiB > 36.0 GiB usable" in err and " N " not in err
+    assert "the fewest GPUs that fit (doubling) are 64 (" in err
+    # hidden 6, one head, vocabulary 7: Gx*Gy <= 2, so 8 GPUs need Gz*Gd >= 4 sequences
+    assert main(["rank", "--layers", "1", "--hidden", "6", "--heads", "1", "--vocab", "7", "--seq", "8", "--gpus", "8",
+                 "--machine", "perlmutter", "--batch", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "16× batch 3 not divisible by Gd*Gz=2–8 (z splits whole sequences)" in err
+    assert "no count up to 8192 GPUs fits; on 8 GPUs the smallest larger batch that fits is 4 (2x1x" in err
