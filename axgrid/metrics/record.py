@@ -33,37 +33,17 @@ so they are not counted in ``comm_bytes``.
 """
 from __future__ import annotations
 
-import platform
 import socket
 import time
 from typing import Any, Optional, Sequence
 
 import torch
 
-from .energy import detect_energy, device_key, energy_readers, key_hash
+from .energy import energy_readers, key_hash
 from .memory import PeakMemory
 from .peaks import resolve_peak
 
 DTYPES = ("bf16", "fp16", "fp32")
-
-
-def device_name(device: torch.device) -> str:
-    """What the device calls itself: torch's CUDA/ROCm name, or the CPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class StepMeter:
@@ -82,16 +62,16 @@ class StepMeter:
         if not ((flops_per_step is None or flops_per_step >= 0) and tokens_per_step > 0):
             raise ValueError(f"flops_per_step {flops_per_step} and tokens_per_step {tokens_per_step} must be "
                              f"non-negative (or None) and positive")
-        self.grid, self.device = grid, grid.device
+        self.grid, self.device, self.dev = grid, grid.device, grid.accelerator
         self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
         self.tokens_per_step, self.dtype = int(tokens_per_step), dtype
-        self.name = device_name(self.device)
-        self.peak = resolve_peak(self.name, dtype, is_cpu=self.device.type != "cuda", peak_flops=peak_flops,
+        self.name = self.dev.name()
+        self.peak = resolve_peak(self.name, dtype, is_cpu=not self.dev.is_gpu, peak_flops=peak_flops,
                                  machine=peak_machine)
-        self.memory = PeakMemory(self.device)
-        self.energy_reader, self.readers = energy_readers(self._gather_keys(key_hash(device_key(self.device))),
+        self.memory = PeakMemory(self.dev)
+        self.energy_reader, self.readers = energy_readers(self._gather_keys(key_hash(self.dev.energy_key())),
                                                           grid.rank)
-        self.energy = detect_energy(self.device)
+        self.energy = self.dev.energy()
         self.energy_source = self._energy_source()
         self._t0: Optional[float] = None
 
@@ -104,7 +84,7 @@ class StepMeter:
         return [(int(k), int(r)) for k, r in v.tolist()]
 
     def _energy_source(self) -> str:
-        what = "GPU" if self.device.type == "cuda" else "node"
+        what = "GPU" if self.dev.is_gpu else "node"
         if not self.energy.available:
             return self.energy.source
         return (f"{self.energy.source}; {self.readers} reader(s), one per {what}, job total = their sum")
@@ -126,7 +106,7 @@ class StepMeter:
     # -- one step ---------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Call right before the step: synchronises the device, resets the memory peak, reads the counters."""
-        _synchronize(self.device)
+        self.dev.synchronize()
         self.memory.reset()
         self._ledger0 = self.grid.ledger.snapshot()
         self._e0 = self.energy.read() if self.energy_reader else None
@@ -139,7 +119,7 @@ class StepMeter:
         given."""
         if self._t0 is None:
             raise RuntimeError("StepMeter.end() without begin(): call begin() right before the step")
-        _synchronize(self.device)
+        self.dev.synchronize()
         dt = time.perf_counter() - self._t0
         self._t0 = None
         comm_bytes, comm_s, exposed = self._ledger_delta()
@@ -165,6 +145,7 @@ class StepMeter:
         return row
 
     def _ledger_delta(self) -> tuple[dict[str, int], Optional[dict[str, float]], Optional[dict[str, float]]]:
+        self.grid.ledger.settle()          # the step's event times (the device is synchronised: nothing waits)
         before, now = self._ledger0, self.grid.ledger.entries
         nbytes: dict[str, int] = {}
         secs: dict[str, float] = {}

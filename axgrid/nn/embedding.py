@@ -85,16 +85,19 @@ class Embedding(nn.Module):
         bound = math.sqrt(3.0) * self.std
         with torch.no_grad():
             self.weight.copy_(_init.uniform_block(self.seed, EMBEDDING_STREAM, self.dim, range(self.num),
-                                                  range(self.f0, self.f0 + self.local), bound, torch.float64))
+                                                  range(self.f0, self.f0 + self.local), bound, torch.float64,
+                                                  self.weight.device))
 
     @classmethod
     def from_dense(cls, dense: nn.Embedding, grid: Grid, feature_dim: str = "x") -> "Embedding":
-        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank); padding row kept. A
-        ``dense`` on the meta device gives an uninitialised table on the grid's device (for a loader to fill)."""
+        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank), on the grid's device
+        (``grid=None``: on ``dense``'s); padding row kept. A ``dense`` on the meta device gives an uninitialised
+        table (for a loader to fill)."""
         w = dense.weight
         meta = w.device.type == "meta"
         emb = cls(dense.num_embeddings, dense.embedding_dim, grid, feature_dim=feature_dim,
-                  padding_idx=dense.padding_idx, dtype=w.dtype, device=None if meta else w.device, init=not meta)
+                  padding_idx=dense.padding_idx, dtype=w.dtype, device=w.device if grid is None and not meta else None,
+                  init=False)
         with torch.no_grad():
             if not meta:
                 emb.weight.copy_(w.detach() if grid is None else part_of_dense(emb.weight.axgrid_tile, w))

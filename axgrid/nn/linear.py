@@ -149,13 +149,13 @@ class Linear(nn.Module):
     # -- parameters -----------------------------------------------------------------------------------
     def reset_parameters(self) -> None:
         """Fill this rank's shards from the hashed initialisation (no communication, no full matrix)."""
-        sh, b = self.sharding, _init.linear_bound(self.in_features)
+        sh, b, dev = self.sharding, _init.linear_bound(self.in_features), self.weight.device
         with torch.no_grad():
             self.weight.copy_(self._shard_from(lambda rows, cols: _init.uniform_block(
-                self.seed, _init.WEIGHT_STREAM, self.in_features, rows, cols, b, torch.float64)))
+                self.seed, _init.WEIGHT_STREAM, self.in_features, rows, cols, b, torch.float64, dev)))
             if self.bias is not None:
                 self.bias.copy_(_init.uniform_block(self.seed, _init.BIAS_STREAM, self.out_features, range(1),
-                                                    range(sh.row0, sh.row0 + sh.n_blk), b, torch.float64)[0])
+                                                    range(sh.row0, sh.row0 + sh.n_blk), b, torch.float64, dev)[0])
 
     def _shard_from(self, block_of) -> torch.Tensor:
         """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix
@@ -163,7 +163,7 @@ class Linear(nn.Module):
         def read(box: Box) -> torch.Tensor:
             (r, c), (nr, nc) = box.offsets, box.shape
             return block_of(range(r, r + nr), range(c, c + nc))
-        return read_part(self.sharding.weight_tile, read, dtype=torch.float64)
+        return read_part(self.sharding.weight_tile, read, dtype=torch.float64, device=self.weight.device)
 
     def load_dense_(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> "Linear":
         """Copy this rank's pieces from a dense ``weight [out, in]`` (and ``bias [out]``) held on this rank."""
@@ -182,11 +182,12 @@ class Linear(nn.Module):
     @classmethod
     def from_dense(cls, dense: nn.Linear, grid: Optional[Grid] = None, transpose: bool = False,
                    **kwargs) -> "Linear":
-        """A parallel copy of ``dense`` (held in full on every rank). A ``dense`` on the meta device (a model
-        built without memory, :func:`axgrid.from_pretrained`) gives an uninitialised layer on the grid's device."""
+        """A parallel copy of ``dense`` (held in full on every rank) on the grid's device: its parameters are made
+        uninitialised and filled once from ``dense``. A ``dense`` on the meta device (a model built without memory,
+        :func:`axgrid.from_pretrained`) gives an uninitialised layer."""
         meta = dense.weight.device.type == "meta"
         layer = cls(dense.in_features, dense.out_features, bias=dense.bias is not None, transpose=transpose,
-                    grid=grid, dtype=dense.weight.dtype, init=not meta, **kwargs)
+                    grid=grid, dtype=dense.weight.dtype, init=False, **kwargs)
         return layer if meta else layer.load_dense_(dense.weight, dense.bias)
 
     def to_dense(self) -> nn.Linear:

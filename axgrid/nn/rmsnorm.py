@@ -76,11 +76,11 @@ class RMSNorm(nn.Module):
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, eps: float, grid: Grid, feature_dim: str = "x") -> "RMSNorm":
-        """This rank's slice of a dense norm's ``weight [hidden]`` (on the meta device: ones on the grid's
-        device, for a loader to fill)."""
+        """This rank's slice of a dense norm's ``weight [hidden]``, on the grid's device (``grid=None``: on
+        ``weight``'s; on the meta device: ones, for a loader to fill)."""
         meta = weight.device.type == "meta"
         norm = cls(weight.shape[0], grid, feature_dim=feature_dim, eps=eps, dtype=weight.dtype,
-                   device=None if meta else weight.device)
+                   device=weight.device if grid is None and not meta else None)
         with torch.no_grad():
             if not meta:
                 norm.weight.copy_(weight.detach() if grid is None else part_of_dense(norm.weight.axgrid_tile, weight))
