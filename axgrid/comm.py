@@ -16,6 +16,7 @@ the reduce-scatter's input); ``wire_bytes`` are what each rank sends in a ring a
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import weakref
 from dataclasses import dataclass, field
@@ -184,6 +185,16 @@ def _(t: torch.Tensor, key: int, dim: str, average: bool) -> torch.Tensor:
     return t.new_empty((t.shape[0] // _COMMUNICATORS[key].sizes[dim], *t.shape[1:]))
 
 
+def _all_reduce_within(buf: torch.Tensor, group: dist.ProcessGroup, timeout_s: float) -> dist.Work:
+    """A sum all-reduce on ``group`` whose time limit is ``timeout_s``, not the group's (the backends take a limit
+    per call: gloo and NCCL's watchdog honour it)."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.timeout = datetime.timedelta(seconds=timeout_s)
+    opts.asyncOp = True
+    return group.allreduce([buf], opts)
+
+
 def _compiling(async_op: bool, p: int) -> bool:
     """True while torch.compile traces a synchronous collective over more than one rank."""
     return not async_op and p > 1 and torch.compiler.is_compiling()
@@ -258,8 +269,9 @@ class Communicator:
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, dim: str, *, average: bool = False,
-                   async_op: bool = False) -> torch.Tensor | Pending:
-        """Sum (or mean) of ``t`` over the group along ``dim``. ``t`` itself may be overwritten."""
+                   async_op: bool = False, timeout_s: Optional[float] = None) -> torch.Tensor | Pending:
+        """Sum (or mean) of ``t`` over the group along ``dim``. ``t`` itself may be overwritten. ``timeout_s``:
+        this call's own limit instead of the group's (an agreement where ranks may wait on others' file I/O)."""
         self._check(dim)
         p = self.sizes[dim]
         if p == 1:
@@ -273,8 +285,11 @@ class Communicator:
                 buf.div_(p)
             return buf if buf.dtype == t.dtype else buf.to(t.dtype)
 
-        return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
-                          lambda: dist.all_reduce(buf, group=self.groups[dim], async_op=True), finish, async_op)
+        if timeout_s is None:
+            launch = lambda: dist.all_reduce(buf, group=self.groups[dim], async_op=True)  # noqa: E731
+        else:
+            launch = lambda: _all_reduce_within(buf, self.groups[dim], timeout_s)  # noqa: E731
+        return self._post(dim, "all_reduce", buf.numel() * buf.element_size(), launch, finish, async_op)
 
     def all_gather(self, t: torch.Tensor, dim: str, *, async_op: bool = False) -> torch.Tensor | Pending:
         """Every member's ``t`` stacked in group order: ``[p, *t.shape]``."""

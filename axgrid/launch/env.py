@@ -28,7 +28,8 @@ from typing import Mapping, Optional
 LAUNCH_JOB_VAR = "AXGRID_LAUNCH_JOB"
 #: The run's directory (``axgrid launch`` sets it; a batch script may): the flight recorder writes there.
 RUN_DIR_VAR = "AXGRID_RUN_DIR"
-#: Seconds MPI may take to start (mpi4py's MPI_Init) before the rank gives up with a one-line error.
+#: Seconds MPI may take to start (mpi4py's MPI_Init) before the rank gives up with a one-line error
+#: (``AXGRID_MPI_START_S`` overrides it).
 MPI_START_LIMIT_S = 120.0
 
 
@@ -96,36 +97,47 @@ def _port_from_job(env: Mapping[str, str]) -> int:
     return 20000 + digits % 20000
 
 
-def _seen(env: Mapping[str, str], prefixes: tuple[str, ...] = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS",
-                                                                 "SLURM_LOCALID", "PMI_", "PMIX_RANK",
-                                                                 "OMPI_COMM_WORLD_", "MPI_LOCAL", "RANK", "WORLD_SIZE",
-                                                                 "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")) -> str:
+#: The variables an error about the launch names (prefixes).
+_LAUNCH_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "PMI_", "PMIX_RANK",
+                "OMPI_COMM_WORLD_", "MPI_LOCAL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")
+
+
+def _seen(env: Mapping[str, str], prefixes: tuple[str, ...] = _LAUNCH_VARS) -> str:
     """The launcher variables of ``env``, for an error message (``NAME=value`` ...)."""
     names = sorted(k for k in env if k.startswith(prefixes) and not k.endswith(("_FD", "_PORT_FD")))
     return " ".join(f"{k}={env[k]}" for k in names) or "no launcher variables"
 
 
+#: The watchdog process of :class:`_StartWatch`: waits for the pipe to close, else prints and ends the rank.
+_WATCHDOG = ("import os, select, signal, sys\n"
+             "fd, pid, limit = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])\n"
+             "if not select.select([fd], [], [], limit)[0]:\n"
+             "    sys.stderr.write(sys.argv[4] + '\\n'); sys.stderr.flush(); os.kill(pid, signal.SIGKILL)\n")
+
+
 class _StartWatch:
-    """Ends this process with a one-line error when MPI has not started within ``limit_s`` (MPI_Init blocks in C
-    and cannot be interrupted from Python: a timer thread prints and exits)."""
+    """Ends this process with a one-line error when MPI has not started within ``limit_s``. MPI_Init blocks in C
+    holding the GIL, so no Python thread or signal handler of this process can act: a small watchdog process
+    (started before, fork+exec) waits on a pipe that :meth:`done` closes, and otherwise prints the line and
+    SIGKILLs this rank (exit 137, which ends the job under any launcher)."""
 
     def __init__(self, env: Mapping[str, str], limit_s: float) -> None:
-        import threading
-        self._done = threading.Event()
-        self._msg = (f"axgrid: MPI did not start within {limit_s:.0f} s (mpi4py's MPI_Init is waiting for a process "
-                     f"manager it cannot reach); this rank sees {_seen(env)}: launch with srun, mpiexec or "
-                     f"axgrid launch, or set MASTER_ADDR and MASTER_PORT")
-        self._thread = threading.Thread(target=self._watch, args=(limit_s,), daemon=True, name="axgrid-mpi-start")
-        self._thread.start()
-
-    def _watch(self, limit_s: float) -> None:
-        if not self._done.wait(limit_s):
-            sys.stderr.write(self._msg + "\n")
-            sys.stderr.flush()
-            os._exit(1)
+        import subprocess
+        msg = (f"axgrid: MPI did not start within {limit_s:g} s (mpi4py's MPI_Init is waiting for a process manager "
+               f"it cannot reach); this rank sees {_seen(env)}: launch with srun, mpiexec or axgrid launch, or set "
+               f"MASTER_ADDR and MASTER_PORT")
+        rfd, self._wfd = os.pipe()
+        self._proc = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(rfd), str(os.getpid()), str(limit_s), msg],
+                                      pass_fds=(rfd,), stdin=subprocess.DEVNULL, close_fds=True)
+        os.close(rfd)
 
     def done(self) -> None:
-        self._done.set()
+        os.close(self._wfd)
+        try:
+            self._proc.wait(timeout=10)
+        except Exception:
+            self._proc.kill()
 
 
 def _mpi_rendezvous(env: Mapping[str, str], size: int) -> Optional[tuple[str, int]]:
@@ -145,7 +157,7 @@ def _mpi_rendezvous(env: Mapping[str, str], size: int) -> Optional[tuple[str, in
         import mpi4py  # noqa: F401  (cheap: MPI itself starts on importing mpi4py.MPI)
     except ImportError:
         return None
-    watch = _StartWatch(env, MPI_START_LIMIT_S)
+    watch = _StartWatch(env, float(env.get("AXGRID_MPI_START_S") or MPI_START_LIMIT_S))
     try:
         from mpi4py import MPI
     finally:
