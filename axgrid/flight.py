@@ -9,8 +9,10 @@ kept in a ring. The ranks dump them -- printed to stderr and written to ``<run d
 - when a collective raises (a timeout on gloo, a broken connection), right before the error propagates;
 - from a watchdog thread, when the oldest unfinished collective has been in flight for ``hang_s`` (by default
   0.8 × the collective timeout, so before NCCL's own watchdog aborts the process, which Python cannot catch);
-- from the same thread, when ``axgrid launch`` asks (it creates ``<run dir>/flight/stop`` when a rank fails, and
-  waits a moment for the dumps before it ends the others).
+- from the same thread, when another rank or ``axgrid launch`` asks: a rank whose collective failed creates
+  ``<run dir>/flight/stop`` and waits up to ``peer_wait_s`` for the others' dumps before its error ends it (a
+  launcher such as Hydra's mpiexec stops passing on the others' output once one rank exited); ``axgrid launch``
+  does the same when a rank fails, and waits a moment for the dumps before it ends the others.
 
 :func:`summarize` reads the dumps and says which ranks stopped at which collective; ``axgrid launch`` prints it,
 and ``python -m axgrid.flight DIR`` prints it for a job started by srun or mpirun. The watchdog reads a GPU
@@ -27,13 +29,14 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 #: Collectives each rank keeps (and prints) by default.
 CAPACITY = 32
 #: The file the launcher creates to ask every rank for its dump.
 STOP_FILE = "stop"
+FAILED = "a collective failed"
 
 
 @dataclass
@@ -66,9 +69,7 @@ class Record:
         return False
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("work")
-        return d
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "work"}
 
     def describe(self, now: Optional[float] = None) -> str:
         now = time.time() if now is None else now
@@ -83,8 +84,10 @@ class FlightRecorder:
     None: printed only. ``hang_s``: dump when a collective has been unfinished this long (None: never)."""
 
     def __init__(self, rank: int, capacity: int = CAPACITY, run_dir: Optional[str] = None,
-                 hang_s: Optional[float] = None, poll_s: float = 0.2, out=None) -> None:
+                 hang_s: Optional[float] = None, poll_s: float = 0.2, out=None, world_size: int = 1,
+                 peer_wait_s: float = 1.0) -> None:
         self.rank, self.capacity, self.hang_s, self.poll_s = rank, capacity, hang_s, poll_s
+        self.world_size, self.peer_wait_s = world_size, peer_wait_s
         self.dir = os.path.join(run_dir, "flight") if run_dir else None
         self.records: "collections.deque[Record]" = collections.deque(maxlen=capacity)
         self.count = 0
@@ -122,7 +125,28 @@ class FlightRecorder:
         what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
         if rec is not None:
             rec.state, rec.error, rec.done_at, rec.work = "failed", what, time.time(), None
-        self.dump(f"a collective failed ({what})")
+        if not (self.dumped or "").startswith(FAILED):
+            self.dump(f"{FAILED} ({what})", force=True)
+            self.ask_everyone()
+
+    def ask_everyone(self) -> None:
+        """Ask every rank for its dump (the stop file) and wait up to ``peer_wait_s`` for them."""
+        if self.dir is None or self.world_size <= 1:
+            return
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            with open(os.path.join(self.dir, STOP_FILE), "a"):
+                pass
+        except OSError:
+            return
+        deadline = time.monotonic() + self.peer_wait_s
+        while time.monotonic() < deadline:
+            try:
+                if sum(n.startswith("rank-") and n.endswith(".json") for n in os.listdir(self.dir)) >= self.world_size:
+                    return
+            except OSError:
+                return
+            time.sleep(0.05)
 
     # -- dumping -----------------------------------------------------------------------------------------------
     def unfinished(self) -> Optional[Record]:
@@ -132,11 +156,12 @@ class FlightRecorder:
                 return rec
         return None
 
-    def dump(self, reason: str) -> Optional[str]:
+    def dump(self, reason: str, force: bool = False) -> Optional[str]:
         """Print the ring to stderr and write it to ``<run_dir>/flight/rank-RRRRR.json``; returns the file's path
-        (None when there is no run directory). Once per incident."""
+        (None when there is no run directory). Once per incident, unless ``force`` (a later, more telling state:
+        the collective failed, or the launcher asks)."""
         with self._lock:
-            if self.dumped is not None:
+            if self.dumped is not None and not force:
                 return None
             self.dumped = reason
             records = list(self.records)
@@ -172,9 +197,8 @@ class FlightRecorder:
         while not self._stop.wait(self.poll_s):
             if not asked and self.dir is not None and os.path.exists(os.path.join(self.dir, STOP_FILE)):
                 asked = True                     # the launcher's request: a fresh dump with the latest states
-                if not (self.dumped or "").startswith("a collective failed"):
-                    self.dumped = None
-                    self.dump("the launcher asked (another rank stopped)")
+                if not (self.dumped or "").startswith(FAILED):
+                    self.dump("asked for it (another rank stopped)", force=True)
                 continue
             if self.hang_s is not None and self.dumped is None:
                 rec = self.unfinished()

@@ -61,8 +61,8 @@ class Grid:
             self._all_groups.extend(every)
         clock = clock_for(backend, device) if (config.record_timing or config.trace) else None
         run_dir = config.run_dir or launch.run_dir
-        recorder = FlightRecorder(self.rank, config.flight_records, run_dir, config.hang_seconds()) \
-            if config.flight_records > 0 else None
+        recorder = FlightRecorder(self.rank, config.flight_records, run_dir, config.hang_seconds(),
+                                  world_size=self.world_size) if config.flight_records > 0 else None
         self.comm = Communicator(self._groups, {d: self.shape.extent(d) for d in GROUP_DIMS},
                                  {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS},
                                  backend,
