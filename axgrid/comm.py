@@ -291,17 +291,27 @@ class Communicator:
             launch = lambda: _all_reduce_within(buf, self.groups[dim], timeout_s)  # noqa: E731
         return self._post(dim, "all_reduce", buf.numel() * buf.element_size(), launch, finish, async_op)
 
-    def all_gather(self, t: torch.Tensor, dim: str, *, async_op: bool = False) -> torch.Tensor | Pending:
-        """Every member's ``t`` stacked in group order: ``[p, *t.shape]``."""
+    def all_gather(self, t: torch.Tensor, dim: str, *, async_op: bool = False,
+                   dtype: Optional[torch.dtype] = None) -> torch.Tensor | Pending:
+        """Every member's ``t`` stacked in group order: ``[p, *t.shape]``. ``dtype``: gather in this dtype (e.g.
+        fp32 weight shards as bf16): this rank's part is cast straight into its slot of the output and gathered in
+        place, so the cast makes no temporary."""
         self._check(dim)
         p = self.sizes[dim]
         if p == 1:
             out = t.unsqueeze(0)
             return ready(out) if async_op else out
         if _compiling(async_op, p):
-            return torch.ops.axgrid.all_gather(t, self.key, dim)
-        src = t.contiguous().reshape(-1)
-        out = torch.empty(p * src.numel(), dtype=t.dtype, device=t.device)
+            return torch.ops.axgrid.all_gather(t if dtype is None else t.to(dtype), self.key, dim)
+        if dtype is not None and dtype != t.dtype:
+            n = t.numel()
+            out = torch.empty(p * n, dtype=dtype, device=t.device)
+            mine = out[self.indices[dim] * n:(self.indices[dim] + 1) * n]
+            mine.copy_(t.reshape(-1))
+            src = mine
+        else:
+            src = t.contiguous().reshape(-1)
+            out = torch.empty(p * src.numel(), dtype=t.dtype, device=t.device)
         return self._post(dim, "all_gather", out.numel() * out.element_size(),
                           lambda: _all_gather_single(out, src, group=self.groups[dim], async_op=True),
                           lambda: out.view(p, *t.shape), async_op)

@@ -63,7 +63,15 @@ class RuntimeConfig:
     backend's own timeout ends the process) or when ``axgrid launch`` asks, to ``run_dir``/flight/ (None: the
     launcher's ``AXGRID_RUN_DIR``, else printed only).
     ``reduce_in_fp32``: sum bf16/fp16 tensors in fp32 (None: True on gloo, which otherwise sums in bf16,
-    False on NCCL/RCCL). ``gemm``: the GEMM used by parallel layers (e.g. a ``kernels.GemmTuner``);
+    False on NCCL/RCCL).
+    ``grad_reduce_dtype``: the dtype the FC layers' gradients are reduced in -- the weight gradients' reduce-scatter
+    over z, the bias gradients' all-reduce over z and the data-parallel all-reduce over d. fp32 by default, as
+    Megatron-LM (fp32 gradient accumulation and all-reduce under bf16) and torchtitan (FSDP ``reduce_dtype``
+    float32) do: a sum over many ranks in bf16 loses the small gradients' low bits; with the usual fp32 parameters
+    (autocast) it is their own dtype, so nothing is cast. ``torch.bfloat16`` halves those bytes at that cost;
+    None: each parameter's own dtype. Under bf16 autocast the weights are gathered over z in bf16 (the GEMMs'
+    dtype) whatever this says, and the activations' all-reduces carry what the GEMMs produce. See
+    docs/training.md#precision. ``gemm``: the GEMM used by parallel layers (e.g. a ``kernels.GemmTuner``);
     None means ``torch.matmul``. ``record_timing``: time every collective in the ledger (synchronises
     the device on GPU). ``trace``: keep a per-rank timeline of compute and collectives.
     ``bucket_bytes``: size of the data-parallel gradient buckets.
@@ -76,6 +84,7 @@ class RuntimeConfig:
     timeout_s: float = 600.0
     io_timeout_s: float = 1800.0
     reduce_in_fp32: Optional[bool] = None
+    grad_reduce_dtype: Optional[torch.dtype] = torch.float32
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
     gemm: Optional[GemmFn] = None
     record_timing: bool = False
@@ -95,6 +104,9 @@ class RuntimeConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}={v!r} must be a finite number of seconds > 0, e.g. 600")
+        if self.grad_reduce_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"grad_reduce_dtype={self.grad_reduce_dtype!r}: use torch.float32 (the default), "
+                             f"torch.bfloat16, torch.float16 or None (each parameter's dtype)")
         if not (isinstance(self.flight_records, int) and self.flight_records >= 0):
             raise ValueError(f"flight_records={self.flight_records!r} must be an int >= 0 (0: no flight recorder)")
 

@@ -83,10 +83,14 @@ class Runtime:
         ov = config.overlap
         keep = ov.keep_gathered_weights
         self.weights = WeightPrefetcher(keep) if ov.oag and grid.size("z") > 1 else WeightGather(keep)
-        self.grads = GradientPipeline(grid.comm, ov.oar, ov.ors, ov.odp, config.bucket_bytes) \
-            if ov.ors or ov.odp else GradientSink(grid.comm, ov.oar)
+        self.grads = GradientPipeline(grid.comm, ov.oar, ov.ors, ov.odp, config.bucket_bytes,
+                                      config.grad_reduce_dtype) if ov.ors or ov.odp else GradientSink(grid.comm, ov.oar)
         self.seeds = LayerSeeds(seed)
         self.grad_buffers = BucketBuffers()   # sync_gradients' flat buckets, kept across steps
+
+    def grad_dtype(self, param: torch.Tensor) -> torch.dtype:
+        """The dtype ``param``'s gradient is reduced in (``RuntimeConfig.grad_reduce_dtype``)."""
+        return self.config.grad_reduce_dtype or param.dtype
 
     def close(self) -> None:
         """Complete what is in flight (a prefetch, gradient collectives)."""

@@ -14,9 +14,9 @@
 A dry run or a test stands in its own :class:`Device` (:mod:`axgrid.testing.fakegpu`), passed to
 ``axgrid.init(device=...)``.
 """
-from .base import CpuDevice, Device, Event, HostEvent
+from .base import CpuDevice, Device, Event, HostEvent, host_read
 from .select import (GPU_BACKENDS, backend_device_type, choose_device, default_backend, gpu_index, of)
 from . import cuda
 
-__all__ = ["CpuDevice", "Device", "Event", "HostEvent", "GPU_BACKENDS", "backend_device_type", "choose_device",
+__all__ = ["CpuDevice", "Device", "Event", "HostEvent", "host_read", "GPU_BACKENDS", "backend_device_type", "choose_device",
            "default_backend", "gpu_index", "of", "cuda"]

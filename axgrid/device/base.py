@@ -26,6 +26,17 @@ if TYPE_CHECKING:
     from ..metrics.energy import Energy
 
 
+def host_read(t: torch.Tensor) -> "bool | int | float | list":
+    """The value of ``t`` on the host: a Python number for a 0-d tensor, else a flat list (a few values: an
+    agreement, a stopping test). An intended read: on a GPU it waits for the device. The library reads device values
+    only through here, so a dry run (:mod:`axgrid.testing.fakegpu`) tells them from an accidental ``.item()`` or
+    ``.cpu()`` in the hot path."""
+    if t.dim() == 0:
+        return t.item()
+    flat = t.detach().reshape(-1).cpu()            # one copy from the device, then host reads only
+    return [flat[i].item() for i in range(flat.numel())]
+
+
 class Event:
     """A point in the device's work; ``seconds_to(later)`` is the time from this point to ``later``'s."""
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..device import host_read
 from ..grid import Grid
 from ..memorization.goldfish import step_mask
 from ..metrics import Metrics
@@ -95,7 +96,8 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: 
     metrics.begin()
     out = train_step(model, opt, loss_of, grid, s.microbatches, clip=s.clip)
     extra = {"kept_fraction": normalizer * gd / inputs.numel()} if mask is not None else {}
-    row = metrics.end(step, loss=out.loss, lr=lr, grad_norm=out.grad_norm, **extra)
+    row = metrics.end(step, loss=out.loss, lr=lr, **extra)      # the device is synchronised here: read the norm
+    row["grad_norm"] = float(host_read(out.grad_norm)) if isinstance(out.grad_norm, torch.Tensor) else out.grad_norm
     if not math.isfinite(row["loss"]):
         raise FloatingPointError(f"loss became {row['loss']} at step {step}; lower --lr or check the data")
     return row

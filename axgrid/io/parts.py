@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
+
+from ..device import host_read
 from torch import nn
 
 from ..spec import TileSpec
@@ -95,7 +97,7 @@ def agree(grid, values: Sequence[int]) -> list[int]:
         t = t.to(grid.device)
         t = grid.comm.all_reduce(t, "xyz", timeout_s=limit)
         t = grid.comm.all_reduce(t, "d", timeout_s=limit)
-    return [int(v) for v in t.cpu().tolist()]
+    return [int(v) for v in host_read(t)]
 
 
 

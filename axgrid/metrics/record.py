@@ -39,6 +39,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..device import host_read
 from .energy import energy_readers, key_hash
 from .memory import PeakMemory
 from .peaks import resolve_peak
@@ -81,7 +82,8 @@ class StepMeter:
         for dims in ("xyz", "d"):
             if self.grid.size(dims) > 1:
                 v = self.grid.comm.all_gather(v, dims).reshape(-1, 2)
-        return [(int(k), int(r)) for k, r in v.tolist()]
+        flat = host_read(v)
+        return [(int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     def _energy_source(self) -> str:
         what = "GPU" if self.dev.is_gpu else "node"
@@ -167,14 +169,15 @@ class StepMeter:
                 loss: Optional[float | torch.Tensor]) -> tuple[float, float, float, int, float]:
         """Over all ranks: (slowest step time, largest peak, summed energy, readers that had a reading, mean loss
         over d of the tensor-parallel blocks' first members)."""
+        mean = host_read(loss.detach().reshape(())) if isinstance(loss, torch.Tensor) else loss
         v = torch.tensor([[dt, float(peak), energy or 0.0, 1.0 if energy is not None else 0.0,
-                           float(loss) if loss is not None else 0.0]], dtype=torch.float64, device=self.device)
+                           float(mean) if mean is not None else 0.0]], dtype=torch.float64, device=self.device)
         for dims, pick_loss in (("xyz", lambda g: g[0, 4]), ("d", lambda g: g[:, 4].mean())):
             if self.grid.size(dims) > 1:
                 g = self.grid.comm.all_gather(v, dims).reshape(-1, 5)
                 v = torch.stack([g[:, 0].max(), g[:, 1].max(), g[:, 2].sum(), g[:, 3].sum(),
                                  pick_loss(g)]).reshape(1, 5)
-        out = v.reshape(5).tolist()
+        out = host_read(v.reshape(5))
         return out[0], out[1], out[2], int(round(out[3])), out[4]
 
     def close(self) -> None:

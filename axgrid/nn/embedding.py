@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..grid import Grid
-from ..io.part_copy import part_of_dense
+from ..io.part_copy import copy_part_
 from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
@@ -100,7 +100,10 @@ class Embedding(nn.Module):
                   init=False)
         with torch.no_grad():
             if not meta:
-                emb.weight.copy_(w.detach() if grid is None else part_of_dense(emb.weight.axgrid_tile, w))
+                if grid is None:
+                    emb.weight.copy_(w.detach())
+                else:
+                    copy_part_(emb.weight.axgrid_tile, w, emb.weight)
         emb.weight.requires_grad_(w.requires_grad)
         return emb
 

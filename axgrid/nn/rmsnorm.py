@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..grid import Grid
-from ..io.part_copy import part_of_dense
+from ..io.part_copy import copy_part_
 from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
@@ -83,7 +83,10 @@ class RMSNorm(nn.Module):
                    device=weight.device if grid is None and not meta else None)
         with torch.no_grad():
             if not meta:
-                norm.weight.copy_(weight.detach() if grid is None else part_of_dense(norm.weight.axgrid_tile, weight))
+                if grid is None:
+                    norm.weight.copy_(weight.detach())
+                else:
+                    copy_part_(norm.weight.axgrid_tile, weight, norm.weight)
         norm.weight.requires_grad_(weight.requires_grad)
         return norm
 
