@@ -222,7 +222,7 @@ class Communicator:
         self.backend = backend
         self.device_backend = backend_device_type(backend) == "cuda"
         self.reduce_in_fp32 = (backend == "gloo") if reduce_in_fp32 is None else reduce_in_fp32
-        self.native_reduce_scatter = (backend in ("gloo", "nccl")) if native_reduce_scatter is None \
+        self.native_reduce_scatter = (backend in ("gloo", "nccl", "fake")) if native_reduce_scatter is None \
             else native_reduce_scatter
         self.record_timing = record_timing
         self.tracer = tracer

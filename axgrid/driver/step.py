@@ -23,6 +23,7 @@ from ..grid import Grid
 from ..memorization.goldfish import step_mask
 from ..metrics import Metrics
 from ..plans.causal_lm import causal_lm_loss
+from ..replicas import check_replicas
 from ..train import cosine_lr, train_step
 
 
@@ -41,6 +42,7 @@ class StepSettings:
     goldfish_h: int = 13
     goldfish_mode: str = "hash"
     bf16: bool = False
+    replica_check_every: int = 100      # steps between checks that tensor-parallel replicas are still equal
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, steps: int, dtype: str, goldfish: bool = True) -> "StepSettings":
@@ -98,6 +100,8 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: 
     extra = {"kept_fraction": normalizer * gd / inputs.numel()} if mask is not None else {}
     row = metrics.end(step, loss=out.loss, lr=lr, **extra)      # the device is synchronised here: read the norm
     row["grad_norm"] = float(host_read(out.grad_norm)) if isinstance(out.grad_norm, torch.Tensor) else out.grad_norm
+    if s.replica_check_every and (step + 1) % s.replica_check_every == 0:
+        check_replicas(model, grid)     # outside the measured step: a non-deterministic GPU backward lets replicas drift
     if not math.isfinite(row["loss"]):
         raise FloatingPointError(f"loss became {row['loss']} at step {step}; lower --lr or check the data")
     return row

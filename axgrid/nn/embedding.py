@@ -5,7 +5,9 @@ the features along ``feature_dim``, replicated over the other tensor-parallel le
 rank's token ids gives ``[m', dim/G_f]`` -- exactly the layer layout of a normal ``axgrid.nn.Linear``'s input
 when ``feature_dim="x"`` -- with no communication in forward. Backward scatters the output gradient into a
 dense ``[num, dim/G_f]`` gradient (partial: this rank's tokens only) and sums it over z (one all-reduce of the
-local table's size per micro-batch); the mean over d is :func:`axgrid.sync_gradients`'s.
+local table's size per micro-batch); the mean over d is :func:`axgrid.sync_gradients`'s. The scatter accumulates
+deterministically (``index_put_(accumulate=True)``: sorted by row on a GPU, where ``index_add_`` uses atomics), so
+the table's replicas over the other letter get bit-identical gradients and stay replicas.
 
 Initialisation is hashed (see :mod:`axgrid.nn.init`): element (i, j) of the dense table is
 ``U(-sqrt(3)*std, sqrt(3)*std)`` (variance ``std**2``) drawn from ``(seed, index i*dim + j)``, so each rank
@@ -44,7 +46,7 @@ class _ShardedLookup(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         w = layer.weight
         grad = torch.zeros((ctx.num, dout.shape[-1]), dtype=torch.float32, device=dout.device)
-        grad.index_add_(0, ids, dout.float())
+        grad.index_put_((ids,), dout.float(), accumulate=True)     # deterministic: no atomics on a GPU
         if layer.padding_idx is not None:
             grad[layer.padding_idx] = 0          # like nn.Embedding: the padding row never learns
         (grad,) = reduce_over_z(layer.grid, [w], [grad])

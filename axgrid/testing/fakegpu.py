@@ -320,6 +320,26 @@ class DryRun:
         with self.host:
             yield self.host
 
+    @contextlib.contextmanager
+    def autocast(self, dtype: torch.dtype = torch.bfloat16) -> Iterator[None]:
+        """``torch.autocast`` on the grid's device. On ``cuda`` a CPU build's ``torch.autocast("cuda")`` switches
+        itself off (no CUDA available): the CUDA autocast state is set directly instead, and the CUDA autocast
+        kernels torch ships in every build do the casting, as on a GPU."""
+        kind = self.grid.device.type
+        if kind != "cuda":
+            with torch.autocast(kind, dtype=dtype):
+                yield
+            return
+        before = (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+        torch.set_autocast_enabled(kind, True)
+        torch.set_autocast_dtype(kind, dtype)
+        try:
+            yield
+        finally:
+            torch.set_autocast_enabled(kind, before[0])
+            torch.set_autocast_dtype(kind, before[1])
+            torch.clear_autocast_cache()
+
 
 @contextlib.contextmanager
 def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None) -> Iterator[DryRun]:
@@ -356,13 +376,14 @@ class IsolatedFailure(RuntimeError):
     """The function raised, died (an abort) or outlived its time in its own process."""
 
 
-def run_isolated(fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a fresh process of the forkserver (which has torch preloaded, see
-    :mod:`axgrid.testing.pool`); its result, or :class:`IsolatedFailure` with its traceback or exit code. ``fn``
-    must be importable (module level)."""
+def run_isolated(fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0, preload: tuple[str, ...] = (),
+                 **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a fresh process of the forkserver (which has torch and the runtime preloaded, as
+    :class:`axgrid.testing.RankPool`'s ranks; ``preload``: more modules, when this call starts the forkserver); its
+    result, or :class:`IsolatedFailure` with its traceback or exit code. ``fn`` must be importable (module level)."""
     from .pool import RUNTIME_MODULES
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES, *preload])
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, fn, args, kwargs), daemon=True)
     proc.start()
