@@ -90,6 +90,7 @@ class FlightRecorder:
         self.world_size, self.peer_wait_s = world_size, peer_wait_s
         self.dir = os.path.join(run_dir, "flight") if run_dir else None
         self.records: "collections.deque[Record]" = collections.deque(maxlen=capacity)
+        self.stuck: Optional[Record] = None      # the first unfinished collective pushed out of the ring
         self.count = 0
         self.per_dim: dict[str, int] = {}
         self.dumped: Optional[str] = None        # the reason of the dump made, if any (one per incident)
@@ -107,6 +108,8 @@ class FlightRecorder:
             self.count += 1
             self.per_dim[dim] = self.per_dim.get(dim, 0) + 1
             rec = Record(self.count, self.per_dim[dim], dim, op, int(nbytes), posted_at=time.time(), work=work)
+            if len(self.records) == self.capacity and self.stuck is None and not self.records[0].finished():
+                self.stuck = self.records[0]     # on a GPU the host runs ahead of a hung collective: keep it
             self.records.append(rec)
         if self.dumped is not None and self.dumped.startswith("no progress"):
             self.dumped = None                   # progress again: a later hang gets its own dump
@@ -149,9 +152,16 @@ class FlightRecorder:
             time.sleep(0.05)
 
     # -- dumping -----------------------------------------------------------------------------------------------
+    def _ring(self) -> list[Record]:
+        """The kept records, the first unfinished one pushed out of the ring (if any) first."""
+        records = list(self.records)
+        if self.stuck is not None and not self.stuck.finished() and (not records or self.stuck is not records[0]):
+            return [self.stuck, *records]
+        return records
+
     def unfinished(self) -> Optional[Record]:
         """The oldest collective still in flight, or None."""
-        for rec in list(self.records):
+        for rec in self._ring():
             if not rec.finished():
                 return rec
         return None
@@ -164,13 +174,14 @@ class FlightRecorder:
             if self.dumped is not None and not force:
                 return None
             self.dumped = reason
-            records = list(self.records)
+            records = self._ring()
         now = time.time()
         for rec in records:
             rec.finished()
         out = self.out or sys.stderr
+        pinned = " (the first, unfinished, had left the ring)" if records and records[0] is self.stuck else ""
         lines = [f"axgrid flight recorder, rank {self.rank} ({socket.gethostname()}, pid {os.getpid()}): {reason}; "
-                 f"its last {len(records)} of {self.count} collectives:"]
+                 f"its last {len(records)} of {self.count} collectives{pinned}:"]
         lines += [f"  {r.describe(now)}" for r in records]
         try:
             out.write("\n".join(lines) + "\n")

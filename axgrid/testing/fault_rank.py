@@ -23,7 +23,7 @@ import axgrid
 mode, bad, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 grid = axgrid.init("1x1x1", timeout_s=timeout_s)
 print(f"READY {grid.rank} {os.getpid()}", flush=True)
-t = torch.ones(4)
+t = torch.ones(4, device=grid.device)        # on the grid's device: NCCL takes GPU tensors
 for step in range(10**9):
     if mode == "finish" and step == 5:
         break
@@ -32,7 +32,7 @@ for step in range(10**9):
             print(f"FAIL {time.time():.3f}", flush=True)
         else:
             grid.comm.all_reduce(t, "d")
-        grid.comm.all_gather(torch.ones(8), "d")
+        grid.comm.all_gather(torch.ones(8, device=grid.device), "d")
         time.sleep(0.05)
         continue
     if grid.rank == bad and step == 3 and mode in ("raise", "exit", "hang", "kill"):
