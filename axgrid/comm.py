@@ -107,7 +107,7 @@ class Pending:
 
     Timed (``clock`` given): marks at the post, when the caller begins to wait and when the wait returns, on the
     clock of the backend (:mod:`axgrid.device.clocks`): host times on gloo, events on the compute stream on a GPU,
-    settled later by the ledger. ``record``: the flight recorder's entry for it (:mod:`axgrid.flight`)."""
+    settled later by the ledger. ``record``: the flight recorder's entry for it (:mod:`axgrid.launch.flight`)."""
 
     def __init__(self, work: Optional[dist.Work], finish: Callable[[], torch.Tensor],
                  entry: Optional[LedgerEntry] = None, clock=None, tracer=None, label: str = "",

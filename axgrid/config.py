@@ -58,7 +58,7 @@ class RuntimeConfig:
     keep the others waiting longer (a long first compilation, thousands of ranks starting).
     ``io_timeout_s``: the limit of the agreements of checkpoint saving and loading, where ranks wait while others
     write, fsync and hash whole files on a parallel file system (default 30 minutes).
-    ``flight_records``: collectives the flight recorder keeps per rank (:mod:`axgrid.flight`; 0: off); it dumps
+    ``flight_records``: collectives the flight recorder keeps per rank (:mod:`axgrid.launch.flight`; 0: off); it dumps
     them when a collective fails or makes no progress for ``hang_s`` (None: 0.8 × ``timeout_s``, before the
     backend's own timeout ends the process) or when ``axgrid launch`` asks, to ``run_dir``/flight/ (None: the
     launcher's ``AXGRID_RUN_DIR``, else printed only).
@@ -71,7 +71,7 @@ class RuntimeConfig:
     (autocast) it is their own dtype, so nothing is cast. ``torch.bfloat16`` halves those bytes at that cost;
     None: each parameter's own dtype. Under bf16 autocast the weights are gathered over z in bf16 (the GEMMs'
     dtype) whatever this says, and the activations' all-reduces carry what the GEMMs produce. See
-    docs/training.md#precision. ``gemm``: the GEMM used by parallel layers (e.g. a ``kernels.GemmTuner``);
+    docs/gpu.md#precision. ``gemm``: the GEMM used by parallel layers (e.g. a ``kernels.GemmTuner``);
     None means ``torch.matmul``. ``record_timing``: time every collective in the ledger (synchronises
     the device on GPU). ``trace``: keep a per-rank timeline of compute and collectives.
     ``bucket_bytes``: size of the data-parallel gradient buckets.

@@ -15,7 +15,7 @@ from .comm import Communicator, Ledger
 from .config import RuntimeConfig
 from .device import Device
 from .device.clocks import clock_for
-from .flight import FlightRecorder
+from .launch.flight import FlightRecorder
 from .launch.env import LaunchEnv
 from .spec.layout import Coord, GridError, RankLayout
 from .metrics.trace import Tracer

@@ -27,7 +27,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, required=True, help="global batch in sequences")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES))
     p.add_argument("--grad-reduce", default="fp32", choices=list(DTYPE_BYTES),
-                   help="dtype of the gradient reductions (the runtime's RuntimeConfig.grad_reduce_dtype; default fp32)")
+                   help="dtype of the gradient reductions (RuntimeConfig.grad_reduce_dtype; default fp32)")
     p.add_argument("--microbatches", type=int, help="fixed micro-batch count (default: fewest that fit)")
     for name in ("oar", "ors", "oag", "odp"):
         p.add_argument(f"--no-{name}", action="store_true", help=f"turn the {name.upper()} overlap off")

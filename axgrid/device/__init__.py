@@ -18,5 +18,5 @@ from .base import CpuDevice, Device, Event, HostEvent, host_read
 from .select import (GPU_BACKENDS, backend_device_type, choose_device, default_backend, gpu_index, of)
 from . import cuda
 
-__all__ = ["CpuDevice", "Device", "Event", "HostEvent", "host_read", "GPU_BACKENDS", "backend_device_type", "choose_device",
-           "default_backend", "gpu_index", "of", "cuda"]
+__all__ = ["CpuDevice", "Device", "Event", "HostEvent", "host_read", "GPU_BACKENDS", "backend_device_type",
+           "choose_device", "default_backend", "gpu_index", "of", "cuda"]

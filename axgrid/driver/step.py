@@ -101,7 +101,7 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: 
     row = metrics.end(step, loss=out.loss, lr=lr, **extra)      # the device is synchronised here: read the norm
     row["grad_norm"] = float(host_read(out.grad_norm)) if isinstance(out.grad_norm, torch.Tensor) else out.grad_norm
     if s.replica_check_every and (step + 1) % s.replica_check_every == 0:
-        check_replicas(model, grid)     # outside the measured step: a non-deterministic GPU backward lets replicas drift
+        check_replicas(model, grid)     # outside the measured step: a non-deterministic backward lets replicas drift
     if not math.isfinite(row["loss"]):
         raise FloatingPointError(f"loss became {row['loss']} at step {step}; lower --lr or check the data")
     return row

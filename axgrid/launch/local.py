@@ -19,7 +19,7 @@ Afterwards no process of the job is left (every one carries ``AXGRID_LAUNCH_JOB`
 
 Who is stuck where: the ranks see the run's directory as ``AXGRID_RUN_DIR`` (``run_dir``, default a folder inside
 the job's temporary one). When the job fails, the launcher asks every rank for its flight record (it creates
-``<run_dir>/flight/stop``; see :mod:`axgrid.flight`), waits up to ``FLIGHT_WAIT_S`` for the dumps, then ends the
+``<run_dir>/flight/stop``; see :mod:`axgrid.launch.flight`), waits up to ``FLIGHT_WAIT_S`` for the dumps, then ends the
 ranks and prints which ranks stopped at which collective.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import IO, Optional, Sequence
 
-from .. import flight
+from . import flight
 from . import proctree
 from .env import RUN_DIR_VAR, free_port
 

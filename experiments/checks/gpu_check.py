@@ -259,9 +259,9 @@ def multi_gpu(report: Report, n: int, a: argparse.Namespace, out: str) -> None:
     energy = (f", {summary['energy_j'] / max(1, summary['timed_steps']):.0f} J/step, {summary['power_w']:.0f} W"
               if summary.get("energy_j") else ", energy n/a")
     mfu = f", MFU {summary['mfu']:.1%}" if summary.get("mfu") is not None else ""
-    report.add(f"scale {grid}", res.returncode == 0, f"bf16 GPT h{s['hidden']} on {n} GPUs: {summary['step_s'] * 1e3:.1f} "
-                                                     f"ms/step, {summary['tflops']:.1f} TFLOP/s per GPU{mfu}, peak "
-                                                     f"{summary['peak_mem_bytes'] / 2**30:.2f} GiB{energy}")
+    report.add(f"scale {grid}", res.returncode == 0,
+               f"bf16 GPT h{s['hidden']} on {n} GPUs: {summary['step_s'] * 1e3:.1f} ms/step, {summary['tflops']:.1f} "
+               f"TFLOP/s per GPU{mfu}, peak {summary['peak_mem_bytes'] / 2**30:.2f} GiB{energy}")
 
 
 # ------------------------------------------------------------------------------------------------- main

@@ -84,8 +84,8 @@ if ((INSTALL)); then
         "$PY" -m venv --without-pip "$VENV" || fail "could not make the venv $VENV with $PY"
         # the new venv sees the packages of the Python it was made from (a site's PyTorch module, its numpy, pip)
         site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-        "$PY" -c 'import sysconfig; p = sysconfig.get_paths(); print("\n".join(dict.fromkeys([p["purelib"], p["platlib"]])))' \
-            >"$site/gpu_check_base.pth"
+        "$PY" -c 'import sysconfig; p = sysconfig.get_paths(); print(p["purelib"]); print(p["platlib"])' \
+            | awk '!seen[$0]++' >"$site/gpu_check_base.pth"
     fi
     PY="$VENV/bin/python"
     read -r -a MISSING <<<"$(missing "$PY")"
@@ -98,14 +98,17 @@ if ((INSTALL)); then
         done < <(install_cmd "${MISSING[@]}")
         [[ $VENDOR == amd && -d /opt/rocm/share/amd_smi ]] && "$PY" -m pip install -q /opt/rocm/share/amd_smi || true
     fi
-    echo "gpu_check: venv $VENV ready (torch $("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo missing))"
+    version="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo missing)"
+    echo "gpu_check: venv $VENV ready (torch $version)"
 elif ((${#MISSING[@]})); then
-    fail "$PY lacks ${MISSING[*]}; install them with: bash experiments/checks/gpu_check.sh --install   (or: $(PY_TARGET="$PY" install_cmd "${MISSING[@]}" | sed ':a;N;$!ba;s/\n/ \&\& /g'))"
+    by_hand="$(PY_TARGET="$PY" install_cmd "${MISSING[@]}" | sed ':a;N;$!ba;s/\n/ \&\& /g')"
+    fail "$PY lacks ${MISSING[*]}; install them with: bash experiments/checks/gpu_check.sh --install   (or: $by_hand)"
 fi
 
 # ---- a GPU -----------------------------------------------------------------------------------------------------
 [[ $VENDOR != none ]] \
-    || fail "no GPU on this machine (no /dev/nvidia0 or nvidia-smi, no /dev/kfd); this check needs 1 to 8 NVIDIA or AMD GPUs"
+    || fail "no GPU on this machine (no /dev/nvidia0 or nvidia-smi, no /dev/kfd); this check needs 1 to 8 NVIDIA or AMD" \
+            "GPUs"
 if [[ $VENDOR == amd ]]; then
     export HSA_FORCE_FINE_GRAIN_PCIE="${HSA_FORCE_FINE_GRAIN_PCIE:-1}"   # RCCL's host buffers (MI250X, MI300X)
 fi

@@ -5,8 +5,8 @@ default), ``axgrid launch --no-mpi`` (the plain launcher) and a bare ``mpiexec``
 SIGKILLed, or the launcher gets SIGTERM/SIGHUP. Afterwards no process of the job may be alive and no
 axgrid-launch-* folder left. The time bounds are generous for a loaded 2-core machine (the goal is 5 s).
 
-Who is stuck where (axgrid.flight): when a rank hangs or skips a collective, every rank prints its last collectives
-and writes them to the run's directory, and ``axgrid launch`` says which ranks stopped at which collective.
+Who is stuck where (axgrid.launch.flight): when a rank hangs or skips a collective, every rank prints its last
+collectives and writes them to the run's directory, and ``axgrid launch`` says which ranks stopped at which collective.
 """
 from __future__ import annotations
 

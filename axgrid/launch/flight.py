@@ -15,7 +15,7 @@ kept in a ring. The ranks dump them -- printed to stderr and written to ``<run d
   does the same when a rank fails, and waits a moment for the dumps before it ends the others.
 
 :func:`summarize` reads the dumps and says which ranks stopped at which collective; ``axgrid launch`` prints it,
-and ``python -m axgrid.flight DIR`` prints it for a job started by srun or mpirun. The watchdog reads a GPU
+and ``python -m axgrid.launch.flight DIR`` prints it for a job started by srun or mpirun. The watchdog reads a GPU
 collective's state with ``Work.is_completed()``, which only queries its event: the same code serves gloo and NCCL.
 
 This module imports no torch (the launcher reads the dumps).
@@ -283,7 +283,7 @@ def summarize(docs: list[dict], world_size: Optional[int] = None) -> list[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m axgrid.flight RUN_DIR   (prints which ranks stopped at which collective)",
+        print("usage: python -m axgrid.launch.flight RUN_DIR   (prints which ranks stopped at which collective)",
               file=sys.stderr)
         return 2
     docs = read_dumps(args[0])
