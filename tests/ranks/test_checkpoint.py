@@ -755,5 +755,6 @@ def rank_slow_writer(root: str, delay_s: float) -> str:
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_a_slow_checkpoint_write_is_not_a_collective_timeout(ranks, tmp_path):
     assert ranks(2, rank_slow_writer, str(tmp_path / "ck"), 3.0) == ["step-00000001"] * 2

@@ -65,9 +65,10 @@ def test_the_install_step_makes_its_own_venv(tmp_path):
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stdout.strip() == f"gpu_check: venv {venv} ready (torch {torch.__version__})"
     assert p.stderr.startswith("gpu_check: FAIL: no GPU on this machine")
-    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys, torch, transformers; print(sys.prefix)"],
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys, importlib.util as u; "
+                            "print(sys.prefix, all(u.find_spec(m) for m in ('torch', 'transformers', 'numpy')))"],
                            capture_output=True, text=True, timeout=120)
-    assert probe.returncode == 0 and probe.stdout.strip() == str(venv), probe.stderr
+    assert probe.returncode == 0 and probe.stdout.split() == [str(venv), "True"], probe.stderr
     p, _ = run(os.environ["PATH"], "--venv", str(venv), python="")          # later runs use the venv
     assert p.stderr.startswith("gpu_check: FAIL: no GPU on this machine")
 

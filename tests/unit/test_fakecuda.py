@@ -202,6 +202,7 @@ def fakegpu_steps(tmp: str) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_training_steps_run_forward_and_backward_on_the_device(tmp_path):
     got = run_isolated(fakegpu_steps, str(tmp_path), preload=tuple(PRELOAD))
     gpt, llama = got["gpt"], got["llama"]
