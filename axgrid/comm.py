@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -45,19 +45,28 @@ class LedgerEntry:
     wait_seconds: float = 0.0  # time spent blocked waiting (the part not hidden under compute)
 
 
-@dataclass
 class Ledger:
-    """Per (grid dimension, operation): how many collectives, how many bytes, how long.
+    """Per (grid dimension, operation): how many collectives, how many bytes, how long (``entries``).
 
     Times measured with device events (a GPU backend, :mod:`axgrid.device.clocks`) are added when the ledger is
-    read (:meth:`settle`, which ``snapshot`` and ``table`` call): reading them waits for the device, which is why
-    they are not read in the timed path."""
+    read (``entries``, ``snapshot``, ``table`` settle them first): reading them waits for the device, which is why
+    nothing reads them in the timed path."""
 
-    entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=dict)
-    unsettled: list[tuple[LedgerEntry, Event, Event, Event]] = field(default_factory=list)
+    #: Unsettled timings kept before those whose events the device has reached are settled without waiting.
+    SETTLE_AFTER = 4096
+
+    def __init__(self, entries: Optional[dict[tuple[str, str], LedgerEntry]] = None) -> None:
+        self._entries: dict[tuple[str, str], LedgerEntry] = dict(entries or {})
+        self.unsettled: list[tuple[LedgerEntry, Event, Event, Event]] = []
+
+    @property
+    def entries(self) -> dict[tuple[str, str], LedgerEntry]:
+        """(dim, op) -> its entry, every timing settled."""
+        self.settle()
+        return self._entries
 
     def record(self, dim: str, op: str, nbytes: int, group_size: int) -> LedgerEntry:
-        e = self.entries.setdefault((dim, op), LedgerEntry())
+        e = self._entries.setdefault((dim, op), LedgerEntry())
         e.calls += 1
         e.bytes += nbytes
         p = group_size
@@ -67,36 +76,41 @@ class Ledger:
     def add_time(self, entry: LedgerEntry, posted: Event, waiting: Event, done: Event) -> None:
         """Charge ``entry`` with post -> done and waiting -> done, once the events are read (:meth:`settle`)."""
         self.unsettled.append((entry, posted, waiting, done))
+        if len(self.unsettled) > self.SETTLE_AFTER:       # a long timed run nobody reads: keep the list short
+            self.settle(wait=False)
 
-    def settle(self) -> None:
-        """Add the times of the event-timed collectives (waits for the device to reach their last events)."""
-        pending, self.unsettled = self.unsettled, []
+    def settle(self, wait: bool = True) -> None:
+        """Add the times of the event-timed collectives (waits for the device to reach their last events; with
+        ``wait=False`` only those it has reached, in order)."""
+        n = len(self.unsettled)
+        if not wait:
+            n = next((i for i, (_, _, _, done) in enumerate(self.unsettled) if not done.done()), n)
+        pending, self.unsettled = self.unsettled[:n], self.unsettled[n:]
         for entry, posted, waiting, done in pending:
             entry.seconds += posted.seconds_to(done)
             entry.wait_seconds += waiting.seconds_to(done)
 
     def reset(self) -> None:
-        self.entries.clear()
+        self._entries.clear()
         self.unsettled.clear()
 
     def snapshot(self) -> dict[tuple[str, str], LedgerEntry]:
-        self.settle()
         return {k: LedgerEntry(**vars(v)) for k, v in self.entries.items()}
 
     def bytes_by_dim(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for (dim, _), e in self.entries.items():
+        for (dim, _), e in self._entries.items():
             out[dim] = out.get(dim, 0) + e.bytes
         return out
 
     def table(self) -> str:
         """A readable table, one row per (dimension, operation); times only when they were recorded."""
-        self.settle()
-        timed = any(e.seconds for e in self.entries.values())
+        entries = self.entries
+        timed = any(e.seconds for e in entries.values())
         rows = [f"{'dim':<4} {'operation':<16} {'calls':>7} {'bytes':>14} {'wire bytes/rank':>16}"
                 + (f" {'time s':>9} {'blocked s':>9}" if timed else "")]
-        for (dim, op) in sorted(self.entries):
-            e = self.entries[(dim, op)]
+        for (dim, op) in sorted(entries):
+            e = entries[(dim, op)]
             rows.append(f"{dim:<4} {op:<16} {e.calls:>7} {e.bytes:>14,} {int(e.wire_bytes):>16,}"
                         + (f" {e.seconds:>9.4f} {e.wait_seconds:>9.4f}" if timed else ""))
         return "\n".join(rows)

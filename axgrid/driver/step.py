@@ -98,8 +98,9 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: 
     metrics.begin()
     out = train_step(model, opt, loss_of, grid, s.microbatches, clip=s.clip)
     extra = {"kept_fraction": normalizer * gd / inputs.numel()} if mask is not None else {}
-    row = metrics.end(step, loss=out.loss, lr=lr, **extra)      # the device is synchronised here: read the norm
-    row["grad_norm"] = float(host_read(out.grad_norm)) if isinstance(out.grad_norm, torch.Tensor) else out.grad_norm
+    norm = out.grad_norm                  # read at the step's end, where the meter synchronises the device anyway
+    norm = float(host_read(norm)) if isinstance(norm, torch.Tensor) else norm
+    row = metrics.end(step, loss=out.loss, lr=lr, grad_norm=norm, **extra)
     if s.replica_check_every and (step + 1) % s.replica_check_every == 0:
         check_replicas(model, grid)     # outside the measured step: a non-deterministic backward lets replicas drift
     if not math.isfinite(row["loss"]):

@@ -147,8 +147,7 @@ class StepMeter:
         return row
 
     def _ledger_delta(self) -> tuple[dict[str, int], Optional[dict[str, float]], Optional[dict[str, float]]]:
-        self.grid.ledger.settle()          # the step's event times (the device is synchronised: nothing waits)
-        before, now = self._ledger0, self.grid.ledger.entries
+        before, now = self._ledger0, self.grid.ledger.entries   # settles the step's event times (nothing waits now)
         nbytes: dict[str, int] = {}
         secs: dict[str, float] = {}
         wait: dict[str, float] = {}

@@ -57,15 +57,22 @@ def cuda_cases(tmp: str) -> dict:
     path, cfg = _llama_and_gpt(tmp)
     ids = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(0))
     out: dict = {}
+    from axgrid.nn.linear import Linear
+    initialise = Linear.reset_parameters
+    initialised: list = []
     for rank in RANKS:
         cpu_model = LlamaForCausalLM.from_pretrained(path)          # built on the CPU, real weights
         got: dict = {}
         with dry_run(GRID, rank=rank) as run:
             dev = run.grid.device
-            with run.watch():
-                model = axgrid.parallelize(cpu_model, run.grid)
-                logits = model(input_ids=ids[:, :-1].to(dev)).logits
-            got["parallelize"] = (_left_on_host(model, dev), str(logits.device), tuple(logits.shape))
+            Linear.reset_parameters = lambda self: (initialised.append(1), initialise(self))[1]
+            try:
+                with run.watch():
+                    model = axgrid.parallelize(cpu_model, run.grid)  # copies the weights: no initialisation first
+                    logits = model(input_ids=ids[:, :-1].to(dev)).logits
+            finally:
+                Linear.reset_parameters = initialise
+            got["parallelize"] = (_left_on_host(model, dev), str(logits.device), tuple(logits.shape), len(initialised))
             got["violations"] = [str(v) for v in run.host.violations]
             if rank != FULL:
                 out[rank] = got
@@ -74,7 +81,8 @@ def cuda_cases(tmp: str) -> dict:
                 loaded = axgrid.from_pretrained(path, run.grid, device="cuda:0")
                 new = axgrid.generate(loaded, ids, run.grid, max_new_tokens=2)
             got["from_pretrained"] = (_left_on_host(loaded, dev), str(new.device), tuple(new.shape))
-            gpt = GPT(cfg, run.grid)
+            with run.watch():
+                gpt = GPT(cfg, run.grid)             # hashed initialisation, computed on the device
             model.train()
             z_gathers = ("z", "all_gather")
             before = run.grid.ledger.entries[z_gathers].bytes if z_gathers in run.grid.ledger.entries else 0
@@ -121,8 +129,9 @@ def cuda(tmp_path_factory):
 
 @pytest.mark.parametrize("rank", RANKS)
 def test_a_model_built_on_the_cpu_runs_on_the_grids_gpu(cuda, rank):
-    left, device, shape = cuda[rank]["parallelize"]
+    left, device, shape, initialised = cuda[rank]["parallelize"]
     assert left == [], f"left on the host after parallelize: {left}"
+    assert initialised == 0, "from_dense initialised layers it then overwrote"
     assert device == "cuda:0" and shape == (2, 8, 32)         # [B/Gz, S, V/Gy]
     assert cuda[rank]["violations"] == [], "\n".join(cuda[rank]["violations"])
 
