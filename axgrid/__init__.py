@@ -33,6 +33,7 @@ _SOURCES = {
     "gather_tokens_features": "redistribute", "shard_tokens_features": "redistribute",
     "ParallelizeSummary": "plans.ties",
     "StepResult": "train", "train_step": "train",
+    "check_replicas": "replicas",
 }
 
 #: every public name: the table above plus the public subpackages (one list to edit when a name is added)

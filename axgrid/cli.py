@@ -46,6 +46,8 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=None, help="end the whole job after this many seconds")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds the ranks get to exit after a forwarded SIGTERM/SIGHUP/SIGINT before SIGKILL")
+    p.add_argument("--run-dir", default=None,
+                   help="the run's directory (AXGRID_RUN_DIR): flight records of a failed job go to RUN_DIR/flight")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     d = sub.add_parser("describe", help="print which ranks form each group of a grid")
     d.add_argument("grid", help="e.g. 2x2x2x1")
@@ -60,7 +62,7 @@ def _main(argv: list[str]) -> int:
         from .launch.local import launch
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return launch(args.ranks, cmd, use_mpi=False if args.no_mpi else None, timeout_s=args.timeout,
-                      grace_s=args.grace)
+                      grace_s=args.grace, run_dir=args.run_dir)
     if args.command == "describe":
         return _describe(args)
     if args.command == "demo":

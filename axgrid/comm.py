@@ -16,14 +16,18 @@ the reduce-scatter's input); ``wire_bytes`` are what each rank sends in a ring a
 """
 from __future__ import annotations
 
+import datetime
 import itertools
-import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from .device.base import Event
+from .device.clocks import HostClock
+from .device.select import backend_device_type
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -41,71 +45,116 @@ class LedgerEntry:
     wait_seconds: float = 0.0  # time spent blocked waiting (the part not hidden under compute)
 
 
-@dataclass
 class Ledger:
-    """Per (grid dimension, operation): how many collectives, how many bytes, how long."""
+    """Per (grid dimension, operation): how many collectives, how many bytes, how long (``entries``).
 
-    entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=dict)
+    Times measured with device events (a GPU backend, :mod:`axgrid.device.clocks`) are added when the ledger is
+    read (``entries``, ``snapshot``, ``table`` settle them first): reading them waits for the device, which is why
+    nothing reads them in the timed path."""
+
+    #: Unsettled timings kept before those whose events the device has reached are settled without waiting.
+    SETTLE_AFTER = 4096
+
+    def __init__(self, entries: Optional[dict[tuple[str, str], LedgerEntry]] = None) -> None:
+        self._entries: dict[tuple[str, str], LedgerEntry] = dict(entries or {})
+        self.unsettled: list[tuple[LedgerEntry, Event, Event, Event]] = []
+
+    @property
+    def entries(self) -> dict[tuple[str, str], LedgerEntry]:
+        """(dim, op) -> its entry, every timing settled."""
+        self.settle()
+        return self._entries
 
     def record(self, dim: str, op: str, nbytes: int, group_size: int) -> LedgerEntry:
-        e = self.entries.setdefault((dim, op), LedgerEntry())
+        e = self._entries.setdefault((dim, op), LedgerEntry())
         e.calls += 1
         e.bytes += nbytes
         p = group_size
         e.wire_bytes += {"all_reduce": 2 * (p - 1) / p, "send": 1.0, "recv": 0.0}.get(op, (p - 1) / p) * nbytes
         return e
 
+    def add_time(self, entry: LedgerEntry, posted: Event, waiting: Event, done: Event) -> None:
+        """Charge ``entry`` with post -> done and waiting -> done, once the events are read (:meth:`settle`)."""
+        self.unsettled.append((entry, posted, waiting, done))
+        if len(self.unsettled) > self.SETTLE_AFTER:       # a long timed run nobody reads: keep the list short
+            self.settle(wait=False)
+
+    def settle(self, wait: bool = True) -> None:
+        """Add the times of the event-timed collectives (waits for the device to reach their last events; with
+        ``wait=False`` only those it has reached, in order)."""
+        n = len(self.unsettled)
+        if not wait:
+            n = next((i for i, (_, _, _, done) in enumerate(self.unsettled) if not done.done()), n)
+        pending, self.unsettled = self.unsettled[:n], self.unsettled[n:]
+        for entry, posted, waiting, done in pending:
+            entry.seconds += posted.seconds_to(done)
+            entry.wait_seconds += waiting.seconds_to(done)
+
     def reset(self) -> None:
-        self.entries.clear()
+        self._entries.clear()
+        self.unsettled.clear()
 
     def snapshot(self) -> dict[tuple[str, str], LedgerEntry]:
         return {k: LedgerEntry(**vars(v)) for k, v in self.entries.items()}
 
     def bytes_by_dim(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for (dim, _), e in self.entries.items():
+        for (dim, _), e in self._entries.items():
             out[dim] = out.get(dim, 0) + e.bytes
         return out
 
     def table(self) -> str:
         """A readable table, one row per (dimension, operation); times only when they were recorded."""
-        timed = any(e.seconds for e in self.entries.values())
+        entries = self.entries
+        timed = any(e.seconds for e in entries.values())
         rows = [f"{'dim':<4} {'operation':<16} {'calls':>7} {'bytes':>14} {'wire bytes/rank':>16}"
                 + (f" {'time s':>9} {'blocked s':>9}" if timed else "")]
-        for (dim, op) in sorted(self.entries):
-            e = self.entries[(dim, op)]
+        for (dim, op) in sorted(entries):
+            e = entries[(dim, op)]
             rows.append(f"{dim:<4} {op:<16} {e.calls:>7} {e.bytes:>14,} {int(e.wire_bytes):>16,}"
                         + (f" {e.seconds:>9.4f} {e.wait_seconds:>9.4f}" if timed else ""))
         return "\n".join(rows)
 
 
 class Pending:
-    """A collective in flight. ``wait()`` blocks until it is done and returns its result tensor."""
+    """A collective in flight. ``wait()`` blocks until it is done and returns its result tensor.
+
+    Timed (``clock`` given): marks at the post, when the caller begins to wait and when the wait returns, on the
+    clock of the backend (:mod:`axgrid.device.clocks`): host times on gloo, events on the compute stream on a GPU,
+    settled later by the ledger. ``record``: the flight recorder's entry for it (:mod:`axgrid.launch.flight`)."""
 
     def __init__(self, work: Optional[dist.Work], finish: Callable[[], torch.Tensor],
-                 entry: Optional[LedgerEntry] = None, timed: bool = False, tracer=None, label: str = "") -> None:
+                 entry: Optional[LedgerEntry] = None, clock=None, tracer=None, label: str = "",
+                 comm: Optional["Communicator"] = None, record=None) -> None:
         self._work, self._finish, self._entry = work, finish, entry
-        self._timed, self._tracer, self._label = timed, tracer, label
-        self._t0 = time.perf_counter() if timed or tracer is not None else 0.0
+        self._clock, self._tracer, self._label = clock, tracer, label
+        self._comm, self._record = comm, record
+        self._posted = None
         self._result: Optional[torch.Tensor] = None
         self.done = False
 
-    def wait(self, blocked_since: Optional[float] = None) -> torch.Tensor:
-        """Block until done; return the result. ``blocked_since``: when the caller began blocking on it
-        (a synchronous collective blocks from its post)."""
+    def wait(self, blocked_since=None) -> torch.Tensor:
+        """Block until done; return the result. ``blocked_since``: the clock mark from which the caller has been
+        blocking on it (a synchronous collective blocks from its post)."""
         if not self.done:
-            t_wait = time.perf_counter() if blocked_since is None else blocked_since
+            clock = self._clock
+            waiting = (blocked_since or clock.mark()) if clock is not None else None
             if self._work is not None:
-                self._work.wait()
-                if self._timed and torch.cuda.is_available():
-                    torch.cuda.synchronize()
-            t_end = time.perf_counter()
-            if self._entry is not None and self._timed:
-                self._entry.seconds += t_end - self._t0
-                self._entry.wait_seconds += t_end - t_wait
-            if self._tracer is not None and self._work is not None:
-                self._tracer.span(self._label, "comm", self._t0, t_end)
-                self._tracer.span("wait " + self._label, "wait", t_wait, t_end)
+                try:
+                    self._work.wait()
+                except Exception as e:
+                    if self._comm is not None and self._comm.recorder is not None:
+                        self._comm.recorder.failed(self._record, e)
+                    raise
+                if self._record is not None:      # on a GPU backend wait() only queues: the watchdog asks later
+                    self._comm.recorder.waited(self._record, done=not self._comm.device_backend)
+            if clock is not None and self._posted is not None:
+                done = clock.mark()
+                if self._entry is not None and self._comm is not None:
+                    self._comm.ledger.add_time(self._entry, self._posted, waiting, done)
+                if self._tracer is not None and self._work is not None:
+                    self._tracer.span(self._label, "comm", self._posted, done)
+                    self._tracer.span("wait " + self._label, "wait", waiting, done)
             self._result = self._finish()
             self.done = True
             self._work = self._finish = None  # type: ignore[assignment]
@@ -150,6 +199,16 @@ def _(t: torch.Tensor, key: int, dim: str, average: bool) -> torch.Tensor:
     return t.new_empty((t.shape[0] // _COMMUNICATORS[key].sizes[dim], *t.shape[1:]))
 
 
+def _all_reduce_within(buf: torch.Tensor, group: dist.ProcessGroup, timeout_s: float) -> dist.Work:
+    """A sum all-reduce on ``group`` whose time limit is ``timeout_s``, not the group's (the backends take a limit
+    per call: gloo and NCCL's watchdog honour it)."""
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    opts.timeout = datetime.timedelta(seconds=timeout_s)
+    opts.asyncOp = True
+    return group.allreduce([buf], opts)
+
+
 def _compiling(async_op: bool, p: int) -> bool:
     """True while torch.compile traces a synchronous collective over more than one rank."""
     return not async_op and p > 1 and torch.compiler.is_compiling()
@@ -159,7 +218,7 @@ def ready(t: torch.Tensor) -> Pending:
     """A completed :class:`Pending` holding ``t`` (a collective that ran synchronously, or had nothing to do).
     Built complete, without a clock read, so torch.compile traces it without a graph break."""
     p = Pending.__new__(Pending)     # nothing to wait for or time: only the result
-    p._work, p._finish, p._result, p.done = None, None, t, True
+    p._work, p._finish, p._result, p.done, p._record = None, None, t, True, None
     return p
 
 
@@ -171,14 +230,20 @@ class Communicator:
 
     def __init__(self, groups: dict[str, Optional[dist.ProcessGroup]], sizes: dict[str, int],
                  indices: dict[str, int], backend: str, reduce_in_fp32: Optional[bool] = None,
-                 record_timing: bool = False, native_reduce_scatter: Optional[bool] = None, tracer=None) -> None:
+                 record_timing: bool = False, native_reduce_scatter: Optional[bool] = None, tracer=None,
+                 clock=None, recorder=None) -> None:
         self.groups, self.sizes, self.indices = groups, sizes, indices
         self.backend = backend
+        self.device_backend = backend_device_type(backend) == "cuda"
         self.reduce_in_fp32 = (backend == "gloo") if reduce_in_fp32 is None else reduce_in_fp32
-        self.native_reduce_scatter = (backend in ("gloo", "nccl")) if native_reduce_scatter is None \
+        self.native_reduce_scatter = (backend in ("gloo", "nccl", "fake")) if native_reduce_scatter is None \
             else native_reduce_scatter
         self.record_timing = record_timing
         self.tracer = tracer
+        self.clock = clock if clock is not None else (tracer.clock if tracer is not None else None)
+        if self.clock is None and record_timing:
+            self.clock = HostClock()
+        self.recorder = recorder
         self.ledger = Ledger()
         self.key = next(_KEYS)
         _COMMUNICATORS[self.key] = self
@@ -201,17 +266,26 @@ class Communicator:
               finish: Callable[[], torch.Tensor], async_op: bool) -> torch.Tensor | Pending:
         entry = self.ledger.record(dim, op, nbytes, self.sizes[dim])
         timed = self.record_timing or self.tracer is not None
-        if timed and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        pending = Pending(None, finish, entry, timed, self.tracer, f"{op}_{dim}")
-        pending._t0 = time.perf_counter()
-        pending._work = launch()
-        return pending if async_op else pending.wait(blocked_since=pending._t0)
+        clock = self.clock if timed else None
+        record = self.recorder.posted(dim, op, nbytes) if self.recorder is not None else None
+        pending = Pending(None, finish, entry, clock, self.tracer, f"{op}_{dim}", self, record)
+        if clock is not None:
+            pending._posted = clock.mark()        # an event on the stream the collective waits for: no sync
+        try:
+            pending._work = launch()
+        except Exception as e:
+            if self.recorder is not None:
+                self.recorder.failed(record, e)
+            raise
+        if record is not None:
+            record.work = pending._work
+        return pending if async_op else pending.wait(blocked_since=pending._posted)
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, dim: str, *, average: bool = False,
-                   async_op: bool = False) -> torch.Tensor | Pending:
-        """Sum (or mean) of ``t`` over the group along ``dim``. ``t`` itself may be overwritten."""
+                   async_op: bool = False, timeout_s: Optional[float] = None) -> torch.Tensor | Pending:
+        """Sum (or mean) of ``t`` over the group along ``dim``. ``t`` itself may be overwritten. ``timeout_s``:
+        this call's own limit instead of the group's (an agreement where ranks may wait on others' file I/O)."""
         self._check(dim)
         p = self.sizes[dim]
         if p == 1:
@@ -225,20 +299,33 @@ class Communicator:
                 buf.div_(p)
             return buf if buf.dtype == t.dtype else buf.to(t.dtype)
 
-        return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
-                          lambda: dist.all_reduce(buf, group=self.groups[dim], async_op=True), finish, async_op)
+        if timeout_s is None:
+            launch = lambda: dist.all_reduce(buf, group=self.groups[dim], async_op=True)  # noqa: E731
+        else:
+            launch = lambda: _all_reduce_within(buf, self.groups[dim], timeout_s)  # noqa: E731
+        return self._post(dim, "all_reduce", buf.numel() * buf.element_size(), launch, finish, async_op)
 
-    def all_gather(self, t: torch.Tensor, dim: str, *, async_op: bool = False) -> torch.Tensor | Pending:
-        """Every member's ``t`` stacked in group order: ``[p, *t.shape]``."""
+    def all_gather(self, t: torch.Tensor, dim: str, *, async_op: bool = False,
+                   dtype: Optional[torch.dtype] = None) -> torch.Tensor | Pending:
+        """Every member's ``t`` stacked in group order: ``[p, *t.shape]``. ``dtype``: gather in this dtype (e.g.
+        fp32 weight shards as bf16): this rank's part is cast straight into its slot of the output and gathered in
+        place, so the cast makes no temporary."""
         self._check(dim)
         p = self.sizes[dim]
         if p == 1:
             out = t.unsqueeze(0)
             return ready(out) if async_op else out
         if _compiling(async_op, p):
-            return torch.ops.axgrid.all_gather(t, self.key, dim)
-        src = t.contiguous().reshape(-1)
-        out = torch.empty(p * src.numel(), dtype=t.dtype, device=t.device)
+            return torch.ops.axgrid.all_gather(t if dtype is None else t.to(dtype), self.key, dim)
+        if dtype is not None and dtype != t.dtype:
+            n = t.numel()
+            out = torch.empty(p * n, dtype=dtype, device=t.device)
+            mine = out[self.indices[dim] * n:(self.indices[dim] + 1) * n]
+            mine.copy_(t.reshape(-1))
+            src = mine
+        else:
+            src = t.contiguous().reshape(-1)
+            out = torch.empty(p * src.numel(), dtype=t.dtype, device=t.device)
         return self._post(dim, "all_gather", out.numel() * out.element_size(),
                           lambda: _all_gather_single(out, src, group=self.groups[dim], async_op=True),
                           lambda: out.view(p, *t.shape), async_op)
@@ -337,9 +424,23 @@ class Communicator:
         if self.sizes[dim] == 1:
             return obj
         self.ledger.record(dim, "broadcast_object", 0, self.sizes[dim])
+        record = self.recorder.posted(dim, "broadcast_object", 0) if self.recorder is not None else None
         box = [obj]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.groups[dim], src_index), group=self.groups[dim])
+        try:
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self.groups[dim], src_index),
+                                       group=self.groups[dim])
+        except Exception as e:
+            if self.recorder is not None:
+                self.recorder.failed(record, e)
+            raise
+        if record is not None:
+            self.recorder.waited(record, done=True)
         return box[0]
+
+    def close(self) -> None:
+        """Stop the flight recorder's watchdog (the grid is being destroyed)."""
+        if self.recorder is not None:
+            self.recorder.close()
 
     def broadcast(self, t: torch.Tensor, dim: str, src_index: int = 0) -> torch.Tensor:
         """Member ``src_index``'s ``t`` on every member of the group along ``dim``."""

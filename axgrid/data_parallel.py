@@ -73,7 +73,8 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     for bucket in _buckets(todo, rt.config.bucket_bytes):
-        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket, rt.grad_buffers), "d", average=True))
+        flat = flat_grads(bucket, rt.grad_buffers)
+        write_grads(bucket, grid.comm.all_reduce(flat.to(rt.grad_dtype(flat)), "d", average=True))
     rt.grad_buffers.end_step()
 
 
@@ -180,12 +181,13 @@ def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm
 
 def clip_grad_norm_(params: Iterable[torch.Tensor] | torch.nn.Module, max_norm: float, grid: Grid,
                     norm_type: float = 2.0) -> torch.Tensor:
-    """Scale all gradients so their global norm is at most ``max_norm``; returns the norm before clipping."""
+    """Scale all gradients so their global norm is at most ``max_norm``; returns the norm before clipping (a 0-d
+    fp32 tensor on the device). The scale is computed on the device, ``min(1, max_norm / (norm + 1e-6))``, and
+    every gradient is multiplied by it: the host never waits for the norm (as ``torch.nn.utils.clip_grad_norm_``)."""
     ps = _params(params)
     norm = grad_norm(ps, grid, norm_type)
-    coef = max_norm / (float(norm) + 1e-6)
-    if coef < 1.0:
-        for p in ps:
-            if p.grad is not None:
-                p.grad.detach().mul_(coef)
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for p in ps:
+        if p.grad is not None:
+            p.grad.detach().mul_(coef.to(p.grad.dtype))
     return norm.to(torch.float32)

@@ -13,6 +13,9 @@ import torch.distributed as dist
 
 from .comm import Communicator, Ledger
 from .config import RuntimeConfig
+from .device import Device
+from .device.clocks import clock_for
+from .launch.flight import FlightRecorder
 from .launch.env import LaunchEnv
 from .spec.layout import Coord, GridError, RankLayout
 from .metrics.trace import Tracer
@@ -28,13 +31,15 @@ class Grid:
     """This rank's view of the Gx x Gy x Gz x Gd grid. Made by :func:`axgrid.init`.
 
     ``config`` sets the groups' timeout and the communicator's options (``reduce_in_fp32``, ``record_timing``,
-    ``trace``); it is not kept. ``runtime`` is attached by :func:`axgrid.init`.
+    ``trace``, the flight recorder); it is not kept. ``runtime`` is attached by :func:`axgrid.init`.
+    ``device``: the :class:`axgrid.device.Device` this rank computes on (``grid.accelerator``; ``grid.device`` is
+    its ``torch.device``).
     """
 
     runtime: "Runtime"
 
     def __init__(self, layout: RankLayout, launch: LaunchEnv, backend: str, config: RuntimeConfig,
-                 owns_world: bool, hosts: Sequence[str]) -> None:
+                 owns_world: bool, hosts: Sequence[str], device: Device) -> None:
         self.layout, self.shape, self.order = layout, layout.shape, layout.order
         self.launch, self.backend = launch, backend
         self.rank, self.world_size = launch.rank, launch.world_size
@@ -42,7 +47,8 @@ class Grid:
         self.coord: Coord = layout.coord(self.rank)
         self.hosts = list(hosts)
         self._owns_world = owns_world
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.accelerator = device
+        self.device: torch.device = device.torch
         timeout = datetime.timedelta(seconds=config.timeout_s)
         self._groups: dict[str, Optional[dist.ProcessGroup]] = {}
         self._all_groups: list[dist.ProcessGroup] = []
@@ -53,11 +59,16 @@ class Grid:
             mine, every = dist.new_subgroups_by_enumeration(layout.groups(dims), timeout=timeout)
             self._groups[dims] = mine
             self._all_groups.extend(every)
+        clock = clock_for(backend, device) if (config.record_timing or config.trace) else None
+        run_dir = config.run_dir or launch.run_dir
+        recorder = FlightRecorder(self.rank, config.flight_records, run_dir, config.hang_seconds(),
+                                  world_size=self.world_size) if config.flight_records > 0 else None
         self.comm = Communicator(self._groups, {d: self.shape.extent(d) for d in GROUP_DIMS},
                                  {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS},
                                  backend,
                                  reduce_in_fp32=config.reduce_in_fp32, record_timing=config.record_timing,
-                                 tracer=Tracer(self.rank) if config.trace else None)
+                                 tracer=Tracer(self.rank, clock) if config.trace else None, clock=clock,
+                                 recorder=recorder)
 
     def no_sync(self) -> ContextManager[None]:
         """Context manager for all but the last micro-batch of a step: the overlapped data-parallel
@@ -114,6 +125,7 @@ class Grid:
             self.runtime.close()
         except Exception:
             pass   # a broken group (e.g. after a timeout) must not stop the release below
+        self.comm.close()
         for g in self._all_groups:
             try:
                 dist.destroy_process_group(g)

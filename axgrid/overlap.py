@@ -206,8 +206,10 @@ class GradientPipeline(GradientSink):
     (off when Gd = 1). A switch that is off leaves its collectives to :class:`GradientSink`.
     """
 
-    def __init__(self, comm: Communicator, oar: bool, ors: bool, odp: bool, bucket_limit: int) -> None:
+    def __init__(self, comm: Communicator, oar: bool, ors: bool, odp: bool, bucket_limit: int,
+                 grad_dtype: Optional[torch.dtype] = torch.float32) -> None:
         super().__init__(comm, oar)
+        self.grad_dtype = grad_dtype          # the data-parallel buckets' dtype on the wire (None: the gradients')
         self.ors, self.odp, self.bucket_limit = ors, odp and comm.size("d") > 1, bucket_limit
         self.inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
         self.bucket: list[torch.nn.Parameter] = []
@@ -300,6 +302,7 @@ class GradientPipeline(GradientSink):
         if not self.bucket:
             return
         flat = flat_grads(self.bucket, self.dp_buffers)
+        flat = flat.to(self.grad_dtype or flat.dtype)
         self.dp_inflight.append((self.bucket, self.comm.all_reduce(flat, "d", average=True, async_op=True)))
         self.bucket, self.bucket_bytes = [], 0
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from .launch import teardown
 from .config import GemmFn, RuntimeConfig
 from .data_parallel import BucketBuffers
+from .device import Device, choose_device, default_backend, of
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
 from .launch.env import LaunchEnv, detect_launch, grid_shape_for, init_distributed
 from .spec.layout import GridError, GridShape, RankLayout, check_order
@@ -82,10 +83,14 @@ class Runtime:
         ov = config.overlap
         keep = ov.keep_gathered_weights
         self.weights = WeightPrefetcher(keep) if ov.oag and grid.size("z") > 1 else WeightGather(keep)
-        self.grads = GradientPipeline(grid.comm, ov.oar, ov.ors, ov.odp, config.bucket_bytes) \
-            if ov.ors or ov.odp else GradientSink(grid.comm, ov.oar)
+        self.grads = GradientPipeline(grid.comm, ov.oar, ov.ors, ov.odp, config.bucket_bytes,
+                                      config.grad_reduce_dtype) if ov.ors or ov.odp else GradientSink(grid.comm, ov.oar)
         self.seeds = LayerSeeds(seed)
         self.grad_buffers = BucketBuffers()   # sync_gradients' flat buckets, kept across steps
+
+    def grad_dtype(self, param: torch.Tensor) -> torch.dtype:
+        """The dtype ``param``'s gradient is reduced in (``RuntimeConfig.grad_reduce_dtype``)."""
+        return self.config.grad_reduce_dtype or param.dtype
 
     def close(self) -> None:
         """Complete what is in flight (a prefetch, gradient collectives)."""
@@ -105,21 +110,27 @@ def _gemm_tuner(grid: Grid, config: RuntimeConfig) -> GemmFn:
 
 
 def build_grid(layout: RankLayout, launch: LaunchEnv, backend: str, config: RuntimeConfig, owns_world: bool,
-               hosts: Sequence[str], seed: int) -> Grid:
+               hosts: Sequence[str], seed: int, device: Device) -> Grid:
     """A grid over an initialised default group, with its runtime attached (collective over the world)."""
-    grid = Grid(layout, launch, backend, config, owns_world, hosts)
+    grid = Grid(layout, launch, backend, config, owns_world, hosts, device)
     grid.runtime = Runtime(grid, config, seed)
     return grid
 
 
 def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None, gz: Optional[int] = None,
          gdata: Optional[int] = None, order: str = "xyzd", *, config: Optional[RuntimeConfig] = None,
-         backend: Optional[str] = None, timeout_s: Optional[float] = None) -> Grid:
+         backend: Optional[str] = None, timeout_s: Optional[float] = None,
+         device: Union[None, str, torch.device, Device] = None) -> Grid:
     """Build the grid and its runtime on all ranks of the job. Every rank must call it with the same arguments.
 
     ``gx`` may be a whole grid as a string ``"2x2x2x1"`` (or ``"2x2x2"``: Gdata inferred). With integers,
     missing ``gy``/``gz`` are 1 and ``gdata`` is inferred from the world size. Errors about the grid are
     raised on every rank, identically, before any collective is posted.
+
+    ``device``: where this rank computes. None: under NCCL/RCCL the GPU of its local rank (more ranks on a node
+    than GPUs is refused), bound to the process group; in a process group the program created, the group's bound
+    device or the GPU the program made current; the CPU under gloo. A :class:`axgrid.device.Device` is used as
+    given (a dry run's fake GPU, :mod:`axgrid.testing.fakegpu`).
     """
     config = config or RuntimeConfig()
     if timeout_s is not None:
@@ -143,16 +154,25 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     if owns_world:
         if launch.launcher in ("mpich", "openmpi"):
             launch = detect_launch()            # now agree on the rendezvous address through mpi4py
-        used = init_distributed(launch, backend, config.timeout_s)
+        used = backend or default_backend()
+        dev = device if isinstance(device, Device) else of(choose_device(launch, used, device))
+        used = init_distributed(launch, used, config.timeout_s, dev.torch if dev.is_gpu else None)
         teardown.install(release_at_exit, launch.world_size)   # again: run before mpi4py's MPI_Finalize
     else:
         used = dist.get_backend()
-    hosts: list[Optional[str]] = [None] * launch.world_size
-    dist.all_gather_object(hosts, socket.gethostname())
-    # rank 0's choice wins; drawn from the OS so the user's torch RNG stream is left untouched
-    seeds = [config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF]
-    dist.broadcast_object_list(seeds, src=0)
-    grid = build_grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seeds[0])
+        dev = device if isinstance(device, Device) else of(choose_device(launch, used, device, joining=True))
+    seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    if used == "fake":      # a dry run (torch's fake process group): collectives move no data, nothing to agree
+        hosts: list[Optional[str]] = [socket.gethostname()] * launch.world_size
+        seed = config.seed if config.seed is not None else 0
+    else:
+        hosts = [None] * launch.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        # rank 0's choice wins; drawn from the OS so the user's torch RNG stream is left untouched
+        seeds = [seed]
+        dist.broadcast_object_list(seeds, src=0)
+        seed = seeds[0]
+    grid = build_grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seed, dev)
     make_current(grid)
     return grid
 

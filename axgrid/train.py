@@ -35,10 +35,11 @@ ACCUMULATE = ("mean", "sum")
 @dataclass(frozen=True)
 class StepResult:
     """``loss``: the step's loss, the mean (or, with ``accumulate="sum"``, the sum) over micro-batches of the losses
-    ``loss_of`` returned on this rank, detached, fp32, on their device (no host sync: read it with ``float()`` when
-    needed); ``grad_norm``: the global gradient norm before clipping, or nan when not clipped."""
+    ``loss_of`` returned on this rank, detached, fp32, on their device; ``grad_norm``: the global gradient norm before
+    clipping (a 0-d fp32 tensor on the device), or nan when not clipped. Neither makes the host wait for the device:
+    read them with ``float()`` when needed (after the step's end, e.g. in :class:`axgrid.metrics.StepMeter`)."""
     loss: torch.Tensor
-    grad_norm: float
+    grad_norm: "torch.Tensor | float"
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of: Callable[[int], torch.Tensor],
@@ -73,13 +74,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
         total = part if total is None else total + part
     if scale is not None:
         total = total * scale
-    gnorm = math.nan
+    gnorm: "torch.Tensor | float" = math.nan
     if grid is not None:
         sync_gradients(model, grid)
         if clip > 0:
-            gnorm = float(clip_grad_norm_(model, clip, grid))
+            gnorm = clip_grad_norm_(model, clip, grid)
     elif clip > 0:
-        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
     return StepResult(total, gnorm)
 

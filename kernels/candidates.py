@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from axgrid.device import cuda as gpu, of
+
 from .signature import ROLE_INPUT_LAYOUTS, GemmSignature
 
 LAYOUTS: tuple[str, ...] = ("NN", "NT", "TN", "TT")
@@ -65,7 +67,7 @@ def cupy_usable(sig: GemmSignature) -> bool:
     """True when cupy candidates apply: cupy importable, a CUDA device present, dtype cupy supports."""
     if sig.device != "cuda" or sig.dtype == "bfloat16":  # cupy has no bfloat16 dtype
         return False
-    return cupy_version() is not None and torch.cuda.is_available()
+    return cupy_version() is not None and gpu.available()
 
 
 def candidates_for(sig: GemmSignature, distinct: bool = True) -> list[Candidate]:
@@ -95,7 +97,7 @@ def _torch_mm(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
 def _cupy_mm(a: torch.Tensor, b: torch.Tensor, order: str) -> torch.Tensor:
     import cupy  # noqa: PLC0415  (only reached when cupy_usable)
 
-    stream = torch.cuda.current_stream(a.device)
+    stream = of(a.device).current_stream()
     with cupy.cuda.Device(a.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
         ca, cb = cupy.from_dlpack(a), cupy.from_dlpack(b)
         cc = cupy.matmul(ca, cb) if order == "AB" else cupy.matmul(cb.T, ca.T).T

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from axgrid.device import cuda as gpu
 from axgrid.spec import NAMED_SIZES, GridShape
 
 from .cache import GemmCache
@@ -78,7 +79,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _tune_device(name: str | None) -> torch.device:
     """The device to tune on: ``cpu`` or an existing CUDA device; a ValueError naming the fix otherwise."""
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if gpu.count() > 0 else "cpu")
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
@@ -87,12 +88,12 @@ def _tune_device(name: str | None) -> torch.device:
         return device
     if device.type != "cuda":
         raise ValueError(f"--device {name}: the tuner times cpu and cuda devices only; use cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA GPU is visible here (torch.cuda.is_available() is False); run "
+    if gpu.count() == 0:
+        raise ValueError(f"--device {name}: no CUDA GPU is visible here (torch sees none); run "
                          f"on a GPU node, or tune for this machine with --device cpu")
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible "
-                         f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    if device.index is not None and device.index >= gpu.count():
+        raise ValueError(f"--device {name}: only {gpu.count()} CUDA device(s) are visible "
+                         f"(cuda:0..cuda:{gpu.count() - 1})")
     return device
 
 
@@ -118,7 +119,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         t_def, t_win = times.get(DEFAULT), times.get(e["winner"])
         dev = text(e, "device")
         if dev not in current:
-            current[dev] = (current_validators(dev) if dev == "cpu" or (dev == "cuda" and torch.cuda.is_available())
+            current[dev] = (current_validators(dev) if dev == "cpu" or (dev == "cuda" and gpu.count() > 0)
                             else None)
         valid = "?" if current[dev] is None else ("yes" if e.get("validators") == current[dev] else "stale")
         mnk = _sizes(e)

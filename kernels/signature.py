@@ -1,12 +1,14 @@
 """GEMM signatures: what a tuned decision is keyed by.
 
 A signature describes one product ``C[m, n] = A[m, k] @ B[k, n]`` as it occurs in a
-tensor-parallel FC layer: its sizes, element type, device type and *role*. The role fixes
+tensor-parallel FC layer: its sizes, element type, device type, device model (a GPU's name: two GPU models
+sharing a cache file keep their own entries instead of re-tuning each other's) and *role*. The role fixes
 the memory layout in which the caller hands over the operands (see ``ROLE_INPUT_LAYOUTS``),
 which is what makes one operand layout cheaper than another.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +56,19 @@ def device_type(device: str | torch.device) -> str:
     return torch.device(device).type
 
 
+@functools.lru_cache(maxsize=None)
+def device_model(device: str) -> str:
+    """The model of a GPU ``device`` ("cuda", "cuda:1") as the driver names it; "" for a CPU (its model and threads
+    are in the entries' validators) or a GPU this process cannot see. Cached: it is asked on every GEMM call."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return ""
+    from axgrid.device import cuda, of
+    if cuda.count() == 0:
+        return ""
+    return of(dev).name()
+
+
 def check_role(role: str) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown GEMM role {role!r}; use one of {ROLES}")
@@ -70,15 +85,18 @@ class GemmSignature:
     dtype: str  # canonical name, e.g. "bfloat16"
     device: str  # device type, e.g. "cuda"
     role: str
+    model: str = ""  # the GPU model, e.g. "NVIDIA H100 80GB HBM3" ("" on a CPU)
 
     @classmethod
     def make(cls, m: int, n: int, k: int, dtype: str | torch.dtype,
-             device: str | torch.device, role: str) -> "GemmSignature":
-        """Build a signature, normalising dtype/device and validating sizes and role."""
+             device: str | torch.device, role: str, model: str | None = None) -> "GemmSignature":
+        """Build a signature, normalising dtype/device and validating sizes and role. ``model``: the GPU's name
+        (None: asked of the device, :func:`device_model`)."""
         for name, v in (("m", m), ("n", n), ("k", k)):
             if int(v) != v or v < 1:
                 raise ValueError(f"GEMM size {name}={v!r} must be a positive integer")
-        return cls(int(m), int(n), int(k), dtype_name(dtype), device_type(device), check_role(role))
+        model = device_model(str(torch.device(device))) if model is None else model
+        return cls(int(m), int(n), int(k), dtype_name(dtype), device_type(device), check_role(role), model)
 
     @classmethod
     def of(cls, a: torch.Tensor, b: torch.Tensor, role: str) -> "GemmSignature":
@@ -89,7 +107,8 @@ class GemmSignature:
     @property
     def key(self) -> str:
         """Stable string key used in the cache file."""
-        return f"{self.device}|{self.dtype}|{self.role}|m={self.m},n={self.n},k={self.k}"
+        where = f"{self.device}[{self.model}]" if self.model else self.device
+        return f"{where}|{self.dtype}|{self.role}|m={self.m},n={self.n},k={self.k}"
 
     @property
     def flops(self) -> int:

@@ -2,16 +2,20 @@
 
 Candidates are timed in interleaved rounds (every round times each candidate once, in a rotated
 order) so that drift in machine load affects all of them alike; the statistic is the median.
-GPU calls are timed with CUDA events, CPU calls with ``time.perf_counter``.
+Calls are timed with the device's events (:mod:`axgrid.device`): on a GPU, events on the current stream of the
+device being tuned -- not of the process's current device, where a call on ``cuda:1`` would take no time --; on a
+CPU, the host's clock.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Union
 
 import torch
+
+from axgrid.device import Device, of
 
 
 @dataclass
@@ -23,22 +27,15 @@ class Measurement:
     samples: dict[str, list[float]] = field(repr=False, default_factory=dict)
 
 
-def _time_cpu(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+def time_call(dev: Device, fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` takes on ``dev``: events around it on the device's stream, read once it is done."""
+    start = dev.event().record()
     fn()
-    return time.perf_counter() - t0
+    end = dev.event().record()
+    return start.seconds_to(end)
 
 
-def _time_cuda(fn: Callable[[], object]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-def measure(fns: dict[str, Callable[[], object]], device: torch.device | str, warmup: int = 3,
+def measure(fns: dict[str, Callable[[], object]], device: Union[torch.device, str, Device], warmup: int = 3,
             repeats: int = 10, max_seconds: float = 10.0) -> Measurement:
     """Time each callable in ``fns``: ``warmup`` untimed rounds, then up to ``repeats`` timed rounds.
 
@@ -49,17 +46,14 @@ def measure(fns: dict[str, Callable[[], object]], device: torch.device | str, wa
     """
     if warmup < 0 or repeats < 1 or max_seconds <= 0:
         raise ValueError(f"need warmup >= 0, repeats >= 1, max_seconds > 0; got {warmup}, {repeats}, {max_seconds}")
-    dev = torch.device(device)
-    timer = _time_cuda if dev.type == "cuda" else _time_cpu
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    dev = device if isinstance(device, Device) else of(device)
+    dev.synchronize()
     names = list(fns)
     start = time.perf_counter()
     deadline = start + max_seconds
 
     def over(limit: float) -> bool:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        dev.synchronize()
         return time.perf_counter() > limit
 
     for name in [name for _ in range(warmup) for name in names]:                # interleaved warm-up rounds
@@ -71,7 +65,7 @@ def measure(fns: dict[str, Callable[[], object]], device: torch.device | str, wa
     for r, name in [(r, name) for r in range(repeats)                             # each round in a rotated order
                     for name in names[r % len(names):] + names[:r % len(names)]]:
         rounds = r + 1
-        samples[name].append(timer(fns[name]))
+        samples[name].append(time_call(dev, fns[name]))
         if over(deadline):
             break
     return Measurement({n: statistics.median(s) for n, s in samples.items() if s}, rounds, samples)

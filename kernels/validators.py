@@ -10,6 +10,8 @@ import re
 
 import torch
 
+from axgrid.device import of
+
 from .candidates import cupy_version
 
 
@@ -45,7 +47,6 @@ def current_validators(device: str | torch.device) -> dict[str, object]:
     common = {"torch": torch.__version__, "cupy": cupy_version(),
               "fp32_matmul_precision": torch.get_float32_matmul_precision()}
     if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        return {"device_name": torch.cuda.get_device_name(index), "blas": _gpu_blas(),
+        return {"device_name": of(dev).name(), "blas": _gpu_blas(),
                 "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32), **common}
     return {"device_name": _cpu_name(), "blas": _cpu_blas(), "cpu_threads": torch.get_num_threads(), **common}

@@ -26,6 +26,8 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--machine", required=True, help="machine name or path to a .toml")
     p.add_argument("--batch", type=int, required=True, help="global batch in sequences")
     p.add_argument("--dtype", default="bf16", choices=list(DTYPE_BYTES))
+    p.add_argument("--grad-reduce", default="fp32", choices=list(DTYPE_BYTES),
+                   help="dtype of the gradient reductions (RuntimeConfig.grad_reduce_dtype; default fp32)")
     p.add_argument("--microbatches", type=int, help="fixed micro-batch count (default: fewest that fit)")
     for name in ("oar", "ors", "oag", "odp"):
         p.add_argument(f"--no-{name}", action="store_true", help=f"turn the {name.upper()} overlap off")
@@ -67,7 +69,8 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
         spec = replace(spec, seq=a.seq or spec.seq, vocab=a.vocab or spec.vocab)
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
-                  microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib))
+                  microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib),
+                  grad_reduce=getattr(a, "grad_reduce", "fp32"))
     machine = load_machine(a.machine)
     if a.gemm_table:
         machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))

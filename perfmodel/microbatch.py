@@ -97,12 +97,15 @@ def attention_time(spec: TransformerSpec, g: Grids, mprime: np.ndarray, machine:
 
 
 def layer_costs(spec: TransformerSpec, g: Grids, mprime: np.ndarray, mp_int: np.ndarray, dtype_bytes: int,
-                machine: Machine, dtype: str, rings: Rings, att: np.ndarray) -> list[LayerCost]:
+                machine: Machine, dtype: str, rings: Rings, att: np.ndarray,
+                grad_bytes: int | None = None) -> list[LayerCost]:
     """Every FC layer of the step in forward order (the spec's block layers, then the head), priced per
     micro-batch: ``mprime`` tokens per GPU [N] (float) size the GEMMs, ``mp_int`` (whole tokens, at least 1) the
-    messages; elements of ``dtype_bytes``; ``att``: the attention core's forward [N] (:func:`attention_time`),
-    joined to the windows of the layer that carries it."""
+    messages; weights gathered and activations reduced in elements of ``dtype_bytes``, gradients reduced in
+    elements of ``grad_bytes`` (default: ``dtype_bytes``); ``att``: the attention core's forward [N]
+    (:func:`attention_time`), joined to the windows of the layer that carries it."""
     b = dtype_bytes
+    gb = grad_bytes or dtype_bytes
     out = []
     for layer, reps in [(layer, spec.layers) for layer in spec.block_layers()] + [(spec.head_layer(), 1)]:
         v = layer_volumes(layer, g.gx, g.gy, g.gz, mp_int)
@@ -112,10 +115,10 @@ def layer_costs(spec: TransformerSpec, g: Grids, mprime: np.ndarray, mp_int: np.
             fwd, bwd = fwd + att, bwd + 2 * att
         out.append(LayerCost(layer, reps, v, fwd, bwd, dw=gemm_time(v.n_loc, v.k_loc, mprime, machine, dtype),
                              ag=rings.time("all_gather", "z", v.padded * b),
-                             rs=rings.time("reduce_scatter", "z", v.padded * b),
+                             rs=rings.time("reduce_scatter", "z", v.padded * gb),
                              ar_fwd=rings.time("all_reduce", v.fwd_ar_dim, v.fwd_ar * b),
                              ar_bwd=rings.time("all_reduce", v.bwd_ar_dim, v.bwd_ar * b),
-                             bias_z=rings.time("all_reduce", "z", v.bias_loc * b)))
+                             bias_z=rings.time("all_reduce", "z", v.bias_loc * gb)))
     return out
 
 

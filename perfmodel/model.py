@@ -176,13 +176,13 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
     return chosen, valid
 
 
-def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray, g: Grids, dtype_bytes: int,
+def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray, g: Grids, grad_bytes: int,
                    opt: Options, rings: Rings, slack: np.ndarray, comm: CommTally) -> tuple[np.ndarray, np.ndarray]:
-    """(buckets, bytes) [N] of the data-parallel gradient all-reduce, once per step; adds its seconds to ``comm``
-    (dimension d): one ring all-reduce per bucket, with ODP hidden under the last micro-batch's backward
-    ``slack`` [N] except the last bucket."""
+    """(buckets, bytes) [N] of the data-parallel gradient all-reduce, once per step, in elements of ``grad_bytes``;
+    adds its seconds to ``comm`` (dimension d): one ring all-reduce per bucket, with ODP hidden under the last
+    micro-batch's backward ``slack`` [N] except the last bucket."""
     vols = {c.layer.name: c.vol for c in costs}
-    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, vols, hx, g.gz, dtype_bytes, opt)
+    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, vols, hx, g.gz, grad_bytes, opt)
     a_d, be_d, _ = rings.ab["d"]
     p_d = rings.geo["d"][0].astype(float)
     ring = 2.0 * (p_d - 1)
@@ -209,8 +209,9 @@ def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.nda
 def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
                 hx: np.ndarray, d_bytes: np.ndarray, dtype_bytes: int, opt: Options) -> dict[str, np.ndarray]:
     """Bytes per grid dimension per step [N], as the runtime's ledger counts them (a dimension of size 1 posts
-    nothing): each FC layer's collectives, the GPT's fp32 side collectives, the data-parallel buckets."""
-    b = dtype_bytes
+    nothing): each FC layer's collectives (weights gathered and activations reduced in the problem's dtype, gradients
+    in ``opt.grad_bytes``), the GPT's fp32 side collectives, the data-parallel buckets."""
+    b, gb = dtype_bytes, opt.grad_bytes
     step_bytes = {d: np.zeros(len(g)) for d in DIMS}
     size = {"x": g.gx, "y": g.gy, "z": g.gz, "d": g.gd}
     on = {d: (size[d] > 1).astype(float) for d in DIMS}
@@ -220,7 +221,7 @@ def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.
         step_bytes[v.fwd_ar_dim] += c.reps * mb * n_fwd * v.fwd_ar * b * on[v.fwd_ar_dim]
         step_bytes[v.bwd_ar_dim] += c.reps * mb * v.bwd_ar * b * on[v.bwd_ar_dim]
         n_ag = n_fwd + int(not opt.keep_gathered)
-        step_bytes["z"] += c.reps * mb * ((n_ag + 1) * v.padded + v.bias_loc) * b * on["z"]
+        step_bytes["z"] += c.reps * mb * (n_ag * v.padded * b + (v.padded + v.bias_loc) * gb) * on["z"]
     n_ln = spec.layer_norms()
     n_ln_fwd = n_ln + (spec.layers * spec.block_norms() if opt.recompute else 0)
     step_bytes["x"] += mb * (2 * n_ln_fwd + 2 * n_ln) * mp_int * STAT_BYTES * on["x"]
@@ -271,14 +272,14 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
     hx = ceil_div(spec.hidden, g.gx)
     rings = Rings.of(g, opt.order, machine)
     att = attention_time(spec, g, mprime, machine, prob.dtype)
-    costs = layer_costs(spec, g, mprime, mp_int, b, machine, prob.dtype, rings, att)
+    costs = layer_costs(spec, g, mprime, mp_int, b, machine, prob.dtype, rings, att, opt.grad_bytes)
     side = side_costs(spec, g, mp_int, hx, rings)
 
     comm = CommTally.zeros(len(g))      # x, y, z per micro-batch (times mb below), d per step
     compute_fwd = forward(costs, spec.layers, opt, comm)
     add_side(spec, side, opt, comm)
     compute_bwd, slack = backward(spec, costs, side, opt, comm)
-    n_buckets, d_bytes = _data_parallel(spec, costs, hx, g, b, opt, rings, slack, comm)
+    n_buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, comm)
     elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
     compute = mb * (compute_fwd + compute_bwd + elementwise)
     exposed, raw = comm.exposed, comm.raw

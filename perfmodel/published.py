@@ -15,6 +15,11 @@ Two kinds of point:
   2022's: dropout and an unfused attention softmax (``Options.dropout``, ``fused_attention``); the throughput
   points keep the defaults (no dropout, flash-style attention), their runs' settings not being held.
 
+Gradient reductions are priced in the points' compute dtype (``Options.grad_reduce``): Megatron-LM's fp16 runs
+all-reduce fp16 gradients, and AxoNN's intra-layer reduce-scatters act on the GEMMs' low-precision outputs (an
+assumption for its data-parallel all-reduce: its runs' settings are not held). axgrid's own runtime reduces them in fp32 by default
+(``RuntimeConfig.grad_reduce_dtype``), and ``rank`` prices that.
+
 The ratio is predicted / published throughput = published / predicted time (> 1: the model is optimistic), and
 ``ln(ratio)`` is the residual the error band uses (``perfmodel.band``).
 """
@@ -63,7 +68,7 @@ class Published:
     def problem(self) -> Problem:
         """The point's problem, with the element-wise kernels its runtime ran."""
         return Problem(self.spec, self.batch, self.gpus, self.dtype,
-                       Options(dropout=self.dropout, fused_attention=self.fused_attention))
+                       Options(dropout=self.dropout, fused_attention=self.fused_attention, grad_reduce=self.dtype))
 
     @property
     def batch(self) -> int:

@@ -100,6 +100,10 @@ class Options:
     bucket_bytes: size of the data-parallel gradient buckets (the runtime's ``RuntimeConfig.bucket_bytes``,
         default 25 MiB): the gradients are all-reduced over d one bucket per call, so each bucket pays the
         ring latency 2(Gd−1)·α once.
+    grad_reduce: the dtype the FC layers' gradients are reduced in (the runtime's ``RuntimeConfig.grad_reduce_dtype``):
+        the weight gradients' RS_z, the bias gradients' AR_z and the data-parallel all-reduce are priced at its bytes
+        ("fp32" by default, as the runtime sends them under bf16; AG_z and the activations' all-reduces go in the
+        problem's dtype).
     dropout / fused_attention: the element-wise kernels the runtime runs (``compute.elementwise_bytes``): the 4D
         runtime's GPT has no dropout and calls ``scaled_dot_product_attention`` (flash-style on a GPU: no S×S
         scores in HBM); Megatron-LM 2022 (Korthikanti et al.) ran dropout and an unfused softmax.
@@ -119,8 +123,11 @@ class Options:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     dropout: bool = False
     fused_attention: bool = True
+    grad_reduce: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.grad_reduce not in DTYPE_BYTES:
+            raise PerfModelError(f"grad_reduce={self.grad_reduce!r}: choose one of {', '.join(DTYPE_BYTES)}")
         if sorted(self.order) != sorted("xyzd"):
             raise PerfModelError(f"order must be a permutation of 'xyzd', got {self.order!r}")
         if self.microbatches is not None and self.microbatches <= 0:
@@ -135,6 +142,11 @@ class Options:
         names = [n for n, on in (("oar", self.overlap_ar), ("ors", self.overlap_rs), ("oag", self.overlap_ag),
                                  ("odp", self.overlap_dp), ("keep", self.keep_gathered)) if on]
         return ",".join(names) or "none"
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the gradient reductions (``grad_reduce``)."""
+        return DTYPE_BYTES[self.grad_reduce]
 
     def with_(self, **kw) -> "Options":
         """A copy with some fields changed."""

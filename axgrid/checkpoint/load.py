@@ -252,8 +252,9 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
                 if info["kind"] == "optim":
                     dtype, have = _dtype_of(info["dtype"]), opt.state.get(p, {}).get(key)
                     fits = (torch.is_tensor(have) and have.shape == p.shape and have.dtype == dtype
-                            and have.device.type == "cpu")
-                    like = have.detach() if fits else torch.empty(p.shape, dtype=dtype)   # no pages touched yet
+                            and have.device == p.device)
+                    # read straight to the parameter's device: nothing the size of the optimizer staged on the host
+                    like = have.detach() if fits else torch.empty(p.shape, dtype=dtype, device=p.device)
                     e = TensorPart(name, like, tile, rep, "optim")
                     reader.check(e)
                     pending.append((st, key, e, None))

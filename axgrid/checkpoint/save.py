@@ -17,6 +17,7 @@ from torch import nn
 
 from ..spec import Box, part_boxes
 from ..io import TensorPart, agree, dtype_name, fingerprint, raise_on_any_rank
+from ..replicas import check_replicas
 from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world,
                      _sha256_file, _write_bytes)
 from .runconfig import config_record
@@ -61,6 +62,8 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     files are removed (those of a save killed on the way are removed by the next save).
     """
     rank, world = _rank_world(grid)
+    if grid is not None:
+        check_replicas(model, grid)          # a checkpoint keeps one replica: make every replica that one first
     final = os.path.join(root, f"step-{int(step):08d}")
     err: Optional[CheckpointError] = None
     entries: list[TensorPart] = []

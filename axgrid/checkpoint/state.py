@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
+from ..device import cuda as device_cuda
 from ..io import TensorPart, model_parts, replicated_letters, tile_of
 from .format import CheckpointError, _json_safe
 
@@ -82,8 +83,9 @@ def _rng_state(generators: Optional[Mapping[str, torch.Generator]]) -> dict[str,
                           "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
                                      "gauss": gauss},
                           "generators": {k: g.get_state() for k, g in (generators or {}).items()}}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        st["cuda"] = torch.cuda.get_rng_state()
+    gpu = device_cuda.rng_state()
+    if gpu is not None:
+        st["cuda"] = gpu
     np = sys.modules.get("numpy")
     if np is not None:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -96,8 +98,8 @@ def _restore_rng(st: Mapping[str, Any], generators: Optional[Mapping[str, torch.
     torch.set_rng_state(st["torch"])
     py = st["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state(st["cuda"])
+    if "cuda" in st:
+        device_cuda.set_rng_state(st["cuda"])
     np = sys.modules.get("numpy")
     if np is not None and "numpy" in st:
         n = st["numpy"]

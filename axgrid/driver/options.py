@@ -126,7 +126,8 @@ def compute_dtype(requested: Optional[str]) -> str:
     """``--dtype`` or its default (bf16 on a GPU, fp32 on a CPU); on a CPU also sets torch's threads to
     ``OMP_NUM_THREADS`` (default 1 per rank)."""
     import torch
-    on_gpu = torch.cuda.is_available()
+    from ..device import cuda
+    on_gpu = cuda.available()
     if not on_gpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     return requested or ("bf16" if on_gpu else "fp32")

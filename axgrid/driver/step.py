@@ -20,10 +20,12 @@ from typing import Any, Optional
 import torch
 
 from ..data_parallel import local_batch
+from ..device import host_read
 from ..grid import Grid
 from ..memorization.goldfish import step_mask
 from ..metrics import Metrics
 from ..plans.causal_lm import causal_lm_loss
+from ..replicas import check_replicas
 from ..train import cosine_lr, train_step
 
 
@@ -42,6 +44,7 @@ class StepSettings:
     goldfish_h: int = 13
     goldfish_mode: str = "hash"
     bf16: bool = False
+    replica_check_every: int = 100      # steps between checks that tensor-parallel replicas are still equal
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, steps: int, dtype: str, goldfish: bool = True) -> "StepSettings":
@@ -115,7 +118,11 @@ def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: 
     metrics.begin()
     out = train_step(model, opt, loss_of, grid, s.microbatches, clip=s.clip, accumulate="sum")   # global normaliser
     extra = {"kept_fraction": normalizer * gd / inputs.numel()} if mask is not None else {}
-    row = metrics.end(step, loss=out.loss, lr=lr, grad_norm=out.grad_norm, **extra)
+    norm = out.grad_norm                  # read at the step's end, where the meter synchronises the device anyway
+    norm = float(host_read(norm)) if isinstance(norm, torch.Tensor) else norm
+    row = metrics.end(step, loss=out.loss, lr=lr, grad_norm=norm, **extra)
+    if s.replica_check_every and (step + 1) % s.replica_check_every == 0:
+        check_replicas(model, grid)     # outside the measured step: a non-deterministic backward lets replicas drift
     if not math.isfinite(row["loss"]):
         raise FloatingPointError(f"loss became {row['loss']} at step {step}; lower --lr or check the data")
     return row

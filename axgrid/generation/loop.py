@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from ..device import host_read
 from ..grid import Grid
 from .decoders import decoder_for, vocab_size
 from .select import gumbel_noise, vocab_parallel_argmax, vocab_parallel_top_k_floor
@@ -30,7 +31,7 @@ def _check(input_ids, grid: Grid, temperature, top_k, eos, pad, vocab: int) -> l
     if b % (gd * gz):
         raise ValueError(f"axgrid.generate: the batch of {b} prompts is not divisible by Gd*Gz={gd}*{gz} of grid "
                          f"{grid.shape} (sequences split over d, then z); pass a multiple of {gd * gz} prompts")
-    lo, hi = int(input_ids.min()), int(input_ids.max())
+    lo, hi = host_read(input_ids.min()), host_read(input_ids.max())
     if lo < 0 or hi >= vocab:
         raise ValueError(f"axgrid.generate: input_ids hold ids in [{lo}, {hi}], outside the vocabulary [0, {vocab})")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0 \
@@ -54,10 +55,10 @@ def _same_prompts_everywhere(input_ids: torch.Tensor, grid: Grid) -> None:
     mine = torch.stack([ids.sum(), (ids * weights).sum(), (ids * ids).sum()]).to(grid.device)   # [3]
     bad = torch.zeros(1, dtype=torch.long, device=grid.device)
     for dim in ("xyz", "d"):
-        bad += int(bool((grid.comm.all_gather(mine, dim) != mine).any()))
+        bad += (grid.comm.all_gather(mine, dim) != mine).any().long()
     for dim in ("xyz", "d"):
         bad = grid.comm.all_reduce(bad, dim)
-    if int(bad):
+    if host_read(bad[0]):
         raise ValueError("axgrid.generate: the ranks were given different input_ids; every rank passes the same "
                          "[B, S] prompts (the whole batch) and generate splits the work")
 
@@ -125,7 +126,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
         out[:, s + t] = new
         if len(eos_ids):
             done |= torch.isin(new, eos)
-            if bool(done.all()):
+            if host_read(done.all()):     # a stopping test: the one read of the device per step
                 break
         fresh = new.unsqueeze(1) if use_cache else out[:, :s + t + 1]
     return grid.comm.all_gather(out, "d").reshape(batch, s + max_new_tokens)

@@ -22,7 +22,7 @@ on this package.)
 """
 from .parts import (TensorPart, agree, dtype_name, fingerprint, model_parts, raise_on_any_rank,
                     replicated_letters)
-from .part_copy import part_of_dense, place_part, read_part, tile_of
+from .part_copy import copy_part_, part_of_dense, place_part, read_part, tile_of
 
-__all__ = ["part_of_dense", "place_part", "read_part", "tile_of", "TensorPart", "agree", "dtype_name", "fingerprint",
-           "model_parts", "raise_on_any_rank", "replicated_letters"]
+__all__ = ["copy_part_", "part_of_dense", "place_part", "read_part", "tile_of", "TensorPart", "agree", "dtype_name",
+           "fingerprint", "model_parts", "raise_on_any_rank", "replicated_letters"]

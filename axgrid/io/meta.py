@@ -35,7 +35,7 @@ def parameters_on_meta() -> Iterator[None]:
         if param is not None and param.device.type != "meta":
             kept = module._parameters[name]
             meta = nn.Parameter(kept.detach().to("meta"), requires_grad=kept.requires_grad)
-            meta.__dict__.update(kept.__dict__)
+            _keep_attributes(kept, meta)
             module._parameters[name] = meta
 
     nn.Module.register_parameter = register  # type: ignore[method-assign]
@@ -55,5 +55,11 @@ def materialize(param: nn.Parameter, data: torch.Tensor) -> None:
         raise RuntimeError("materialize: a gradient hook was registered on a meta parameter; it would be lost: "
                            "register hooks once the parameter holds data")
     real = nn.Parameter(data, requires_grad=param.requires_grad)
-    real.__dict__.update(param.__dict__)
+    _keep_attributes(param, real)
     torch.utils.swap_tensors(param, real)
+
+
+def _keep_attributes(old: torch.Tensor, new: torch.Tensor) -> None:
+    """Copy ``old``'s Python attributes (axgrid marks, transformers' flags) to ``new``, except those ``new`` has of
+    its own (a fake tensor's device and mode, in a dry run)."""
+    new.__dict__.update({k: v for k, v in old.__dict__.items() if k not in new.__dict__})

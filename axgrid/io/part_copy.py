@@ -2,6 +2,7 @@
 
     part = read_part(tile, lambda b: sl[b.slices()])   # this rank's parameter data, read box by box
     part = part_of_dense(tile, dense)              # the same from a dense tensor held here
+    copy_part_(tile, dense, param)                 # ... straight into a tensor of the part's shape (any device)
     place_part(tile, part, out)                    # and back: the part's elements into a dense tensor
 
 ``read`` may be anything that returns a box of the dense tensor (a safetensors ``get_slice``, a saved tile, a
@@ -53,6 +54,17 @@ def part_of_dense(tile: TileSpec, dense: torch.Tensor) -> torch.Tensor:
                          f"{tuple(tile.dense_shape)}")
     d = dense.detach()
     return read_part(tile, lambda b: d[b.slices()], dtype=d.dtype, device=d.device)
+
+
+def copy_part_(tile: TileSpec, dense: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Fill ``out`` (:func:`part_shape`, e.g. a parameter on a GPU) with this rank's part of ``dense``, box by box:
+    no copy of the part is made where ``dense`` lives (a model built on the CPU, parallelized onto GPUs)."""
+    if tuple(dense.shape) != tuple(tile.dense_shape):
+        raise ValueError(f"dense tensor has shape {tuple(dense.shape)}, the tile's dense shape is "
+                         f"{tuple(tile.dense_shape)}")
+    d = dense.detach()
+    with torch.no_grad():
+        return read_part(tile, lambda b: d[b.slices()], out=out)
 
 
 def place_part(tile: TileSpec, part: torch.Tensor, out: torch.Tensor,

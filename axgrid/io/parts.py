@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
+
+from ..device import host_read
 from torch import nn
 
 from ..spec import TileSpec
@@ -86,14 +88,17 @@ def fingerprint(parts: Sequence[TensorPart]) -> int:
 
 def agree(grid, values: Sequence[int]) -> list[int]:
     """Sum of ``values`` (int64) over every rank of the grid: an all-reduce over "xyz" then over "d" (the two
-    groups together span the whole grid). Also a barrier. With no grid: the values themselves."""
+    groups together span the whole grid). Also a barrier. With no grid: the values themselves.
+
+    Checkpoints agree here while some ranks still write, fsync and hash whole files (or, loading, hash them first):
+    the all-reduces wait up to the runtime's ``io_timeout_s``, not the collective timeout."""
     t = torch.tensor(list(values), dtype=torch.int64)
     if grid is not None:
-        if grid.device.type != "cpu":
-            t = t.to(grid.device)
-        t = grid.comm.all_reduce(t, "xyz")
-        t = grid.comm.all_reduce(t, "d")
-    return [int(v) for v in t.cpu().tolist()]
+        limit = grid.runtime.config.io_timeout_s
+        t = t.to(grid.device)
+        t = grid.comm.all_reduce(t, "xyz", timeout_s=limit)
+        t = grid.comm.all_reduce(t, "d", timeout_s=limit)
+    return [int(v) for v in host_read(t)]
 
 
 

@@ -244,7 +244,7 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
         if want.type != grid.device.type or want.index not in (None, grid.device.index):
             raise PretrainedError(f"device={device!r} differs from the grid's device {grid.device}: the parts go "
                                   f"where the grid computes; leave device unset or init the grid on {device}")
-        ck = HFCheckpoint(path, str(grid.device))
+        ck = HFCheckpoint(path, "cpu")           # read from the files on the host; each part goes to the device once
         config = _config(path, config_overrides)
         cls = _model_class(config)
         dtype = _dtype(torch_dtype, config, ck)

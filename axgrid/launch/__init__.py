@@ -6,6 +6,8 @@
 :mod:`.local`      ``axgrid launch -n N -- CMD``: N ranks on this machine (mpiexec or a plain launcher)
 :mod:`.proctree`   a launched job's processes, found and ended however deep they are
 :mod:`.teardown`   how a rank leaves: at once when it fails, with its groups released when it succeeds
+:mod:`.flight`     the flight recorder: every rank's last collectives, dumped when one fails or hangs, and which
+                   ranks stopped at which collective (``python -m axgrid.launch.flight RUN_DIR``)
 =================  ===================================================================================
 
 Nothing is imported here, so the launcher (``axgrid launch``) starts without loading torch.

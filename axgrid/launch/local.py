@@ -21,6 +21,11 @@ check from the command line: a missing script, and a ``--grid`` that does not pa
 
 Afterwards no process of the job is left (every one carries ``AXGRID_LAUNCH_JOB`` in its environment; see
 :mod:`axgrid.launch.proctree`) and the job's ``/tmp/axgrid-launch-*`` folder is gone.
+
+Who is stuck where: the ranks see the run's directory as ``AXGRID_RUN_DIR`` (``run_dir``, default a folder inside
+the job's temporary one). When the job fails, the launcher asks every rank for its flight record (it creates
+``<run_dir>/flight/stop``; see :mod:`axgrid.launch.flight`), waits up to ``FLIGHT_WAIT_S`` for the dumps, then ends the
+ranks and prints which ranks stopped at which collective.
 """
 from __future__ import annotations
 
@@ -35,14 +40,16 @@ import threading
 import time
 from typing import IO, Optional, Sequence
 
-from . import errors, proctree
-from .env import LAUNCH_DIR_VAR, LaunchError, free_port
+from . import errors, flight, proctree
+from .env import LAUNCH_DIR_VAR, RUN_DIR_VAR, LaunchError, free_port
 from ..spec.layout import GridError, GridShape
 
 #: Signals the launcher forwards to the ranks.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 #: Seconds between SIGTERM and SIGKILL when the launcher ends the ranks after a failure or timeout.
 FAILURE_GRACE_S = 2.0
+#: Seconds the launcher waits for the ranks' flight records after a failure before it ends them.
+FLIGHT_WAIT_S = 3.0
 
 
 def find_mpiexec() -> Optional[str]:
@@ -169,14 +176,44 @@ def _end(job: _Job, sig: int, grace_s: float, signals: _Signals) -> None:
         p.wait()
 
 
+def _collect_flight(run_dir: str, n: int, job: "_Job", out: IO[str], lock: threading.Lock) -> None:
+    """Ask the ranks for their flight records (the stop file), wait for them, print who stopped where."""
+    folder = os.path.join(run_dir, "flight")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, flight.STOP_FILE), "w"):
+            pass
+    except OSError:
+        return
+    deadline = time.monotonic() + FLIGHT_WAIT_S
+    while time.monotonic() < deadline:
+        alive = sum(proctree.alive(p) for p in job.rank_pids())
+        dumps = len(flight.read_dumps(run_dir))
+        if dumps >= n or (alive == 0 and dumps > 0) or (dumps == 0 and time.monotonic() > deadline - 2.0):
+            break
+        time.sleep(0.05)
+    docs = flight.read_dumps(run_dir)
+    if not docs:
+        return
+    time.sleep(0.5)             # the ranks' own printed records pass through the output pumps (and mpiexec) first
+    lines = [f"axgrid launch: flight recorder (each rank's last collectives: {folder}):"]
+    lines += [f"axgrid launch:   {line}" for line in flight.summarize(docs, n)]
+    with lock:
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+
+
 def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, threads_per_rank: int = 1,
-           out: IO[str] = sys.stdout, timeout_s: Optional[float] = None, grace_s: float = 10.0) -> int:
+           out: IO[str] = sys.stdout, timeout_s: Optional[float] = None, grace_s: float = 10.0,
+           run_dir: Optional[str] = None) -> int:
     """Run ``cmd`` as ``n`` ranks; return 0 when all succeed, else the first failing rank's exit code.
 
     ``use_mpi``: None picks mpiexec when it is installed. ``threads_per_rank`` sets OMP_NUM_THREADS unless the
     environment already sets it. ``timeout_s`` ends the whole job (exit code 124) when it runs longer.
     ``grace_s``: how long ranks may take to exit after a forwarded SIGTERM/SIGHUP/SIGINT (e.g. to save a
-    checkpoint) before they are killed. See the module docstring for how a job ends.
+    checkpoint) before they are killed. ``run_dir``: the run's directory the ranks see as ``AXGRID_RUN_DIR``
+    (flight records go to ``run_dir/flight``; default: ``$AXGRID_RUN_DIR``, else inside the job's temporary
+    folder, removed at the end). See the module docstring for how a job ends.
     """
     preflight(n, cmd)
     mpiexec = find_mpiexec() if use_mpi in (None, True) else None
@@ -192,12 +229,14 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
     with tempfile.TemporaryDirectory(prefix="axgrid-launch-") as tmp, _Signals() as signals:
         env[proctree.JOB_VAR] = os.path.basename(tmp)
         env[LAUNCH_DIR_VAR] = tmp
+        run_dir = os.path.abspath(run_dir or env.get(RUN_DIR_VAR) or os.path.join(tmp, "run"))
+        env[RUN_DIR_VAR] = run_dir
         job = _start(n, cmd, mpiexec, env, tmp)
         pumps = [threading.Thread(target=_pump, args=(p.stdout, pre, out, lock), daemon=True)
                  for p, pre in zip(job.procs, job.prefixes)]
         for t in pumps:
             t.start()
-        code, why, sig, grace = 0, "", signal.SIGTERM, FAILURE_GRACE_S
+        code, why, sig, grace, stuck = 0, "", signal.SIGTERM, FAILURE_GRACE_S, False
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if signals.first:
@@ -210,13 +249,18 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
                 said = errors.recorded(tmp, failed[0]) if failed[0].isdigit() else None
                 if said:        # one of the project's errors: its line, once, is all there is to say
                     why = f"[{failed[0]}] {said}"
+                else:           # a crash or a lost rank: who is stuck where
+                    stuck = True
                 break
             if job.done():
                 break
             if deadline is not None and time.monotonic() > deadline:
                 code, why = 124, f"job exceeded {timeout_s} s, ending all ranks"
+                stuck = True
                 break
             job.wait_event(0.05)
+        if stuck:                                   # a rank failed or the job hung: who is stuck where
+            _collect_flight(run_dir, n, job, out, lock)
         _end(job, sig, grace, signals)
         for t in pumps:
             t.join(timeout=2)

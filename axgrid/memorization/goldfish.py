@@ -24,6 +24,7 @@ from typing import Literal, Optional
 
 import torch
 
+from ..device import host_read
 from ..nn.init import _fmix32, _mul32
 
 Mode = Literal["static", "hash"]
@@ -48,7 +49,7 @@ def context_hash(inputs: torch.Tensor, h: int, seed: int = 0) -> torch.Tensor:
         return torch.zeros((*inputs.shape[:-1], 0), dtype=torch.int64, device=inputs.device)
     ids = inputs.long() & _M32
     n = inputs.shape[-1] - h + 1
-    acc = torch.full((*inputs.shape[:-1], n), _fmix32(torch.tensor(seed & _M32)).item(), dtype=torch.int64,
+    acc = torch.full((*inputs.shape[:-1], n), host_read(_fmix32(torch.tensor(seed & _M32))), dtype=torch.int64,
                      device=inputs.device)
     for j in range(h):
         acc = _fmix32(_mul32(acc, 0x01000193) ^ _fmix32(ids[..., j:j + n] ^ (0x9E3779B9 * (j + 1) & _M32)))
@@ -73,7 +74,7 @@ def goldfish_mask(inputs: torch.Tensor, k: int, h: int = 13, mode: Mode = "hash"
 
 def kept_count(mask: torch.Tensor) -> int:
     """Number of kept targets in ``mask`` (the normaliser of the goldfish-averaged loss)."""
-    return int(mask.sum().item())
+    return int(host_read(mask.sum()))
 
 
 def step_mask(inputs: torch.Tensor, k: int, h: int = 13, mode: Mode = "hash", data_parallel: int = 1

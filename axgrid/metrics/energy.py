@@ -6,15 +6,20 @@ Sources, tried for the run's device:
   ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver loaded, Volta and later); where the counter is not
   supported, the board power ``nvmlDeviceGetPowerUsage`` sampled by a thread and integrated (trapezoids).
 - AMD GPU: ``amdsmi`` (ships with ROCm, matching its driver: not a pip extra): ``amdsmi_get_energy_count``
-  (accumulator x counter resolution, µJ), else the socket power from ``amdsmi_get_power_info`` integrated.
+  (accumulator x counter resolution, µJ), else the socket power from ``amdsmi_get_power_info`` integrated. The
+  GPU is found by its PCI address (a task bound with ``--gpu-bind=closest`` sees its GCD as HIP device 0, which
+  is amdsmi's first GPU, not its own). An MI250X reports energy per package of two GCDs: the GCDs of a package
+  (one serial number) are one device here, read once -- the sum of its GCDs' counters, or one of them when they
+  report the same package counter.
 - CPU: Linux RAPL under ``/sys/class/powercap`` (``intel-rapl:N`` package zones, also on AMD CPUs;
   ``energy_uj`` wraps at ``max_energy_range_uj``), where readable (root only on most kernels since 5.10).
 
 Without one, :class:`Energy` reads None and its ``source`` says why, in one line.
 
 One reader per device, so ranks sharing a node do not count it twice: the lowest rank of each device (on a GPU the
-host and the GPU's PCI address, on a CPU the host: RAPL counts the node's packages, shared by all its ranks), found
-once at start by gathering every rank's device key (:func:`device_key`, :func:`energy_readers`). Every other rank
+host and the GPU's PCI address -- an MI250X package's serial number --, on a CPU the host: RAPL counts the node's
+packages, shared by all its ranks), found once at start by gathering every rank's device key
+(:meth:`axgrid.device.Device.energy_key`, :func:`energy_readers`). Every other rank
 reads nothing. The job's energy per step is the
 sum over the readers (:class:`axgrid.metrics.StepMeter` sums it in its per-step reduction); it is null when a
 reader failed, so a partial sum is never shown as the total. GPU figures are the GPUs' own (board power), not
@@ -26,12 +31,12 @@ import glob
 import hashlib
 import os
 import re
-import socket
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-import torch
+if TYPE_CHECKING:
+    from ..device import Device
 
 POWERCAP = "/sys/class/powercap"
 
@@ -126,25 +131,80 @@ def nvml_energy(index: int, pci_bus_id: Optional[str] = None) -> Energy:
                   close=meter.close)
 
 
-def amdsmi_energy(index: int) -> Energy:
-    """amdsmi energy of GPU ``index`` (the HIP device order)."""
+def _bdf(text: object) -> str:
+    """A PCI address in one spelling: ``dddd:bb:dd.f``, lower case, 4-digit domain (NVML writes 8, amdsmi 4)."""
+    t = str(text).strip().lower()
+    parts = t.split(":")
+    if len(parts) == 3:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    return t
+
+
+def _amdsmi_handles(amdsmi) -> list[tuple[str, object]]:
+    """(PCI address, handle) of every AMD GPU amdsmi sees."""
+    return [(_bdf(amdsmi.amdsmi_get_gpu_device_bdf(h)), h) for h in amdsmi.amdsmi_get_processor_handles()]
+
+
+def _amdsmi_serial(amdsmi, handle) -> Optional[str]:
+    try:
+        serial = amdsmi.amdsmi_get_gpu_asic_info(handle).get("asic_serial")
+    except Exception:
+        return None
+    return str(serial) if serial not in (None, "", "N/A", 0) else None
+
+
+def amdsmi_package(pci_bus_id: str) -> Optional[str]:
+    """The energy key of the GPU at ``pci_bus_id``: its package's serial number when the package holds several
+    GPUs (MI250X: two GCDs), so that the ranks on both share one reader; None when amdsmi is missing or the GPU is
+    a package of its own (the PCI address is then the key)."""
+    try:
+        import amdsmi  # type: ignore[import-not-found]
+        amdsmi.amdsmi_init()
+        handles = _amdsmi_handles(amdsmi)
+    except Exception:
+        return None
+    want = _bdf(pci_bus_id)
+    mine = next((h for b, h in handles if b == want), None)
+    serial = _amdsmi_serial(amdsmi, mine) if mine is not None else None
+    if serial is None or sum(_amdsmi_serial(amdsmi, h) == serial for _, h in handles) < 2:
+        return None
+    return f"package:{serial}"
+
+
+def amdsmi_energy(pci_bus_id: Optional[str], index: int) -> Energy:
+    """amdsmi energy of the GPU at ``pci_bus_id`` (its whole package when the package holds several GPUs); the HIP
+    ``index`` only where torch reports no PCI address."""
     try:
         import amdsmi  # type: ignore[import-not-found]
     except ImportError:
         return Energy(None, "none: amdsmi is not installed (it ships with ROCm: /opt/rocm/share/amd_smi)")
     try:
         amdsmi.amdsmi_init()
-        handle = amdsmi.amdsmi_get_processor_handles()[index]
+        handles = _amdsmi_handles(amdsmi)
+        if pci_bus_id is not None:
+            want = _bdf(pci_bus_id)
+            found = [h for b, h in handles if b == want]
+            if not found:
+                return Energy(None, f"none: amdsmi sees no GPU at {want} (it sees {[b for b, _ in handles]})")
+            handle, where = found[0], want
+        else:
+            handle, where = handles[index][1], f"HIP index {index} (no PCI address from torch)"
     except Exception as e:
         return Energy(None, f"none: amdsmi unavailable ({type(e).__name__}: {e})")
+    serial = _amdsmi_serial(amdsmi, handle)
+    package = [h for _, h in handles if serial is not None and _amdsmi_serial(amdsmi, h) == serial] or [handle]
 
-    def counter() -> float:
-        got = amdsmi.amdsmi_get_energy_count(handle)
+    def one(h) -> float:
+        got = amdsmi.amdsmi_get_energy_count(h)
         acc = got.get("energy_accumulator", got.get("power"))      # the key was "power" before ROCm 6.1
         return float(acc) * float(got["counter_resolution"]) / 1e6
     try:
-        counter()
-        return Energy(counter, f"amdsmi energy accumulator (GPU {index})")
+        first = [one(h) for h in package]
+        if len(package) > 1 and len(set(first)) == 1:
+            package = package[:1]                 # every GCD reports the package's one counter: read it once
+        what = (f"GPU {where}" if len(package) == 1 else
+                f"package {serial} ({len(package)} GCDs, from GPU {where})")
+        return Energy(lambda: sum(one(h) for h in package), f"amdsmi energy accumulator ({what})")
     except Exception:
         pass
 
@@ -157,8 +217,8 @@ def amdsmi_energy(index: int) -> Energy:
     try:
         meter = PowerIntegrator(watts)
     except Exception as e:
-        return Energy(None, f"none: amdsmi has neither an energy counter nor power readings for GPU {index} ({e})")
-    return Energy(meter.joules, f"amdsmi socket power sampled every 50 ms and integrated (GPU {index})",
+        return Energy(None, f"none: amdsmi has neither an energy counter nor power readings for GPU {where} ({e})")
+    return Energy(meter.joules, f"amdsmi socket power sampled every 50 ms and integrated (GPU {where})",
                   close=meter.close)
 
 
@@ -209,16 +269,6 @@ def rapl_energy(root: str = POWERCAP) -> Energy:
     return Energy(read, f"RAPL package counters ({len(zones)} package(s) of this node, /sys/class/powercap)")
 
 
-def device_key(device: torch.device) -> str:
-    """What names the device this rank's energy comes from, across the job: the host, and on a GPU its PCI
-    address (or UUID), so ranks that see their GPU as ``cuda:0`` under ``CUDA_VISIBLE_DEVICES`` stay apart."""
-    host = socket.gethostname()
-    if device.type != "cuda":
-        return host
-    props = torch.cuda.get_device_properties(device.index if device.index is not None else torch.cuda.current_device())
-    return f"{host}/{_pci_bus_id(props) or getattr(props, 'uuid', None) or device.index}"
-
-
 def energy_readers(keys: Sequence[tuple[int, int]], rank: int) -> tuple[bool, int]:
     """From every rank's ``(device key hash, rank)``: whether ``rank`` reads its device (it is the lowest rank on
     that device) and how many readers the job has (one per distinct device)."""
@@ -234,20 +284,8 @@ def key_hash(key: str) -> int:
     return int(hashlib.sha1(key.encode()).hexdigest()[:15], 16)
 
 
-def detect_energy(device: torch.device) -> Energy:
-    """The energy source of ``device`` (see the module docstring), or none with the reason. Every rank detects
-    (so every rank names the same source); only the readers (:func:`energy_readers`) read it."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if torch.version.hip:
-            return amdsmi_energy(index)
-        return nvml_energy(index, _pci_bus_id(torch.cuda.get_device_properties(index)))
-    return rapl_energy()
-
-
-def _pci_bus_id(props: object) -> Optional[str]:
-    """NVML's ``DDDDDDDD:BB:DD.0`` for a torch device (None when this torch does not report it)."""
-    parts = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
-    if not all(isinstance(p, int) for p in parts):
-        return None
-    return "{:08X}:{:02X}:{:02X}.0".format(*parts)
+def detect_energy(device: "Device") -> Energy:
+    """The energy source of ``device`` (an :class:`axgrid.device.Device`; see the module docstring), or none with
+    the reason. Every rank detects (so every rank names the same source); only the readers
+    (:func:`energy_readers`) read it."""
+    return device.energy()

@@ -19,9 +19,9 @@ Both count **storages**, not tensors: views share their base's storage, which is
 - :func:`watch_weight_source`: what an axgrid runtime's weight source allocates (gathered blocks) as a category,
   and what it hands layers to save (to tell kept gathered blocks from activations).
 
-Why hand-written: ``torch.cuda.max_memory_allocated`` exists only on CUDA (and counts allocator blocks, rounded,
-not tensors), and ``torch.profiler``'s memory timeline is a profiling run with post-processing, not a number per
-component; the dispatch mode and the storage finalizers give the same answer on every device, attributable to a
+Why hand-written: the CUDA allocator's ``max_memory_allocated`` exists only on GPUs (and counts allocator blocks,
+rounded, not tensors), and ``torch.profiler``'s memory timeline is a profiling run with post-processing, not a number
+per component; the dispatch mode and the storage finalizers give the same answer on every device, attributable to a
 category. What a backend allocates outside torch's operators (non-tensor scratch) is not seen.
 """
 from __future__ import annotations

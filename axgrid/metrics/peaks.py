@@ -37,6 +37,9 @@ GB = 10**9
 DEVICE_PEAKS: tuple[tuple[tuple[str, ...], DevicePeak], ...] = (
     (("GH200",), DevicePeak("GH200", 989 * TFLOP, 67 * TFLOP, 96 * GB,
                             "NVIDIA GH200 Grace Hopper Superchip datasheet (its H100: 989 TFLOP/s bf16 dense, 67 fp32)")),
+    (("H200", "NVL"), DevicePeak("H200 NVL", 835 * TFLOP, 60 * TFLOP, 141 * GB,
+                                 "NVIDIA H200 Tensor Core GPU datasheet, NVL (1671 TFLOP/s bf16 with sparsity = 835 "
+                                 "dense, 60 fp32)")),
     (("H200",), DevicePeak("H200", 989 * TFLOP, 67 * TFLOP, 141 * GB,
                            "NVIDIA H200 Tensor Core GPU datasheet, SXM (989 TFLOP/s bf16 dense, 67 fp32)")),
     (("H100", "PCIE"), DevicePeak("H100 PCIe", 756 * TFLOP, 51 * TFLOP, 80 * GB,

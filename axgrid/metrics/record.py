@@ -33,37 +33,18 @@ so they are not counted in ``comm_bytes``.
 """
 from __future__ import annotations
 
-import platform
 import socket
 import time
 from typing import Any, Optional, Sequence
 
 import torch
 
-from .energy import detect_energy, device_key, energy_readers, key_hash
+from ..device import host_read
+from .energy import energy_readers, key_hash
 from .memory import PeakMemory
 from .peaks import resolve_peak
 
 DTYPES = ("bf16", "fp16", "fp32")
-
-
-def device_name(device: torch.device) -> str:
-    """What the device calls itself: torch's CUDA/ROCm name, or the CPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class StepMeter:
@@ -82,16 +63,16 @@ class StepMeter:
         if not ((flops_per_step is None or flops_per_step >= 0) and tokens_per_step > 0):
             raise ValueError(f"flops_per_step {flops_per_step} and tokens_per_step {tokens_per_step} must be "
                              f"non-negative (or None) and positive")
-        self.grid, self.device = grid, grid.device
+        self.grid, self.device, self.dev = grid, grid.device, grid.accelerator
         self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
         self.tokens_per_step, self.dtype = int(tokens_per_step), dtype
-        self.name = device_name(self.device)
-        self.peak = resolve_peak(self.name, dtype, is_cpu=self.device.type != "cuda", peak_flops=peak_flops,
+        self.name = self.dev.name()
+        self.peak = resolve_peak(self.name, dtype, is_cpu=not self.dev.is_gpu, peak_flops=peak_flops,
                                  machine=peak_machine)
-        self.memory = PeakMemory(self.device)
-        self.energy_reader, self.readers = energy_readers(self._gather_keys(key_hash(device_key(self.device))),
+        self.memory = PeakMemory(self.dev)
+        self.energy_reader, self.readers = energy_readers(self._gather_keys(key_hash(self.dev.energy_key())),
                                                           grid.rank)
-        self.energy = detect_energy(self.device)
+        self.energy = self.dev.energy()
         self.energy_source = self._energy_source()
         self._t0: Optional[float] = None
 
@@ -101,10 +82,11 @@ class StepMeter:
         for dims in ("xyz", "d"):
             if self.grid.size(dims) > 1:
                 v = self.grid.comm.all_gather(v, dims).reshape(-1, 2)
-        return [(int(k), int(r)) for k, r in v.tolist()]
+        flat = host_read(v)
+        return [(int(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     def _energy_source(self) -> str:
-        what = "GPU" if self.device.type == "cuda" else "node"
+        what = "GPU" if self.dev.is_gpu else "node"
         if not self.energy.available:
             return self.energy.source
         return (f"{self.energy.source}; {self.readers} reader(s), one per {what}, job total = their sum")
@@ -126,7 +108,7 @@ class StepMeter:
     # -- one step ---------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Call right before the step: synchronises the device, resets the memory peak, reads the counters."""
-        _synchronize(self.device)
+        self.dev.synchronize()
         self.memory.reset()
         self._ledger0 = self.grid.ledger.snapshot()
         self._e0 = self.energy.read() if self.energy_reader else None
@@ -139,7 +121,7 @@ class StepMeter:
         given."""
         if self._t0 is None:
             raise RuntimeError("StepMeter.end() without begin(): call begin() right before the step")
-        _synchronize(self.device)
+        self.dev.synchronize()
         dt = time.perf_counter() - self._t0
         self._t0 = None
         comm_bytes, comm_s, exposed = self._ledger_delta()
@@ -165,7 +147,7 @@ class StepMeter:
         return row
 
     def _ledger_delta(self) -> tuple[dict[str, int], Optional[dict[str, float]], Optional[dict[str, float]]]:
-        before, now = self._ledger0, self.grid.ledger.entries
+        before, now = self._ledger0, self.grid.ledger.entries   # settles the step's event times (nothing waits now)
         nbytes: dict[str, int] = {}
         secs: dict[str, float] = {}
         wait: dict[str, float] = {}
@@ -186,14 +168,15 @@ class StepMeter:
                 loss: Optional[float | torch.Tensor]) -> tuple[float, float, float, int, float]:
         """Over all ranks: (slowest step time, largest peak, summed energy, readers that had a reading, mean loss
         over d of the tensor-parallel blocks' first members)."""
+        mean = host_read(loss.detach().reshape(())) if isinstance(loss, torch.Tensor) else loss
         v = torch.tensor([[dt, float(peak), energy or 0.0, 1.0 if energy is not None else 0.0,
-                           float(loss) if loss is not None else 0.0]], dtype=torch.float64, device=self.device)
+                           float(mean) if mean is not None else 0.0]], dtype=torch.float64, device=self.device)
         for dims, pick_loss in (("xyz", lambda g: g[0, 4]), ("d", lambda g: g[:, 4].mean())):
             if self.grid.size(dims) > 1:
                 g = self.grid.comm.all_gather(v, dims).reshape(-1, 5)
                 v = torch.stack([g[:, 0].max(), g[:, 1].max(), g[:, 2].sum(), g[:, 3].sum(),
                                  pick_loss(g)]).reshape(1, 5)
-        out = v.reshape(5).tolist()
+        out = host_read(v.reshape(5))
         return out[0], out[1], out[2], int(round(out[3])), out[4]
 
     def close(self) -> None:

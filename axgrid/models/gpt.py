@@ -45,6 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..device import host_read
 from ..grid import Grid
 from ..nn.embedding import Embedding
 from ..nn.init import reference_linear
@@ -279,7 +280,7 @@ class GPT(nn.Module):
         if self.grid is not None and self.grid.size("z") > 1:
             total = _SumOverZ.apply(total, self.grid)
         if normalizer is None:
-            normalizer = float(loss_mask.sum()) if loss_mask is not None else float(batch * s)
+            normalizer = host_read(loss_mask.sum()) if loss_mask is not None else float(batch * s)
         return total / max(float(normalizer), 1.0)
 
     # -- helpers ---------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ the features along ``feature_dim``, replicated over the other tensor-parallel le
 rank's token ids gives ``[m', dim/G_f]`` -- exactly the layer layout of a normal ``axgrid.nn.Linear``'s input
 when ``feature_dim="x"`` -- with no communication in forward. Backward scatters the output gradient into a
 dense ``[num, dim/G_f]`` gradient (partial: this rank's tokens only) and sums it over z (one all-reduce of the
-local table's size per micro-batch); the mean over d is :func:`axgrid.sync_gradients`'s.
+local table's size per micro-batch); the mean over d is :func:`axgrid.sync_gradients`'s. The scatter accumulates
+deterministically (``index_put_(accumulate=True)``: sorted by row on a GPU, where ``index_add_`` uses atomics), so
+the table's replicas over the other letter get bit-identical gradients and stay replicas.
 
 Initialisation is hashed (see :mod:`axgrid.nn.init`): element (i, j) of the dense table is
 ``U(-sqrt(3)*std, sqrt(3)*std)`` (variance ``std**2``) drawn from ``(seed, index i*dim + j)``, so each rank
@@ -21,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..grid import Grid
-from ..io.part_copy import part_of_dense
+from ..io.part_copy import copy_part_
 from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
@@ -44,7 +46,7 @@ class _ShardedLookup(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         w = layer.weight
         grad = torch.zeros((ctx.num, dout.shape[-1]), dtype=torch.float32, device=dout.device)
-        grad.index_add_(0, ids, dout.float())
+        grad.index_put_((ids,), dout.float(), accumulate=True)     # deterministic: no atomics on a GPU
         if layer.padding_idx is not None:
             grad[layer.padding_idx] = 0          # like nn.Embedding: the padding row never learns
         (grad,) = reduce_over_z(layer.grid, [w], [grad])
@@ -87,21 +89,26 @@ class Embedding(nn.Module):
         bound = math.sqrt(3.0) * self.std
         with torch.no_grad():
             self.weight.copy_(_init.uniform_block(self.seed, EMBEDDING_STREAM, self.dim, range(self.num),
-                                                  range(self.f0, self.f0 + self.local), bound, torch.float64))
+                                                  range(self.f0, self.f0 + self.local), bound, torch.float64,
+                                                  self.weight.device))
 
     @classmethod
     def from_dense(cls, dense: nn.Embedding, grid: Grid, feature_dim: str = "x",
                    scale: Optional[float] = None) -> "Embedding":
-        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank); padding row kept. A
-        ``dense`` on the meta device gives an uninitialised table on the grid's device (for a loader to fill)."""
+        """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank), on the grid's device
+        (``grid=None``: on ``dense``'s); padding row kept. A ``dense`` on the meta device gives an uninitialised
+        table (for a loader to fill)."""
         w = dense.weight
         meta = w.device.type == "meta"
         emb = cls(dense.num_embeddings, dense.embedding_dim, grid, feature_dim=feature_dim,
-                  padding_idx=dense.padding_idx, dtype=w.dtype, device=None if meta else w.device, init=not meta,
-                  scale=scale)
+                  padding_idx=dense.padding_idx, dtype=w.dtype, device=w.device if grid is None and not meta else None,
+                  init=False, scale=scale)
         with torch.no_grad():
             if not meta:
-                emb.weight.copy_(w.detach() if grid is None else part_of_dense(emb.weight.axgrid_tile, w))
+                if grid is None:
+                    emb.weight.copy_(w.detach())
+                else:
+                    copy_part_(emb.weight.axgrid_tile, w, emb.weight)
         emb.weight.requires_grad_(w.requires_grad)
         return emb
 

@@ -40,11 +40,11 @@ def hashed_uniform(seed: int, stream: int, index: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_block(seed: int, stream: int, n_cols: int, rows: range, cols: range, bound: float,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
     """Block ``[len(rows), len(cols)]`` of the matrix whose element (i, j) is U(-bound, bound) drawn from
-    index ``i * n_cols + j``."""
-    r = torch.arange(rows.start, rows.stop, dtype=torch.int64).unsqueeze(1)
-    c = torch.arange(cols.start, cols.stop, dtype=torch.int64).unsqueeze(0)
+    index ``i * n_cols + j``, computed on ``device`` (the parameter's: no host copy to make and move)."""
+    r = torch.arange(rows.start, rows.stop, dtype=torch.int64, device=device).unsqueeze(1)
+    c = torch.arange(cols.start, cols.stop, dtype=torch.int64, device=device).unsqueeze(0)
     u = hashed_uniform(seed, stream, r * n_cols + c)
     return ((2 * u - 1) * bound).to(dtype)
 

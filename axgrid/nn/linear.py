@@ -26,7 +26,7 @@ from torch import nn
 from ..comm import Pending
 from ..grid import Grid, current_grid
 from ..spec.tiles import Box
-from ..io.part_copy import part_of_dense, read_part
+from ..io.part_copy import copy_part_, read_part
 from ..redistribute import gather_tokens_features, shard_tokens_features
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import LinearSharding
@@ -85,13 +85,13 @@ class _LinearFunction(torch.autograd.Function):
         if need_w:
             weight = layer.weight
             dw_blk = rt.gemm(dy.t(), x_loc, "weight_grad")          # [n_blk, k_blk]
-            flat = dw_blk.reshape(-1).to(weight.dtype)                # reduce in the parameter's precision
+            flat = dw_blk.reshape(-1).to(rt.grad_dtype(weight))       # reduced in fp32 by default (config)
             if sh.padded_numel != sh.block_numel:
                 flat = torch.cat([flat, flat.new_zeros(sh.padded_numel - sh.block_numel)])
             dw_shard = rt.grads.reduce_scatter(weight, flat)        # None: the sink writes .grad itself (ORS)
         if need_b:
             bias = layer.bias
-            (db,) = rt.grads.all_reduce([bias], [dy.sum(0).to(bias.dtype)], "z")
+            (db,) = rt.grads.all_reduce([bias], [dy.sum(0).to(rt.grad_dtype(bias))], "z")
         if dx_pending is not None:
             dx = dx_pending.wait()
         return dx, dw_shard, db, None
@@ -158,14 +158,15 @@ class Linear(nn.Module):
     # -- parameters -----------------------------------------------------------------------------------
     def reset_parameters(self) -> None:
         """Fill this rank's shards from the hashed initialisation (no communication, no full matrix)."""
-        sh, b = self.sharding, _init.linear_bound(self.in_features)
+        sh, b, dev = self.sharding, _init.linear_bound(self.in_features), self.weight.device
         with torch.no_grad():
             self.weight.copy_(self._shard_from(lambda rows, cols: _init.uniform_block(
-                self.seed, _init.WEIGHT_STREAM, self.in_features, rows, cols, b, torch.float64)))
+                self.seed, _init.WEIGHT_STREAM, self.in_features, rows, cols, b, torch.float64, dev)))
             if self.bias is not None:
                 self.bias.copy_(read_part(sh.bias_tile, lambda box: _init.uniform_block(
                     self.seed, _init.BIAS_STREAM, self.out_features, range(1),
-                    range(box.offsets[0], box.offsets[0] + box.shape[0]), b, torch.float64)[0], dtype=torch.float64))
+                    range(box.offsets[0], box.offsets[0] + box.shape[0]), b, torch.float64, dev)[0],
+                    dtype=torch.float64, device=dev))
 
     def _shard_from(self, block_of) -> torch.Tensor:
         """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix
@@ -173,7 +174,7 @@ class Linear(nn.Module):
         def read(box: Box) -> torch.Tensor:
             (r, c), (nr, nc) = box.offsets, box.shape
             return block_of(range(r, r + nr), range(c, c + nc))
-        return read_part(self.sharding.weight_tile, read, dtype=torch.float64)
+        return read_part(self.sharding.weight_tile, read, dtype=torch.float64, device=self.weight.device)
 
     def load_dense_(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> "Linear":
         """Copy this rank's pieces from a dense ``weight [out, in]`` (and ``bias [out]``) held on this rank."""
@@ -182,21 +183,22 @@ class Linear(nn.Module):
             raise ValueError(f"dense weight has shape {tuple(weight.shape)}, expected "
                              f"({self.out_features}, {self.in_features})")
         with torch.no_grad():
-            self.weight.copy_(part_of_dense(sh.weight_tile, weight))
+            copy_part_(sh.weight_tile, weight, self.weight)
             if self.bias is not None:
                 if bias is None:
                     raise ValueError("this layer has a bias but no dense bias was given")
-                self.bias.copy_(part_of_dense(sh.bias_tile, bias))
+                copy_part_(sh.bias_tile, bias, self.bias)
         return self
 
     @classmethod
     def from_dense(cls, dense: nn.Linear, grid: Optional[Grid] = None, transpose: bool = False,
                    **kwargs: Any) -> "Linear":
-        """A parallel copy of ``dense`` (held in full on every rank). A ``dense`` on the meta device (a model
-        built without memory, :func:`axgrid.from_pretrained`) gives an uninitialised layer on the grid's device."""
+        """A parallel copy of ``dense`` (held in full on every rank) on the grid's device: its parameters are made
+        uninitialised and filled once from ``dense``. A ``dense`` on the meta device (a model built without memory,
+        :func:`axgrid.from_pretrained`) gives an uninitialised layer."""
         meta = dense.weight.device.type == "meta"
         layer = cls(dense.in_features, dense.out_features, bias=dense.bias is not None, transpose=transpose,
-                    grid=grid, dtype=dense.weight.dtype, init=not meta, **kwargs)
+                    grid=grid, dtype=dense.weight.dtype, init=False, **kwargs)
         return layer if meta else layer.load_dense_(dense.weight, dense.bias)
 
     def to_dense(self) -> nn.Linear:
@@ -227,13 +229,25 @@ class Linear(nn.Module):
         sh = self.sharding
         return gathered.reshape(-1)[: sh.block_numel].view(sh.n_blk, sh.k_blk)
 
+    @staticmethod
+    def _compute_dtype(shard: torch.Tensor) -> Optional[torch.dtype]:
+        """The dtype the GEMMs compute in when it is not the shard's: under autocast, its dtype. The weights are
+        then gathered over z in it (bf16: half the bytes of the fp32 parameters) and the GEMMs cast nothing;
+        casting before the gather equals casting after it, element for element."""
+        dev = shard.device.type
+        if torch.is_autocast_enabled(dev) and shard.is_floating_point():
+            dt = torch.get_autocast_dtype(dev)
+            return dt if dt != shard.dtype else None
+        return None
+
     def gather_weight(self, shard: torch.Tensor) -> torch.Tensor:
-        """``AG_z(shard)`` -> the block ``[n_blk, k_blk]``."""
-        return self._block(self.grid.comm.all_gather(shard, "z"))
+        """``AG_z(shard)`` -> the block ``[n_blk, k_blk]``, in the compute dtype (:meth:`_compute_dtype`)."""
+        return self._block(self.grid.comm.all_gather(shard, "z", dtype=self._compute_dtype(shard)))
 
     def gather_weight_async(self) -> "Pending":
-        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block."""
-        pending = self.grid.comm.all_gather(self.weight.detach(), "z", async_op=True)
+        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block (compute dtype)."""
+        shard = self.weight.detach()
+        pending = self.grid.comm.all_gather(shard, "z", async_op=True, dtype=self._compute_dtype(shard))
         return Pending(None, lambda: self._block(pending.wait()))
 
     # -- forward ---------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..grid import Grid
-from ..io.part_copy import part_of_dense
+from ..io.part_copy import copy_part_
 from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
@@ -105,14 +105,17 @@ class RMSNorm(nn.Module):
     @classmethod
     def from_dense(cls, weight: torch.Tensor, eps: float, grid: Grid, feature_dim: str = "x",
                    unit_offset: bool = False) -> "RMSNorm":
-        """This rank's slice of a dense norm's ``weight [hidden]`` (on the meta device: ones on the grid's
-        device, for a loader to fill)."""
+        """This rank's slice of a dense norm's ``weight [hidden]``, on the grid's device (``grid=None``: on
+        ``weight``'s; on the meta device: ones, for a loader to fill)."""
         meta = weight.device.type == "meta"
         norm = cls(weight.shape[0], grid, feature_dim=feature_dim, eps=eps, dtype=weight.dtype,
-                   device=None if meta else weight.device, unit_offset=unit_offset)
+                   device=weight.device if grid is None and not meta else None, unit_offset=unit_offset)
         with torch.no_grad():
             if not meta:
-                norm.weight.copy_(weight.detach() if grid is None else part_of_dense(norm.weight.axgrid_tile, weight))
+                if grid is None:
+                    norm.weight.copy_(weight.detach())
+                else:
+                    copy_part_(norm.weight.axgrid_tile, weight, norm.weight)
         norm.weight.requires_grad_(weight.requires_grad)
         return norm
 

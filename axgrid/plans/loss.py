@@ -41,5 +41,8 @@ class VocabParallelCausalLMLoss:
         both = torch.stack([local.detach(), keep.sum().to(local.dtype)])
         both = grid.comm.all_reduce(both, "z")                       # [sum over all sequences, kept labels]
         total = local + (both[0] - local.detach())                   # the sum; gradient: this rank's own part
-        denom = both[1] if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=local.dtype)
-        return total / denom.to(local.device)
+        if num_items_in_batch is None:
+            return total / both[1]
+        if isinstance(num_items_in_batch, torch.Tensor):
+            return total / num_items_in_batch.to(device=local.device, dtype=local.dtype)
+        return total / float(num_items_in_batch)          # a number: no tensor made on the host and copied over

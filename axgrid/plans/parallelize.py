@@ -8,6 +8,10 @@ skips the redistribution between them. ``auto_pair=True`` pairs automatically in
 containers where only stateless elementwise activations separate two Linear layers.
 
 A Linear whose features do not divide the grid stays dense, with a warning; it is never silently wrong.
+
+Whatever the plan leaves as it was (norms of a drop-in model, dense leftovers, rotary ``inv_freq`` buffers) moves
+to the grid's device (:func:`move_to_device`): a model built on the CPU and parallelized onto GPUs holds no tensor
+on the host afterwards.
 """
 from __future__ import annotations
 
@@ -134,6 +138,39 @@ def _check_pairs(plan: Plan, linears: dict[str, nn.Linear]) -> None:
                          f"replicated or pair them")
 
 
+def move_to_device(model: nn.Module, device: torch.device) -> nn.Module:
+    """Move every parameter and buffer of ``model`` that is not on ``device`` there, in place (``Module.to`` would
+    also touch what is there already). A parameter held by several modules, or parameters over the same memory
+    (tied weights), stay one tensor; ``requires_grad`` and axgrid marks are kept. Tensors on the meta device (a
+    model built without memory, filled by a loader later) stay."""
+    moved: dict[object, torch.Tensor] = {}
+
+    def key(t: torch.Tensor) -> object:
+        if t.numel() == 0:
+            return id(t)
+        try:
+            return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        except (RuntimeError, NotImplementedError):
+            return id(t)
+
+    def placed(t: torch.Tensor, param: bool) -> torch.Tensor:
+        k = key(t)
+        if k not in moved:
+            data = t.detach().to(device)
+            if param:
+                data = nn.Parameter(data, requires_grad=t.requires_grad)
+                data.__dict__.update({n: v for n, v in t.__dict__.items() if n.startswith("axgrid_")})
+            moved[k] = data
+        return moved[k]
+
+    for mod in model.modules():
+        for table, param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(table.items()):
+                if t is not None and t.device != device and t.device.type != "meta":
+                    table[name] = placed(t, param)
+    return model
+
+
 def set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
     """Put ``new`` at the qualified ``path`` of ``model``."""
     parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
@@ -177,6 +214,7 @@ def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | Transformer
         whole = plan if plan is not None else builtin_plan(model, grid)
         if whole is not None:
             apply_plan(model, grid, whole)
+            move_to_device(model, grid.device)
             report(model, grid.rank, {}, {}, summary)
             guard_save_pretrained(model)
             return model
@@ -223,6 +261,7 @@ def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | Transformer
         p = full.get(name, LinearPlan())
         if p.producers:
             layer.pair_after(made[p.producers[0]])
+    move_to_device(model, grid.device)
     report(model, grid.rank, dense_left, tied, summary)
     guard_save_pretrained(model)
     return model

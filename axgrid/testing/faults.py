@@ -59,7 +59,7 @@ def tagged(tag: str) -> list[str]:
     return found
 
 
-def command(launcher: str, rank_cmd: list[str], tag: str = "") -> list[str]:
+def command(launcher: str, rank_cmd: list[str], tag: str = "", launch_args: tuple[str, ...] = ()) -> list[str]:
     if launcher in ("srun", "srun-kill"):
         kill = ["--kill-on-bad-exit=1"] if launcher == "srun-kill" else ["--kill-on-bad-exit=0"]
         return ["srun", "-n", "2", f"--job-name={tag}", *kill, *rank_cmd]
@@ -68,7 +68,7 @@ def command(launcher: str, rank_cmd: list[str], tag: str = "") -> list[str]:
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *rank_cmd[1:]]
     plain = ["--no-mpi"] if launcher == "plain" else []
-    return [sys.executable, "-m", "axgrid.cli", "launch", "-n", "2", *plain, "--", *rank_cmd]
+    return [sys.executable, "-m", "axgrid.cli", "launch", "-n", "2", *plain, *launch_args, "--", *rank_cmd]
 
 
 #: What to do to a job once both ranks are up: a signal for the launcher, or a call (the launcher's process,
@@ -78,17 +78,19 @@ Send = Union[int, Callable[[subprocess.Popen, str], None]]
 
 def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, send: Optional[Send] = None,
             env: Optional[dict[str, str]] = None, tag: Optional[str] = None, rescue_after_s: Optional[float] = None,
-            rescue: Optional[Callable[[subprocess.Popen, str], None]] = None) -> Job:
+            rescue: Optional[Callable[[subprocess.Popen, str], None]] = None,
+            launch_args: tuple[str, ...] = ()) -> Job:
     """Run fault_rank MODE on 2 ranks (rank 1 misbehaves) under ``launcher``; with ``send``, send that signal
     to the launcher (or make that call) once both ranks are up. ``env``: the launcher's environment (default:
     this process's). A job still running ``rescue_after_s`` seconds after the fault is ended by ``rescue(proc,
-    tag)`` (a hung rank under a launcher that waits for it), and the Job says ``rescued``."""
+    tag)`` (a hung rank under a launcher that waits for it), and the Job says ``rescued``. ``launch_args``: more
+    options for ``axgrid launch`` (e.g. ``--run-dir``)."""
     tag = tag or f"axgrid-fault-{uuid.uuid4().hex}"
     env = dict(os.environ if env is None else env, TMPDIR=str(tmpdir), PYTHONPATH=str(SOURCE_ROOT),
                OMP_NUM_THREADS="1")
-    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "AXGRID_RUN_DIR"):
         env.pop(k, None)
-    proc = subprocess.Popen(command(launcher, [*RANK_CMD, mode, "1", str(timeout_s), tag], tag),
+    proc = subprocess.Popen(command(launcher, [*RANK_CMD, mode, "1", str(timeout_s), tag], tag, launch_args),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(lambda: proc.stdout.readline().decode(), "")))

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from axgrid.device import cuda as device_cuda, of
 from axgrid.kernels import GemmSignature, GemmTuner, layer_gemms
 from axgrid.kernels import candidates as cands
 from axgrid.spec import NAMED_SIZES
@@ -28,7 +29,7 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0,
 
 
 def _parse() -> argparse.Namespace:
-    gpu = torch.cuda.is_available()
+    gpu = device_cuda.count() > 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if gpu else "cpu")
     p.add_argument("--dtype", default=None, help="default: bf16 on GPU, fp32 on CPU")
@@ -55,7 +56,7 @@ def _parse() -> argparse.Namespace:
 def _peak(args: argparse.Namespace) -> float | None:
     if args.peak_tflops or torch.device(args.device).type != "cuda":
         return args.peak_tflops
-    name = torch.cuda.get_device_name(torch.device(args.device))
+    name = of(args.device).name()
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 

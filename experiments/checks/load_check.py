@@ -30,6 +30,7 @@ import time
 import torch
 
 import axgrid
+from axgrid.device import cuda as gpu
 
 #: Host allowance beyond one tensor in flight: the band a column-split box is read in, and the allocator's slack.
 SLACK_BYTES = 16 * 2**20 + 64 * 2**20
@@ -68,22 +69,20 @@ def check(grid, hidden: int = 1024, layers: int = 4, vocab: int = 32000, shard: 
     logging.set_verbosity_error()
     if grid.world_size != 1:
         raise ValueError(f"load check: a 1x1x1x1 grid, got {grid.shape}")
-    dev = grid.device
+    dev, acc = grid.device, grid.accelerator
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = os.path.join(tmp, "llama")
         n = make_checkpoint(path, hidden, layers, vocab, shard)
         files = len([f for f in os.listdir(path) if f.endswith(".safetensors")])
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            gpu0 = torch.cuda.memory_allocated(dev)
+        acc.synchronize()
+        gpu0 = acc.allocated_memory()
         host0 = _rss("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         t0 = time.perf_counter()
         model = axgrid.from_pretrained(path, grid, device=str(dev))
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        acc.synchronize()
         load_s = time.perf_counter() - t0
         host_rise = _rss("VmHWM") - host0
         params = [p for p in model.parameters()]
@@ -91,8 +90,8 @@ def check(grid, hidden: int = 1024, layers: int = 4, vocab: int = 32000, shard: 
         largest = max(p.numel() * p.element_size() for p in params)
         read = model.axgrid_load_report.bytes_read
         on_device = all(t.device == dev for t in [*params, *model.buffers()])
-        gpu_rise = torch.cuda.memory_allocated(dev) - gpu0 if dev.type == "cuda" else own
-        host_bound = largest + SLACK_BYTES + (own if dev.type != "cuda" else 0)
+        gpu_rise = acc.allocated_memory() - gpu0 if acc.is_gpu else own
+        host_bound = largest + SLACK_BYTES + (own if not acc.is_gpu else 0)
         ids = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(1)).to(dev)
         with torch.no_grad():
             mine = model(input_ids=ids).logits.float()
@@ -106,7 +105,7 @@ def check(grid, hidden: int = 1024, layers: int = 4, vocab: int = 32000, shard: 
     mib = 2**20
     line = (f"load_check: LLaMA {n / 1e6:.0f}M parameters (fp32, {files} files) on {dev}: {load_s:.1f} s, read "
             f"{read / mib:.0f} MiB {'=' if read == own else '!='} own; "
-            + (f"GPU memory +{gpu_rise / mib:.0f} MiB (params {own / mib:.0f} MiB)" if dev.type == "cuda" else
+            + (f"GPU memory +{gpu_rise / mib:.0f} MiB (params {own / mib:.0f} MiB)" if acc.is_gpu else
                f"params {own / mib:.0f} MiB in host memory")
             + f"{'' if on_device else ', NOT all on the device'}; host peak "
             f"+{host_rise / mib:.0f} MiB (bound {host_bound / mib:.0f} MiB); logits max diff {diff:.1e} vs HF: "
@@ -116,13 +115,13 @@ def check(grid, hidden: int = 1024, layers: int = 4, vocab: int = 32000, shard: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if gpu.count() > 0 else "cpu")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--shard", default="200MB", help="max_shard_size of the written checkpoint")
     a = ap.parse_args(argv)
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if a.device == "cuda" and gpu.count() == 0:
         print(f"load_check: FAIL: --device cuda but torch {torch.__version__} sees no CUDA GPU", file=sys.stderr)
         return 2
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """A training step's peak memory against perfmodel's prediction: the GPT on a 1x1x1x1 grid, one warm-up
 step (AdamW's state exists from then on), then one measured step of two micro-batches (the second starts with
 gradients live, as ``perfmodel.memory`` prices the peak). On CUDA the measure is
-``torch.cuda.max_memory_allocated`` (the allocator's peak, reset before the step); on the CPU, the peak of live
+the CUDA allocator's ``max_memory_allocated`` (its peak, reset before the step); on the CPU, the peak of live
 tensor bytes (``axgrid.metrics.memtrack.LiveBytes``). The prediction is ``perfmodel.memory.memory_per_gpu`` for the same
 model, grid and micro-batch, on the device it ran on (``memory.GPU`` or ``memory.CPU_GLOO``). One line:
 
@@ -17,6 +17,8 @@ import argparse
 import sys
 
 import torch
+
+from axgrid.device import cuda as gpu
 
 TOLERANCE = 0.10
 
@@ -46,12 +48,13 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
             return model(data[i][:, :-1], data[i][:, 1:], normalizer=float(batch * seq))
 
     train_step(model, opt, loss_of, grid, microbatches=2)          # AdamW's state exists from here on
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
+    acc = grid.accelerator
+    if acc.is_gpu:
+        acc.synchronize()
+        acc.reset_peak_memory()
         train_step(model, opt, loss_of, grid, microbatches=2)
-        torch.cuda.synchronize(dev)
-        measured, where = int(torch.cuda.max_memory_allocated(dev)), "GPU"
+        acc.synchronize()
+        measured, where = acc.peak_memory(), "GPU"
     else:
         live = memtrack.LiveBytes(memtrack.optimizer_tensors(opt))
         live.track(model.parameters())
@@ -75,7 +78,7 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
 def one_rank_grid(check_name: str, device: str):
     """A 1x1x1x1 grid for a check run as a plain process (``axgrid.init`` needs no launcher for one rank), one
     thread; None, after a one-line FAIL naming ``check_name``, when ``device`` is cuda and torch sees no GPU."""
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and gpu.count() == 0:
         print(f"{check_name}: FAIL: --device cuda but torch {torch.__version__} sees no CUDA GPU", file=sys.stderr)
         return None
     torch.set_num_threads(1)
@@ -85,7 +88,7 @@ def one_rank_grid(check_name: str, device: str):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if gpu.count() > 0 else "cpu")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--seq", type=int, default=2048)

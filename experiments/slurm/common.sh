@@ -36,6 +36,12 @@ fi
 
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1     # a failed or timed-out collective crashes the job instead of hanging it
 export PYTHONUNBUFFERED=1
+# The ranks meet on the first node of the step (axgrid.launch.env reads it from SLURM_*, also under --mpi=pmi2/pmix or
+# Cray's cray_shasta plugin); exporting it here names the same host, in case a site wrapper hides the node list.
+export MASTER_ADDR="${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}"
+# The flight recorder writes every rank's last collectives here when one fails or hangs (axgrid.launch.flight);
+# read them with: python -m axgrid.launch.flight "$RUN_DIR"
+export AXGRID_RUN_DIR="$RUN_DIR"
 
 mkdir -p "$RUN_DIR"
 cd "$REPO"

@@ -720,3 +720,41 @@ def test_optimizer_state_is_read_into_the_state_it_already_has(tmp_path):
     load_checkpoint(path, model2, opt2, generators={"data": gen2})
     assert storages == {(id(p), k): v.data_ptr() for p, st in opt2.state.items() for k, v in st.items() if v.dim()}
     assert _train(model2, opt2, None, gen2, 2) == straight
+
+
+def test_optimizer_state_is_staged_on_the_parameters_device(tmp_path):
+    """The state an optimizer does not have yet is created where its parameter lives (on a GPU: not in host memory,
+    then copied); the meta device stands in for a device that is not the CPU."""
+    from axgrid.checkpoint.load import _Reader, _read_manifest, _stage_optimizer
+    model = Net(None)
+    opt = _opt(model)
+    _train(model, opt, None, torch.Generator().manual_seed(7), 1)
+    path = save_checkpoint(str(tmp_path / "ck"), model, opt, step=1)
+    elsewhere = Net(None).to("meta")
+    _, pending = _stage_optimizer(_Reader(path, _read_manifest(path), False), elsewhere, _opt(elsewhere), None, path)
+    staged = [e.tensor for _, _, e, _ in pending if e is not None]
+    assert staged and {t.device.type for t in staged} == {"meta"}
+
+
+def rank_slow_writer(root: str, delay_s: float) -> str:
+    """A checkpoint whose writer (d = 0) takes ``delay_s`` longer than the 2 s collective timeout to hash its file,
+    while the d = 1 rank waits in the agreement: the agreement's limit is io_timeout_s."""
+    import time
+    from axgrid.checkpoint import save as save_mod
+    grid = axgrid.init("1x1x1x2", config=axgrid.RuntimeConfig(timeout_s=2.0, io_timeout_s=60.0, seed=0))
+    original = save_mod._sha256_file
+    try:
+        if grid.rank == 0:
+            save_mod._sha256_file = lambda p: (time.sleep(delay_s), original(p))[1]
+        model = Net(grid)
+        path = save_checkpoint(root, model, _opt(model), grid, step=1)
+        grid.comm.all_reduce(torch.ones(1), "d")          # and training goes on together
+        return os.path.basename(path)
+    finally:
+        save_mod._sha256_file = original
+        grid.destroy()
+
+
+@pytest.mark.slow
+def test_a_slow_checkpoint_write_is_not_a_collective_timeout(ranks, tmp_path):
+    assert ranks(2, rank_slow_writer, str(tmp_path / "ck"), 3.0) == ["step-00000001"] * 2

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from axgrid.metrics import PeakMemory, detect_energy, energy_readers, lookup_device, resolve_peak
-from axgrid.metrics.energy import amdsmi_energy, device_key, key_hash, nvml_energy, rapl_energy
+from axgrid.device import CpuDevice
+from axgrid.metrics.energy import amdsmi_energy, key_hash, nvml_energy, rapl_energy
 from axgrid.spec import gpt_flops_per_iteration
 
 SIZES = dict(layers=2, hidden=32, heads=4, seq=16, vocab=64)
@@ -122,12 +123,12 @@ def test_device_table_figures_and_misses():
 
 
 def test_energy_detection_here_is_null_with_a_reason():
-    here = detect_energy(torch.device("cpu"))
+    here = detect_energy(CpuDevice())
     assert here.read() is None and not here.available and here.source.startswith("none:")
     assert "/sys/class/powercap" in here.source and "\n" not in here.source
     nv = nvml_energy(0)                       # nvidia-ml-py imports without a GPU; NVML itself is missing
     assert nv.read() is None and nv.source.startswith("none: NVML unavailable"), nv.source
-    amd = amdsmi_energy(0)
+    amd = amdsmi_energy(None, 0)
     assert amd.read() is None and amd.source.startswith("none: amdsmi"), amd.source
 
 
@@ -164,7 +165,7 @@ def test_one_energy_reader_per_device():
     assert readers(["a"] * 4 + ["b"] * 4) == ([True, False, False, False] * 2, 2)     # CPU: one per node
     assert readers([f"{h}/{g}" for h in "ab" for g in (0, 1, 0, 1)]) == ([True, True, False, False] * 2, 4)
     assert readers([f"{h}/{g}" for h in "ab" for g in range(4)]) == ([True] * 8, 8)   # a GPU each
-    assert device_key(torch.device("cpu")) == socket.gethostname()
+    assert CpuDevice().energy_key() == socket.gethostname()
 
 
 def test_host_peak_is_reset_per_step():

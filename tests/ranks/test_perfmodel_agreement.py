@@ -12,8 +12,10 @@ the gradients into buckets of ``bucket_bytes`` as the runtime does (``sync_gradi
 a bucket before it would overflow; ODP's ``GradientPipeline``: gradient-ready order, post once full), so its d
 calls are the runtime's buckets. The default 25 MiB gives one bucket for these sizes, so some cases set a tiny
 ``RuntimeConfig.bucket_bytes`` to make several, and some turn ODP on (earlier micro-batches under
-``grid.no_sync()``, as a training loop does). fp32 throughout (on gloo the runtime sums bf16/fp16 in fp32, and the
-ledger then counts fp32 bytes).
+``grid.no_sync()``, as a training loop does). In fp32, and in bf16 (autocast): the weights are gathered over z in
+bf16, the activations' all-reduces carry bf16, the gradients are reduced in fp32 (``RuntimeConfig.grad_reduce_dtype``,
+perfmodel's ``grad_dtype_bytes``) or in bf16 when configured so. The bf16 cases sum in bf16 on gloo
+(``reduce_in_fp32=False``), as NCCL does: gloo's own default sums low-precision tensors in fp32.
 """
 from __future__ import annotations
 
@@ -51,14 +53,24 @@ BUCKET_CASES = [
     (8, "2x2x2x1", 8, 1, 5, True, False, 100, True),      # ODP with Gd = 1: nothing over d
 ]
 CASES = [c + (None, False) for c in CASES] + BUCKET_CASES
+# bf16 (autocast): (world, grid, hidden, microbatches, m_loc, bias, keep, bucket_bytes, odp, gradient dtype)
+BF16_CASES = [
+    (8, "2x2x2x1", 8, 1, 5, True, False, None, False, "fp32"),   # every tensor-parallel dimension
+    (8, "1x2x2x2", 8, 2, 3, True, True, 200, True, "fp32"),      # keep, ODP, several buckets
+    (6, "1x1x3x2", 6, 1, 4, True, False, None, False, "bf16"),   # gradients reduced in bf16
+]
+CASES = [c + ("fp32", "fp32") for c in CASES] + [c[:9] + ("bf16", c[9]) for c in BF16_CASES]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def rank_ledgers(cases: list[tuple]) -> list[dict]:
     """On one rank: for every case, the ledger of one step as {(dim, op): (calls, bytes)}."""
     torch.set_num_threads(1)
     out = []
-    for _, spec, h, mbs, m_loc, bias, keep, bucket, odp in cases:
+    for _, spec, h, mbs, m_loc, bias, keep, bucket, odp, dtype, grads in cases:
         kw = {} if bucket is None else {"bucket_bytes": bucket}
+        if dtype == "bf16":
+            kw.update(reduce_in_fp32=False, grad_reduce_dtype=DTYPES[grads])
         cfg = axgrid.RuntimeConfig(timeout_s=60, overlap=axgrid.OverlapConfig(odp=odp, keep_gathered_weights=keep),
                                    **kw)
         grid = axgrid.init(spec, config=cfg)
@@ -73,10 +85,11 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
                 # the first layer's input needs a gradient, as in a model (it comes from a LayerNorm): a layer
                 # whose input needs none skips its input-gradient GEMM and all-reduce, which perfmodel prices
                 x = torch.randn(m_loc, k0, requires_grad=True)
-                for j, lin in enumerate(layers):            # layouts chain: normal -> transposed -> normal
-                    x = torch.nn.functional.gelu(lin(x))
-                    if j % 4 == 0:                          # QKV [m', 3h/Gy] -> "attention" output [m', h/Gy]
-                        x = x.chunk(3, dim=-1)[0]
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                    for j, lin in enumerate(layers):        # layouts chain: normal -> transposed -> normal
+                        x = torch.nn.functional.gelu(lin(x))
+                        if j % 4 == 0:                      # QKV [m', 3h/Gy] -> "attention" output [m', h/Gy]
+                            x = x.chunk(3, dim=-1)[0]
                 with grid.no_sync() if i < mbs - 1 else contextlib.nullcontext():
                     x.sum().backward()
             axgrid.sync_gradients(layers, grid)
@@ -87,12 +100,13 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
 
 
 def predicted(case: tuple) -> tuple[dict, dict]:
-    _, spec, h, mbs, m_loc, bias, keep, bucket, odp = case
+    _, spec, h, mbs, m_loc, bias, keep, bucket, odp, dtype, grads = case
     shape = tuple(int(v) for v in spec.split("x"))
     gz, gd = shape[2], shape[3]
     layers = block_layers(h, bias=bias) * 2
     kw = dict(layers=layers, grid=shape, tokens_per_microbatch_global=m_loc * gz * gd, n_microbatches=mbs,
-              dtype_bytes=4, keep_gathered=keep, recompute=False, overlap_dp=odp,
+              dtype_bytes=4 if dtype == "fp32" else 2, grad_dtype_bytes=4 if grads == "fp32" else 2,
+              keep_gathered=keep, recompute=False, overlap_dp=odp,
               bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
     return collective_bytes(**kw), collective_calls(**kw)
 
@@ -101,7 +115,7 @@ def test_bucket_cases_make_several_buckets():
     """Guards the case list: the tiny buckets do split the d all-reduce into several calls."""
     for case in BUCKET_CASES:
         if int(case[1].split("x")[3]) > 1:
-            assert predicted(case)[1][("d", "all_reduce")] > 1, case
+            assert predicted(case + ("fp32", "fp32"))[1][("d", "all_reduce")] > 1, case
 
 
 @pytest.mark.parametrize("world", slow_where(sorted({c[0] for c in CASES}), lambda w: w > 4))
@@ -112,7 +126,7 @@ def test_predicted_bytes_equal_ledger(ranks, world):
         want_bytes, want_calls = predicted(case)
         for r, ledger in enumerate(per_rank):
             where = (f"grid {case[1]} (h={case[2]}, mb={case[3]}, bias={case[5]}, keep={case[6]}, "
-                     f"bucket={case[7]}, odp={case[8]}), rank {r}")
+                     f"bucket={case[7]}, odp={case[8]}, {case[9]}, gradients {case[10]}), rank {r}")
             assert_ledger_matches(ledger[i], want_bytes, want_calls, where)
 
 

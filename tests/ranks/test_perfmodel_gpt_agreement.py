@@ -8,7 +8,9 @@ each micro-batch's forward with targets and ``loss.backward()``, all but the las
 ``axgrid.sync_gradients(model, grid)``. Grids include non-powers of two, d > 1, z > 1, several micro-batches,
 recompute on and off, the overlaps (ORS changes the layer norms' z calls and, with ODP, the order gradients fill
 the d buckets) and kept gathered weights; some cases set a tiny ``bucket_bytes`` so the d all-reduce takes several
-buckets. fp32 throughout (on gloo the runtime sums low-precision tensors in fp32, and the ledger counts fp32).
+buckets. In fp32, and in bf16 (autocast, two grids of 4 ranks): weights gathered and activations reduced in bf16,
+gradients reduced in fp32 (perfmodel's ``grad_dtype_bytes``), layer-norm statistics, cross entropy and the
+embeddings' gradients in fp32; the bf16 cases sum in bf16 on gloo (``reduce_in_fp32=False``), as NCCL does.
 """
 from __future__ import annotations
 
@@ -39,6 +41,11 @@ CASES = [
     (6, "1x1x3x2", 2, 1, False, "all,keep", 2000, True),     # Gz = 3 with d, ORS + ODP
     (6, "2x3x1x1", 1, 1, True, "oar,oag,ors", None, False),  # x and y, recompute, no bias
 ]
+BF16 = [
+    (4, "2x1x2x1", 2, 1, True, "all", None, True),           # x and z, every overlap, recompute
+    (4, "1x2x1x2", 1, 1, False, "oar,odp", 1500, True),      # y and d, several buckets
+]
+CASES = [c + ("fp32",) for c in CASES] + [c + ("bf16",) for c in BF16]
 
 
 def _options(overlap: str) -> axgrid.OverlapConfig:
@@ -51,8 +58,10 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
     torch.set_num_threads(1)
     layers, hidden, heads, seq, vocab = SIZES
     out = []
-    for _, spec, mbs, seqs, recompute, overlap, bucket, bias in cases:
+    for _, spec, mbs, seqs, recompute, overlap, bucket, bias, dtype in cases:
         kw = {} if bucket is None else {"bucket_bytes": bucket}
+        if dtype == "bf16":
+            kw["reduce_in_fp32"] = False
         grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=_options(overlap), seed=0, **kw))
         try:
             cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, bias=bias,
@@ -65,7 +74,9 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
             for i in range(mbs):
                 ids = torch.randint(0, vocab, (batch_d, seq + 1), generator=gen)
                 with grid.no_sync() if i < mbs - 1 else contextlib.nullcontext():
-                    model(ids[:, :-1], ids[:, 1:]).backward()
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                        loss = model(ids[:, :-1], ids[:, 1:])
+                    loss.backward()
             axgrid.sync_gradients(model, grid)
             out.append({key: (e.calls, e.bytes) for key, e in grid.ledger.entries.items()})
         finally:
@@ -74,13 +85,14 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
 
 
 def predicted(case: tuple) -> tuple[dict, dict]:
-    _, spec, mbs, seqs, recompute, overlap, bucket, bias = case
+    _, spec, mbs, seqs, recompute, overlap, bucket, bias, dtype = case
     layers, hidden, heads, seq, vocab = SIZES
     shape = tuple(int(v) for v in spec.split("x"))
     ov = _options(overlap)
     model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
     kw = dict(layers=model, grid=shape, tokens_per_microbatch_global=seqs * shape[2] * shape[3] * seq,
-              n_microbatches=mbs, dtype_bytes=4, keep_gathered=ov.keep_gathered_weights, recompute=recompute,
+              n_microbatches=mbs, dtype_bytes=4 if dtype == "fp32" else 2, grad_dtype_bytes=4,
+              keep_gathered=ov.keep_gathered_weights, recompute=recompute,
               overlap_dp=ov.odp, overlap_rs=ov.ors,
               bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
     return pm.collective_bytes(**kw), pm.collective_calls(**kw)
@@ -113,5 +125,5 @@ def test_gpt_predicted_bytes_and_calls_equal_ledger(ranks, world):
         want_bytes, want_calls = predicted(case)
         for r, ledger in enumerate(per_rank):
             where = (f"grid {case[1]} (mb={case[2]}, seqs={case[3]}, recompute={case[4]}, overlap={case[5]}, "
-                     f"bucket={case[6]}, bias={case[7]}), rank {r}")
+                     f"bucket={case[6]}, bias={case[7]}, {case[8]}), rank {r}")
             assert_ledger_matches(ledger[i], want_bytes, want_calls, where)

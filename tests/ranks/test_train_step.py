@@ -38,7 +38,7 @@ def rank_train_step(spec: str, overlap: str, micro: int) -> dict:
             rs = train_step(ser, opt_s, loss_s, None, 1, clip=0.05)
             mean_p = float(grid.comm.all_reduce(rp.loss.reshape(1), "d", average=True)[0])
             out["loss"].append((mean_p, float(rs.loss)))
-            out["norm"].append((rp.grad_norm, rs.grad_norm))
+            out["norm"].append((float(rp.grad_norm), float(rs.grad_norm)))
             out["d_reduces"].append(reduces)
         for pl, sl in zip(list(par.ups) + list(par.downs), list(ser.ups) + list(ser.downs)):
             dense = pl.to_dense()

@@ -1,6 +1,9 @@
-"""experiments/checks/gpu_check.sh on a CPU-only machine: it fails fast with a one-line reason and exit status 2, both
-at the device-node probe and (when a GPU tool is on PATH but torch sees no GPU) at torch's check. Its memory check
-(experiments/checks/memory_check.py: a training step's peak against perfmodel's prediction) runs here on the CPU."""
+"""experiments/checks/gpu_check.sh on a CPU-only machine, as far as the point where a GPU is needed: its arguments are
+checked first; what it needs is checked without importing torch, and either installed into its own venv (--install)
+or named with the one command that installs it; then it fails fast with a one-line reason and exit status 2, both at
+the device-node probe and (when a GPU tool is on PATH but torch sees no GPU) at torch's check. Its grids for N GPUs,
+its table, and its memory and load checks (experiments/checks/memory_check.py, load_check.py) run here on the CPU.
+It has not run on a GPU (docs/results.md#not-measured-yet)."""
 import os
 import shutil
 import subprocess
@@ -17,10 +20,11 @@ SCRIPT = os.path.join(ROOT, "experiments", "checks", "gpu_check.sh")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the script itself")
 
 
-def run(env_path: str) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, PATH=env_path, PYTHON=sys.executable)
+def run(env_path: str, *args: str, python: str = sys.executable) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, PATH=env_path, PYTHON=python) if python else \
+        {k: v for k, v in dict(os.environ, PATH=env_path).items() if k != "PYTHON"}
     t0 = time.perf_counter()
-    p = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120)
     return p, time.perf_counter() - t0
 
 
@@ -39,8 +43,62 @@ def test_fails_clearly_when_torch_sees_no_gpu(tmp_path):
     fake.chmod(0o755)
     p, _ = run(f"{tmp_path}:{os.environ['PATH']}")
     assert p.returncode == 2
-    assert "gpu_check: FAIL: torch" in p.stderr and "sees no CUDA GPU" in p.stderr
-    assert "Traceback" not in p.stderr
+    assert p.stderr.strip() == (f"gpu_check: FAIL: torch {torch.__version__} (a CPU build) sees no GPU; this check "
+                                f"needs one or more (install the torch for this node: bash "
+                                f"experiments/checks/gpu_check.sh --install)")
+
+
+def test_arguments_are_checked_before_anything_else():
+    p, dt = run(os.environ["PATH"], "--gpus", "0")
+    assert p.returncode == 2 and p.stderr.strip() == "gpu_check: --gpus 0: use 1 to 8 (the GPUs of one node)"
+    p, _ = run(os.environ["PATH"], "--peak-tflops", "-3")
+    assert p.returncode == 2 and "--peak-tflops -3" in p.stderr
+    p, _ = run(os.environ["PATH"], "--help")
+    assert p.returncode == 0 and "--install" in p.stdout and "MI250X" in p.stdout
+
+
+def test_the_install_step_makes_its_own_venv(tmp_path):
+    """--install: a venv that sees the packages of the Python it is made from (here everything the check needs is
+    there already, as with a site's PyTorch module), then the probe: no GPU here."""
+    venv = tmp_path / "venv"
+    p, _ = run(os.environ["PATH"], "--install", "--venv", str(venv))
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stdout.strip() == f"gpu_check: venv {venv} ready (torch {torch.__version__})"
+    assert p.stderr.startswith("gpu_check: FAIL: no GPU on this machine")
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys, importlib.util as u; "
+                            "print(sys.prefix, all(u.find_spec(m) for m in ('torch', 'transformers', 'numpy')))"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0 and probe.stdout.split() == [str(venv), "True"], probe.stderr
+    p, _ = run(os.environ["PATH"], "--venv", str(venv), python="")          # later runs use the venv
+    assert p.stderr.startswith("gpu_check: FAIL: no GPU on this machine")
+
+
+def test_what_is_missing_is_named_with_the_command_that_installs_it(tmp_path):
+    """A Python without torch (the system's, here): one line naming what it lacks and the command."""
+    bare = shutil.which("python3", path="/usr/bin:/bin")
+    if bare is None or subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("no Python without torch on this machine")
+    p, _ = run(os.environ["PATH"], python=bare)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert p.stderr.startswith(f"gpu_check: FAIL: {bare} lacks torch") and \
+        "install them with: bash experiments/checks/gpu_check.sh --install" in p.stderr
+    assert f'"{bare}" -m pip install torch' in p.stderr
+
+
+def test_grids_for_n_gpus_cover_every_dimension_and_the_table():
+    from helpers import load_script
+    check = load_script("checks/gpu_check.py")
+    for n in (2, 4, 6, 8):
+        grids = check.grids_for(n)
+        shapes = [tuple(int(v) for v in g.split("x")) for g in grids]
+        assert 2 <= len(grids) <= 4 and all(x * y * z * d == n for x, y, z, d in shapes), grids
+        assert all(any(s[i] > 1 for s in shapes) for i in range(4)), (n, grids)     # x, y, z and d each > 1 once
+    report = check.Report()
+    report.add("device", True, "NVIDIA H100 80GB HBM3")
+    report.add("flight", False, "a | b")
+    assert report.table().splitlines() == ["| check | result | figures |", "|---|---|---|",
+                                           "| device | PASS | NVIDIA H100 80GB HBM3 |", "| flight | FAIL | a / b |"]
+    assert not report.passed
 
 
 MEMORY_CHECK = os.path.join(ROOT, "experiments", "checks", "memory_check.py")

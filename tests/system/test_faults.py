@@ -4,9 +4,13 @@ Real jobs of axgrid/testing/fault_rank.py (2 ranks, see axgrid/testing/faults.py
 default), ``axgrid launch --no-mpi`` (the plain launcher) and a bare ``mpiexec``: one rank raises, hangs or is
 SIGKILLed, or the launcher gets SIGTERM/SIGHUP. Afterwards no process of the job may be alive and no
 axgrid-launch-* folder left. The time bounds are generous for a loaded 2-core machine (the goal is 5 s).
+
+Who is stuck where (axgrid.launch.flight): when a rank hangs or skips a collective, every rank prints its last
+collectives and writes them to the run's directory, and ``axgrid launch`` says which ranks stopped at which collective.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -61,6 +65,32 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_pat
     assert job.code == 1, job.output
     assert "rank 0 exited with code 1" in job.output
     assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + HANG_SLACK_S, job.output
+    check_clean(job)
+    # who is stuck where: rank 0 in all-reduce #4, rank 1 (asked by the launcher) never posted it
+    assert "axgrid launch:   rank 0: stopped in collective #4: all_reduce over d (its #4), 16 B, failed" in job.output
+    assert "axgrid launch:   rank 1: completed collective #3 (all_reduce over d, its #3, 16 B) and posted " \
+           "nothing after it" in job.output, job.output
+    assert "axgrid flight recorder, rank 1" in job.output and "asked for it (another rank stopped)" in job.output
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS[:1])
+def test_the_flight_recorder_says_which_rank_skipped_a_collective(launcher, tmp_path):
+    """Rank 1 skips one all-reduce, so it posts the next collective (an all-gather) while rank 0 posts the
+    all-reduce: both wait until the collective timeout. Each rank prints its last collectives and writes them to
+    the run's directory; the launcher says both stopped at collective #7, with different operations."""
+    run = tmp_path / "run"
+    job = job_of(launcher, "skip", tmp_path, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
+    assert job.code == 1, job.output
+    assert "rank 0: stopped in collective #7: all_reduce over d (its #7), 16 B, failed" in job.output, job.output
+    assert "rank 1: stopped in collective #7: all_gather over d (its #7), 64 B, failed" in job.output, job.output
+    for r in (0, 1):
+        assert f"axgrid flight recorder, rank {r}" in job.output
+        doc = json.loads((run / "flight" / f"rank-{r:05d}.json").read_text())
+        assert doc["rank"] == r and doc["reason"].startswith("a collective failed")
+        last = doc["records"][-1]
+        assert (last["seq"], last["dim"], last["op"], last["state"]) == \
+            (7, "d", "all_reduce" if r == 0 else "all_gather", "failed")
+        assert [x["op"] for x in doc["records"][:6]] == ["all_reduce", "all_gather"] * 3
     check_clean(job)
 
 

@@ -63,7 +63,7 @@ def test_gate_adds_exactly_its_gemms(recompute):
 @pytest.mark.parametrize("recompute,keep", [(False, False), (True, False), (True, True)])
 def test_gate_adds_exactly_its_bytes_and_parameters(recompute, keep):
     plain, gated = _pair(recompute=recompute, keep_gathered=keep)
-    L, b = SIZES["layers"], 2
+    L, b, gb = SIZES["layers"], 2, 4          # bf16 weights and activations, fp32 gradients (Options.grad_reduce)
     for i, grid in enumerate(GRIDS):
         gx, gy, gz, gd = grid
         mprime = BATCH // MB * SIZES["seq"] // (gd * gz)
@@ -72,10 +72,10 @@ def test_gate_adds_exactly_its_bytes_and_parameters(recompute, keep):
         n_ag = n_fwd + int(not keep)
         gate = {"x": L * MB * n_fwd * v.fwd_ar * b * (gx > 1),        # forward AR over x (a normal layer)
                 "y": L * MB * v.bwd_ar * b * (gy > 1),                # input-gradient AR over y
-                "z": L * MB * ((n_ag + 1) * v.padded + v.bias_loc) * b * (gz > 1),   # AG_z, RS_z, bias AR_z
-                "d": L * (v.shard + v.bias_loc) * b * (gd > 1)}      # its gradients in the d buckets
+                "z": L * MB * (n_ag * v.padded * b + (v.padded + v.bias_loc) * gb) * (gz > 1),  # AG_z; RS_z, AR_z
+                "d": L * (v.shard + v.bias_loc) * gb * (gd > 1)}     # its gradients in the d buckets
         ledger = pm.collective_bytes(GATED, grid, BATCH // MB * SIZES["seq"], MB, b, keep_gathered=keep,
-                                     recompute=recompute, overlap_rs=True, overlap_dp=True)
+                                     recompute=recompute, overlap_rs=True, overlap_dp=True, grad_dtype_bytes=gb)
         for d in "xyzd":
             assert gated.step_bytes[d][i] - plain.step_bytes[d][i] == gate[d], (grid, d)
             assert gated.step_bytes[d][i] == sum(n for (dd, _), n in ledger.items() if dd == d), (grid, d)

@@ -14,6 +14,7 @@ from axgrid.grid import Grid
 from axgrid.launch.env import detect_launch
 from axgrid.models import MLPStack
 from axgrid.models.gpt import GPT, GPTConfig
+from axgrid.device import choose_device, of
 from axgrid.runtime import build_grid
 from axgrid.spec.layout import GridShape, RankLayout, all_shapes
 
@@ -83,7 +84,8 @@ def side_grid(spec: str, overlap: axgrid.OverlapConfig, timeout_s: float, record
     launch = replace(detect_launch(use_mpi=False), rank=dist.get_rank(), world_size=world, launcher="existing")
     cfg = axgrid.RuntimeConfig(timeout_s=timeout_s, overlap=overlap, seed=0, record_timing=record_timing,
                                trace=trace)
-    return build_grid(RankLayout(shape, "xyzd"), launch, dist.get_backend(), cfg, False, ["local"] * world, 0)
+    dev = of(choose_device(launch, dist.get_backend(), joining=True))
+    return build_grid(RankLayout(shape, "xyzd"), launch, dist.get_backend(), cfg, False, ["local"] * world, 0, dev)
 
 
 def candidate_grids(w: Workload, world: int) -> list[str]:
