@@ -7,7 +7,8 @@
     summary = metrics.close(final_loss=...)             # the "summary" row, on every rank
 
 Rows: a ``config`` row (the driver's ``config`` plus :meth:`StepMeter.info`), one ``step`` row per step
-(:mod:`.record`), a ``summary`` row (:func:`.record.summarize` plus what ``close`` is given). Drivers add the
+(:mod:`.record`), ``eval`` rows (:meth:`Metrics.evaluation`: held-out loss and perplexity), a ``summary`` row
+(:func:`.record.summarize` plus what ``close`` is given). Drivers add the
 options with :func:`add_arguments` and build with :meth:`Metrics.from_args`.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Metrics:
                               initial=initial, append=append)
         self.timing_skip = timing_skip
         self.rows: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
         self.log.write({"event": "config", **(config or {}), **self.meter.info()})
 
     @classmethod
@@ -58,6 +60,14 @@ class Metrics:
         """The step's row (collective: every rank calls it), written by rank 0."""
         row = self.meter.end(step, **extra)
         self.rows.append(row)
+        self.log.write(row)
+        return row
+
+    def evaluation(self, step: int, **values: Any) -> dict[str, Any]:
+        """An ``eval`` row (e.g. held-out loss and perplexity at ``step``: the steps done before it), written by
+        rank 0 and kept in :attr:`evals`; every rank calls it with the same values."""
+        row = {"event": "eval", "step": step, **values}
+        self.evals.append(row)
         self.log.write(row)
         return row
 

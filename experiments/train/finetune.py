@@ -9,13 +9,26 @@ the grid in fp32, each rank only its own parts (the built-in LLaMA-family plan: 
 attention on local heads, vocabulary-parallel head and loss). ``--recompute`` turns on the model's
 activation checkpointing of its decoder layers (``activation_checkpointing_enable``, non-reentrant).
 
-Data: ``--text-file`` (default: the shipped KJV selections) tokenized with the checkpoint's tokenizer when the
-folder has one (``AutoTokenizer``); otherwise byte-level (ids = UTF-8 bytes, which needs a vocabulary of at
-least 256), said in the log's ``config`` record and on stdout. Each step's global batch is ``--batch`` random
-windows of ``--seq + 1`` tokens drawn from ``(seed, step)`` (the same on every rank; each takes its slice), so a
-resumed run sees the same batches.
+Data, plain text: ``--text-file`` (default: the shipped KJV selections) tokenized with the checkpoint's tokenizer
+when the folder has one (``AutoTokenizer``); otherwise byte-level (ids = UTF-8 bytes, which needs a vocabulary of
+at least 256), said in the log's ``config`` record and on stdout. Each step's global batch is ``--batch`` random
+windows of ``--seq + 1`` tokens of the text before its held-out end, drawn from ``(seed, step)`` (the same on
+every rank; each takes its slice), so a resumed run sees the same batches.
 
-Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences in ``--microbatches``
+Data, conversations (instruction fine-tuning): ``--chat-file`` (JSON lines of ``{"messages": [...]}`` or
+``{"prompt", "response"}``; :mod:`axgrid.data.chat`), rendered with the checkpoint's chat template, packed
+(``--chat-layout pack``, default) or padded (``pad``) into rows of ``--seq + 1`` tokens; the loss covers the
+assistant's tokens only, normalised over the step's global count of them (with Goldfish, of those it keeps).
+A malformed line ends the run before the grid starts, naming the file, the line and what is wrong.
+
+Held-out evaluation: the last ``--heldout-frac`` of the text (of the conversations) is never trained on; at most
+``--heldout-rows`` rows of it are scored (:func:`axgrid.driver.heldout_loss`) before the first step and after the
+last: ``eval`` rows in the log (``heldout_loss``, ``heldout_ppl``) and ``heldout_loss_before/after``,
+``heldout_ppl_before/after`` in the summary. ``--sample-prompt TEXT`` also answers TEXT (a user turn, greedy,
+``axgrid.generate``, ``--sample-tokens``) before and after, into the summary and stdout.
+
+Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences in
+``--microbatches``
 accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
 with ``--dtype bf16`` (default on GPU), fp32 otherwise; AdamW (decay on matrices only), linear warm-up then
 cosine decay to ``--min-lr``, global gradient-norm clipping ``--clip``. Goldfish loss ``--goldfish-k K
@@ -38,6 +51,7 @@ writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -45,9 +59,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
-from axgrid.data import DEFAULT_TEXT, ByteTokenizer, TokenWindows, encode, load_tokenizer
+from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
+from axgrid.data.sources import ChatSource, TextSource
+from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
 from axgrid.driver import (RunCheckpoints, StepSettings, add_run_arguments, add_step_arguments, check_run_arguments,
-                           compute_dtype, parse_step_args, run_step)
+                           compute_dtype, heldout_loss, parse_step_args, run_step)
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
 from axgrid.spec import llama_flops
@@ -57,7 +73,15 @@ from axgrid.train import decay_groups
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="Hugging Face model folder (save_pretrained)")
-    p.add_argument("--text-file", default=str(DEFAULT_TEXT), help="UTF-8 text to fine-tune on")
+    p.add_argument("--text-file", default=None, help="UTF-8 text to fine-tune on (default: the shipped KJV text)")
+    p.add_argument("--chat-file", default=None, help="JSON lines of conversations: instruction fine-tuning")
+    p.add_argument("--chat-layout", choices=LAYOUTS, default="pack", help="conversations packed into rows, or one "
+                                                                          "per row padded")
+    p.add_argument("--heldout-frac", type=float, default=0.1, help="last fraction of the text or conversations held "
+                                                                   "out and scored before and after (0: none)")
+    p.add_argument("--heldout-rows", type=int, default=32, help="at most this many held-out rows are scored")
+    p.add_argument("--sample-prompt", default=None, help="answer this user turn before and after fine-tuning")
+    p.add_argument("--sample-tokens", type=int, default=48, help="tokens of the --sample-prompt answer")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
     p.add_argument("--steps", type=int, default=100)
     add_step_arguments(p)
@@ -71,7 +95,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """What a resumed run must share with the run that saved (not the grid, dtype or timeout: loading reshards)."""
-    return {"checkpoint": os.path.abspath(args.checkpoint), "text_file": os.path.abspath(args.text_file),
+    data = ({"chat_file": os.path.abspath(args.chat_file), "chat_layout": args.chat_layout} if args.chat_file
+            else {"text_file": os.path.abspath(args.text_file)})
+    return {"checkpoint": os.path.abspath(args.checkpoint), **data, "heldout_frac": args.heldout_frac,
             "seed": args.seed, "seq": args.seq, "steps": args.steps, "batch": args.batch,
             "microbatches": args.microbatches, "recompute": args.recompute,
             "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
@@ -80,30 +106,71 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Problems visible without the grid, raised identically on every rank before any collective."""
+    """Problems visible without the grid, raised identically on every rank before any collective (a chat file is
+    read and checked line by line here: ``args.conversations``)."""
     if not os.path.isdir(args.checkpoint):
         raise SystemExit(f"--checkpoint {args.checkpoint} is not a folder: pass a Hugging Face model folder written "
                          f"by save_pretrained")
-    if not os.path.isfile(args.text_file):
+    if args.chat_file and args.text_file:
+        raise SystemExit(f"--chat-file {args.chat_file} and --text-file {args.text_file}: pass one of them")
+    if args.text_file is None and args.chat_file is None:
+        args.text_file = str(DEFAULT_TEXT)
+    if args.text_file is not None and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass a UTF-8 text file")
+    if args.chat_file is not None and not os.path.isfile(args.chat_file):
+        raise SystemExit(f"--chat-file {args.chat_file} does not exist or is not a file: pass a JSON-lines file")
     if args.seq < 1:
         raise SystemExit(f"--seq {args.seq}: tokens per sequence must be >= 1")
+    if not 0 <= args.heldout_frac < 1 or args.heldout_rows < 1 or args.sample_tokens < 1:
+        raise SystemExit(f"--heldout-frac {args.heldout_frac}, --heldout-rows {args.heldout_rows}, --sample-tokens "
+                         f"{args.sample_tokens}: the fraction must be in [0, 1), the counts >= 1")
     check_run_arguments(args)
+    args.conversations = None
+    if args.chat_file:
+        try:
+            args.conversations = read_chat_file(args.chat_file)
+        except ChatFormatError as e:
+            raise SystemExit(f"--chat-file {e}") from None
 
 
-def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TokenWindows:
-    """The run's training windows (raises SystemExit, identically on every rank, when the text cannot be used)."""
+def data_of(args: argparse.Namespace, tokenizer: Optional[Any]) -> TextSource | ChatSource:
+    """The run's training batches and held-out rows (SystemExit, identically on every rank, when unusable)."""
+    try:
+        if args.chat_file:
+            check_chat_tokenizer(tokenizer, args.checkpoint)
+            chat = load_chat(args.chat_file, tokenizer, args.seq, args.chat_layout, args.heldout_frac, args.seed,
+                             conversations=args.conversations)
+            return ChatSource(chat, args.heldout_rows)
+        tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
+        return TextSource(tokens, args.seq, args.seed, args.heldout_frac, args.heldout_rows, args.text_file)
+    except ChatFormatError as e:
+        raise SystemExit(f"--chat-file {e}") from None
+    except ValueError as e:
+        raise SystemExit(f"--text-file {e}; use a longer text, a smaller --seq or another --heldout-frac") from None
+
+
+def check_vocab(args: argparse.Namespace, data: TextSource | ChatSource, tokenizer: Optional[Any], vocab: int) -> None:
+    """SystemExit (identically on every rank) when the data's ids do not fit the model's vocabulary."""
     if tokenizer is None and vocab < ByteTokenizer.vocab_size:
         raise SystemExit(f"--checkpoint {args.checkpoint} has no tokenizer and a vocabulary of {vocab} < 256, so the "
                          f"byte-level fallback cannot encode the text; save a tokenizer with the checkpoint")
-    tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
-    if int(tokens.max()) >= vocab:
-        raise SystemExit(f"--text-file {args.text_file} encodes to id {int(tokens.max())} >= the model's vocabulary "
-                         f"{vocab}: the tokenizer does not belong to this checkpoint")
-    try:
-        return TokenWindows(tokens, args.seq, args.seed, args.text_file)
-    except ValueError as e:
-        raise SystemExit(f"--text-file: {e}; use a longer text or a smaller --seq") from None
+    if data.max_id >= vocab:
+        source = f"--chat-file {args.chat_file}" if args.chat_file else f"--text-file {args.text_file}"
+        raise SystemExit(f"{source} encodes to id {data.max_id} >= the model's vocabulary {vocab}: the tokenizer "
+                         f"does not belong to this checkpoint")
+
+
+def answer(model: torch.nn.Module, grid: axgrid.Grid, tokenizer: Any, prompt: str, tokens: int) -> str:
+    """The greedy answer to the user turn ``prompt`` (after the chat template's generation prompt;
+    ``axgrid.generate``), up to the end-of-turn token."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = axgrid.generate(model, ids.to(grid.device), grid, tokens, eos_token_id=tokenizer.eos_token_id)
+    model.train(was_training)
+    return tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True).strip()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -124,41 +191,68 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     settings.check(grid)
     rank0 = grid.rank == 0
     tokenizer = load_tokenizer(args.checkpoint)
+    if args.sample_prompt is not None and (tokenizer is None or not getattr(tokenizer, "chat_template", None)):
+        raise SystemExit(f"--sample-prompt needs a checkpoint with a tokenizer and a chat template; "
+                         f"{args.checkpoint} has none")
+    data = data_of(args, tokenizer)
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
     mcfg = model.config
-    data = data_of(args, tokenizer, mcfg.vocab_size)
+    check_vocab(args, data, tokenizer, mcfg.vocab_size)
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, "text_tokens": int(data.tokens.numel()), "seq": args.seq, "batch": args.batch,
+              "tokenizer": tok_name, **data.info, "text_file": args.text_file, "chat_file": args.chat_file,
+              "chat_layout": args.chat_layout if args.chat_file else None, "seq": args.seq, "batch": args.batch,
               "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
+              "heldout_rows": 0 if data.heldout is None else int(data.heldout[0].shape[0]),
               "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}
     metrics = Metrics.from_args(grid, args, flops_per_step=flops, tokens_per_step=args.batch * args.seq, dtype=dtype,
                                 config=config, progress=None if args.no_progress else args.steps, initial=start,
                                 append=bool(args.resume))
     if rank0:
         print(f"finetune: {type(model).__name__} from {args.checkpoint} on grid {grid.shape} ({grid.world_size} "
-              f"ranks, {dtype}); tokenizer: {tok_name}; {data.tokens.numel():,} tokens of text; batch {args.batch} x "
-              f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
+              f"ranks, {dtype}); tokenizer: {tok_name}; {data.describe}; batch {args.batch} x {args.seq} in "
+              f"{args.microbatches} micro-batch(es)", flush=True)
+    extra: dict[str, Any] = {}
+
+    def evaluate(when: str, step: int) -> None:
+        """Held-out loss and perplexity (and the sample answer) ``before`` or ``after``, into the log and summary."""
+        if data.heldout is not None:
+            loss = heldout_loss(model, grid, *data.heldout, rows_per_pass=args.batch // args.microbatches)
+            metrics.evaluation(step, when=when, heldout_loss=loss, heldout_ppl=math.exp(loss))
+            extra.update({f"heldout_loss_{when}": loss, f"heldout_ppl_{when}": math.exp(loss)})
+        if args.sample_prompt is not None:
+            extra[f"answer_{when}"] = answer(model, grid, tokenizer, args.sample_prompt, args.sample_tokens)
+        if rank0 and (data.heldout is not None or args.sample_prompt is not None):
+            held = (f"held-out loss {extra[f'heldout_loss_{when}']:.4f}, perplexity {extra[f'heldout_ppl_{when}']:.2f}"
+                    if data.heldout is not None else "")
+            said = f"; answer: {extra[f'answer_{when}']!r}" if args.sample_prompt is not None else ""
+            print(f"finetune: {when} step {step}: {held}{said}", flush=True)
+
+    evaluate("before", start)
     for step in range(start, args.steps):
-        inputs, targets = data.batch(step, args.batch)
-        run_step(model, opt, grid, settings, step, inputs, targets, metrics)
+        inputs, targets, mask = data.batch(step, args.batch)
+        run_step(model, opt, grid, settings, step, inputs, targets, metrics, loss_mask=mask)
         if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps):
             break
     ckpt.close()
+    if not ckpt.stopped:
+        evaluate("after", args.steps)
     exported = args.export if (args.export and not ckpt.stopped) else None
     if exported:
         axgrid.export_pretrained(model, args.export, grid, tokenizer=tokenizer)
     losses = [r["loss"] for r in metrics.rows]
-    summary = metrics.close(start_step=start, losses=losses, exported=exported)
+    summary = metrics.close(start_step=start, losses=losses, exported=exported, **extra)
     if rank0 and losses:
-        print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps; {summary['step_s']:.3f} "
-              f"s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} TFLOP/s per device"
-              + (f"; exported to {args.export}" if summary["exported"] else ""), flush=True)
+        held = (f"; held-out perplexity {summary['heldout_ppl_before']:.2f} -> {summary['heldout_ppl_after']:.2f}"
+                if "heldout_ppl_after" in summary else "")
+        print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps{held}; "
+              f"{summary['step_s']:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} "
+              f"TFLOP/s per device" + (f"; exported to {args.export}" if summary["exported"] else ""), flush=True)
     return summary
 
 

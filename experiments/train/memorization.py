@@ -41,8 +41,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
-from axgrid.data import DEFAULT_TEXT, TokenWindows, encode, load_tokenizer
-from axgrid.driver import StepSettings, add_step_arguments, compute_dtype, parse_step_args, run_step
+from axgrid.data import DEFAULT_TEXT, TokenWindows, encode, load_tokenizer, spaced_windows
+from axgrid.driver import StepSettings, add_step_arguments, compute_dtype, heldout_loss, parse_step_args, run_step
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
 from axgrid.models import GPT, GPTConfig
@@ -89,10 +89,7 @@ class StudyText:
 
     def heldout_windows(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``count`` evenly spaced windows of the held-out text (fixed: the same for every run and evaluation)."""
-        seq = self.passages.shape[1] - 1
-        starts = torch.linspace(0, self.heldout.numel() - seq - 1, count).long().tolist()
-        win = torch.stack([self.heldout[s: s + seq + 1] for s in starts])
-        return win[:, :-1], win[:, 1:]
+        return spaced_windows(self.heldout, self.passages.shape[1] - 1, count)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -102,17 +99,6 @@ def continuations(model: torch.nn.Module, grid: axgrid.Grid, prompts: torch.Tens
     """The greedy continuations ``[N, length]`` of ``prompts [N, P]`` (``axgrid.generate``)."""
     out = axgrid.generate(model, prompts.to(grid.device), grid, length)
     return out[:, prompts.shape[1]:].cpu()
-
-
-@torch.no_grad()
-def heldout_loss(model: torch.nn.Module, grid: axgrid.Grid, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """Mean cross entropy per token on ``inputs/targets [H, S]`` (H split over d; standard loss, no mask)."""
-    gd, d = grid.size("d"), grid.coord.d
-    per = inputs.shape[0] // gd
-    rows = slice(d * per, (d + 1) * per)
-    loss = causal_lm_loss(model, inputs[rows].to(grid.device), targets[rows].to(grid.device), None,
-                          inputs[: per * gd].numel() / gd)
-    return float(grid.comm.all_reduce(loss.detach().float().reshape(1), "d", average=True)[0])
 
 
 def evaluate(model: torch.nn.Module, grid: axgrid.Grid, text: StudyText, heldout: tuple[torch.Tensor, torch.Tensor]
