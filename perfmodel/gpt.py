@@ -16,7 +16,8 @@ loss (forward)              AR_z of one number; only when Gz > 1
 ==========================  =====================================================================================
 
 Per step, the data-parallel mean over d reduces every trainable parameter (``model.parameters()`` order: token
-table, position table, per block ln1 w/b, QKV w/b, out w/b, ln2 w/b, up w/b, down w/b; ln_f w/b; head weight) in
+table, position table, per block its modules' (``TransformerSpec.block_modules``: ln1 w/b, QKV w/b, out w/b,
+ln2 w/b, up w/b, down w/b); ln_f w/b; head weight) in
 buckets, in the gradient dtype. With ODP the buckets are filled in the order gradients become final during the
 last micro-batch's backward: immediately (autograd's post-accumulate hook) for gradients returned to autograd,
 and for gradients posted to the ORS pipeline (every FC weight and bias with ORS on; layer norms and embeddings
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from axgrid.spec import BLOCK_MODULES, DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, ceil_div
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, ceil_div
 
 from .comm import dp_buckets, layer_volumes
 from .errors import PerfModelError
@@ -53,15 +54,16 @@ def gpt_parameters(spec: TransformerSpec, grid: tuple[int, int, int, int]) -> li
     gx, gy, gz, _ = (int(v) for v in grid)
     hx = ceil_div(spec.hidden, gx)
     out = [GPTParam("wte", spec.vocab * hx, "emb"), GPTParam("wpe", spec.seq * hx, "emb")]
-    fc = {L.name: layer_volumes(L, gx, gy, gz, 1) for L in spec.block_layers()}
+    fc = {L.name: L for L in spec.block_layers()}
+    vol = {name: layer_volumes(L, gx, gy, gz, 1) for name, L in fc.items()}
     for i in range(spec.layers):
-        for name in BLOCK_MODULES:
+        for name in spec.block_modules():
             if name not in fc:                            # a layer norm
                 out += [GPTParam(f"b{i}.{name}.w", hx, "ln"), GPTParam(f"b{i}.{name}.b", hx, "ln")]
                 continue
-            out.append(GPTParam(f"b{i}.{name}.w", int(fc[name].shard), "fc_w"))
-            if spec.bias:
-                out.append(GPTParam(f"b{i}.{name}.b", int(fc[name].bias_loc), "fc_b"))
+            out.append(GPTParam(f"b{i}.{name}.w", int(vol[name].shard), "fc_w"))
+            if fc[name].bias:
+                out.append(GPTParam(f"b{i}.{name}.b", int(vol[name].bias_loc), "fc_b"))
     out += [GPTParam("ln_f.w", hx, "ln"), GPTParam("ln_f.b", hx, "ln")]
     out.append(GPTParam("head.w", int(layer_volumes(spec.head_layer(), gx, gy, gz, 1).shard), "fc_w"))
     return out
@@ -78,8 +80,10 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
     size = {"x": gx, "y": gy, "z": gz, "d": gd}
     b, gb = dtype_bytes, grad_dtype_bytes or dtype_bytes
     hx = ceil_div(spec.hidden, gx)
-    blk = {L.name: layer_volumes(L, gx, gy, gz, mprime) for L in spec.block_layers()}
+    fc = {L.name: L for L in spec.block_layers()}
+    blk = {name: layer_volumes(L, gx, gy, gz, mprime) for name, L in fc.items()}
     head = layer_volumes(spec.head_layer(), gx, gy, gz, mprime)
+    modules = spec.block_modules()
     ev: list[tuple[str, str, int]] = []
     ready: list[str] = []
     inflight: list[tuple[str, ...]] = []
@@ -134,7 +138,7 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
             ready.append(key)
 
     def block_fwd() -> None:
-        for name in BLOCK_MODULES:
+        for name in modules:
             if name in blk:
                 fc_fwd(blk[name])
             else:
@@ -156,9 +160,9 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
         for i in reversed(range(spec.layers)):
             if recompute:
                 block_fwd()
-            for name in reversed(BLOCK_MODULES):
+            for name in reversed(modules):
                 if name in blk:
-                    fc_bwd(f"b{i}.{name}", blk[name], spec.bias)
+                    fc_bwd(f"b{i}.{name}", blk[name], fc[name].bias)
                 else:
                     ln_bwd(f"b{i}.{name}")
         emb_bwd("wpe", spec.seq)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from axgrid.spec import ceil_div
+from axgrid.spec import FCLayer, ceil_div
 
 from .comm import layer_volumes
 from .errors import PerfModelError
@@ -119,9 +119,12 @@ def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
 
 
 def parameter_tensors(spec: TransformerSpec) -> int:
-    """Parameter tensors on every rank (each has a 0-d AdamW ``step``): tables 2, per block 2 layer norms × 2 +
-    4 weights (+ 4 biases), final layer norm 2, head 1."""
-    return 2 + spec.layers * (8 + (4 if spec.bias else 0)) + 3
+    """Parameter tensors on every rank (each has a 0-d AdamW ``step``): tables 2; per block and for the head, each
+    FC layer's weight (+ bias) and its layer norm's weight and bias (a block: 2 layer norms × 2 + 4 weights
+    (+ 4 biases); the head: ``ln_f`` 2 + weight 1)."""
+    def tensors(layers: list[FCLayer]) -> int:
+        return sum(2 * bool(layer.norm) + 1 + int(layer.bias) for layer in layers)
+    return 2 + spec.layers * tensors(spec.block_layers()) + tensors([spec.head_layer()])
 
 
 def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
@@ -131,7 +134,7 @@ def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
     head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
     hx = ceil_div(h, gx)
     shard = L * sum(v.shard for v in vols) + head.shard
-    small = L * sum(v.bias_loc for v in vols) + (2 * L + 1) * 2 * hx + (V + S) * hx
+    small = L * sum(v.bias_loc for v in vols) + spec.layer_norms() * 2 * hx + (V + S) * hx
     return (shard + small).astype(float)
 
 

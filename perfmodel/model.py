@@ -1,18 +1,8 @@
 """The performance model: time, memory and feasibility of N grid configurations at once (numpy arrays [N]).
 
-Time per batch = microbatches × (forward + backward) + exposed data-parallel all-reduce.
-Forward of layer j: GEMM (+ attention after QKV); AG_z(j) is hidden under layer j−1's forward when OAG is on
-(the first layer's is exposed); the output all-reduce is blocking. Backward (reverse order): AG_z again unless
-keep_gathered (blocking); with recompute the whole block's forward (its AG_z, prefetched in order with OAG, and
-its output all-reduces) is redone before MLP-down's backward; the input-gradient all-reduce hides under the dW
-GEMM when OAR is on; RS_z(j) hides under the rest of the backward compute of the next layer processed when ORS is
-on (the last one is exposed); the bias AR_z is blocking. Each window of compute hides at most one collective, so
-the model is monotone: more bandwidth or more FLOP/s never predicts a slower step.
-The GPT's other collectives (``perfmodel.gpt``: layer-norm statistics AR_x and gradient AR_z, the embedding
-tables' gradient AR_z, the vocabulary-parallel cross entropy's AG_y and AR_y, the loss AR_z; all fp32) are priced
-per call, as blocking; with ORS the layer norms' AR_z (one call each for weight and bias, as the runtime posts it)
-join the reduce-scatter of the layer before them in the ORS chain and hide under the same window, while the
-embeddings' AR_z, posted last in the backward, stay exposed.
+Time per batch = microbatches × (forward + backward) + exposed data-parallel all-reduce. One micro-batch's
+forward and backward, a loop over the spec's FC layers with their collectives and overlap chains, and the GPT's
+other collectives: ``perfmodel.microbatch``.
 AR_d (once per step) is priced per bucket, as the runtime posts it: every parameter's gradient (embedding tables,
 layer norms, FC weight shards and biases) is packed into buckets of ``Options.bucket_bytes`` exactly as
 ``axgrid.sync_gradients`` packs them (``model.parameters()`` order), or with ODP as ``GradientPipeline`` does (in
@@ -34,15 +24,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from axgrid.spec import ceil_div
+from axgrid.spec import FCVolumes, ceil_div
 
-from .comm import DIMS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
-from .compute import elementwise_bytes, gemm_rate, gemm_time, memory_time
+from .comm import DIMS
+from .compute import elementwise_bytes, memory_time
 from .gpt import STAT_BYTES, gpt_parameters, gpt_step
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
+from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
+                         side_costs)
 from .space import Grids, describe, divisibility
-from .spec import Problem, model_flops
+from .spec import Options, Problem, TransformerSpec, model_flops
 
 
 @dataclass
@@ -75,15 +67,13 @@ class Evaluation:
         return 100.0 * self.tflops_per_gpu * 1e12 / self.peak
 
 
-def _pos(a):
-    return np.maximum(a, 0.0)
+# ---------------------------------------------------------------- data parallel, element-wise, bytes, feasibility
 
 
-def _grad_sizes(spec, V, hx, grad_bytes: int) -> dict[str, np.ndarray]:
-    """Bytes of each gradient tensor per grid (arrays [N]), by parameter key (see ``perfmodel.gpt``); ``V``: the
-    volumes of the block's FC layers and the head, in that order."""
-    n = len(V[0].shard)
-    names = [layer.name for layer in spec.block_layers() + [spec.head_layer()]]
+def _grad_sizes(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, grad_bytes: int) -> dict[str, np.ndarray]:
+    """Bytes of each gradient tensor per grid (arrays [N]), by parameter key (see ``perfmodel.gpt``); ``vols``: the
+    volumes of the block's FC layers and the head, by layer name; ``hx``: h/Gx [N]."""
+    n = len(hx)
     out: dict[str, np.ndarray] = {}
     for p in gpt_parameters(spec, (1, 1, 1, 1)):
         if p.kind == "emb":
@@ -93,7 +83,7 @@ def _grad_sizes(spec, V, hx, grad_bytes: int) -> dict[str, np.ndarray]:
             out[p.key] = hx * grad_bytes
         else:
             layer, part = p.key.split(".")[-2:]
-            v = V[names.index(layer)]
+            v = vols[layer]
             out[p.key] = (v.shard if part == "w" else v.bias_loc) * grad_bytes
     return {k: np.broadcast_to(np.asarray(a, dtype=np.int64), (n,)) for k, a in out.items()}
 
@@ -124,12 +114,13 @@ def _pack(sizes: list[np.ndarray], bucket_bytes: int, overlap_dp: bool) -> tuple
     return n, total.astype(float), last.astype(float)
 
 
-def _dp_buckets(spec, V, hx, gz, b: int, opt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _dp_buckets(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, gz, b: int,
+                opt: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(buckets, total bytes, bytes of the last bucket posted) of the data-parallel gradient all-reduce per grid,
     vectorised over grids: every parameter of the GPT (embeddings, layer norms, FC weight shards and biases)
     packed as ``comm.dp_buckets`` packs them, in ``model.parameters()`` order, or with ODP in the order the
     gradients become final (``gpt.gpt_step``; with ORS that order depends on whether Gz > 1)."""
-    size = _grad_sizes(spec, V, hx, b)
+    size = _grad_sizes(spec, vols, hx, b)
     if not opt.overlap_dp:
         return _pack([size[p.key] for p in gpt_parameters(spec, (1, 1, 1, 1))], opt.bucket_bytes, False)
     if opt.overlap_rs:          # with ORS the layer norms and embeddings join the pipeline only when Gz > 1
@@ -185,173 +176,66 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
     return chosen, valid
 
 
-def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_split=1,
-             microbatches: np.ndarray | None = None, memory_layout: str = "axgrid") -> Evaluation:
-    """Model every configuration in ``grids`` for ``prob`` on ``machine``. For pipeline stages
-    (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change the activation
-    memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``), ``seq_split`` also the
-    element-wise kernels' stream width, and ``microbatches`` fixes each grid's micro-batch count;
-    ``memory_layout``: "axgrid" (the runtime's) or "megatron" (``memory.memory_per_gpu``)."""
-    spec, opt, dt = prob.model, prob.options, prob.dtype
-    b = prob.dtype_bytes
-    g = grids
-    L, h, S = spec.layers, spec.hidden, spec.seq
-    mb, mb_valid = _choose_microbatches(prob, machine, g, inflight, seq_split, microbatches, memory_layout)
-    mprime = (prob.batch // mb) * S / (g.gd * g.gz)  # float tokens per GPU per micro-batch
-    mp_int = np.maximum(np.floor(mprime), 1).astype(np.int64)
-
-    geo = dim_strides(g.gx, g.gy, g.gz, g.gd, opt.order)
-    ab = {dim: ring_alpha_beta(p, s, machine) for dim, (p, s) in geo.items()}
-
-    def cost(op: str, dim: str, nbytes):
-        a, be, _ = ab[dim]
-        return ring_time(op, geo[dim][0], nbytes, a, be)
-
-    # per layer type (QKV, out, up, down, head) collective and GEMM times per micro-batch
-    layers = spec.block_layers() + [spec.head_layer()]
-    reps = [L, L, L, L, 1]
-    V = [layer_volumes(layer, g.gx, g.gy, g.gz, mp_int) for layer in layers]
-    F = [gemm_time(mprime, v.n_loc, v.k_loc, machine, dt) for v in V]
-    DX = [gemm_time(mprime, v.k_loc, v.n_loc, machine, dt) for v in V]
-    DW = [gemm_time(v.n_loc, v.k_loc, mprime, machine, dt) for v in V]
-    dh = h // spec.heads
-    att = 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, dh, machine, dt)  # forward attention, replicated over x
-    AG = [cost("all_gather", "z", v.padded * b) for v in V]
-    RS = [cost("reduce_scatter", "z", v.padded * b) for v in V]
-    ARF = [cost("all_reduce", v.fwd_ar_dim, v.fwd_ar * b) for v in V]
-    ARB = [cost("all_reduce", v.bwd_ar_dim, v.bwd_ar * b) for v in V]
-    BZ = [cost("all_reduce", "z", v.bias_loc * b) for v in V]
-    q, o, u, dn, hd = range(5)
-    # the GPT's other collectives per micro-batch (fp32, blocking; see perfmodel.gpt): layer norms, embeddings,
-    # vocabulary-parallel cross entropy, loss
-    hx = ceil_div(h, g.gx)
-    n_ln = 2 * L + 1
-    ln_fwd = 2 * cost("all_reduce", "x", mp_int * STAT_BYTES)                  # per layer norm (mean, variance)
-    ln_bwd_x = cost("all_reduce", "x", 2 * mp_int * STAT_BYTES)
-    ln_bwd_z = cost("all_reduce", "z", 2 * hx * STAT_BYTES)                   # weight and bias in one call
-    emb_z = cost("all_reduce", "z", S * hx * STAT_BYTES) + cost("all_reduce", "z", spec.vocab * hx * STAT_BYTES)
-    ce_y = (cost("all_gather", "y", g.gy * mp_int * STAT_BYTES) + cost("all_reduce", "y", 2 * mp_int * STAT_BYTES))
-    loss_z = cost("all_reduce", "z", np.full(len(g), STAT_BYTES))
-
-    zeros = np.zeros(len(g))
-    exposed = {d: zeros.copy() for d in DIMS}
-    raw = {d: zeros.copy() for d in DIMS}
-
-    # ---- forward
-    f_win = [F[q] + att, F[o], F[u], F[dn], F[hd]]
-    compute_fwd = sum(r * w for r, w in zip(reps, f_win))
-    if opt.overlap_ag:
-        ag_fwd = ((L - 1) * _pos(AG[q] - f_win[dn]) + AG[q] + L * _pos(AG[o] - f_win[q])
-                  + L * _pos(AG[u] - f_win[o]) + L * _pos(AG[dn] - f_win[u]) + _pos(AG[hd] - f_win[dn]))
-    else:
-        ag_fwd = sum(r * a for r, a in zip(reps, AG))
-    exposed["z"] += ag_fwd
-    raw["z"] += sum(r * a for r, a in zip(reps, AG))
-    for i, layer_v in enumerate(V):
-        t = reps[i] * ARF[i] * (2 if (opt.recompute and layers[i].recompute) else 1)
-        exposed[layer_v.fwd_ar_dim] += t
-        raw[layer_v.fwd_ar_dim] += t
-    side = {"x": (n_ln + (2 * L if opt.recompute else 0)) * ln_fwd + n_ln * ln_bwd_x,
-            "y": ce_y, "z": emb_z + loss_z + (0.0 if opt.overlap_rs else n_ln * ln_bwd_z)}
-    for d, t in side.items():
-        exposed[d] += t
-        raw[d] += t
-
-    # ---- backward
-    recomp = (F[q] + att + F[o] + F[u] + F[dn]) if opt.recompute else zeros
-    r_win = [DX[q] + 2 * att, DX[o], DX[u], DX[dn] + recomp, DX[hd]]
-    compute_bwd = sum(r * (w + dw) for r, w, dw in zip(reps, r_win, DW))
-    if not opt.keep_gathered:
-        t = sum(r * a for r, a in zip(reps, AG))
-        exposed["z"] += t
-        raw["z"] += t
-    slack = zeros.copy()
-    rw = list(r_win)    # the backward windows that hide ORS's reduce-scatters
-    if opt.recompute:   # the recompute forward gathers each block's weights again
-        ag_rec = sum(L * a for a in AG[:4])
-        raw["z"] += ag_rec
-        if opt.overlap_ag:
-            # prefetched in order: each recompute GEMM window hides the next layer's gather (the last block's
-            # first gather is exposed); those windows then hide no reduce-scatter (one collective per window)
-            exposed["z"] += (AG[q] + (L - 1) * _pos(AG[q] - f_win[dn]) + L * _pos(AG[o] - f_win[q])
-                             + L * _pos(AG[u] - f_win[o]) + L * _pos(AG[dn] - f_win[u]))
-            slack += (f_win[dn] + (L - 1) * _pos(f_win[dn] - AG[q]) + L * _pos(f_win[q] - AG[o])
-                      + L * _pos(f_win[o] - AG[u]) + L * _pos(f_win[u] - AG[dn]))
-            rw[dn] = DX[dn]
-        else:
-            exposed["z"] += ag_rec
-    for i, layer_v in enumerate(V):
-        arb = ARB[i]
-        raw[layer_v.bwd_ar_dim] += reps[i] * arb
-        if opt.overlap_ar:
-            exposed[layer_v.bwd_ar_dim] += reps[i] * _pos(arb - DW[i])
-            slack += reps[i] * _pos(DW[i] - arb)
-        else:
-            exposed[layer_v.bwd_ar_dim] += reps[i] * arb
-            slack += reps[i] * DW[i]
-        exposed["z"] += reps[i] * BZ[i]
-        raw["z"] += reps[i] * (BZ[i] + RS[i])
-    if opt.overlap_rs:
-        # RS(j) hides under the rest-window of the next layer processed: head→down, down→up, up→out, out→qkv,
-        # qkv(block b)→down(block b−1); block 0's QKV has nothing left to hide under.
-        # the layer norms' z all-reduces go through the same pipeline, right after the layer before them in the
-        # backward (head -> ln_f, up -> ln2, qkv -> ln1), and hide under the same window
-        rs = list(RS)
-        rs[hd], rs[u], rs[q] = RS[hd] + ln_bwd_z, RS[u] + ln_bwd_z, RS[q] + ln_bwd_z
-        raw["z"] += n_ln * ln_bwd_z
-        exposed["z"] += (_pos(rs[hd] - rw[dn]) + L * _pos(rs[dn] - rw[u]) + L * _pos(rs[u] - rw[o])
-                         + L * _pos(rs[o] - rw[q]) + (L - 1) * _pos(rs[q] - rw[dn]) + rs[q])
-        slack += (rw[hd] + _pos(rw[dn] - rs[hd]) + (L - 1) * _pos(rw[dn] - rs[q])
-                  + L * _pos(rw[u] - rs[dn]) + L * _pos(rw[o] - rs[u]) + L * _pos(rw[q] - rs[o]))
-    else:
-        exposed["z"] += sum(r * a for r, a in zip(reps, RS))
-        slack += sum(r * w for r, w in zip(reps, rw))
-
-    # ---- data parallel, once per step, one all-reduce per gradient bucket
-    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, V, hx, g.gz, b, opt)
-    a_d, be_d, _ = ab["d"]
-    p_d = geo["d"][0].astype(float)
+def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray, g: Grids, dtype_bytes: int,
+                   opt: Options, rings: Rings, slack: np.ndarray, comm: CommTally) -> tuple[np.ndarray, np.ndarray]:
+    """(buckets, bytes) [N] of the data-parallel gradient all-reduce, once per step; adds its seconds to ``comm``
+    (dimension d): one ring all-reduce per bucket, with ODP hidden under the last micro-batch's backward
+    ``slack`` [N] except the last bucket."""
+    vols = {c.layer.name: c.vol for c in costs}
+    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, vols, hx, g.gz, dtype_bytes, opt)
+    a_d, be_d, _ = rings.ab["d"]
+    p_d = rings.geo["d"][0].astype(float)
     ring = 2.0 * (p_d - 1)
     ard = np.where(d_bytes > 0, ring / np.maximum(p_d, 1) * d_bytes / be_d + ring * a_d * n_buckets, 0.0)
-    raw["d"] += ard
     if opt.overlap_dp:
         t_last = np.where(last_bucket > 0, ring / np.maximum(p_d, 1) * last_bucket / be_d + ring * a_d, 0.0)
-        exposed["d"] += np.maximum(t_last, ard - slack)
+        comm.add("d", np.maximum(t_last, ard - slack), ard)
     else:
-        exposed["d"] += ard
+        comm.add("d", ard, ard)
+    return n_buckets, d_bytes
 
-    # ---- element-wise kernels per micro-batch (HBM-bound; compute.elementwise_bytes)
-    ew_stream, ew_scores = elementwise_bytes(mprime, hx / np.asarray(seq_split, float), 4 * h / g.gy,
-                                             spec.heads / g.gy, S, b, opt.dropout, opt.fused_attention)
-    ew_fwd_scores = memory_time(ew_scores, machine)
-    elementwise = L * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + ew_fwd_scores)
 
-    compute = mb * (compute_fwd + compute_bwd + elementwise)
-    for d in ("x", "y", "z"):
-        exposed[d] = exposed[d] * mb
-        raw[d] = raw[d] * mb
-    time = compute + sum(exposed.values())
+def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.ndarray, seq_split, dtype_bytes: int,
+                 opt: Options, machine: Machine) -> tuple[np.ndarray, np.ndarray]:
+    """(all blocks' element-wise kernels, one block's forward attention-score kernels) [N], seconds per
+    micro-batch, moving ``compute.elementwise_bytes`` through HBM: 3× a block's forward bytes (4× with recompute)."""
+    ew_stream, ew_scores = elementwise_bytes(mprime, hx / np.asarray(seq_split, float), 4 * spec.hidden / g.gy,
+                                             spec.heads / g.gy, spec.seq, dtype_bytes, opt.dropout,
+                                             opt.fused_attention)
+    scores_fwd = memory_time(ew_scores, machine)
+    return spec.layers * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + scores_fwd), scores_fwd
 
-    # bytes per dimension per step (the ledger's totals)
-    step_bytes = {d: zeros.copy() for d in DIMS}
+
+def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
+                hx: np.ndarray, d_bytes: np.ndarray, dtype_bytes: int, opt: Options) -> dict[str, np.ndarray]:
+    """Bytes per grid dimension per step [N], as the runtime's ledger counts them (a dimension of size 1 posts
+    nothing): each FC layer's collectives, the GPT's fp32 side collectives, the data-parallel buckets."""
+    b = dtype_bytes
+    step_bytes = {d: np.zeros(len(g)) for d in DIMS}
     size = {"x": g.gx, "y": g.gy, "z": g.gz, "d": g.gd}
     on = {d: (size[d] > 1).astype(float) for d in DIMS}
-    for i, v in enumerate(V):
-        n_fwd = 1 + int(opt.recompute and layers[i].recompute)
-        step_bytes[v.fwd_ar_dim] += reps[i] * mb * n_fwd * v.fwd_ar * b * on[v.fwd_ar_dim]
-        step_bytes[v.bwd_ar_dim] += reps[i] * mb * v.bwd_ar * b * on[v.bwd_ar_dim]
+    for c in costs:
+        v = c.vol
+        n_fwd = 1 + int(opt.recompute and c.layer.recompute)
+        step_bytes[v.fwd_ar_dim] += c.reps * mb * n_fwd * v.fwd_ar * b * on[v.fwd_ar_dim]
+        step_bytes[v.bwd_ar_dim] += c.reps * mb * v.bwd_ar * b * on[v.bwd_ar_dim]
         n_ag = n_fwd + int(not opt.keep_gathered)
-        step_bytes["z"] += reps[i] * mb * ((n_ag + 1) * v.padded + v.bias_loc) * b * on["z"]
-    n_ln_fwd = n_ln + (2 * L if opt.recompute else 0)
+        step_bytes["z"] += c.reps * mb * ((n_ag + 1) * v.padded + v.bias_loc) * b * on["z"]
+    n_ln = spec.layer_norms()
+    n_ln_fwd = n_ln + (spec.layers * spec.block_norms() if opt.recompute else 0)
     step_bytes["x"] += mb * (2 * n_ln_fwd + 2 * n_ln) * mp_int * STAT_BYTES * on["x"]
     step_bytes["y"] += mb * (g.gy + 2) * mp_int * STAT_BYTES * on["y"]
-    step_bytes["z"] += mb * (n_ln * 2 * hx + (S + spec.vocab) * hx + 1) * STAT_BYTES * on["z"]
+    step_bytes["z"] += mb * (n_ln * 2 * hx + (spec.seq + spec.vocab) * hx + 1) * STAT_BYTES * on["z"]
     step_bytes["d"] += d_bytes * on["d"]
+    return step_bytes
 
-    # ---- feasibility
-    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, dt == "fp32", opt, inflight, seq_split,
-                         memory_layout)
-    limit = opt.memory_usable * machine.memory_bytes
+
+def _infeasibility(prob: Problem, g: Grids, mem: Memory, limit: float, mb: np.ndarray,
+                   mb_valid: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """(infeasible [N], reasons): a grid is infeasible when a size does not divide (``space.divisibility``), no
+    micro-batch count splits the batch, or its memory exceeds ``limit`` bytes; its reason names the sizes that do
+    not divide, else the micro-batch split, else the memory ("" for a feasible grid)."""
+    spec, opt = prob.model, prob.options
     bad = divisibility(spec, prob.batch, g, opt.microbatches)
     bad["microbatches"] = ~mb_valid
     over = mem.total > limit
@@ -370,11 +254,49 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
             why.append(f"memory {mem.total[i] / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable "
                        f"(with {int(mb[i])} micro-batches)")
         reasons[i] = "; ".join(why)
+    return infeasible, reasons
+
+
+def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_split=1,
+             microbatches: np.ndarray | None = None, memory_layout: str = "axgrid") -> Evaluation:
+    """Model every configuration in ``grids`` for ``prob`` on ``machine``. For pipeline stages
+    (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change the activation
+    memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``), ``seq_split`` also the
+    element-wise kernels' stream width, and ``microbatches`` fixes each grid's micro-batch count;
+    ``memory_layout``: "axgrid" (the runtime's) or "megatron" (``memory.memory_per_gpu``)."""
+    spec, opt, g, b = prob.model, prob.options, grids, prob.dtype_bytes
+    mb, mb_valid = _choose_microbatches(prob, machine, g, inflight, seq_split, microbatches, memory_layout)
+    mprime = (prob.batch // mb) * spec.seq / (g.gd * g.gz)  # float tokens per GPU per micro-batch
+    mp_int = np.maximum(np.floor(mprime), 1).astype(np.int64)
+    hx = ceil_div(spec.hidden, g.gx)
+    rings = Rings.of(g, opt.order, machine)
+    att = attention_time(spec, g, mprime, machine, prob.dtype)
+    costs = layer_costs(spec, g, mprime, mp_int, b, machine, prob.dtype, rings, att)
+    side = side_costs(spec, g, mp_int, hx, rings)
+
+    comm = CommTally.zeros(len(g))      # x, y, z per micro-batch (times mb below), d per step
+    compute_fwd = forward(costs, spec.layers, opt, comm)
+    add_side(spec, side, opt, comm)
+    compute_bwd, slack = backward(spec, costs, side, opt, comm)
+    n_buckets, d_bytes = _data_parallel(spec, costs, hx, g, b, opt, rings, slack, comm)
+    elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
+    compute = mb * (compute_fwd + compute_bwd + elementwise)
+    exposed, raw = comm.exposed, comm.raw
+    for d in ("x", "y", "z"):
+        exposed[d] = exposed[d] * mb
+        raw[d] = raw[d] * mb
+    time = compute + sum(exposed.values())
+
+    mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, prob.dtype == "fp32", opt, inflight, seq_split,
+                         memory_layout)
+    limit = opt.memory_usable * machine.memory_bytes
+    infeasible, reasons = _infeasibility(prob, g, mem, limit, mb, mb_valid)
     return Evaluation(
         grids=g, feasible=~infeasible, reasons=reasons, microbatches=mb, time=np.where(infeasible, np.inf, time),
-        compute=compute, exposed=exposed, raw=raw, step_bytes=step_bytes, memory=mem, memory_limit=limit,
-        flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(dt),
-        extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd, "attention": mb * 3 * L * att,
-               "elementwise": mb * elementwise, "scores_fwd": mb * L * ew_fwd_scores,
-               "dp_buckets": np.where(g.gd > 1, n_buckets, 0)},
+        compute=compute, exposed=exposed, raw=raw,
+        step_bytes=_step_bytes(spec, costs, g, mb, mp_int, hx, d_bytes, b, opt), memory=mem, memory_limit=limit,
+        flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(prob.dtype),
+        extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd,
+               "attention": mb * 3 * spec.layers * att, "elementwise": mb * elementwise,
+               "scores_fwd": mb * spec.layers * scores_fwd, "dp_buckets": np.where(g.gd > 1, n_buckets, 0)},
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from axgrid.spec import (DEFAULT_BUCKET_BYTES, GPT2_PADDED_VOCAB, NAMED_SIZES, FCLayer, block_layers,
+from axgrid.spec import (DEFAULT_BUCKET_BYTES, GPT2_PADDED_VOCAB, NAMED_SIZES, FCLayer, block_layers, block_modules,
                          gpt_flops_per_iteration, gpt_parameters, head_layer, model_layers, named_size)
 
 from .errors import PerfModelError
@@ -17,8 +17,12 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 @dataclass(frozen=True)
 class TransformerSpec:
-    """A GPT-style decoder: ``layers`` blocks of 4 FC layers (QKV, attention-out, MLP-up, MLP-down) + an LM head,
-    as ``axgrid.spec.block_layers`` / ``head_layer`` list them."""
+    """A GPT-style decoder: ``layers`` blocks of the FC layers ``axgrid.spec.block_layers`` lists (QKV,
+    attention-out, MLP-up, MLP-down; a block's layer norms sit before the layers whose ``norm`` names them) + the
+    LM head (``axgrid.spec.head_layer``). The time model, the collective replay and the parameter counts read the
+    block only through :meth:`block_layers`, :meth:`block_modules` and :meth:`head_layer`; the activation memory,
+    the element-wise kernels, the divisibility rules and the FLOP formula (``axgrid.spec.flops``) are written for
+    this block."""
 
     name: str
     layers: int
@@ -49,6 +53,18 @@ class TransformerSpec:
     def head_layer(self) -> FCLayer:
         """The LM head [V×h], no bias, never recomputed."""
         return head_layer(self.hidden, self.vocab)
+
+    def block_modules(self) -> tuple[str, ...]:
+        """One block's parameterised modules (layer norms and FC layers) in ``model.parameters()`` order."""
+        return block_modules(self.block_layers())
+
+    def block_norms(self) -> int:
+        """Layer norms in one block (those the block layers' ``norm`` name): 2."""
+        return sum(1 for layer in self.block_layers() if layer.norm)
+
+    def layer_norms(self) -> int:
+        """Layer norms in the model: every block's and the head's (``ln_f``): 2L + 1."""
+        return self.layers * self.block_norms() + (1 if self.head_layer().norm else 0)
 
 
 MODELS: dict[str, TransformerSpec] = {name: TransformerSpec(name, *size) for name, size in NAMED_SIZES.items()}

@@ -3,16 +3,23 @@ script holds only what is its own.
 
 ===================  =================================================================================
 :mod:`.options`      the shared command-line options (:func:`add_step_arguments`, :func:`add_run_arguments`,
-                     :func:`parse_step_args`, :func:`check_run_arguments`), :func:`compute_dtype`
-:mod:`.step`         :class:`StepSettings` and :func:`run_step`: one optimizer step on a global batch
+                     :func:`add_data_arguments`, :func:`parse_step_args`, :func:`check_run_arguments`,
+                     :func:`check_data_arguments`, :func:`data_settings`), :func:`compute_dtype`
+:mod:`.step`         :class:`StepSettings` and :func:`run_step`: one optimizer step on a global batch;
+                     :func:`share_rows`: the rows of it a rank computes
 :mod:`.checkpoints`  :class:`RunCheckpoints`: resume, save every K steps, at the end and on a stop signal
-:mod:`.evaluate`     :func:`heldout_loss`: the mean loss per kept target of held-out rows
+:mod:`.evaluate`     :func:`evaluate`: validation loss and perplexity on fixed batches (``--eval-interval``)
+:mod:`.data`         :class:`RunData`: the run's batches (the ``--data-path`` corpus or the driver's own), when
+                     to evaluate, the data position a checkpoint stores
 ===================  =================================================================================
 """
 from .checkpoints import RunCheckpoints
-from .evaluate import heldout_loss
-from .options import add_run_arguments, add_step_arguments, check_run_arguments, compute_dtype, parse_step_args
-from .step import StepSettings, check_batch_split, run_step
+from .data import RunData
+from .evaluate import evaluate
+from .options import (add_data_arguments, add_run_arguments, add_step_arguments, check_data_arguments,
+                      check_run_arguments, compute_dtype, data_settings, parse_step_args)
+from .step import StepSettings, check_batch_split, run_step, share_rows
 
-__all__ = ["RunCheckpoints", "add_run_arguments", "add_step_arguments", "check_run_arguments", "compute_dtype",
-           "parse_step_args", "StepSettings", "check_batch_split", "heldout_loss", "run_step"]
+__all__ = ["RunCheckpoints", "RunData", "evaluate", "add_data_arguments", "add_run_arguments", "add_step_arguments",
+           "check_data_arguments", "check_run_arguments", "compute_dtype", "data_settings", "parse_step_args",
+           "StepSettings", "check_batch_split", "run_step", "share_rows"]

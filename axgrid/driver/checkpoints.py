@@ -2,10 +2,10 @@
 the last step, and at the step boundary after SIGTERM / SIGUSR1 (Slurm's ``--signal=USR1@N``).
 
     ckpt = RunCheckpoints(args, grid, config=run_config, name="train_gpt")
-    start = ckpt.resume(model, opt)                  # steps already done (0 without --resume)
+    start = ckpt.resume(model, opt)                  # steps already done (0 without --resume); ckpt.extra: its extra
     for step in range(start, steps):
         ...
-        if ckpt.step_done(step + 1, model, opt, last=step + 1 == steps):
+        if ckpt.step_done(step + 1, model, opt, last=step + 1 == steps, extra={"data": ...}):
             break                                    # a stop signal: saved, leave the loop
     ckpt.close()
 
@@ -35,6 +35,8 @@ class RunCheckpoints:
         self.allow = [f for f in (getattr(args, "allow_config_change", None) or "").split(",") if f]
         self.manager = CheckpointManager(args.save, grid, config=self.config) if args.save else None
         self.stop = SaveOnSignal(grid).install() if args.save else None
+        #: the ``extra`` of the checkpoint resumed from (e.g. the data position), ``{}`` without one
+        self.extra: dict[str, Any] = {}
 
     @property
     def stopped(self) -> bool:
@@ -54,20 +56,22 @@ class RunCheckpoints:
                              f"--allow-config-change {','.join(e.fields)} to change them deliberately") from None
         except CheckpointError as e:
             raise SystemExit(f"--resume {self.resume_dir}: {e}") from None
+        self.extra = dict(info.extra)
         if self.grid.rank == 0:
             print(f"{self.name}: resumed from {info.path} at step {info.step} (saved on grid {info.saved_grid}"
                   f"{', resharded to ' + str(self.grid.shape) if info.resharded else ''})", flush=True)
         return info.step
 
     def step_done(self, steps_done: int, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
-                  last: bool) -> bool:
+                  last: bool, extra: Optional[Mapping[str, Any]] = None) -> bool:
         """After each optimizer step: save when due (every ``--save-every`` steps, at the ``last`` step, on a stop
-        signal); True when a stop signal ends the run here. Collective (the stop request is agreed on)."""
+        signal), with ``extra`` (JSON: e.g. the data position); True when a stop signal ends the run here.
+        Collective (the stop request is agreed on)."""
         if self.manager is None:
             return False
         halt = self.stop.should_stop()
         if halt or last or (self.every and steps_done % self.every == 0):
-            self.manager.save(steps_done, model, optimizer)
+            self.manager.save(steps_done, model, optimizer, extra=extra)
         if halt and self.grid.rank == 0:
             print(f"{self.name}: {self.stop.signal_name or 'a stop signal'} received; saved step {steps_done} to "
                   f"{self.save_dir}; exiting (resume with --resume {self.save_dir})", flush=True)

@@ -3,8 +3,10 @@
     p = argparse.ArgumentParser()
     add_step_arguments(p)               # batch, micro-batches, schedule, AdamW, clipping, recompute, dtype, Goldfish
     add_run_arguments(p)                # grid, order, timeout, checkpoints
+    add_data_arguments(p)               # --data-path, --split, --data-cache, --eval-interval, --eval-iters
     args = parse_step_args(p, argv)     # --min-lr defaults to --lr/10
     check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
+    check_data_arguments(args)          # the same for the data options
 """
 from __future__ import annotations
 
@@ -46,6 +48,50 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
     p.add_argument("--allow-config-change", default=None, metavar="FIELD[,FIELD]",
                    help="resume although these settings differ from the checkpoint's, e.g. steps or model.heads")
+
+
+def add_data_arguments(p: argparse.ArgumentParser, evaluation: bool = True) -> None:
+    """A preprocessed corpus (:class:`axgrid.data.Corpus`) and, with ``evaluation``, validation during training."""
+    g = p.add_argument_group("corpus (python -m axgrid.data preprocess; docs/data.md)")
+    g.add_argument("--data-path", nargs="+", default=None, metavar="[WEIGHT] PREFIX",
+                   help="indexed dataset(s) PREFIX.bin/.idx; a blend as weight-prefix pairs: 0.7 A 0.3 B")
+    g.add_argument("--split", default="949,50,1", help="train,validation,test shares of each dataset's documents")
+    g.add_argument("--data-cache", default=None, metavar="DIR",
+                   help="where the sample index is cached (default: axgrid_cache/ next to each dataset); every "
+                        "rank must see it")
+    if evaluation:
+        g.add_argument("--eval-interval", type=int, default=0,
+                       help="every N steps (and after the last) the validation loss and perplexity (0: never)")
+        g.add_argument("--eval-iters", type=int, default=10, help="validation batches (of --batch) per evaluation")
+
+
+def data_settings(args: argparse.Namespace):
+    """The :class:`axgrid.data.DataSettings` of :func:`add_data_arguments`' options (None without --data-path)."""
+    if not args.data_path:
+        return None
+    from ..data.corpus import DataSettings
+    return DataSettings(tuple(args.data_path), args.split, args.data_cache)
+
+
+def check_data_arguments(args: argparse.Namespace) -> None:
+    """Problems with :func:`add_data_arguments`' options (blend weights, split, evaluation), raised identically
+    on every rank before any collective."""
+    from ..data.indexed import DataError
+    settings = data_settings(args)
+    if settings is not None:
+        try:
+            settings.blend()
+            settings.fractions()
+        except DataError as e:
+            raise SystemExit(str(e)) from None
+    interval = getattr(args, "eval_interval", 0)
+    if interval < 0:
+        raise SystemExit(f"--eval-interval {interval}: use a number of steps >= 1, or 0 for no evaluation")
+    if interval and args.eval_iters < 1:
+        raise SystemExit(f"--eval-iters {args.eval_iters}: evaluate at least 1 batch")
+    if interval and settings is None:
+        raise SystemExit(f"--eval-interval {interval} needs --data-path: the validation loss is measured on the "
+                         f"corpus' validation split (--split)")
 
 
 def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -3,6 +3,7 @@
     settings = StepSettings(steps=100, batch=8, microbatches=2, lr=1e-4, ...)
     settings.check(grid)                                      # SystemExit, identically on every rank
     row = run_step(model, opt, grid, settings, step, inputs, targets, metrics)   # inputs/targets [B, S]
+    rows = settings.rows_read(grid)             # the rows of [B, S] this rank's step uses (None: all of them)
 
 The step: the loss mask of the global batch (Goldfish's, and the caller's, e.g. the assistant tokens of
 instruction fine-tuning) and its global normaliser (:func:`~axgrid.memorization.goldfish.
@@ -50,6 +51,13 @@ class StepSettings:
                    warmup=args.warmup, clip=args.clip, goldfish_k=args.goldfish_k if goldfish else 0,
                    goldfish_h=args.goldfish_h, goldfish_mode=args.goldfish_mode, bf16=dtype == "bf16")
 
+    def rows_read(self, grid: Grid) -> Optional[list[int]]:
+        """The rows of the global batch this rank's step uses (:func:`share_rows`); None under Goldfish, whose
+        step normaliser counts the kept targets of the whole batch."""
+        if self.goldfish_k:
+            return None
+        return share_rows(self.batch, self.microbatches, grid)
+
     def check(self, grid: Grid) -> None:
         """Every problem, raised identically on every rank before any collective."""
         if self.steps < 1 or self.batch < 1 or self.microbatches < 1:
@@ -70,6 +78,17 @@ def check_batch_split(batch: int, microbatches: int, gd: int, gz: int, grid: str
         raise SystemExit(f"a micro-batch of {per} sequences (--batch {batch} / --microbatches {microbatches}) is not "
                          f"divisible by Gd*Gz = {gd}*{gz} of grid {grid}: data parallelism splits it over d and the "
                          f"model over z by whole sequences; use --batch a multiple of {microbatches * gd * gz}")
+
+
+def share_rows(batch: int, microbatches: int, grid: Grid) -> list[int]:
+    """The rows of a global batch ``[batch, S]`` that this rank computes: in each micro-batch of ``batch /
+    microbatches`` sequences, its data-parallel slice (:func:`run_step`), and of that the model's z slice (whole
+    sequences, :meth:`axgrid.models.GPT.local_rows`)."""
+    per_mb = batch // microbatches
+    bd = per_mb // grid.size("d")
+    bz = bd // grid.size("z")
+    first = grid.index("d") * bd + grid.index("z") * bz
+    return [mb * per_mb + first + i for mb in range(microbatches) for i in range(bz)]
 
 
 def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: StepSettings, step: int,

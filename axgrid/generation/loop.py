@@ -75,8 +75,10 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
     (``B`` divisible by ``Gd·Gz``); each rank caches its sequences' keys and values of its ``H/Gy`` heads; one
     ``all_gather`` over d at the end gives everyone the whole batch.
 
-    ``model``: axgrid's :class:`~axgrid.models.gpt.GPT` on ``grid``, or a Hugging Face causal LM parallelized with
-    its plan (``axgrid.parallelize``: Llama, Mistral, Qwen2). ``temperature=0``: greedy, the argmax over the
+    ``model``: axgrid's :class:`~axgrid.models.gpt.GPT` on ``grid``, or a Hugging Face causal LM parallelized on it
+    (``axgrid.parallelize`` / ``axgrid.from_pretrained``): with its plan (Llama, Mistral, Qwen2, Qwen3, Gemma 3,
+    Phi-3, tied or not), or drop-in (every rank of the block then runs all of its d-slice's sequences and holds
+    full logits; see :mod:`axgrid.generation.decoders`). ``temperature=0``: greedy, the argmax over the
     vocabulary-split logits (a ``[B_d/Gz, 2]`` all-gather over y per step, no rank holds full logits), equal to
     the dense model's greedy decoding. ``temperature > 0``: a draw from ``softmax(logits / temperature)`` over
     the ``top_k`` largest logits (all when None) by the Gumbel-max trick, with noise from a generator seeded by
@@ -104,18 +106,20 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
     done = torch.zeros(bd, dtype=torch.bool, device=device)
     eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
-    step = decoder_for(model, use_cache)
+    decoder = decoder_for(model, use_cache, grid)
+    vdim = decoder.vocab_dim
     fresh = out[:, :s]                                        # tokens the model has not seen: [B_d, s]
     for t in range(max_new_tokens):
-        logits = step(fresh)                                  # [b, V/Gy] fp32
+        logits = decoder.step(fresh)                          # [b, V/Gy] fp32 (drop-in: [b, V])
         v_loc = logits.shape[-1]
         if gen is not None:
             if top_k is not None:
-                logits = logits.masked_fill(logits < vocab_parallel_top_k_floor(logits, top_k, grid), -math.inf)
-            v0 = grid.index("y") * v_loc
+                logits = logits.masked_fill(logits < vocab_parallel_top_k_floor(logits, top_k, grid, vdim),
+                                            -math.inf)
+            v0 = grid.index(vdim) * v_loc if vdim else 0
             logits = logits / temperature + gumbel_noise(gen, batch, vocab, slice(first, first + b),
                                                          slice(v0, v0 + v_loc), device)
-        mine = vocab_parallel_argmax(logits, grid)            # [b] the same on every rank of the x·y block
+        mine = vocab_parallel_argmax(logits, grid, vdim)      # [b] the same on every rank of the x·y block
         new = grid.comm.all_gather(mine, "z").reshape(bd)     # [B_d] the same on every rank of the block
         new = torch.where(done, torch.full_like(new, pad), new)
         out[:, s + t] = new

@@ -18,17 +18,20 @@ output layout of the LM head, replicated over x).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..grid import Grid
 
 
-def vocab_parallel_argmax(scores: torch.Tensor, grid: Grid, dim: str = "y") -> torch.Tensor:
-    """The global index ``[b]`` (int64) of each row's maximum of vocabulary-split ``scores [b, V/G_dim]``."""
+def vocab_parallel_argmax(scores: torch.Tensor, grid: Grid, dim: Optional[str] = "y") -> torch.Tensor:
+    """The global index ``[b]`` (int64) of each row's maximum of vocabulary-split ``scores [b, V/G_dim]``
+    (``dim=None``: the rows are whole; no collective)."""
     v_loc = scores.shape[-1]
     idx = scores.argmax(dim=-1)                                               # first maximum of the slice
     val = scores.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
-    if grid.size(dim) == 1:
+    if dim is None or grid.size(dim) == 1:
         return idx
     pair = torch.stack([val.double(), (idx + grid.index(dim) * v_loc).double()], dim=-1)   # [b, 2], exact
     every = grid.comm.all_gather(pair, dim)                                   # [G_dim, b, 2] in y order
@@ -36,10 +39,12 @@ def vocab_parallel_argmax(scores: torch.Tensor, grid: Grid, dim: str = "y") -> t
     return every[..., 1].gather(0, best.unsqueeze(0)).squeeze(0).long()
 
 
-def vocab_parallel_top_k_floor(logits: torch.Tensor, k: int, grid: Grid, dim: str = "y") -> torch.Tensor:
+def vocab_parallel_top_k_floor(logits: torch.Tensor, k: int, grid: Grid, dim: Optional[str] = "y") -> torch.Tensor:
     """The ``k``-th largest value ``[b, 1]`` of each row of vocabulary-split ``logits [b, V/G_dim]`` (the whole
-    row's, ``k`` clamped to the vocabulary)."""
+    row's, ``k`` clamped to the vocabulary; ``dim=None``: the rows are whole, no collective)."""
     v_loc = logits.shape[-1]
+    if dim is None:
+        return logits.topk(min(k, v_loc), dim=-1).values[:, -1:]
     k = min(k, v_loc * grid.size(dim))
     local = logits.topk(min(k, v_loc), dim=-1).values                         # [b, k_loc]: the candidates
     every = grid.comm.all_gather(local, dim)                                  # [G_dim, b, k_loc]

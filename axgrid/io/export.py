@@ -35,7 +35,7 @@ from torch import nn
 
 from ..grid import Grid
 from . import TensorPart, agree, fingerprint, model_parts, place_part, raise_on_any_rank
-from ..spec import flat_boxes, tile_box
+from ..spec import Box, row_segments
 from ..nn.linear import Linear
 from .safetensors_writer import SafetensorsWriter
 from ..spec import TileSpec
@@ -88,7 +88,7 @@ def _pieces(model_entries: Sequence[TensorPart], grid: Grid, prefer: int = 0) ->
         for r in [prefer] + [m for m in range(len(every)) if m != prefer]:
             row = every[r][i]
             p = _Piece(r, TileSpec(e.dense_shape, tuple(row[:nd]), tuple(row[ndim: ndim + nd]), e.tile.split_dim,
-                                   row[2 * ndim], row[2 * ndim + 1]))
+                                   row[2 * ndim], row[2 * ndim + 1], e.tile.row_map))   # one row map per tensor
             key = (p.tile.offsets, p.tile.tile_shape, p.tile.part_range())
             if key not in seen and p.numel:
                 seen.add(key)
@@ -112,15 +112,18 @@ def _rows_per_slab(shape: Sequence[int], element_size: int, chunk_bytes: int) ->
     return max(1, chunk_bytes // (math.prod(shape[1:]) * element_size or 1))
 
 
-def _part_in_rows(tile: TileSpec, r0: int, r1: int) -> tuple[int, int]:
-    """``[s, e)``: the elements of ``tile`` flattened row-major, within its part's range, that lie in the dense
-    rows ``[r0, r1)`` (a tile's rows are contiguous in its flat order); ``(0, 0)`` when none."""
-    a, h = tile.offsets[0], tile.tile_shape[0]
-    lo, hi = max(a, r0), min(a + h, r1)
-    row = math.prod(tile.tile_shape[1:])
-    start, stop = tile.part_range()
-    s, e = max(start, (lo - a) * row), min(stop, (hi - a) * row)
-    return (s, e) if hi > lo and e > s else (0, 0)
+def _runs_in_rows(tile: TileSpec, r0: int, r1: int) -> list[tuple[int, int, list[Box]]]:
+    """The pieces of ``tile``'s part in the dense rows ``[r0, r1)`` (:func:`axgrid.spec.tiles.row_segments`),
+    joined into runs contiguous in the part: ``(first, stop, boxes)`` -- the part's elements ``[first, stop)``
+    (counted from its first real element) fill ``boxes`` in order. One run per slab for a plain tile (its rows
+    are contiguous in its flat order); a row-mapped (fused) tile may have one per band."""
+    runs: list[tuple[int, int, list[Box]]] = []
+    for pos, box in row_segments(tile, r0, r1):
+        if runs and runs[-1][1] == pos:
+            runs[-1] = (runs[-1][0], pos + box.numel, runs[-1][2] + [box])
+        else:
+            runs.append((pos, pos + box.numel, [box]))
+    return runs
 
 
 class _Scratch:
@@ -148,7 +151,7 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names:
 
     A tiled tensor is assembled on ``rank`` from the parts the ranks of its xyz group hold, in slabs of dense
     rows of at most ``chunk_bytes`` (at least one row): each member sends the piece of its part that falls in
-    the slab, which is placed at its boxes (:func:`axgrid.spec.tiles.flat_boxes`); the other xyz groups (other ``d``)
+    the slab, which is placed at its boxes (:func:`axgrid.spec.tiles.row_segments`); the other xyz groups (other ``d``)
     take no part. Only the tensor being yielded is alive in the iterator (plus one reused receive buffer of
     ``chunk_bytes``): drop it before asking for the next to keep the writing rank's extra memory at one tensor
     and one chunk. Tensors that are dense on every rank (norms under a Linear-only plan, tied weights, buffers)
@@ -192,11 +195,10 @@ def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk
         if me != dst:
             for p in pieces[e.name]:
                 if p.src == me:
-                    own, start = _own_piece(e), e.tile.part_range()[0]
+                    own = _own_piece(e)
                     for r0, r1 in cuts:
-                        s, t = _part_in_rows(p.tile, r0, r1)
-                        if t > s:
-                            grid.comm.send(own[s - start: t - start], "xyz", dst)
+                        for s, t, _ in _runs_in_rows(p.tile, r0, r1):
+                            grid.comm.send(own[s:t], "xyz", dst)
             continue
         dense = torch.empty(shape, dtype=dtype, device=device) if whole else None
         for r0, r1 in cuts:
@@ -206,14 +208,12 @@ def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk
                 if p.src == me:
                     place_part(e.tile, e.tensor, rows, origin)
                     continue
-                s, t = _part_in_rows(p.tile, r0, r1)
-                if t <= s:
-                    continue
-                got = grid.comm.recv(received.view((t - s,), dtype, device), "xyz", p.src)
-                pos = 0
-                for b in flat_boxes(tile_box(p.tile), s, t):
-                    rows[b.slices(origin)] = got[pos: pos + b.numel].view(b.shape)
-                    pos += b.numel
+                for s, t, boxes in _runs_in_rows(p.tile, r0, r1):
+                    got = grid.comm.recv(received.view((t - s,), dtype, device), "xyz", p.src)
+                    pos = 0
+                    for b in boxes:
+                        rows[b.slices(origin)] = got[pos: pos + b.numel].view(b.shape)
+                        pos += b.numel
             if not whole:
                 yield name, r0, rows
         if whole:

@@ -79,7 +79,8 @@ def fingerprint(parts: Sequence[TensorPart]) -> int:
     h = hashlib.sha256()
     for e in parts:
         split = e.tile.split_dim if e.tile else None
-        h.update(f"{e.name}|{e.dense_shape}|{dtype_name(e.tensor.dtype)}|{split}|{e.kind};".encode())
+        rows = e.tile.row_map if e.tile else ()
+        h.update(f"{e.name}|{e.dense_shape}|{dtype_name(e.tensor.dtype)}|{split}|{rows}|{e.kind};".encode())
     return int.from_bytes(h.digest()[:3], "little")
 
 

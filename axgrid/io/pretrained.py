@@ -6,12 +6,15 @@
 
 1. The model is built from its ``config.json`` with its parameters on the meta device (buffers computed at
    construction, such as rotary ``inv_freq``, are real: :func:`axgrid.io.meta.parameters_on_meta`).
-2. The plan is applied on that empty model (:func:`axgrid.parallelize`: the built-in LLaMA-family plan, the
+2. The plan is applied on that empty model (:func:`axgrid.parallelize`: the built-in plan of its family, the
    given ``plan``, or drop-in): the parallel layers hold uninitialised parts, the dense leftovers stay on meta.
 3. Every rank checks the files and every tensor it needs (present, shape, dtype), then agrees with the others
    (one all-reduce) before reading anything: bad input raises the same :class:`PretrainedError` on every rank.
 4. Each rank reads, per tensor, only the boxes of its part (:func:`axgrid.spec.tiles.part_boxes`) with
-   ``safe_open(...).get_slice``; tensors without a tile (tied embeddings, drop-in norms) are read whole.
+   ``safe_open(...).get_slice``; tensors without a tile (drop-in norms and embeddings) are read whole. A tied
+   parameter is one tensor read once, under whichever of its names the files hold; files whose head and
+   embedding disagree with the config's ``tie_word_embeddings`` are refused (a separate head for a tied config,
+   none for an untied one).
    A failure while reading is agreed on too: the model is returned complete or not at all.
 """
 from __future__ import annotations
@@ -123,6 +126,18 @@ def _reads(model: nn.Module, ck: HFCheckpoint) -> list[_Read]:
             cands += [f"{prefix}.{n}" for n in cands] + [n[len(prefix) + 1:] for n in cands
                                                          if n.startswith(prefix + ".")]
         key = ck.find(cands)
+        found = [n for n in dict.fromkeys(cands) if n in ck.weight_map]
+        if len(names[tid]) > 1 and len(found) > 1:
+            raise PretrainedError(f"config.json of {ck.path} ties {' and '.join(dict.fromkeys(names[tid]))} into one "
+                                  f"tensor (tie_word_embeddings={_tied(model)}), but the files hold a separate "
+                                  f"{found[1]}: set \"tie_word_embeddings\": false in config.json to load both, or "
+                                  f"remove {found[1]} from the files")
+        if key is None and is_param and _tied(model) is False and _is_output_embedding(model, t):
+            emb = _input_embedding_key(model, ck)
+            if emb is not None:
+                raise PretrainedError(f"config.json of {ck.path} says tie_word_embeddings=false, but the files hold "
+                                      f"no {names[tid][0]}, only {emb} (a tied checkpoint): set "
+                                      f"\"tie_word_embeddings\": true in config.json")
         if key is None:
             if not is_param and t.device.type != "meta":
                 continue                          # a buffer the model computed itself
@@ -142,6 +157,28 @@ def _reads(model: nn.Module, ck: HFCheckpoint) -> list[_Read]:
                                   f"re-save the checkpoint from the model of this config")
         out.append(_Read(t, mod, attr, key, is_param, dt))
     return out
+
+
+def _tied(model: nn.Module) -> Optional[bool]:
+    """The config's ``tie_word_embeddings`` (None when it has none)."""
+    value = getattr(getattr(model, "config", None), "tie_word_embeddings", None)
+    return None if value is None else bool(value)
+
+
+def _is_output_embedding(model: nn.Module, t: torch.Tensor) -> bool:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head is not None and getattr(head, "weight", None) is t
+
+
+def _input_embedding_key(model: nn.Module, ck: HFCheckpoint) -> Optional[str]:
+    """The files' name of the input embedding's weight, when they hold it."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    names = [f"{n}.weight" for n, m in model.named_modules() if m is emb]
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names += [n[len(prefix) + 1:] for n in names if prefix and n.startswith(prefix + ".")]
+    return ck.find(names)
 
 
 def _dense_shape(t: torch.Tensor) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from ..spec import TileSpec
 def _tile_record(tile: TileSpec) -> list:
     """The tile as plain lists (kept in the state dict's metadata; survives ``torch.load(weights_only=True)``)."""
     return [list(tile.dense_shape), list(tile.offsets), list(tile.tile_shape), tile.split_dim, tile.split_size,
-            tile.split_index]
+            tile.split_index] + ([[list(band) for band in tile.row_map]] if tile.row_map else [])
 
 
 def _refuse_dcp(key: str, tile: TileSpec, *args) -> None:
@@ -83,9 +83,9 @@ def add_state_hooks(module: nn.Module) -> None:
 
 
 def deepcopy_keeping_marks(module: nn.Module, memo: dict) -> nn.Module:
-    """``copy.deepcopy`` for modules with tiled parameters: the copy's parameters keep ``axgrid_tile`` and
-    ``axgrid_replicated`` (``Parameter.__deepcopy__`` drops Python attributes) and the grid is shared, not
-    copied (it holds process groups). Use as ``__deepcopy__ = deepcopy_keeping_marks``."""
+    """``copy.deepcopy`` for modules with tiled parameters: the copy's parameters keep ``axgrid_tile``,
+    ``axgrid_replicated`` and ``axgrid_shared`` (``Parameter.__deepcopy__`` drops Python attributes) and the grid
+    is shared, not copied (it holds process groups). Use as ``__deepcopy__ = deepcopy_keeping_marks``."""
     cls = type(module)
     new = cls.__new__(cls)
     memo[id(module)] = new
@@ -94,7 +94,7 @@ def deepcopy_keeping_marks(module: nn.Module, memo: dict) -> nn.Module:
         q = new._parameters.get(name)
         if p is None or q is None:
             continue
-        for attr in ("axgrid_tile", "axgrid_replicated"):
+        for attr in ("axgrid_tile", "axgrid_replicated", "axgrid_shared"):
             if hasattr(p, attr):
                 setattr(q, attr, getattr(p, attr))
     grid = new.__dict__.get("grid")

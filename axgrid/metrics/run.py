@@ -7,8 +7,8 @@
     summary = metrics.close(final_loss=...)             # the "summary" row, on every rank
 
 Rows: a ``config`` row (the driver's ``config`` plus :meth:`StepMeter.info`), one ``step`` row per step
-(:mod:`.record`), ``eval`` rows (:meth:`Metrics.evaluation`: held-out loss and perplexity), a ``summary`` row
-(:func:`.record.summarize` plus what ``close`` is given). Drivers add the
+(:mod:`.record`), an ``eval`` row per evaluation (:meth:`Metrics.evaluation`: ``valid_loss``, ``valid_ppl``), a
+``summary`` row (:func:`.record.summarize`, the last evaluation, plus what ``close`` is given). Drivers add the
 options with :func:`add_arguments` and build with :meth:`Metrics.from_args`.
 """
 from __future__ import annotations
@@ -64,15 +64,15 @@ class Metrics:
         return row
 
     def evaluation(self, step: int, **values: Any) -> dict[str, Any]:
-        """An ``eval`` row (e.g. held-out loss and perplexity at ``step``: the steps done before it), written by
-        rank 0 and kept in :attr:`evals`; every rank calls it with the same values."""
+        """An ``eval`` row after ``step`` steps (``valid_loss``, ``valid_ppl``, ...), written by rank 0."""
         row = {"event": "eval", "step": step, **values}
         self.evals.append(row)
         self.log.write(row)
         return row
 
     def summary(self) -> dict[str, Any]:
-        return {"event": "summary", **summarize(self.rows, self.timing_skip)}
+        last = {k: v for k, v in self.evals[-1].items() if k not in ("event", "step")} if self.evals else {}
+        return {"event": "summary", **summarize(self.rows, self.timing_skip), **last}
 
     def close(self, **extra: Any) -> dict[str, Any]:
         """Write the summary row (with ``extra``), close the sinks; returns the summary on every rank."""

@@ -1,11 +1,11 @@
 """Where the metrics rows go: a JSON-lines file always, TensorBoard when asked, a progress bar on a terminal.
 
-Rows are dicts with an ``event`` ("config", "step", "eval", "summary"). Only rank 0 writes (:class:`MetricsLog` is
+Rows are dicts with an ``event`` ("config", "step", "summary"). Only rank 0 writes (:class:`MetricsLog` is
 a no-op elsewhere). TensorBoard is written with ``torch.utils.tensorboard.SummaryWriter`` (the ``tensorboard``
 package, in the ``metrics`` extra): each numeric field of a step row is a scalar under its group
 (``throughput/tokens_per_s``, ``memory/peak_mem_bytes``, ``comm/exposed_s/y``, ``energy/power_w``,
-``train/loss``...), an eval row's fields are scalars under ``eval/``, the config row is a text summary. The bar
-is tqdm's, on stderr, shown only when stderr is a
+``train/loss``...), each field of an eval row under ``valid/`` (``valid/loss``, ``valid/ppl``), the config row is
+a text summary. The bar is tqdm's, on stderr, shown only when stderr is a
 terminal (never in a batch job's log) and not switched off.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ class MetricsLog:
             elif event == "eval":
                 for key, value in row.items():
                     if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
-                        self._tb.add_scalar(f"eval/{key}", float(value), int(row["step"]))
+                        self._tb.add_scalar(f"valid/{key.removeprefix('valid_')}", float(value), int(row["step"]))
             elif event == "config":
                 self._tb.add_text("config", "\n".join(f"    {k}: {v}" for k, v in row.items()), 0)
             self._tb.flush()

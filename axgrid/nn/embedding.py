@@ -54,13 +54,15 @@ class _ShardedLookup(torch.autograd.Function):
 class Embedding(nn.Module):
     """``num`` rows of ``dim`` features; on a grid the features are split over ``feature_dim``.
 
-    Forward: integer ids of any shape ``[...]`` -> ``[..., dim]`` (serial) or ``[..., dim/G_f]`` (grid).
+    Forward: integer ids of any shape ``[...]`` -> ``[..., dim]`` (serial) or ``[..., dim/G_f]`` (grid), times
+    ``scale`` when given (Gemma's ``sqrt(dim)``, cast to the table's dtype first, as Hugging Face does).
     """
 
     def __init__(self, num: int, dim: int, grid: Optional[Grid] = None, *, feature_dim: str = "x", seed: int = 0,
                  std: float = 0.02, padding_idx: Optional[int] = None, dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None, init: bool = True) -> None:
+                 device: Optional[torch.device] = None, init: bool = True, scale: Optional[float] = None) -> None:
         super().__init__()
+        self.scale = scale
         self.grid, self.num, self.dim, self.feature_dim = grid, num, dim, feature_dim
         if padding_idx is not None and not -num <= padding_idx < num:
             raise ValueError(f"padding_idx={padding_idx} is outside the table's {num} rows")
@@ -88,13 +90,15 @@ class Embedding(nn.Module):
                                                   range(self.f0, self.f0 + self.local), bound, torch.float64))
 
     @classmethod
-    def from_dense(cls, dense: nn.Embedding, grid: Grid, feature_dim: str = "x") -> "Embedding":
+    def from_dense(cls, dense: nn.Embedding, grid: Grid, feature_dim: str = "x",
+                   scale: Optional[float] = None) -> "Embedding":
         """This rank's columns of a dense ``nn.Embedding`` (held in full on every rank); padding row kept. A
         ``dense`` on the meta device gives an uninitialised table on the grid's device (for a loader to fill)."""
         w = dense.weight
         meta = w.device.type == "meta"
         emb = cls(dense.num_embeddings, dense.embedding_dim, grid, feature_dim=feature_dim,
-                  padding_idx=dense.padding_idx, dtype=w.dtype, device=None if meta else w.device, init=not meta)
+                  padding_idx=dense.padding_idx, dtype=w.dtype, device=None if meta else w.device, init=not meta,
+                  scale=scale)
         with torch.no_grad():
             if not meta:
                 emb.weight.copy_(w.detach() if grid is None else part_of_dense(emb.weight.axgrid_tile, w))
@@ -105,10 +109,12 @@ class Embedding(nn.Module):
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"embedding ids must be int64 or int32, got {ids.dtype}")
         if self.grid is None:
-            return F.embedding(ids, self.weight, self.padding_idx)
-        flat = ids.reshape(-1).long()
-        out = _ShardedLookup.apply(flat, self.weight, self)
-        return out.reshape(*ids.shape, self.local)
+            out = F.embedding(ids, self.weight, self.padding_idx)
+        else:
+            out = _ShardedLookup.apply(ids.reshape(-1).long(), self.weight, self).reshape(*ids.shape, self.local)
+        if self.scale is not None:
+            out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
+        return out
 
     def extra_repr(self) -> str:
         where = "serial" if self.grid is None else f"features over {self.feature_dim}, grid {self.grid.shape}"

@@ -18,7 +18,7 @@ normal layer's output layout is a transposed layer's input layout (and the other
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from torch import nn
@@ -110,21 +110,30 @@ class Linear(nn.Module):
     equals ``init.reference_linear(in, out, bias, seed)`` sliced. ``seed`` defaults to one drawn from the
     grid's seed and the layer's construction order (identical on every rank). ``init=False`` leaves the
     parameters uninitialised (``torch.empty``) for a loader that fills them.
+
+    ``out_segments``: a fused layer (Phi-3's ``qkv_proj``, ``gate_up_proj``) whose output features are consecutive
+    segments, each split over the output dimension on its own, so that this rank's sharded output is its share of
+    every segment in turn (``[q_loc | k_loc | v_loc]``); the weight's tile carries the row map, so loading,
+    checkpoints and export see the dense tensor in its own row order. Only with a sharded output.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, transpose: bool = False, *,
                  grid: Optional[Grid] = None, input_layout: ActivationLayout = "replicated",
                  output_layout: ActivationLayout = "replicated", seed: Optional[int] = None,
                  dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
-                 init: bool = True) -> None:
+                 init: bool = True, out_segments: tuple[int, ...] = ()) -> None:
         super().__init__()
         for name, v in (("input_layout", input_layout), ("output_layout", output_layout)):
             if v not in ("replicated", "sharded"):
                 raise ValueError(f"{name}={v!r} must be 'replicated' or 'sharded'")
+        if len(out_segments) > 1 and output_layout != "sharded":
+            raise ValueError(f"out_segments={tuple(out_segments)} needs output_layout='sharded' (a gathered output "
+                             f"would come back in the segments' layout order)")
         self.grid = grid or current_grid()
         self.in_features, self.out_features, self.transpose = in_features, out_features, transpose
         self.input_layout, self.output_layout = input_layout, output_layout
-        self.sharding = LinearSharding.of(self.grid.shape, self.grid.coord, in_features, out_features, transpose)
+        self.sharding = LinearSharding.of(self.grid.shape, self.grid.coord, in_features, out_features, transpose,
+                                          tuple(out_segments))
         self.runtime = self.grid.runtime
         self.seed = self.runtime.seeds.next() if seed is None else seed
         dtype = dtype or torch.get_default_dtype()
@@ -154,8 +163,9 @@ class Linear(nn.Module):
             self.weight.copy_(self._shard_from(lambda rows, cols: _init.uniform_block(
                 self.seed, _init.WEIGHT_STREAM, self.in_features, rows, cols, b, torch.float64)))
             if self.bias is not None:
-                self.bias.copy_(_init.uniform_block(self.seed, _init.BIAS_STREAM, self.out_features, range(1),
-                                                    range(sh.row0, sh.row0 + sh.n_blk), b, torch.float64)[0])
+                self.bias.copy_(read_part(sh.bias_tile, lambda box: _init.uniform_block(
+                    self.seed, _init.BIAS_STREAM, self.out_features, range(1),
+                    range(box.offsets[0], box.offsets[0] + box.shape[0]), b, torch.float64)[0], dtype=torch.float64))
 
     def _shard_from(self, block_of) -> torch.Tensor:
         """This rank's flat shard, computed from ``block_of(rows, cols) -> [rows, cols]`` of the dense matrix
@@ -181,7 +191,7 @@ class Linear(nn.Module):
 
     @classmethod
     def from_dense(cls, dense: nn.Linear, grid: Optional[Grid] = None, transpose: bool = False,
-                   **kwargs) -> "Linear":
+                   **kwargs: Any) -> "Linear":
         """A parallel copy of ``dense`` (held in full on every rank). A ``dense`` on the meta device (a model
         built without memory, :func:`axgrid.from_pretrained`) gives an uninitialised layer on the grid's device."""
         meta = dense.weight.device.type == "meta"
@@ -196,12 +206,19 @@ class Linear(nn.Module):
             blk = self.gather_weight(self.weight.detach())                  # [n_blk, k_blk]
             cols = comm.all_gather(blk, sh.in_dim)                           # [G_in, n_blk, k_blk]
             rows = torch.cat(list(cols.unbind(0)), dim=1)                    # [n_blk, k]
-            full = torch.cat(list(comm.all_gather(rows, sh.out_dim).unbind(0)), dim=0)  # [n, k]
+            full = torch.cat(list(comm.all_gather(rows, sh.out_dim).unbind(0)), dim=0)  # [n, k] (layout order)
+            bias = None
+            if self.bias is not None:
+                bias = torch.cat(list(comm.all_gather(self.bias.detach(), sh.out_dim).unbind(0)))
+            if sh.row_map:                                                   # a fused layer: back to dense order
+                order = torch.cat([torch.arange(a, a + n) for a, n in sh.row_map])
+                full = torch.empty_like(full).index_copy_(0, order.to(full.device), full)
+                bias = None if bias is None else torch.empty_like(bias).index_copy_(0, order.to(bias.device), bias)
             dense = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
                               dtype=full.dtype, device=full.device)
             dense.weight.copy_(full)
-            if self.bias is not None:
-                dense.bias.copy_(torch.cat(list(comm.all_gather(self.bias.detach(), sh.out_dim).unbind(0))))
+            if bias is not None:
+                dense.bias.copy_(bias)
         return dense
 
     # -- weight gathering (the runtime's weight source calls these) --------------------------------------

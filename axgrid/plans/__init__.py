@@ -2,12 +2,12 @@
 
     model = transformers.LlamaForCausalLM(config)
     axgrid.parallelize(model, grid)                 # recognised: the built-in Llama plan
-    axgrid.parallelize(model, grid, plan=axgrid.plans.llama_plan(model))   # the same, explicitly
+    axgrid.parallelize(model, grid, plan=axgrid.plans.hf_plan(model))      # the same, explicitly
     axgrid.parallelize(other, grid, plan=TransformerPlan(...))             # your own model's names
 """
-from .hf import LLAMA_FAMILY, builtin_plan, llama_plan
+from .hf import HF_FAMILIES, builtin_plan, hf_plan
 from .loss import VocabParallelCausalLMLoss
-from .transformer import Pair, TransformerPlan, apply_plan, gather_logits, resolve
+from .transformer import LocalHeadsConfig, Pair, TransformerPlan, apply_plan, gather_logits, resolve
 
-__all__ = ["TransformerPlan", "Pair", "apply_plan", "resolve", "gather_logits", "builtin_plan", "llama_plan",
-           "LLAMA_FAMILY", "VocabParallelCausalLMLoss"]
+__all__ = ["TransformerPlan", "Pair", "apply_plan", "resolve", "gather_logits", "builtin_plan", "hf_plan",
+           "HF_FAMILIES", "LocalHeadsConfig", "VocabParallelCausalLMLoss"]

@@ -34,10 +34,11 @@ def causal_lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
                    mask: Optional[torch.Tensor], normalizer: float) -> torch.Tensor:
     """The summed cross entropy over the kept targets of ``inputs/targets [b, S]`` divided by ``normalizer``, for
     axgrid's GPT or a Hugging Face causal LM (dropped targets, ``mask == 0``, become ``-100`` labels;
-    ``shift_labels`` are the targets, so no shift happens inside the model's loss)."""
+    ``shift_labels`` are the targets, so no shift happens inside the model's loss). A drop-in model's own loss
+    (transformers' ``ForCausalLMLoss``) views the labels flat, so they are made contiguous here."""
     if isinstance(model, GPT):
         return model(inputs, targets, mask, normalizer=normalizer)
-    labels = targets if mask is None else targets.masked_fill(mask == 0, -100)
+    labels = (targets if mask is None else targets.masked_fill(mask == 0, -100)).contiguous()   # transformers' loss
     out = model(input_ids=inputs, labels=labels, shift_labels=labels, num_items_in_batch=normalizer, use_cache=False)
     return out.loss
 

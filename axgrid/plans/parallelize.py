@@ -36,13 +36,15 @@ class LinearPlan:
     """How one Linear is parallelized. ``after``: for a sharded-input layer, the layer -- or layers, e.g.
     ``("q_proj", "k_proj", "v_proj")`` or ``("gate_proj", "up_proj")`` -- whose sharded outputs it consumes.
     ``unit``: the features on the sharded side split over the grid only in whole units of this size (attention:
-    ``head_dim``, so every rank holds whole heads)."""
+    ``head_dim``, so every rank holds whole heads). ``segments``: a fused layer's output segments, each split on
+    its own (``axgrid.nn.Linear``'s ``out_segments``; sharded output only)."""
 
     transpose: bool = False
     input_layout: str = "replicated"
     output_layout: str = "replicated"
     after: Optional[Union[str, tuple[str, ...]]] = None
     unit: int = 1
+    segments: tuple[int, ...] = ()
 
     @property
     def producers(self) -> tuple[str, ...]:
@@ -142,7 +144,7 @@ def parallel_copy(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Linear:
     """An ``axgrid.nn.Linear`` holding this rank's part of ``lin``'s weights, laid out as ``p`` says (frozen
     parameters stay frozen)."""
     made = Linear.from_dense(lin, grid, transpose=p.transpose, input_layout=p.input_layout,
-                             output_layout=p.output_layout)
+                             output_layout=p.output_layout, out_segments=p.segments)
     for param, old in ((made.weight, lin.weight), (made.bias, lin.bias)):
         if param is not None:
             param.requires_grad_(old.requires_grad)
@@ -153,9 +155,11 @@ def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | Transformer
                 auto_pair: bool = True, *, summary: bool = False) -> nn.Module:
     """Parallelize ``model`` in place on ``grid`` and return it.
 
-    Without ``plan``, a model :mod:`axgrid.plans` recognises (Hugging Face Llama, Mistral, Qwen2) gets its
-    built-in :class:`~axgrid.plans.TransformerPlan`: the residual stream sharded like axgrid's GPT, attention on
-    local heads, no redistribution between layers. A ``TransformerPlan`` is applied as given.
+    Without ``plan``, a model :mod:`axgrid.plans` recognises (Hugging Face Llama, Mistral, Qwen2, Qwen3, Gemma 3,
+    Phi-3; tied embeddings included) gets its built-in :class:`~axgrid.plans.TransformerPlan`: the residual stream
+    sharded like axgrid's GPT, attention on local heads, no redistribution between layers; when its sizes do not
+    divide the grid a ValueError names the grids that fit (``plan={}`` runs it drop-in). Another Hugging Face
+    model runs drop-in with a warning. A ``TransformerPlan`` is applied as given.
 
     Otherwise ``model``'s ``nn.Linear`` modules are replaced by ``axgrid.nn.Linear`` with the same weights:
     ``plan`` maps qualified module names to :class:`LinearPlan`; names not in it are drop-in (replicated in and

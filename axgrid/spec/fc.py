@@ -19,7 +19,7 @@ from typing import Any
 
 from .layout import Coord, GridShape
 from .layers import FCLayer
-from .tiles import TileSpec, ceil_div, split_part
+from .tiles import TileSpec, ceil_div, segment_row_map, split_part
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,12 @@ def fc_volumes(layer: FCLayer, gx, gy, gz, mprime) -> FCVolumes:
 @dataclass(frozen=True)
 class LinearSharding:
     """Which part of the dense layer ``[out_features, in_features]`` one rank holds: the block of rows
-    ``row0 : row0+n_blk`` and columns ``col0 : col0+k_blk``, of which it stores z-part ``z`` of ``gz``."""
+    ``row0 : row0+n_blk`` and columns ``col0 : col0+k_blk``, of which it stores z-part ``z`` of ``gz``.
+
+    ``out_segments``: a fused layer's output features as consecutive segments (Phi-3's ``qkv_proj``:
+    ``(H·d, H_kv·d, H_kv·d)``), each split over ``out_dim`` on its own: the block's rows are then this rank's share
+    of every segment in turn, and ``row0`` counts in that layout (the tiles carry the row map,
+    :func:`~axgrid.spec.tiles.segment_row_map`)."""
 
     in_features: int
     out_features: int
@@ -69,6 +74,12 @@ class LinearSharding:
     col0: int           # first column (input feature) of this rank's block
     gz: int
     z: int
+    out_segments: tuple[int, ...] = ()
+
+    @property
+    def row_map(self) -> tuple[tuple[int, int], ...]:
+        """The tiles' row map (empty for an unfused layer)."""
+        return segment_row_map(self.out_segments, self.out_features // self.n_blk) if self.out_segments else ()
 
     @property
     def block_numel(self) -> int:
@@ -91,15 +102,15 @@ class LinearSharding:
     def weight_tile(self) -> TileSpec:
         """The weight's tile: the block, flattened and split over z."""
         return TileSpec((self.out_features, self.in_features), (self.row0, self.col0), (self.n_blk, self.k_blk),
-                        "z", self.gz, self.z)
+                        "z", self.gz, self.z, self.row_map)
 
     @property
     def bias_tile(self) -> TileSpec:
-        return TileSpec((self.out_features,), (self.row0,), (self.n_blk,))
+        return TileSpec((self.out_features,), (self.row0,), (self.n_blk,), row_map=self.row_map)
 
     @staticmethod
     def of(shape: GridShape, coord: Coord, in_features: int, out_features: int,
-           transpose: bool) -> "LinearSharding":
+           transpose: bool, out_segments: tuple[int, ...] = ()) -> "LinearSharding":
         """The piece of the rank at ``coord`` on a grid of ``shape``; a ValueError names a size that does not
         divide."""
         layer = FCLayer(out_features, in_features, transpose)
@@ -110,9 +121,13 @@ class LinearSharding:
                 kind = "transposed" if transpose else "normal"
                 raise ValueError(f"{name}={f} is not divisible by G{d}={g} (grid {shape}, {kind} layer); "
                                  f"choose {name} divisible by {g}, another grid, or transpose={not transpose}")
+        if out_segments and (sum(out_segments) != out_features or any(s % g_out for s in out_segments)):
+            raise ValueError(f"out_segments={tuple(out_segments)} must add up to out_features={out_features}, each "
+                             f"divisible by G{layer.out_dim}={g_out} (grid {shape})")
         v = fc_volumes(layer, shape.gx, shape.gy, shape.gz, 1)
         return LinearSharding(in_features, out_features, layer.in_dim, layer.out_dim, v.n_loc, v.k_loc,
-                              coord[layer.out_dim] * v.n_loc, coord[layer.in_dim] * v.k_loc, shape.gz, coord.z)
+                              coord[layer.out_dim] * v.n_loc, coord[layer.in_dim] * v.k_loc, shape.gz, coord.z,
+                              tuple(out_segments) if len(out_segments) > 1 else ())
 
 
 __all__ = ["FCVolumes", "fc_volumes", "LinearSharding"]

@@ -13,6 +13,13 @@ these boxes:
 The split rule (one definition for the runtime's weight shards, checkpoints and perfmodel's volumes): a flat
 buffer of ``numel`` elements is zero-padded to ``parts · ceil(numel/parts)`` and cut into ``parts`` equal parts;
 part ``i`` holds elements ``[i·part, min((i+1)·part, numel))`` of the buffer, the rest of it is padding.
+
+Fused tensors (Phi-3's ``qkv_proj [(H + 2·H_kv)·d, h]``, ``gate_up_proj [2f, h]``) keep their rows in another
+order than the grid needs: a y-rank must hold its own heads' q, k and v rows, which are three separate bands of
+the file's tensor. A ``row_map`` says so: the tile is cut from the *layout* tensor whose rows are the bands
+``dense[a : a + n]`` of the ``row_map``, in order (a permutation of the dense rows, :func:`segment_row_map`).
+:func:`part_boxes` still returns boxes of the dense tensor, in the part's element order (a box that crosses a band
+is cut at it), so every reader and writer above handles a fused tensor with no code of its own.
 """
 from __future__ import annotations
 
@@ -51,6 +58,9 @@ class TileSpec:
     split_dim: Optional[str] = None
     split_size: int = 1
     split_index: int = 0
+    #: ``((first dense row, rows), ...)``: the rows (dim 0) of the layout tensor that ``offsets``/``tile_shape``
+    #: refer to, as consecutive bands of the dense tensor (empty: the dense tensor's own order)
+    row_map: tuple[tuple[int, int], ...] = ()
 
     @property
     def tile_numel(self) -> int:
@@ -84,7 +94,11 @@ class TileSpec:
         return out
 
     def slices(self) -> tuple[slice, ...]:
-        """Where the tile sits in the dense tensor."""
+        """Where the tile sits in the dense tensor (a tile of a row-mapped tensor is no one rectangle: use
+        :func:`part_boxes`)."""
+        if self.row_map:
+            raise ValueError("a tile with a row_map is several bands of the dense tensor, not one slice: use "
+                             "part_boxes(tile) (or axgrid.io.part_copy.part_of_dense)")
         return tuple(slice(o, o + s) for o, s in zip(self.offsets, self.tile_shape))
 
 
@@ -142,7 +156,57 @@ def part_boxes(tile: TileSpec) -> list[Box]:
     """The boxes of the dense tensor holding this rank's part, in the part's element order (empty for a part
     that is only padding)."""
     start, stop = tile.part_range()
-    return flat_boxes(tile_box(tile), start, stop) if tile.split_dim else [tile_box(tile)]
+    boxes = flat_boxes(tile_box(tile), start, stop) if tile.split_dim else [tile_box(tile)]
+    if not tile.row_map:
+        return boxes
+    return [b for box in boxes for b in map_rows(box, tile.row_map)]
+
+
+def map_rows(box: Box, row_map: Sequence[tuple[int, int]]) -> list[Box]:
+    """``box`` of the layout tensor (rows in ``row_map``'s order) as boxes of the dense tensor, in the box's
+    row-major element order: cut where a band ends."""
+    out: list[Box] = []
+    layout_row = 0
+    lo, hi = box.offsets[0], box.offsets[0] + box.shape[0]
+    for first, rows in row_map:
+        a, b = max(lo, layout_row), min(hi, layout_row + rows)
+        if a < b:
+            out.append(Box((first + a - layout_row, *box.offsets[1:]), (b - a, *box.shape[1:])))
+        layout_row += rows
+    return out
+
+
+def segment_row_map(segments: Sequence[int], parts: int) -> tuple[tuple[int, int], ...]:
+    """The row map of a fused tensor whose rows are ``segments`` (e.g. ``(H·d, H_kv·d, H_kv·d)``), each split into
+    ``parts`` equal shares, so that part ``j``'s rows of the layout tensor, ``[j·n/parts, (j+1)·n/parts)``, are
+    share ``j`` of every segment in turn: ``((seg0 + j·s0/parts, s0/parts), (seg1 + j·s1/parts, s1/parts), ...)``
+    for ``j = 0 .. parts-1``. Empty (no map) for one segment or one part."""
+    if any(s % parts for s in segments):
+        raise ValueError(f"segments {tuple(segments)} do not each divide into {parts} parts")
+    if len(segments) <= 1 or parts == 1:
+        return ()
+    starts = [sum(segments[:i]) for i in range(len(segments))]
+    return tuple((a + j * (s // parts), s // parts) for j in range(parts) for a, s in zip(starts, segments))
+
+
+def row_segments(tile: TileSpec, r0: int, r1: int) -> list[tuple[int, Box]]:
+    """``(position, box)`` for each piece of this rank's part that lies in the dense rows ``[r0, r1)``, in the
+    part's element order: ``box`` (dense coordinates) holds the part's elements ``[position, position +
+    box.numel)`` (positions count from the part's first real element). A piece is contiguous in the part because
+    every box of :func:`part_boxes` is row-major over whole rows of itself."""
+    out: list[tuple[int, Box]] = []
+    pos = 0
+    for box in part_boxes(tile):
+        if not box.shape:                               # a 0-d tensor: one piece, whatever the rows
+            out.append((pos, box))
+            pos += box.numel
+            continue
+        a, b = max(r0, box.offsets[0]), min(r1, box.offsets[0] + box.shape[0])
+        if a < b:
+            row = box.numel // box.shape[0]
+            out.append((pos + (a - box.offsets[0]) * row, Box((a, *box.offsets[1:]), (b - a, *box.shape[1:]))))
+        pos += box.numel
+    return out
 
 
 def part_shape(tile: TileSpec) -> tuple[int, ...]:

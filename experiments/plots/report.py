@@ -4,7 +4,8 @@ any driver that writes the same record): a table as Markdown and CSV, and PNG pl
     python experiments/plots/report.py runs/a.jsonl runs/b.jsonl ... --out experiments/results/report
 
 Writes to ``--out``: ``report.md`` and ``report.csv`` (one row per log: machine, device, grid, model, batch,
-tokens/s, TFLOP/s per device, MFU, peak memory, J/token, and the step time split below), ``throughput.png``
+tokens/s, TFLOP/s per device, MFU, peak memory, J/token, the last validation loss and perplexity (``eval`` rows of a
+run with ``--eval-interval``; n/a without), and the step time split below), ``throughput.png``
 (tokens/s and J/token per configuration) and ``step_split.png`` (time per step: compute and the exposed
 communication of each grid dimension, stacked; a run without ``--comm-timing`` has no split and is drawn whole).
 A run's figures are recomputed from its step rows with :func:`axgrid.metrics.summarize` (the first ``--skip``
@@ -22,15 +23,16 @@ from typing import Any, Optional, Sequence
 from axgrid.metrics import summarize
 
 COLUMNS = ("run", "machine", "device", "grid", "world", "model", "batch", "dtype", "step_s", "tokens_per_s",
-           "tflops", "mfu", "peak_mem_gib", "j_per_token", "compute_s", "exposed_x_s", "exposed_y_s", "exposed_z_s",
+           "tflops", "mfu", "peak_mem_gib", "j_per_token", "valid_loss", "valid_ppl", "compute_s", "exposed_x_s", "exposed_y_s", "exposed_z_s",
            "exposed_d_s", "exposed_other_s", "energy_source")
 #: one column per grid dimension; groups of several letters (the tensor-parallel block "xyz", "xy": the gradient
 #: norm, the loss) go to "other"
 DIM_COLORS = {"x": "#4c72b0", "y": "#dd8452", "z": "#55a868", "d": "#c44e52", "other": "#8172b2"}
 
 
-def read_log(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The first config row and every step row of a JSON-lines metrics log."""
+def read_log(path: str, evals: Optional[list[dict[str, Any]]] = None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The first config row and every step row of a JSON-lines metrics log (its eval rows appended to ``evals``)."""
     config: Optional[dict[str, Any]] = None
     steps: list[dict[str, Any]] = []
     with open(path) as f:
@@ -45,6 +47,8 @@ def read_log(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 config = row
             elif row.get("event") == "step":
                 steps.append(row)
+            elif row.get("event") == "eval" and evals is not None:
+                evals.append(row)
     if config is None or not steps:
         raise SystemExit(f"{path}: no config row or no step rows: not an axgrid metrics log (train_gpt --log)")
     return config, steps
@@ -52,7 +56,8 @@ def read_log(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def run_row(path: str, skip: int) -> dict[str, Any]:
     """The report's row of one log."""
-    config, steps = read_log(path)
+    evals: list[dict[str, Any]] = []
+    config, steps = read_log(path, evals)
     s = summarize(steps, skip)
     exposed = s["comm_exposed_s"]
     row = {"run": os.path.splitext(os.path.basename(path))[0], "machine": config.get("machine", config.get("host")),
@@ -61,6 +66,8 @@ def run_row(path: str, skip: int) -> dict[str, Any]:
            "step_s": s["step_s"], "tokens_per_s": s["tokens_per_s"], "tflops": s["tflops"], "mfu": s["mfu"],
            "peak_mem_gib": s["peak_mem_bytes"] / 2**30,
            "j_per_token": 1.0 / s["tokens_per_j"] if s["tokens_per_j"] else None,
+           "valid_loss": evals[-1].get("valid_loss") if evals else None,
+           "valid_ppl": evals[-1].get("valid_ppl") if evals else None,
            "compute_s": s["step_s"] - sum(exposed.values()) if exposed is not None else None,
            "energy_source": s["energy_source"]}
     for d in DIM_COLORS:
@@ -81,7 +88,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The table as Markdown (the energy source below it, once per distinct source)."""
     cols = [("run", "run"), ("machine", "machine"), ("device", "device"), ("grid", "grid"), ("model", "model"),
             ("batch", "batch"), ("tokens_per_s", "tokens/s"), ("tflops", "TFLOP/s/device"), ("mfu", "MFU"),
-            ("peak_mem_gib", "peak mem GiB"), ("j_per_token", "J/token"), ("step_s", "s/step"),
+            ("peak_mem_gib", "peak mem GiB"), ("j_per_token", "J/token"), ("valid_loss", "valid loss"),
+            ("valid_ppl", "valid ppl"), ("step_s", "s/step"),
             ("compute_s", "compute s")] + [(f"exposed_{d}_s", f"exposed {d} s") for d in DIM_COLORS]
     out = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(_fmt(r[k]) for k, _ in cols) + " |" for r in rows]

@@ -13,7 +13,9 @@ Data, plain text: ``--text-file`` (default: the shipped KJV selections) tokenize
 when the folder has one (``AutoTokenizer``); otherwise byte-level (ids = UTF-8 bytes, which needs a vocabulary of
 at least 256), said in the log's ``config`` record and on stdout. Each step's global batch is ``--batch`` random
 windows of ``--seq + 1`` tokens of the text before its held-out end, drawn from ``(seed, step)`` (the same on
-every rank; each takes its slice), so a resumed run sees the same batches.
+every rank; each takes its slice), so a resumed run sees the same batches. ``--data-path [W] PREFIX ...``
+(``--split``, ``--eval-interval``, ``--eval-iters``) trains on a corpus preprocessed with the checkpoint's tokenizer
+instead, as train_gpt does (docs/data.md).
 
 Data, conversations (instruction fine-tuning): ``--chat-file`` (JSON lines of ``{"messages": [...]}`` or
 ``{"prompt", "response"}``; :mod:`axgrid.data.chat`), rendered with the checkpoint's chat template, packed
@@ -22,14 +24,15 @@ assistant's tokens only, normalised over the step's global count of them (with G
 A malformed line ends the run before the grid starts, naming the file, the line and what is wrong.
 
 Held-out evaluation: the last ``--heldout-frac`` of the text (of the conversations) is never trained on; at most
-``--heldout-rows`` rows of it are scored (:func:`axgrid.driver.heldout_loss`) before the first step and after the
-last: ``eval`` rows in the log (``heldout_loss``, ``heldout_ppl``) and ``heldout_loss_before/after``,
-``heldout_ppl_before/after`` in the summary. ``--sample-prompt TEXT`` also answers TEXT (a user turn, greedy,
-``axgrid.generate``, ``--sample-tokens``) before and after, into the summary and stdout.
+``--heldout-rows`` rows of it (the assistant tokens of conversations) are scored before the first step and after
+the last (:meth:`axgrid.driver.RunData.evaluate`): ``eval`` rows in the log (``valid_loss``, ``valid_ppl``,
+``valid_tokens``) and, in the summary, ``valid_loss_before``/``valid_ppl_before`` beside the last evaluation's
+``valid_loss``/``valid_ppl``. With a corpus the validation split is scored instead, also every ``--eval-interval``
+steps. ``--sample-prompt TEXT`` also answers TEXT (a user turn, greedy, ``axgrid.generate``, ``--sample-tokens``)
+before and after, into the summary (``answer_before``, ``answer_after``) and stdout.
 
-Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences in
-``--microbatches``
-accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
+Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences
+in ``--microbatches`` accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
 with ``--dtype bf16`` (default on GPU), fp32 otherwise; AdamW (decay on matrices only), linear warm-up then
 cosine decay to ``--min-lr``, global gradient-norm clipping ``--clip``. Goldfish loss ``--goldfish-k K
 [--goldfish-h 13] [--goldfish-mode hash|static]``: dropped targets become ``-100`` labels and the loss is the
@@ -60,10 +63,11 @@ import torch
 
 import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
-from axgrid.data.sources import ChatSource, TextSource
 from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
-from axgrid.driver import (RunCheckpoints, StepSettings, add_run_arguments, add_step_arguments, check_run_arguments,
-                           compute_dtype, heldout_loss, parse_step_args, run_step)
+from axgrid.data.sources import ChatSource, TextSource
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
+                           add_step_arguments, check_data_arguments, check_run_arguments, compute_dtype,
+                           data_settings, parse_step_args, run_step)
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
 from axgrid.spec import llama_flops
@@ -87,6 +91,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     add_step_arguments(p)
     p.set_defaults(lr=1e-4, weight_decay=0.0)          # a fine-tuning learning rate, no weight decay
     p.add_argument("--seed", type=int, default=0, help="seed of the data order")
+    add_data_arguments(p)
     add_run_arguments(p)
     p.add_argument("--export", default=None, help="write the fine-tuned model as a Hugging Face folder here")
     add_metrics_arguments(p)
@@ -95,9 +100,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """What a resumed run must share with the run that saved (not the grid, dtype or timeout: loading reshards)."""
-    data = ({"chat_file": os.path.abspath(args.chat_file), "chat_layout": args.chat_layout} if args.chat_file
-            else {"text_file": os.path.abspath(args.text_file)})
-    return {"checkpoint": os.path.abspath(args.checkpoint), **data, "heldout_frac": args.heldout_frac,
+    corpus = data_settings(args)
+    own = ({"chat_file": os.path.abspath(args.chat_file), "chat_layout": args.chat_layout} if args.chat_file
+           else {"text_file": os.path.abspath(args.text_file)})
+    return {"checkpoint": os.path.abspath(args.checkpoint), **own, "heldout_frac": args.heldout_frac,
+            "corpus": corpus.record() if corpus is not None else None,
             "seed": args.seed, "seq": args.seq, "steps": args.steps, "batch": args.batch,
             "microbatches": args.microbatches, "recompute": args.recompute,
             "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
@@ -115,7 +122,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--chat-file {args.chat_file} and --text-file {args.text_file}: pass one of them")
     if args.text_file is None and args.chat_file is None:
         args.text_file = str(DEFAULT_TEXT)
-    if args.text_file is not None and not os.path.isfile(args.text_file):
+    if not args.data_path and args.text_file is not None and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass a UTF-8 text file")
     if args.chat_file is not None and not os.path.isfile(args.chat_file):
         raise SystemExit(f"--chat-file {args.chat_file} does not exist or is not a file: pass a JSON-lines file")
@@ -125,6 +132,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--heldout-frac {args.heldout_frac}, --heldout-rows {args.heldout_rows}, --sample-tokens "
                          f"{args.sample_tokens}: the fraction must be in [0, 1), the counts >= 1")
     check_run_arguments(args)
+    check_data_arguments(args)
+    if args.data_path and args.chat_file:
+        raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")
     args.conversations = None
     if args.chat_file:
         try:
@@ -133,31 +143,30 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"--chat-file {e}") from None
 
 
-def data_of(args: argparse.Namespace, tokenizer: Optional[Any]) -> TextSource | ChatSource:
-    """The run's training batches and held-out rows (SystemExit, identically on every rank, when unusable)."""
+def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TextSource | ChatSource:
+    """The run's own training batches and held-out rows (SystemExit, identically on every rank, when the text or
+    the conversations cannot be used with this checkpoint)."""
+    if tokenizer is None and vocab < ByteTokenizer.vocab_size:
+        raise SystemExit(f"--checkpoint {args.checkpoint} has no tokenizer and a vocabulary of {vocab} < 256, so the "
+                         f"byte-level fallback cannot encode the text; save a tokenizer with the checkpoint")
     try:
         if args.chat_file:
             check_chat_tokenizer(tokenizer, args.checkpoint)
             chat = load_chat(args.chat_file, tokenizer, args.seq, args.chat_layout, args.heldout_frac, args.seed,
                              conversations=args.conversations)
-            return ChatSource(chat, args.heldout_rows)
-        tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
-        return TextSource(tokens, args.seq, args.seed, args.heldout_frac, args.heldout_rows, args.text_file)
+            data: TextSource | ChatSource = ChatSource(chat, args.heldout_rows)
+        else:
+            tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
+            data = TextSource(tokens, args.seq, args.seed, args.heldout_frac, args.heldout_rows, args.text_file)
     except ChatFormatError as e:
         raise SystemExit(f"--chat-file {e}") from None
     except ValueError as e:
         raise SystemExit(f"--text-file {e}; use a longer text, a smaller --seq or another --heldout-frac") from None
-
-
-def check_vocab(args: argparse.Namespace, data: TextSource | ChatSource, tokenizer: Optional[Any], vocab: int) -> None:
-    """SystemExit (identically on every rank) when the data's ids do not fit the model's vocabulary."""
-    if tokenizer is None and vocab < ByteTokenizer.vocab_size:
-        raise SystemExit(f"--checkpoint {args.checkpoint} has no tokenizer and a vocabulary of {vocab} < 256, so the "
-                         f"byte-level fallback cannot encode the text; save a tokenizer with the checkpoint")
     if data.max_id >= vocab:
         source = f"--chat-file {args.chat_file}" if args.chat_file else f"--text-file {args.text_file}"
         raise SystemExit(f"{source} encodes to id {data.max_id} >= the model's vocabulary {vocab}: the tokenizer "
                          f"does not belong to this checkpoint")
+    return data
 
 
 def answer(model: torch.nn.Module, grid: axgrid.Grid, tokenizer: Any, prompt: str, tokens: int) -> str:
@@ -194,50 +203,54 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     if args.sample_prompt is not None and (tokenizer is None or not getattr(tokenizer, "chat_template", None)):
         raise SystemExit(f"--sample-prompt needs a checkpoint with a tokenizer and a chat template; "
                          f"{args.checkpoint} has none")
-    data = data_of(args, tokenizer)
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
     mcfg = model.config
-    check_vocab(args, data, tokenizer, mcfg.vocab_size)
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
+    data = RunData.open(args, grid, settings, seq=args.seq, seed=args.seed, vocab=mcfg.vocab_size, start=start,
+                        resumed=ckpt.extra, fallback=lambda: data_of(args, tokenizer, mcfg.vocab_size))
+    own = data.batches.info if data.corpus is None else {}
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, **data.info, "text_file": args.text_file, "chat_file": args.chat_file,
-              "chat_layout": args.chat_layout if args.chat_file else None, "seq": args.seq, "batch": args.batch,
+              "tokenizer": tok_name, "data": "corpus" if data.corpus is not None else None, **own,
+              "text_file": None if (args.chat_file or data.corpus) else args.text_file, "chat_file": args.chat_file,
+              "chat_layout": args.chat_layout if args.chat_file else None, "corpus": data.describe() or None,
+              "seq": args.seq, "batch": args.batch,
               "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
-              "heldout_rows": 0 if data.heldout is None else int(data.heldout[0].shape[0]),
               "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}
     metrics = Metrics.from_args(grid, args, flops_per_step=flops, tokens_per_step=args.batch * args.seq, dtype=dtype,
                                 config=config, progress=None if args.no_progress else args.steps, initial=start,
                                 append=bool(args.resume))
     if rank0:
         print(f"finetune: {type(model).__name__} from {args.checkpoint} on grid {grid.shape} ({grid.world_size} "
-              f"ranks, {dtype}); tokenizer: {tok_name}; {data.describe}; batch {args.batch} x {args.seq} in "
-              f"{args.microbatches} micro-batch(es)", flush=True)
+              f"ranks, {dtype}); tokenizer: {tok_name}; "
+              f"{data.describe() if data.corpus else data.batches.describe}; batch {args.batch} x "
+              f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
     extra: dict[str, Any] = {}
 
-    def evaluate(when: str, step: int) -> None:
-        """Held-out loss and perplexity (and the sample answer) ``before`` or ``after``, into the log and summary."""
-        if data.heldout is not None:
-            loss = heldout_loss(model, grid, *data.heldout, rows_per_pass=args.batch // args.microbatches)
-            metrics.evaluation(step, when=when, heldout_loss=loss, heldout_ppl=math.exp(loss))
-            extra.update({f"heldout_loss_{when}": loss, f"heldout_ppl_{when}": math.exp(loss)})
+    def evaluate(when: str, steps_done: int) -> None:
+        """Held-out loss and perplexity (and the sample answer) ``before`` or ``after``: an eval row, the summary."""
+        if data.has_validation and not (metrics.evals and metrics.evals[-1]["step"] == steps_done):
+            row = data.evaluate(steps_done, model, grid, metrics)
+            if when == "before":
+                extra.update(valid_loss_before=row["valid_loss"], valid_ppl_before=row["valid_ppl"])
         if args.sample_prompt is not None:
             extra[f"answer_{when}"] = answer(model, grid, tokenizer, args.sample_prompt, args.sample_tokens)
-        if rank0 and (data.heldout is not None or args.sample_prompt is not None):
-            held = (f"held-out loss {extra[f'heldout_loss_{when}']:.4f}, perplexity {extra[f'heldout_ppl_{when}']:.2f}"
-                    if data.heldout is not None else "")
+        if rank0 and (metrics.evals or args.sample_prompt is not None):
+            last = metrics.evals[-1] if metrics.evals else None
+            held = (f"held-out loss {last['valid_loss']:.4f}, perplexity {last['valid_ppl']:.2f}" if last else "")
             said = f"; answer: {extra[f'answer_{when}']!r}" if args.sample_prompt is not None else ""
-            print(f"finetune: {when} step {step}: {held}{said}", flush=True)
+            print(f"finetune: {when} step {steps_done}: {held}{said}", flush=True)
 
     evaluate("before", start)
     for step in range(start, args.steps):
-        inputs, targets, mask = data.batch(step, args.batch)
+        inputs, targets, mask = data.batch(step)
         run_step(model, opt, grid, settings, step, inputs, targets, metrics, loss_mask=mask)
-        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps):
+        data.after_step(step + 1, model, grid, metrics)
+        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps, extra=data.extra(step + 1)):
             break
     ckpt.close()
     if not ckpt.stopped:
@@ -248,8 +261,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     losses = [r["loss"] for r in metrics.rows]
     summary = metrics.close(start_step=start, losses=losses, exported=exported, **extra)
     if rank0 and losses:
-        held = (f"; held-out perplexity {summary['heldout_ppl_before']:.2f} -> {summary['heldout_ppl_after']:.2f}"
-                if "heldout_ppl_after" in summary else "")
+        held = (f"; held-out perplexity {summary['valid_ppl_before']:.2f} -> {summary['valid_ppl']:.2f}"
+                if "valid_ppl_before" in summary and "valid_ppl" in summary else "")
         print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps{held}; "
               f"{summary['step_s']:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} "
               f"TFLOP/s per device" + (f"; exported to {args.export}" if summary["exported"] else ""), flush=True)

@@ -10,7 +10,9 @@ with ``--checkpoint``): the token stream is cut into three disjoint parts: N pas
 first ``N·(P+C)`` tokens), the held-out text (the last ``--heldout-frac``: never trained on) and the other text
 (everything between). Each optimizer step's global batch is ``--batch`` sequences: ``--batch - --other`` passages
 (each epoch visits every passage once, in a seeded order) and ``--other`` random windows of the other text, so
-the model learns the language while it sees the passages E times.
+the model learns the language while it sees the passages E times. With ``--data-path`` (a corpus preprocessed by
+``python -m axgrid.data preprocess``, ``--split``) the passages and the other text are the train split's first
+tokens and the held-out text is the validation split's (:func:`axgrid.data.split_tokens`).
 
 Training (per loss, from the same initial weights and the same batches): axgrid's GPT from scratch (``--model``
 a named size of axgrid.spec, overridden by ``--layers/--hidden/--heads``), or the Hugging Face checkpoint
@@ -42,8 +44,9 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
-from axgrid.data import DEFAULT_TEXT, TokenWindows, encode, load_tokenizer, spaced_windows
-from axgrid.driver import StepSettings, add_step_arguments, compute_dtype, heldout_loss, parse_step_args, run_step
+from axgrid.data import DEFAULT_TEXT, DataError, TokenWindows, encode, load_tokenizer, split_tokens
+from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments, compute_dtype,
+                           data_settings, parse_step_args, run_step)
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
 from axgrid.models import GPT, GPTConfig
@@ -65,12 +68,12 @@ class StudyText:
     text; ``batch(step)`` is the step's global batch (a function of the seed and the step)."""
 
     def __init__(self, tokens: torch.Tensor, n: int, prompt: int, continuation: int, heldout_frac: float,
-                 batch: int, other: int, seed: int) -> None:
+                 batch: int, other: int, seed: int, heldout: Optional[torch.Tensor] = None) -> None:
         length = prompt + continuation
-        cut = int(tokens.numel() * (1.0 - heldout_frac))
+        cut = int(tokens.numel() * (1.0 - heldout_frac)) if heldout is None else tokens.numel()
         self.passages = tokens[: n * length].view(n, length)
         self.other = TokenWindows(tokens[n * length: cut], length - 1, seed, "the other text")
-        self.heldout = tokens[cut:]
+        self.heldout = tokens[cut:] if heldout is None else heldout
         self.n, self.prompt, self.continuation, self.seed = n, prompt, continuation, seed
         self.per_step = batch - other
         self.other_per_step = other
@@ -92,7 +95,10 @@ class StudyText:
 
     def heldout_windows(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``count`` evenly spaced windows of the held-out text (fixed: the same for every run and evaluation)."""
-        return spaced_windows(self.heldout, self.passages.shape[1] - 1, count)
+        seq = self.passages.shape[1] - 1
+        starts = torch.linspace(0, self.heldout.numel() - seq - 1, count).long().tolist()
+        win = torch.stack([self.heldout[s: s + seq + 1] for s in starts])
+        return win[:, :-1], win[:, 1:]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -102,6 +108,17 @@ def continuations(model: torch.nn.Module, grid: axgrid.Grid, prompts: torch.Tens
     """The greedy continuations ``[N, length]`` of ``prompts [N, P]`` (``axgrid.generate``)."""
     out = axgrid.generate(model, prompts.to(grid.device), grid, length)
     return out[:, prompts.shape[1]:].cpu()
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, grid: axgrid.Grid, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Mean cross entropy per token on ``inputs/targets [H, S]`` (H split over d; standard loss, no mask)."""
+    gd, d = grid.size("d"), grid.coord.d
+    per = inputs.shape[0] // gd
+    rows = slice(d * per, (d + 1) * per)
+    loss = causal_lm_loss(model, inputs[rows].to(grid.device), targets[rows].to(grid.device), None,
+                          inputs[: per * gd].numel() / gd)
+    return float(grid.comm.all_reduce(loss.detach().float().reshape(1), "d", average=True)[0])
 
 
 def evaluate(model: torch.nn.Module, grid: axgrid.Grid, text: StudyText, heldout: tuple[torch.Tensor, torch.Tensor]
@@ -187,6 +204,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default 1x1x1xWORLD)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s)
+    add_data_arguments(p, evaluation=False)
     add_step_arguments(p)          # the step's options, as the other drivers have them; the study's defaults:
     p.set_defaults(batch=24, lr=4e-3, warmup=10, goldfish_k=4, weight_decay=0.0)
     args = parse_step_args(p, argv)
@@ -211,8 +229,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--heldout-frac {args.heldout_frac}: must be in (0, 0.5)")
     if "goldfish" in args.loss_list and args.goldfish_k < 2:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: the goldfish run needs K >= 2")
-    if not os.path.isfile(args.text_file):
+    if not args.data_path and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file")
+    check_data_arguments(args)
     for flag, path in (("--checkpoint", args.checkpoint), ("--eval-only", args.eval_only)):
         if path and not os.path.isdir(path):
             raise SystemExit(f"{flag} {path} is not a folder")
@@ -234,13 +253,37 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 
 def _text(args: argparse.Namespace, tokenizer: Optional[Any]) -> StudyText:
-    tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
     need = args.passages * (args.prompt + args.continuation)
+    if args.data_path:
+        return _corpus_text(args, need)
+    tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
     if tokens.numel() * (1 - args.heldout_frac) < need + 4 * (args.prompt + args.continuation):
         raise SystemExit(f"--text-file {args.text_file} has {tokens.numel()} tokens: too few for {args.passages} "
                          f"passages of {args.prompt + args.continuation} tokens plus other and held-out text")
     return StudyText(tokens, args.passages, args.prompt, args.continuation, args.heldout_frac, args.batch,
                      args.other, args.seed)
+
+
+def _corpus_text(args: argparse.Namespace, need: int) -> StudyText:
+    """Passages and other text from the train split (as much as the study can use), held-out windows from the
+    validation split (``--heldout`` windows back to back)."""
+    length = args.prompt + args.continuation
+    steps = args.epochs * (args.passages // max(args.batch - args.other, 1))
+    try:
+        train = split_tokens(data_settings(args), "train", need + (steps * args.other + 4) * length)
+        heldout = split_tokens(data_settings(args), "valid", args.heldout * length + 1)
+    except DataError as e:
+        raise SystemExit(str(e)) from None
+    top = max(int(train.max()), int(heldout.max()))
+    if not args.checkpoint and top >= 256:
+        raise SystemExit(f"--data-path: token id {top} >= the study GPT's vocabulary 256: preprocess with "
+                         f"--tokenizer bytes, or pass --checkpoint with the corpus' tokenizer")
+    if train.size < need + 4 * length or heldout.size < length + 1:
+        raise SystemExit(f"--data-path: the train split has {train.size} tokens and the validation split "
+                         f"{heldout.size}: too few for {args.passages} passages of {length} tokens plus other and "
+                         f"held-out text")
+    return StudyText(torch.from_numpy(train), args.passages, args.prompt, args.continuation, args.heldout_frac,
+                     args.batch, args.other, args.seed, heldout=torch.from_numpy(heldout))
 
 
 def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str, Any]:
@@ -306,7 +349,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
 
 def _settings(args: argparse.Namespace, grid: axgrid.Grid, dtype: str, text: StudyText, wall: float,
               steps: Optional[int] = None) -> dict[str, Any]:
-    keep = ("text_file", "passages", "prompt", "continuation", "epochs", "eval_every", "batch", "other", "heldout",
+    keep = ("text_file", "data_path", "split", "passages", "prompt", "continuation", "epochs", "eval_every", "batch", "other", "heldout",
             "heldout_frac", "losses", "goldfish_k", "goldfish_h", "goldfish_mode", "model", "layers", "hidden",
             "heads", "checkpoint", "eval_only", "microbatches", "lr", "min_lr", "warmup", "weight_decay", "beta2",
             "clip", "recompute", "seed")
@@ -325,7 +368,8 @@ def epochs_to(curve: list[dict[str, float]], fraction: float) -> Optional[int]:
 
 
 def _table(rows: dict[str, dict[str, float]]) -> str:
-    head = f"{'run':<12} {'exact match':>11} {'token acc':>9} {'ROUGE-L':>7} {'held-out loss':>13} {'epochs to 80%':>13}"
+    head = (f"{'run':<12} {'exact match':>11} {'token acc':>9} {'ROUGE-L':>7} {'held-out loss':>13} "
+            f"{'epochs to 80%':>13}")
     lines = [head, "-" * len(head)]
     for name, s in rows.items():
         first = s.get("epochs_to_80", "")

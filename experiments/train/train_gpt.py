@@ -10,9 +10,13 @@ then, inside the model, over z by whole sequences (``B/(M·Gd·Gz)`` per rank: m
 Every rank builds the same global batch from ``(seed, step)`` and takes its slice, so no data is communicated
 and a resumed run sees the same batches.
 
-Data: ``--data text`` reads ``--text-file`` (default: the public-domain KJV selections shipped in axgrid/data/text/) as
-bytes -- the tokenizer is byte-level, vocabulary 256 -- and samples random windows; ``--data synthetic`` draws
-uniform random token ids (loss stays near ln V: use it for speed, not learning).
+Data: ``--data-path [W] PREFIX ...`` trains on a corpus preprocessed into Megatron's indexed format (``python -m
+axgrid.data preprocess``; a blend with weights, ``--split 949,50,1`` by documents; docs/data.md): each rank reads
+only the sequences it computes, and ``--eval-interval N --eval-iters K`` logs the validation loss and perplexity
+every N steps. Without it, ``--data text`` reads ``--text-file`` (default: the public-domain KJV selections shipped
+in axgrid/data/text/) as bytes -- the tokenizer is byte-level, vocabulary 256 -- and samples random windows;
+``--data synthetic`` (the default) draws uniform random token ids (loss stays near ln V: use it for speed, not
+learning).
 
 Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW, linear warm-up then cosine
 decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
@@ -26,12 +30,14 @@ TFLOP/s per device = FLOPs per step / time per step / number of ranks / 1e12.
 Metrics (``axgrid.metrics``, the same record every driver writes): ``--log run.jsonl`` gets a ``config`` row
 (model, grid, device, the peak MFU is taken against, energy source), one ``step`` row per step (loss, lr,
 grad_norm, step_s, tokens_per_s, tflops, mfu, peak_mem_bytes, comm_bytes / comm_s / comm_exposed_s per grid
-dimension, energy_j, power_w, tokens_per_j) and a ``summary`` row; ``--tensorboard DIR`` writes the same as
+dimension, energy_j, power_w, tokens_per_j), an ``eval`` row per evaluation (valid_loss, valid_ppl) and a
+``summary`` row; ``--tensorboard DIR`` writes the same as
 TensorBoard scalars; a progress bar on rank 0 when stderr is a terminal; ``--comm-timing`` times every
 collective; ``--peak-tflops`` / ``--peak-machine local-4`` give MFU a peak where the device table has none (CPU).
 ``main(argv)`` returns the summary dict (every rank), so sweeps and validation scripts can call it in-process.
 
-Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid: loading reshards). The run's settings
+Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid: loading reshards; with ``--data-path`` the
+checkpoint holds the data position, so the resumed run sees the samples an uninterrupted run would). The run's settings
 (:func:`run_config`: model, seed, data, schedule, batch) are saved with each checkpoint; ``--resume`` refuses a
 checkpoint saved with other settings, naming them, unless ``--allow-config-change steps[,...]`` accepts the change.
 """
@@ -45,8 +51,9 @@ import torch
 
 import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
-from axgrid.driver import (RunCheckpoints, StepSettings, add_run_arguments, add_step_arguments, check_batch_split,
-                           check_run_arguments, compute_dtype, parse_step_args, run_step)
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
+                           add_step_arguments, check_batch_split, check_data_arguments, check_run_arguments,
+                           compute_dtype, data_settings, parse_step_args, run_step)
 from axgrid.launch.env import LaunchError, detect_launch
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.models import GPT, GPTConfig
@@ -64,14 +71,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
     p.add_argument("--overlap", default="none", help="oar,ors,oag,odp | all | none")
-    p.add_argument("--data", choices=("synthetic", "text"), default="synthetic")
+    p.add_argument("--data", choices=("synthetic", "text"), default=None,
+                   help="without --data-path: uniform random ids (default) or --text-file as bytes")
     p.add_argument("--text-file", default=str(DEFAULT_TEXT))
     p.add_argument("--tune-gemm", choices=("off", "on-first-use", "cache-only"), default="off")
     p.add_argument("--gemm-cache", default=None, help="GEMM tuner decision file (default: the tuner's own)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
+    add_data_arguments(p)
     add_run_arguments(p)
     add_metrics_arguments(p)
-    return parse_step_args(p, argv)
+    args = parse_step_args(p, argv)
+    if args.data is None:
+        args.data = "corpus" if args.data_path else "synthetic"
+    return args
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig:
@@ -84,8 +96,10 @@ def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
     the grid, overlap, dtype or timeout: loading reshards, and those do not change what is trained)."""
     model = {k: getattr(cfg, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed",
                                           "emb_std")}
+    corpus = data_settings(args)
     return {"model": model, "seed": args.seed, "data": args.data,
             "text_file": os.path.abspath(args.text_file) if args.data == "text" else None,
+            "corpus": corpus.record() if corpus is not None else None,
             "steps": args.steps, "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
             "optimizer": {"weight_decay": args.weight_decay, "beta2": args.beta2, "clip": args.clip},
             "batch": args.batch, "microbatches": args.microbatches,
@@ -101,6 +115,10 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
     elif args.batch % args.microbatches:
         raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
+    if args.data_path and args.data != "corpus":
+        raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
+                         f"corpus")
+    check_data_arguments(args)
     if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
         raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
     try:
@@ -142,20 +160,26 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     grid.watch(model)                     # ODP: gradients enter the d buckets during backward
     opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
                             eps=1e-8)
-    try:
-        data = (TextBatches(args.text_file, cfg.seq, args.seed) if args.data == "text"
-                else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
-    except (OSError, ValueError) as e:    # the same on every rank, before any collective
-        raise SystemExit(f"--text-file {args.text_file}: {e}") from None
     settings = StepSettings.from_args(args, args.steps, dtype)
     ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
     start = ckpt.resume(model, opt)
+
+    def in_memory():
+        try:
+            return (TextBatches(args.text_file, cfg.seq, args.seed) if args.data == "text"
+                    else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
+        except (OSError, ValueError) as e:    # the same on every rank, before any collective
+            raise SystemExit(f"--text-file {args.text_file}: {e}") from None
+
+    data = RunData.open(args, grid, settings, seq=cfg.seq, seed=args.seed, vocab=cfg.vocab, start=start,
+                        resumed=ckpt.extra, fallback=in_memory)
     formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
                else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
     config = {"model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
               "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
               "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
-              "overlap": args.overlap, "data": args.data, "goldfish_k": args.goldfish_k,
+              "overlap": args.overlap, "data": args.data, "corpus": data.describe() or None,
+              "goldfish_k": args.goldfish_k,
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
     metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),
                                 tokens_per_step=args.batch * cfg.seq, dtype=dtype, config=config,
@@ -164,11 +188,13 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     if rank0:
         print(f"train_gpt: {cfg.name} ({cfg.parameters():,} parameters) on grid {grid.shape} ({grid.world_size} "
               f"ranks, {grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
-              f"micro-batch(es), data {args.data}; energy: {metrics.meter.energy_source}", flush=True)
+              f"micro-batch(es), data {args.data}{': ' + data.describe() if data.corpus else ''}; energy: "
+              f"{metrics.meter.energy_source}", flush=True)
     for step in range(start, args.steps):
-        inputs, targets = data.batch(step, args.batch)               # the global batch, the same on every rank
+        inputs, targets, _ = data.batch(step)      # the global batch (of a corpus, only this rank's rows are read)
         run_step(model, opt, grid, settings, step, inputs, targets, metrics)
-        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps):
+        data.after_step(step + 1, model, grid, metrics)
+        if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps, extra=data.extra(step + 1)):
             break
     ckpt.close()
     losses = [r["loss"] for r in metrics.rows]
@@ -179,6 +205,8 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
         print(f"train_gpt: nothing to run: the run is already at step {args.steps} (--steps)", flush=True)
     elif rank0:
         mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""
+        if summary.get("valid_loss") is not None:
+            mfu += f"; validation loss {summary['valid_loss']:.4f}, perplexity {summary['valid_ppl']:.2f}"
         print(f"train_gpt: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} in {len(losses)} "
               f"steps; {summary['step_s']:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, "
               f"{summary['tflops']:.4f} TFLOP/s per device{mfu}, peak memory "

@@ -1,6 +1,7 @@
 """axgrid.from_pretrained: equal to parallelize(transformers' from_pretrained) in logits, loss and every gradient
-on every grid of 4 ranks and on 2x2x2x1 (Llama with GQA single-file, Mistral sharded, Qwen2, and a tied Qwen2 that
-runs drop-in); each rank reads exactly its own parts' bytes; every bad input raises one line on every rank."""
+on every grid of 4 ranks and on 2x2x2x1 (Llama with GQA single-file, Mistral sharded, Qwen2, a tied Qwen2, Qwen3,
+a tied Gemma 3 and Phi-3 with its fused rows, all under their plans); each rank reads exactly its own parts' bytes
+(a tied parameter once); every bad input raises one line on every rank."""
 from __future__ import annotations
 
 import json
@@ -28,6 +29,11 @@ MODELS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4), None),
     "qwen2-tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=4, num_key_value_heads=4,
                                                            tie_word_embeddings=True), "40KB"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, head_dim=4), None),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, head_dim=8,
+                                                             sliding_window=4), "40KB"),          # tied
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, pad_token_id=0,
+                                                   bos_token_id=1, eos_token_id=2), "40KB"),     # fused rows
 }
 
 
@@ -37,6 +43,10 @@ def save_tiny(root: str, name: str, seed: int = 0, folder: str = "", **over) -> 
     cfg = getattr(transformers, cfg_name)(**{**SIZES, **extra, **over})
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(cfg)
+    with torch.no_grad():                         # norms start at 1 (Gemma: 0): random, so each one is checked
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape))
     path = os.path.join(root, folder or name)
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
     return path
@@ -74,7 +84,7 @@ def rank_equals_parallelized_hf(spec: str, paths: dict[str, str], drop_in: tuple
         for name, path in paths.items():
             plan = {} if name in drop_in else None
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")              # the tied model's drop-in fallback warns
+                warnings.simplefilter("ignore")
                 ref = axgrid.parallelize(AutoModelForCausalLM.from_pretrained(path), grid, plan)
                 got = axgrid.from_pretrained(path, grid, plan=plan)
             assert not got.training and type(got) is type(ref)
@@ -114,13 +124,23 @@ def _check(results: list[dict]) -> None:
         for name, (worst, read, own, plan) in per_rank.items():
             assert worst < 1e-5, (name, worst)
             assert read == own, f"{name}: read {read} bytes, keeps {own}"      # nothing of another rank's part
-            assert (plan == "drop-in") == (name == "qwen2-tied" or plan == "drop-in"), (name, plan)
+            assert plan in ("drop-in", MODELS[name][1]), (name, plan)
+
+
+FAMILIES = ("qwen3", "gemma3", "phi3")
 
 
 @pytest.mark.parametrize("spec", slow_where([str(s) for s in all_shapes(4)], lambda s: s != "2x2x1x1"))
 def test_every_4_rank_grid_equals_parallelized_hf(ranks, checkpoints, spec):
     drop_in = ("llama-gqa",) if spec == "2x2x1x1" else ()                 # plan={} given explicitly once
-    _check(ranks(4, rank_equals_parallelized_hf, spec, checkpoints, drop_in))
+    llama = {k: v for k, v in checkpoints.items() if k not in FAMILIES}
+    _check(ranks(4, rank_equals_parallelized_hf, spec, llama, drop_in))
+
+
+@pytest.mark.parametrize("spec", slow_where(["1x2x2x1", "1x4x1x1", "2x1x1x2"], lambda s: s != "1x2x2x1"))
+def test_other_families_equal_parallelized_hf(ranks, checkpoints, spec):
+    """Qwen3 (q/k norms), Gemma 3 (tied, scaled, its own norms) and Phi-3 (fused rows, read band by band)."""
+    _check(ranks(4, rank_equals_parallelized_hf, spec, {k: checkpoints[k] for k in FAMILIES}, ()))
 
 
 @pytest.mark.slow
@@ -172,7 +192,27 @@ def _bad_checkpoints(root: str, good: dict[str, str]) -> dict[str, tuple[str, di
     os.rename(os.path.join(p, "model.safetensors"), os.path.join(p, "pytorch_model.bin"))
     cases["bin-only"] = (p, {}, "save_pretrained")
     odd = save_tiny(root, "llama-gqa", folder="odd-vocab", vocab_size=130)     # 130 rows over Gy=4
-    cases["grid-does-not-divide"] = (odd, {"plan": "llama"}, "vocabulary=130 is not divisible by Gy=4")
+    cases["grid-does-not-divide"] = (odd, {"plan": "hf"}, "vocabulary=130 is not divisible by Gy=4")
+    three = save_tiny(root, "llama-gqa", folder="three-kv-heads", num_attention_heads=6, num_key_value_heads=3,
+                      hidden_size=24, intermediate_size=48, vocab_size=96)    # SmolLM2's 9/3 heads in small
+    cases["heads-do-not-divide-Gy"] = (three, {}, "q_proj head count (24 rows of head_dim 4)=6 is not divisible by "
+                                                  "Gy=4 of grid 1x4x1x1; Gx must divide 24 and Gy must divide 3: "
+                                                  "grids of 4 ranks that fit: 1x1x1x4, 1x1x2x2, 1x1x4x1, 2x1x1x2, "
+                                                  "2x1x2x1, 4x1x1x1 (or plan={}: drop-in)")
+    p = copy("qwen2-tied", "tied-with-a-head")                                 # config tied, files untied
+    index = json.load(open(os.path.join(p, "model.safetensors.index.json")))["weight_map"]
+    shard = os.path.join(p, index["model.embed_tokens.weight"])
+    sd = load_file(shard)
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    save_file(sd, shard, metadata={"format": "pt"})
+    index["lm_head.weight"] = os.path.basename(shard)
+    json.dump({"metadata": {}, "weight_map": index}, open(os.path.join(p, "model.safetensors.index.json"), "w"))
+    cases["tied-config-separate-head"] = (p, {}, "set \"tie_word_embeddings\": false")
+    p = copy("qwen2-tied", "untied-without-a-head")                            # config untied, files tied
+    cfg = json.load(open(os.path.join(p, "config.json")))
+    json.dump({**cfg, "tie_word_embeddings": False}, open(os.path.join(p, "config.json"), "w"))
+    cases["untied-config-no-head"] = (p, {}, "the files hold no lm_head.weight, only model.embed_tokens.weight (a tied "
+                                             "checkpoint): set \"tie_word_embeddings\": true")
     return cases
 
 
@@ -183,10 +223,10 @@ def rank_bad_inputs(spec: str, cases: dict) -> dict[str, str]:
         out = {}
         for case, (path, kw, _) in cases.items():
             kw = dict(kw)
-            if kw.get("plan") == "llama":       # an explicit TransformerPlan: its sizes rule raises, as today
+            if kw.get("plan") == "hf":          # an explicit TransformerPlan raises like the built-in one
                 with torch.device("meta"):
                     meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-                kw["plan"] = axgrid.plans.llama_plan(meta)
+                kw["plan"] = axgrid.plans.hf_plan(meta)
             try:
                 axgrid.from_pretrained(path, grid, **kw)
                 out[case] = "no error"

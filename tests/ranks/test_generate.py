@@ -1,10 +1,12 @@
 """axgrid.generate: greedy decoding equals the dense model's (a plain loop for axgrid's GPT, Hugging Face
 ``generate(do_sample=False)`` for Llama/Mistral/Qwen2) token for token on every grid of 4 ranks, cached and
-uncached; sampling picks the same tokens on every rank, reproducibly, within the top-k; EOS stops and pads as
-Hugging Face does; bad input raises on every rank before any collective (the ledger is untouched)."""
+uncached, and so does it for a tied Llama, Qwen3, Gemma 3 and Phi-3 under their plans and for drop-in models;
+sampling picks the same tokens on every rank, reproducibly, within the top-k (drop-in: the planned model's draws);
+EOS stops and pads as Hugging Face does; bad input raises on every rank before any collective (the ledger is untouched)."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import pytest
 
@@ -26,14 +28,29 @@ def prompts(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, CFG.vocab, (B, S), generator=torch.Generator().manual_seed(seed))
 
 
+#: Planned beyond the LLaMA family (tied, q/k norms, Gemma's norms and scaled embedding, fused rows), and drop-in:
+#: a Llama given plan={}, and GPT-2 (no plan: Conv1D layers and a tied head, all dense).
+FAMILY_KINDS = ("llama-tied", "qwen3", "gemma3", "phi3") if HAS_HF else ()
+DROP_IN_KINDS = ("llama-drop-in", "gpt2") if HAS_HF else ()
+
+
 def build(kind: str, grid):
     """The model ``kind`` on ``grid`` (parallel) or dense (``grid=None``), the same weights either way."""
     if kind == "gpt":
         return GPT(CFG, grid)
-    from test_hf_plans import tiny            # the tiny random Hugging Face configurations of the plan tests
-    model = tiny(kind)
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=32,
+                                           bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                           attn_pdrop=0.0))
+    else:
+        from test_hf_plans import tiny            # the tiny random Hugging Face configurations of the plan tests
+        model = tiny("llama-gqa" if kind == "llama-drop-in" else kind)
     if grid is not None:
-        axgrid.parallelize(model, grid)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")       # GPT-2: no plan, runs drop-in (warned)
+            axgrid.parallelize(model, grid, plan={} if kind == "llama-drop-in" else None)
     return model
 
 
@@ -93,6 +110,30 @@ def test_greedy_equals_dense_on_every_4_rank_grid(ranks, greedy_refs, spec):
         for kind, (cached, uncached) in got.items():
             assert torch.equal(cached, greedy_refs[kind]), (spec, rank, kind, cached, greedy_refs[kind])
             assert torch.equal(uncached, greedy_refs[kind]), (spec, rank, kind, uncached, greedy_refs[kind])
+
+
+@pytest.mark.parametrize("spec", slow_where(["1x2x2x1", "2x1x1x2", "1x4x1x1"], lambda s: s != "1x2x2x1"))
+def test_other_families_and_drop_in_greedy_equals_dense(ranks, spec):
+    kinds = FAMILY_KINDS + DROP_IN_KINDS
+    want = {k: dense_greedy(k, prompts(), NEW) for k in kinds}
+    for rank, got in enumerate(ranks(4, rank_greedy, spec, kinds)):
+        for kind, (cached, uncached) in got.items():
+            assert torch.equal(cached, want[kind]) and torch.equal(uncached, want[kind]), (spec, rank, kind)
+
+
+def rank_drop_in_sampling(spec: str) -> dict:
+    grid = axgrid.init(spec, timeout_s=60)
+    try:
+        return {kind: axgrid.generate(build(kind, grid), prompts(), grid, NEW, temperature=1.5, top_k=4, seed=5)
+                for kind in ("llama-drop-in", "llama-gqa")}
+    finally:
+        grid.destroy()
+
+
+def test_drop_in_sampling_picks_the_planned_models_tokens(ranks):
+    """The same weights drop-in (full logits on every rank) and planned (vocabulary over y): the same draws."""
+    for got in ranks(4, rank_drop_in_sampling, "1x2x2x1"):
+        assert torch.equal(got["llama-drop-in"], got["llama-gqa"]), got
 
 
 def vocab_selection_on_ties(grid) -> bool:
@@ -215,7 +256,7 @@ def test_bad_input_raises_a_clear_error_before_any_collective(ranks):
     want = ["max_new_tokens=-1 must be an integer >= 0", "batch of 3 prompts is not divisible by Gd*Gz=2*2",
             "must be integer token ids", "outside the vocabulary [0, 128)", "temperature=-1.0 must be",
             "top_k=0 must be an integer >= 1", "eos_token_id=128 must be a token id", "exceeds GPTConfig.seq=32",
-            "Linear has no axgrid plan", "built on another grid (or serial", "were given different input_ids"]
+            "Linear is not a model it supports", "built on another grid (or serial", "were given different input_ids"]
     for messages in ranks(4, rank_bad_input, "1x1x2x2"):
         assert len(messages) == len(want)
         for expected, got in zip(want, messages):

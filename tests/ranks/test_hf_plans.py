@@ -1,6 +1,7 @@
-"""Hugging Face Llama (with and without GQA), Mistral and Qwen2 under their built-in plans: logits, loss and every
-gradient equal serial on every grid of 4 ranks and on 2x2x2x1 and 1x2x2x2; AdamW steps track serial; the plan
-moves strictly fewer bytes than drop-in; bad grids and tied heads fall back to drop-in with a warning."""
+"""Hugging Face Llama (with and without GQA), Mistral, Qwen2, Qwen3, Gemma 3 (tied) and Phi-3 under their built-in
+plans: logits, loss and every gradient equal serial on every grid of 4 ranks and on 2x2x2x1 and 1x2x2x2; AdamW steps
+track serial; a model that does not fit the grid raises naming the grids that fit, and one without a plan runs
+drop-in with one warning."""
 from __future__ import annotations
 
 import warnings
@@ -11,6 +12,7 @@ from helpers import slow_where
 import torch
 
 import axgrid
+from axgrid.io.part_copy import part_of_dense
 from axgrid.spec.layout import all_shapes
 
 pytest.importorskip("transformers")
@@ -24,6 +26,14 @@ MODELS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4,
                                                             sliding_window=4)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4)),
+    "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4,
+                                                             tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, head_dim=4)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(     # tied; head_dim 8, not hidden/heads = 4
+        num_attention_heads=8, num_key_value_heads=4, head_dim=8, sliding_window=4, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention"])),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, pad_token_id=0,
+                                                   bos_token_id=1, eos_token_id=2)),
 }
 
 
@@ -33,7 +43,12 @@ def tiny(kind: str, seed: int = 0, **over) -> torch.nn.Module:
     sizes = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
     cfg = getattr(transformers, cfg_name)(**{**sizes, **extra, **over})
     torch.manual_seed(seed)
-    return getattr(transformers, cls_name)(cfg)
+    model = getattr(transformers, cls_name)(cfg)
+    with torch.no_grad():                        # norms start at 1 (Gemma: 0): random, so each weight is seen
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape))
+    return model
 
 
 def batch(gd: int, b_per_d: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,13 +67,15 @@ def serial_step(model, ids, labels, gd: int):
     return loss, [o.logits for o in outs]
 
 
-def dense_part(param: torch.Tensor, dense_grad: torch.Tensor) -> torch.Tensor:
-    tile = param.axgrid_tile
-    return tile.part_of(dense_grad[tile.slices()].contiguous())
+def dense_part(param: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``dense`` (a fused tensor's part is several bands of it; a replicated one is all)."""
+    tile = getattr(param, "axgrid_tile", None)
+    return dense if tile is None else part_of_dense(tile, dense)
 
 
-def rank_equal_serial(spec: str, kinds: list[str]) -> dict:
-    grid = axgrid.init(spec, timeout_s=60)
+def rank_equal_serial(spec: str, kinds: list[str], overlap: bool = False) -> dict:
+    ov = axgrid.OverlapConfig(oar=True, ors=True, oag=True, odp=True) if overlap else axgrid.OverlapConfig()
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=ov, bucket_bytes=4096))
     try:
         gd, gz, d = grid.size("d"), grid.size("z"), grid.index("d")
         worst: dict[str, float] = {}
@@ -68,13 +85,20 @@ def rank_equal_serial(spec: str, kinds: list[str]) -> dict:
                 warnings.simplefilter("error")             # the built-in plan applies: no fallback warning
                 axgrid.parallelize(par, grid)
             assert type(par.model.norm).__name__ == "RMSNorm" and par.axgrid_plan.name == type(par).__name__
+            if serial.config.tie_word_embeddings:    # one parameter, read by both; no rank holds it dense
+                emb, head = par.model.embed_tokens, par.lm_head
+                assert type(emb).__name__ == "TiedEmbedding" and emb.weight is head.weight
+                assert head.weight.numel() * grid.size("xyz") < 2 * 128 * 32
             ids, labels = batch(gd, 2 * gz)
             b = ids.shape[0] // gd
             loss_s, logits_s = serial_step(serial, ids, labels, gd)
             loss_s.backward()
+            grid.ledger.reset()
             out = par(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b])
             out.loss.backward()
             axgrid.sync_gradients(par, grid)
+            reduced = grid.ledger.entries.get(("d", "all_reduce"))       # each parameter's gradient once over d
+            assert gd == 1 or reduced.bytes == sum(p.numel() * 4 for p in par.parameters()), (kind, reduced)
             with torch.no_grad():
                 own = serial(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b]).loss
             errs = [abs(float(out.loss) - float(own))]
@@ -92,10 +116,19 @@ def rank_equal_serial(spec: str, kinds: list[str]) -> dict:
         grid.destroy()
 
 
+#: On every grid: the LLaMA family, a tied head among them; the other families on the grids that exercise what they
+#: add (q/k norms' gradient over y and z, fused rows over y, Gemma's norms over x), and on the 8-rank grids.
+EVERY_GRID = ["llama-tied", "llama-gqa", "mistral", "qwen2"]
+FAMILIES = ["qwen3", "gemma3", "phi3"]
+FAMILY_GRIDS = ("2x2x1x1", "1x4x1x1", "1x2x2x1")
+
+
 @pytest.mark.parametrize("spec", slow_where([str(s) for s in all_shapes(4)], lambda s: s != "2x2x1x1"))
 def test_every_4_rank_grid_equals_serial(ranks, spec):
-    for worst in ranks(4, rank_equal_serial, spec, list(MODELS)):
+    kinds = EVERY_GRID + (FAMILIES if spec in FAMILY_GRIDS else [])
+    for worst in ranks(4, rank_equal_serial, spec, kinds):
         assert all(v < 1e-4 for v in worst.values()), worst
+        assert sorted(worst) == sorted(kinds)
 
 
 @pytest.mark.slow
@@ -103,6 +136,41 @@ def test_every_4_rank_grid_equals_serial(ranks, spec):
 def test_8_rank_grids_equal_serial(ranks, spec):
     for worst in ranks(8, rank_equal_serial, spec, list(MODELS)):
         assert all(v < 1e-4 for v in worst.values()), worst
+
+
+def test_tied_and_head_norm_gradients_under_every_overlap(ranks):
+    """ORS and ODP with a parameter two layers read (the tied weight: both reduce-scatters go back to autograd,
+    which adds them before ODP buckets it) and with the head norms' gradients summed over y, then z by the sink."""
+    for worst in ranks(4, rank_equal_serial, "1x2x1x2", ["llama-tied", "gemma3"], True):
+        assert all(v < 1e-4 for v in worst.values()), worst
+    for worst in ranks(4, rank_equal_serial, "1x1x2x2", ["llama-tied"], True):
+        assert all(v < 1e-4 for v in worst.values()), worst
+
+
+def rank_parameter_bytes(spec: str) -> dict:
+    """Parameter bytes per rank of a tied model and of its untied twin (each parameter once)."""
+    grid = axgrid.init(spec, timeout_s=60)
+    try:
+        out = {}
+        for label, tied in (("tied", True), ("untied", False)):
+            model = axgrid.parallelize(tiny("llama-tied", tie_word_embeddings=tied), grid)
+            out[label] = sum(p.numel() * p.element_size() for p in model.parameters())
+            out[label + " parts"] = {n: p.numel() * p.element_size() for n, p in model.named_parameters()
+                                     if n in ("model.embed_tokens.weight", "lm_head.weight")}
+        return out
+    finally:
+        grid.destroy()
+
+
+@pytest.mark.parametrize("spec", ["1x2x2x1", "4x1x1x1"])
+def test_tied_model_holds_its_untied_twin_minus_the_embedding_table(ranks, spec):
+    """The tied parameter lives in the head's layout: the twin's [V, h/Gx] table is gone, which is at least the
+    head ([V·h/(Gx·Gy·Gz)], equal when Gy·Gz = 1)."""
+    for o in ranks(4, rank_parameter_bytes, spec):
+        table, head = o["untied parts"]["model.embed_tokens.weight"], o["untied parts"]["lm_head.weight"]
+        assert o["tied parts"] == {"model.embed_tokens.weight": head}
+        assert o["tied"] == o["untied"] - table, o
+        assert o["tied"] <= o["untied"] - head and (o["tied"] == o["untied"] - head) == (spec == "4x1x1x1"), o
 
 
 def rank_adamw_tracks_serial(spec: str, steps: int) -> list[tuple[float, float]]:
@@ -147,26 +215,38 @@ def test_twenty_adamw_steps_track_serial(ranks):
     assert worst_param < 1e-4
 
 
-def rank_fallbacks(spec: str) -> dict:
-    """Built-in plans that do not fit fall back to drop-in with a warning (still equal to serial); an explicit
-    plan that does not fit raises, naming the value."""
+def rank_plan_rules(spec: str) -> dict:
+    """A recognised model that does not fit the grid raises (the built-in plan and an explicit one alike), naming
+    the grids that fit; plan={} runs it drop-in, equal to serial; a plan that leaves a module with parameters out
+    raises; a Hugging Face model without a plan runs drop-in with one warning; a batch that does not split raises."""
+    from dataclasses import replace
+    from transformers import GPT2Config, GPT2LMHeadModel
     grid = axgrid.init(spec, timeout_s=60)
     try:
         out = {}
-        for label, over in (("tied", dict(tie_word_embeddings=True)), ("heads", dict(num_key_value_heads=1))):
-            serial, par = tiny("llama", **over), tiny("llama", **over)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                axgrid.parallelize(par, grid)
-            ids, labels = batch(1, 2)
-            err = float((par(input_ids=ids, labels=labels).loss - serial(input_ids=ids, labels=labels).loss).abs())
-            out[label] = (err, " ".join(str(w.message) for w in caught), hasattr(par, "axgrid_plan"))
-        par = tiny("llama", num_key_value_heads=1)
+        for label, plan in (("builtin", None), ("explicit", "hf")):
+            par = tiny("llama", num_key_value_heads=1)
+            try:
+                axgrid.parallelize(par, grid, plan=axgrid.plans.hf_plan(par) if plan else None)
+                out[label] = "no error"
+            except ValueError as e:
+                out[label] = str(e)
+        serial, par = tiny("llama", num_key_value_heads=1), tiny("llama", num_key_value_heads=1)
+        axgrid.parallelize(par, grid, plan={})
+        ids, labels = batch(1, 2)
+        out["drop-in"] = float((par(input_ids=ids, labels=labels).loss
+                                - serial(input_ids=ids, labels=labels).loss).abs())
+        par = tiny("qwen3")
         try:
-            axgrid.parallelize(par, grid, plan=axgrid.plans.llama_plan(par))
-            out["explicit"] = "no error"
+            axgrid.parallelize(par, grid, plan=replace(axgrid.plans.hf_plan(par), head_norms=()))
+            out["loose"] = "no error"
         except ValueError as e:
-            out["explicit"] = str(e)
+            out["loose"] = str(e)
+        gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            axgrid.parallelize(gpt2, grid)
+        out["unknown"] = [str(w.message) for w in caught if "no built-in plan" in str(w.message)]
         par = tiny("llama")
         axgrid.parallelize(par, grid)
         try:
@@ -179,13 +259,16 @@ def rank_fallbacks(spec: str) -> dict:
         grid.destroy()
 
 
-def test_plans_that_do_not_fit_fall_back_or_raise(ranks):
-    for o in ranks(4, rank_fallbacks, "1x2x2x1"):
-        for label in ("tied", "heads"):
-            err, warned, planned = o[label]
-            assert err < 1e-5 and not planned and "runs drop-in" in warned, (label, o[label])
-        assert "tie_word_embeddings=True" in o["tied"][1]
-        assert "not divisible by Gy=2" in o["explicit"] and "heads" in o["explicit"], o["explicit"]
+def test_a_model_that_does_not_fit_raises_naming_the_grids_that_fit(ranks):
+    fit = "grids of 4 ranks that fit: 1x1x1x4, 1x1x2x2, 1x1x4x1, 2x1x1x2, 2x1x2x1, 4x1x1x1 (or plan={}: drop-in)"
+    for o in ranks(4, rank_plan_rules, "1x2x2x1"):
+        for label in ("builtin", "explicit"):
+            msg = o[label]
+            assert "k_proj head count" in msg and "=1 is not divisible by Gy=2" in msg and fit in msg, msg
+            assert "Gy must divide 1" in msg and "\n" not in msg, msg
+        assert o["drop-in"] < 1e-5
+        assert "q_norm" in o["loose"] and "hold parameters the plan does not place" in o["loose"], o["loose"]
+        assert len(o["unknown"]) == 1 and "GPT2LMHeadModel has no built-in plan and runs drop-in" in o["unknown"][0]
         assert "divide over Gz=2" in o["batch"], o["batch"]
 
 
