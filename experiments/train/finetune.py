@@ -171,9 +171,10 @@ def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> T
 
 def answer(model: torch.nn.Module, grid: axgrid.Grid, tokenizer: Any, prompt: str, tokens: int) -> str:
     """The greedy answer to the user turn ``prompt`` (after the chat template's generation prompt;
-    ``axgrid.generate``), up to the end-of-turn token."""
+    ``axgrid.generate``, the prompt repeated once per data-parallel and z rank), up to the end-of-turn token."""
     ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)["input_ids"]
+    ids = ids.expand(grid.size("d") * grid.size("z"), -1).contiguous()
     was_training = model.training
     model.eval()
     with torch.no_grad():

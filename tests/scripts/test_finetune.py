@@ -118,7 +118,7 @@ def test_sft_loss_is_over_the_assistant_tokens_only_and_equals_a_serial_computat
     path = checkpoints["chat"]
     log = str(tmp_path / "sft.jsonl")
     argv = ["--checkpoint", path, "--chat-file", str(KJV_INSTRUCTIONS), "--grid", "1x1x2x2", "--steps", "2",
-            "--log", log, "--heldout-rows", "8"] + COMMON
+            "--log", log, "--heldout-rows", "8", "--sample-prompt", "Hi.", "--sample-tokens", "3"] + COMMON
     got = ranks(4, rank_run, argv)
     assert all(r["losses"] == got[0]["losses"] for r in got)
     # serially: the first global batch of the same rows, cross entropy over the assistant targets only
@@ -145,6 +145,7 @@ def test_sft_loss_is_over_the_assistant_tokens_only_and_equals_a_serial_computat
     assert summary["valid_loss_before"] == pytest.approx(evals[0]["valid_loss"])
     assert summary["valid_loss"] == pytest.approx(evals[1]["valid_loss"])        # the last evaluation: after
     assert summary["valid_loss"] < summary["valid_loss_before"]                 # lr 1e-2 on a random model
+    assert isinstance(summary["answer_before"], str) and isinstance(summary["answer_after"], str)
     held = load_chat(KJV_INSTRUCTIONS, tok, seq=16, layout="pack", heldout_frac=0.1, seed=0).heldout
     with torch.no_grad():
         hx, hy, hm = held.inputs[:8], held.targets[:8], held.mask[:8]
