@@ -309,6 +309,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
     StepSettings.from_args(args, steps, dtype).check(grid)
     result: dict[str, Any] = {}
     curves: dict[str, list[dict[str, float]]] = {}
+    initial: Optional[dict[str, float]] = None
     for loss in args.loss_list:
         t0 = time.perf_counter()
         settings = StepSettings.from_args(args, steps, dtype, goldfish=loss == "goldfish")
@@ -319,7 +320,9 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
         os.makedirs(args.out, exist_ok=True)
         metrics = Metrics(grid, flops_per_step=flops, tokens_per_step=args.batch * (length - 1), dtype=dtype,
                           jsonl=os.path.join(args.out, f"{loss}.jsonl"), config={"study": loss, "steps": steps})
-        curve = [{"epoch": 0, **evaluate(model, grid, text, heldout)}]
+        if initial is None:             # every run starts from the same weights: scored once, shared
+            initial = evaluate(model, grid, text, heldout)
+        curve = [{"epoch": 0, **initial}]
         for epoch in range(1, args.epochs + 1):
             for i in range(text.steps_per_epoch):
                 step = (epoch - 1) * text.steps_per_epoch + i
