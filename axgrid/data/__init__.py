@@ -4,7 +4,8 @@
 :mod:`.tokenizers` :class:`ByteTokenizer` (UTF-8 bytes, vocabulary 256), :func:`load_tokenizer` (a checkpoint
                    folder's own), :func:`encode`
 :mod:`.windows`    :class:`TokenWindows` (random windows of a token stream), :class:`TextBatches` (of a text
-                   file, byte-level), :class:`SyntheticBatches` (uniform random ids)
+                   file, byte-level), :class:`SyntheticBatches` (uniform random ids), :func:`spaced_windows`
+                   (fixed windows for held-out evaluation)
 :mod:`.indexed`    Megatron's ``.bin``/``.idx`` format: :class:`IndexedWriter`, :class:`IndexedTokens`,
                    :func:`token_dtype`, :class:`DataError` (torch-free)
 :mod:`.preprocess` ``python -m axgrid.data preprocess``: JSONL / text to ``.bin``/``.idx`` in worker processes
@@ -13,6 +14,11 @@
 :mod:`.blend`      :func:`parse_blend` (``--data-path 0.7 A 0.3 B``), :class:`Blend`: samples of several datasets
 :mod:`.corpus`     :class:`Corpus`: the train and validation batches of a blend on the grid (index built by one
                    rank, each rank reads its rows, vocabulary checked, resumable position); :func:`split_tokens`
+:mod:`.chat`       conversations for instruction fine-tuning: :func:`~.chat.read_chat_file` (JSON lines),
+                   :func:`~.chat.load_chat` (chat template, assistant-token mask, rows packed or padded)
+:mod:`.sources`    a fine-tuning run's own data: :class:`~.sources.TextSource`, :class:`~.sources.ChatSource`
+                   (training batches and held-out rows)
+instructions/      :data:`KJV_INSTRUCTIONS`: a small instruction set on the shipped text (instructions/README.md)
 text/              :data:`DEFAULT_TEXT`: public-domain KJV selections (326 KB, ASCII; text/README.md)
 =================  ===================================================================================
 
@@ -24,18 +30,20 @@ from pathlib import Path
 
 #: The text the drivers train on by default: selections of the King James Version (public domain).
 DEFAULT_TEXT = Path(__file__).resolve().parent / "text" / "kjv_selections.txt"
+#: A small instruction set (377 conversations) on that text and common facts (instructions/README.md).
+KJV_INSTRUCTIONS = Path(__file__).resolve().parent / "instructions" / "kjv_instructions.jsonl"
 
 _SOURCES = {
     "TOKENIZER_FILES": "tokenizers", "ByteTokenizer": "tokenizers", "encode": "tokenizers",
     "load_tokenizer": "tokenizers",
-    "SyntheticBatches": "windows", "TextBatches": "windows", "TokenWindows": "windows",
+    "SyntheticBatches": "windows", "TextBatches": "windows", "TokenWindows": "windows", "spaced_windows": "windows",
     "DataError": "indexed", "IndexedTokens": "indexed", "IndexedWriter": "indexed", "token_dtype": "indexed",
     "GPTSamples": "samples", "parse_split": "samples",
     "Blend": "blend", "parse_blend": "blend",
     "Corpus": "corpus", "DataSettings": "corpus", "split_tokens": "corpus",
 }
 
-__all__ = ["DEFAULT_TEXT", *_SOURCES]
+__all__ = ["DEFAULT_TEXT", "KJV_INSTRUCTIONS", *_SOURCES]
 
 
 def __getattr__(name: str):

@@ -3,6 +3,7 @@ own rows, so no data is communicated and a resumed run (on any grid) sees the sa
 
     data = TokenWindows(tokens, seq=128, seed=0)        # random windows of seq + 1 tokens of a stream [T]
     inputs, targets = data.batch(step, size)            # [size, seq] each; targets are inputs shifted by one
+    inputs, targets = spaced_windows(tokens, seq, 16)   # fixed, evenly spaced windows (held-out evaluation)
 """
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ class TokenWindows:
         starts = torch.randint(0, self.tokens.numel() - self.seq - 1, (size,), generator=gen)
         win = torch.stack([self.tokens[s: s + self.seq + 1] for s in starts.tolist()])
         return win[:, :-1], win[:, 1:]
+
+
+def spaced_windows(tokens: torch.Tensor, seq: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` evenly spaced windows of ``seq + 1`` tokens of ``tokens [T]``, first and last included (fixed,
+    for held-out evaluation; they overlap when ``count·(seq + 1) > T``): ``(inputs [count, seq], targets)``."""
+    if tokens.numel() < seq + 1:
+        raise ValueError(f"{tokens.numel()} held-out tokens are fewer than one window of {seq + 1}")
+    starts = torch.linspace(0, tokens.numel() - seq - 1, count).long().tolist()
+    win = torch.stack([tokens[s: s + seq + 1] for s in starts])
+    return win[:, :-1], win[:, 1:]
 
 
 class TextBatches(TokenWindows):

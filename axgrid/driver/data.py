@@ -4,10 +4,15 @@
     data = RunData.open(args, grid, settings, seq=S, seed=args.seed, vocab=V, start=start, resumed=ckpt.extra,
                         fallback=lambda: TextBatches(...))        # collective when --data-path is given
     for step in range(start, settings.steps):
-        inputs, targets = data.batch(step)                       # [B, S]: the rows this rank computes are read
-        run_step(model, opt, grid, settings, step, inputs, targets, metrics)
+        inputs, targets, mask = data.batch(step)                 # [B, S]: the rows this rank computes are read
+        run_step(model, opt, grid, settings, step, inputs, targets, metrics, loss_mask=mask)
         data.after_step(step + 1, model, grid, metrics)          # an "eval" row when due
         ckpt.step_done(step + 1, model, opt, last=..., extra=data.extra(step + 1))
+    data.evaluate(steps, model, grid, metrics)                   # an "eval" row now (has_validation)
+
+The in-memory batches may carry a loss mask (``batch(step, size)`` returning ``(inputs, targets, mask)``, as
+:class:`axgrid.data.sources.ChatSource` does: the assistant tokens) and held-out rows (``valid_iters(size)`` and
+``valid_batch(i, size)``, as :mod:`axgrid.data.sources` has them), which :meth:`RunData.evaluate` scores.
 
 The position is the number of train samples consumed (``{"data": {"consumed_samples": n}}`` in the checkpoint's
 extra), so a run resumed on another grid, or with another ``--batch``, continues with the next sample of the same
@@ -28,7 +33,7 @@ from .step import StepSettings, share_rows
 
 
 class Batches(Protocol):
-    def batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def batch(self, step: int, size: int) -> tuple[torch.Tensor, ...]: ...
 
 
 class RunData:
@@ -58,11 +63,31 @@ class RunData:
         corpus.seek(start, consumed, settings.batch)
         return cls(settings, grid, corpus=corpus, eval_interval=interval, eval_iters=args.eval_iters)
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global batch of ``step``: ``(inputs, targets)`` ``[B, S]``."""
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The global batch of ``step``: ``(inputs, targets, loss mask or None)``, each ``[B, S]``."""
         if self.corpus is None:
-            return self.batches.batch(step, self.settings.batch)
-        return self.corpus.batch(step, self.settings.batch, self.rows)
+            inputs, targets, *mask = self.batches.batch(step, self.settings.batch)
+            return inputs, targets, (mask[0] if mask else None)
+        return (*self.corpus.batch(step, self.settings.batch, self.rows), None)
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether :meth:`evaluate` has rows to score: the corpus's validation split (``--eval-interval``), or the
+        in-memory batches' held-out rows."""
+        if self.corpus is not None:
+            return bool(self.eval_interval)
+        return bool(getattr(self.batches, "valid_iters", lambda size: 0)(self.settings.batch))
+
+    def evaluate(self, steps_done: int, model: torch.nn.Module, grid: Grid, metrics: Metrics) -> dict[str, Any]:
+        """Score the validation rows now (:func:`~axgrid.driver.evaluate.evaluate`); the ``eval`` row."""
+        size = self.settings.batch
+        if self.corpus is not None:
+            result = evaluate(model, grid, self.settings,
+                              lambda i: self.corpus.valid_batch(i, size, self.eval_rows), self.eval_iters)
+        else:
+            result = evaluate(model, grid, self.settings, lambda i: self.batches.valid_batch(i, size),
+                              self.batches.valid_iters(size))
+        return metrics.evaluation(steps_done, **result)
 
     def eval_due(self, steps_done: int) -> bool:
         return bool(self.eval_interval) and (steps_done % self.eval_interval == 0 or
@@ -73,10 +98,7 @@ class RunData:
         """Evaluate when due (every ``--eval-interval`` steps and after the last); the ``eval`` row, or None."""
         if not self.eval_due(steps_done):
             return None
-        size = self.settings.batch
-        result = evaluate(model, grid, self.settings,
-                          lambda i: self.corpus.valid_batch(i, size, self.eval_rows), self.eval_iters)
-        return metrics.evaluation(steps_done, **result)
+        return self.evaluate(steps_done, model, grid, metrics)
 
     def extra(self, steps_done: int) -> dict[str, Any]:
         """The checkpoint's ``extra`` after ``steps_done`` steps: the data position."""

@@ -5,7 +5,8 @@
     row = run_step(model, opt, grid, settings, step, inputs, targets, metrics)   # inputs/targets [B, S]
     rows = settings.rows_read(grid)             # the rows of [B, S] this rank's step uses (None: all of them)
 
-The step: the Goldfish mask of the global batch and its global normaliser (:func:`~axgrid.memorization.goldfish.
+The step: the loss mask of the global batch (Goldfish's, and the caller's, e.g. the assistant tokens of
+instruction fine-tuning) and its global normaliser (:func:`~axgrid.memorization.goldfish.
 step_mask`), the learning rate of the schedule at ``step`` (warm-up, cosine decay), this data-parallel rank's rows
 of each micro-batch (``B/(M·Gd)`` sequences; the model splits them over z), autocast, then :func:`axgrid.train_step`
 (accumulation, data-parallel sync, clipping, AdamW), measured by ``metrics`` (:class:`axgrid.metrics.Metrics`).
@@ -95,13 +96,16 @@ def share_rows(batch: int, microbatches: int, grid: Grid) -> list[int]:
 
 
 def run_step(model: torch.nn.Module, opt: torch.optim.Optimizer, grid: Grid, s: StepSettings, step: int,
-             inputs: torch.Tensor, targets: torch.Tensor, metrics: Metrics) -> dict[str, Any]:
+             inputs: torch.Tensor, targets: torch.Tensor, metrics: Metrics,
+             loss_mask: Optional[torch.Tensor] = None) -> dict[str, Any]:
     """One optimizer step on the global batch ``inputs/targets [B, S]`` (the same on every rank), measured by
-    ``metrics``; returns the step's row (``loss``: the step's mean over kept targets, the same on every rank;
-    ``lr``, ``grad_norm``, ``kept_fraction`` under Goldfish; the rest is :mod:`axgrid.metrics`')."""
+    ``metrics``; ``loss_mask [B, S]`` (1/0, optional): the targets the loss may cover (instruction fine-tuning's
+    assistant tokens), combined with Goldfish's mask. Returns the step's row (``loss``: the step's mean over kept
+    targets, the same on every rank; ``lr``, ``grad_norm``, ``kept_fraction`` under a mask; the rest is
+    :mod:`axgrid.metrics`')."""
     device = grid.device
     gd = grid.size("d")
-    mask, normalizer = step_mask(inputs, s.goldfish_k, s.goldfish_h, s.goldfish_mode, gd)
+    mask, normalizer = step_mask(inputs, s.goldfish_k, s.goldfish_h, s.goldfish_mode, gd, keep=loss_mask)
     lr = cosine_lr(step, s.steps, s.lr, s.min_lr, s.warmup)
     for group in opt.param_groups:
         group["lr"] = lr

@@ -77,19 +77,26 @@ def kept_count(mask: torch.Tensor) -> int:
     return int(host_read(mask.sum()))
 
 
-def step_mask(inputs: torch.Tensor, k: int, h: int = 13, mode: Mode = "hash", data_parallel: int = 1
-              ) -> tuple[Optional[torch.Tensor], float]:
-    """The goldfish keep-mask of a whole optimizer step and the loss normaliser every rank passes with it.
+def step_mask(inputs: torch.Tensor, k: int, h: int = 13, mode: Mode = "hash", data_parallel: int = 1,
+              keep: Optional[torch.Tensor] = None) -> tuple[Optional[torch.Tensor], float]:
+    """The keep-mask of a whole optimizer step and the loss normaliser every rank passes with it.
 
-    ``inputs [B, S]`` is the step's global batch (all micro-batches, all data-parallel ranks). Returns
-    ``(mask [B, S] | None, normalizer)``: ``mask`` is :func:`goldfish_mask` (None when ``k == 0``: every
-    target kept) and ``normalizer = kept / data_parallel``. Each rank sums its micro-batches' per-target losses
-    times the mask and divides by ``normalizer``; the mean over d of the gradient sync then makes the step's
-    loss the mean over every kept target of the step, exactly as one serial rank would compute it.
+    ``inputs [B, S]`` is the step's global batch (all micro-batches, all data-parallel ranks); ``keep [B, S]``
+    (optional, 1/0) the targets that may enter the loss at all, e.g. the assistant's tokens in instruction
+    fine-tuning. Returns ``(mask [B, S] | None, normalizer)``: ``mask`` is ``keep`` times :func:`goldfish_mask`
+    (either factor left out when absent: ``k == 0`` means every target kept; None when both are) and
+    ``normalizer = kept / data_parallel`` (at least ``1 / data_parallel``, so a step without kept targets gives a
+    zero loss, not a NaN). Each rank sums its micro-batches' per-target losses times the mask and divides by
+    ``normalizer``; the mean over d of the gradient sync then makes the step's loss the mean over every kept
+    target of the step, exactly as one serial rank would compute it.
     """
     if data_parallel < 1:
         raise ValueError(f"data_parallel={data_parallel!r} must be >= 1 (the grid's Gd)")
-    if k == 0:
+    if keep is not None and keep.shape != inputs.shape:
+        raise ValueError(f"keep has shape {tuple(keep.shape)}; it must match inputs {tuple(inputs.shape)}")
+    mask = goldfish_mask(inputs, k, h, mode) if k else None
+    if keep is not None:
+        mask = keep.float() if mask is None else mask * keep.float()
+    if mask is None:
         return None, inputs.numel() / data_parallel
-    mask = goldfish_mask(inputs, k, h, mode)
-    return mask, kept_count(mask) / data_parallel
+    return mask, max(kept_count(mask), 1) / data_parallel

@@ -9,15 +9,30 @@ the grid in fp32, each rank only its own parts (the built-in LLaMA-family plan: 
 attention on local heads, vocabulary-parallel head and loss). ``--recompute`` turns on the model's
 activation checkpointing of its decoder layers (``activation_checkpointing_enable``, non-reentrant).
 
-Data: ``--text-file`` (default: the shipped KJV selections) tokenized with the checkpoint's tokenizer when the
-folder has one (``AutoTokenizer``); otherwise byte-level (ids = UTF-8 bytes, which needs a vocabulary of at
-least 256), said in the log's ``config`` record and on stdout. Each step's global batch is ``--batch`` random
-windows of ``--seq + 1`` tokens drawn from ``(seed, step)`` (the same on every rank; each takes its slice), so a
-resumed run sees the same batches. ``--data-path [W] PREFIX ...`` (``--split``, ``--eval-interval``, ``--eval-iters``)
-trains on a corpus preprocessed with the checkpoint's tokenizer instead, as train_gpt does (docs/data.md).
+Data, plain text: ``--text-file`` (default: the shipped KJV selections) tokenized with the checkpoint's tokenizer
+when the folder has one (``AutoTokenizer``); otherwise byte-level (ids = UTF-8 bytes, which needs a vocabulary of
+at least 256), said in the log's ``config`` record and on stdout. Each step's global batch is ``--batch`` random
+windows of ``--seq + 1`` tokens of the text before its held-out end, drawn from ``(seed, step)`` (the same on
+every rank; each takes its slice), so a resumed run sees the same batches. ``--data-path [W] PREFIX ...``
+(``--split``, ``--eval-interval``, ``--eval-iters``) trains on a corpus preprocessed with the checkpoint's tokenizer
+instead, as train_gpt does (docs/data.md).
 
-Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences in ``--microbatches``
-accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
+Data, conversations (instruction fine-tuning): ``--chat-file`` (JSON lines of ``{"messages": [...]}`` or
+``{"prompt", "response"}``; :mod:`axgrid.data.chat`), rendered with the checkpoint's chat template, packed
+(``--chat-layout pack``, default) or padded (``pad``) into rows of ``--seq + 1`` tokens; the loss covers the
+assistant's tokens only, normalised over the step's global count of them (with Goldfish, of those it keeps).
+A malformed line ends the run before the grid starts, naming the file, the line and what is wrong.
+
+Held-out evaluation: the last ``--heldout-frac`` of the text (of the conversations) is never trained on; at most
+``--heldout-rows`` rows of it (the assistant tokens of conversations) are scored before the first step and after
+the last (:meth:`axgrid.driver.RunData.evaluate`): ``eval`` rows in the log (``valid_loss``, ``valid_ppl``,
+``valid_tokens``) and, in the summary, ``valid_loss_before``/``valid_ppl_before`` beside the last evaluation's
+``valid_loss``/``valid_ppl``. With a corpus the validation split is scored instead, also every ``--eval-interval``
+steps. ``--sample-prompt TEXT`` also answers TEXT (a user turn, greedy, ``axgrid.generate``, ``--sample-tokens``)
+before and after, into the summary (``answer_before``, ``answer_after``) and stdout.
+
+Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences
+in ``--microbatches`` accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
 with ``--dtype bf16`` (default on GPU), fp32 otherwise; AdamW (decay on matrices only), linear warm-up then
 cosine decay to ``--min-lr``, global gradient-norm clipping ``--clip``. Goldfish loss ``--goldfish-k K
 [--goldfish-h 13] [--goldfish-mode hash|static]``: dropped targets become ``-100`` labels and the loss is the
@@ -39,6 +54,7 @@ writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -47,7 +63,9 @@ import torch
 
 import axgrid
 from axgrid.checkpoint import list_checkpoints
-from axgrid.data import DEFAULT_TEXT, ByteTokenizer, TokenWindows, encode, load_tokenizer
+from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
+from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
+from axgrid.data.sources import ChatSource, TextSource
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_data_arguments, check_run_arguments, compute_dtype,
                            data_settings, parse_step_args, run_step)
@@ -61,7 +79,15 @@ from axgrid.train import decay_groups
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="Hugging Face model folder (save_pretrained)")
-    p.add_argument("--text-file", default=str(DEFAULT_TEXT), help="UTF-8 text to fine-tune on")
+    p.add_argument("--text-file", default=None, help="UTF-8 text to fine-tune on (default: the shipped KJV text)")
+    p.add_argument("--chat-file", default=None, help="JSON lines of conversations: instruction fine-tuning")
+    p.add_argument("--chat-layout", choices=LAYOUTS, default="pack", help="conversations packed into rows, or one "
+                                                                          "per row padded")
+    p.add_argument("--heldout-frac", type=float, default=0.1, help="last fraction of the text or conversations held "
+                                                                   "out and scored before and after (0: none)")
+    p.add_argument("--heldout-rows", type=int, default=32, help="at most this many held-out rows are scored")
+    p.add_argument("--sample-prompt", default=None, help="answer this user turn before and after fine-tuning")
+    p.add_argument("--sample-tokens", type=int, default=48, help="tokens of the --sample-prompt answer")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
     p.add_argument("--steps", type=int, default=100)
     add_step_arguments(p)
@@ -77,7 +103,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """What a resumed run must share with the run that saved (not the grid, dtype or timeout: loading reshards)."""
     corpus = data_settings(args)
-    return {"checkpoint": os.path.abspath(args.checkpoint), "text_file": os.path.abspath(args.text_file),
+    own = ({"chat_file": os.path.abspath(args.chat_file), "chat_layout": args.chat_layout} if args.chat_file
+           else {"text_file": os.path.abspath(args.text_file)})
+    return {"checkpoint": os.path.abspath(args.checkpoint), **own, "heldout_frac": args.heldout_frac,
             "corpus": corpus.record() if corpus is not None else None,
             "seed": args.seed, "seq": args.seq, "steps": args.steps, "batch": args.batch,
             "microbatches": args.microbatches, "recompute": args.recompute,
@@ -87,7 +115,8 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Problems visible without the grid, raised identically on every rank before any collective."""
+    """Problems visible without the grid, raised identically on every rank before any collective (a chat file is
+    read and checked line by line here: ``args.conversations``)."""
     if not os.path.isdir(args.checkpoint):
         raise SystemExit(f"--checkpoint {args.checkpoint} is not a folder: pass a Hugging Face model folder written "
                          f"by save_pretrained")
@@ -97,27 +126,69 @@ def check_args(args: argparse.Namespace) -> None:
                          f"Hugging Face model folder: continue that run with --resume {args.checkpoint} and the "
                          f"--checkpoint it was started from, or start from a folder written by save_pretrained or "
                          f"--export")
-    if not args.data_path and not os.path.isfile(args.text_file):
+    if args.chat_file and args.text_file:
+        raise SystemExit(f"--chat-file {args.chat_file} and --text-file {args.text_file}: pass one of them")
+    if args.text_file is None and args.chat_file is None:
+        args.text_file = str(DEFAULT_TEXT)
+    if not args.data_path and args.text_file is not None and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass a UTF-8 text file")
+    if args.chat_file is not None and not os.path.isfile(args.chat_file):
+        raise SystemExit(f"--chat-file {args.chat_file} does not exist or is not a file: pass a JSON-lines file")
     if args.seq < 1:
         raise SystemExit(f"--seq {args.seq}: tokens per sequence must be >= 1")
+    if not 0 <= args.heldout_frac < 1 or args.heldout_rows < 1 or args.sample_tokens < 1:
+        raise SystemExit(f"--heldout-frac {args.heldout_frac}, --heldout-rows {args.heldout_rows}, --sample-tokens "
+                         f"{args.sample_tokens}: the fraction must be in [0, 1), the counts >= 1")
     check_run_arguments(args)
     check_data_arguments(args)
+    if args.data_path and args.chat_file:
+        raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")
+    args.conversations = None
+    if args.chat_file:
+        try:
+            args.conversations = read_chat_file(args.chat_file)
+        except ChatFormatError as e:
+            raise SystemExit(f"--chat-file {e}") from None
 
 
-def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TokenWindows:
-    """The run's training windows (raises SystemExit, identically on every rank, when the text cannot be used)."""
+def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TextSource | ChatSource:
+    """The run's own training batches and held-out rows (SystemExit, identically on every rank, when the text or
+    the conversations cannot be used with this checkpoint)."""
     if tokenizer is None and vocab < ByteTokenizer.vocab_size:
         raise SystemExit(f"--checkpoint {args.checkpoint} has no tokenizer and a vocabulary of {vocab} < 256, so the "
                          f"byte-level fallback cannot encode the text; save a tokenizer with the checkpoint")
-    tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
-    if int(tokens.max()) >= vocab:
-        raise SystemExit(f"--text-file {args.text_file} encodes to id {int(tokens.max())} >= the model's vocabulary "
-                         f"{vocab}: the tokenizer does not belong to this checkpoint")
     try:
-        return TokenWindows(tokens, args.seq, args.seed, args.text_file)
+        if args.chat_file:
+            check_chat_tokenizer(tokenizer, args.checkpoint)
+            chat = load_chat(args.chat_file, tokenizer, args.seq, args.chat_layout, args.heldout_frac, args.seed,
+                             conversations=args.conversations)
+            data: TextSource | ChatSource = ChatSource(chat, args.heldout_rows)
+        else:
+            tokens = encode(Path(args.text_file).read_text(encoding="utf-8"), tokenizer)
+            data = TextSource(tokens, args.seq, args.seed, args.heldout_frac, args.heldout_rows, args.text_file)
+    except ChatFormatError as e:
+        raise SystemExit(f"--chat-file {e}") from None
     except ValueError as e:
-        raise SystemExit(f"--text-file: {e}; use a longer text or a smaller --seq") from None
+        raise SystemExit(f"--text-file {e}; use a longer text, a smaller --seq or another --heldout-frac") from None
+    if data.max_id >= vocab:
+        source = f"--chat-file {args.chat_file}" if args.chat_file else f"--text-file {args.text_file}"
+        raise SystemExit(f"{source} encodes to id {data.max_id} >= the model's vocabulary {vocab}: the tokenizer "
+                         f"does not belong to this checkpoint")
+    return data
+
+
+def answer(model: torch.nn.Module, grid: axgrid.Grid, tokenizer: Any, prompt: str, tokens: int) -> str:
+    """The greedy answer to the user turn ``prompt`` (after the chat template's generation prompt;
+    ``axgrid.generate``, the prompt repeated once per data-parallel and z rank), up to the end-of-turn token."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    ids = ids.expand(grid.size("d") * grid.size("z"), -1).contiguous()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = axgrid.generate(model, ids.to(grid.device), grid, tokens, eos_token_id=tokenizer.eos_token_id)
+    model.train(was_training)
+    return tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True).strip()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -138,6 +209,9 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     settings.check(grid)
     rank0 = grid.rank == 0
     tokenizer = load_tokenizer(args.checkpoint)
+    if args.sample_prompt is not None and (tokenizer is None or not getattr(tokenizer, "chat_template", None)):
+        raise SystemExit(f"--sample-prompt needs a checkpoint with a tokenizer and a chat template; "
+                         f"{args.checkpoint} has none")
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
     mcfg = model.config
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
@@ -145,11 +219,13 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     start = ckpt.resume(model, opt)
     data = RunData.open(args, grid, settings, seq=args.seq, seed=args.seed, vocab=mcfg.vocab_size, start=start,
                         resumed=ckpt.extra, fallback=lambda: data_of(args, tokenizer, mcfg.vocab_size))
-    text_tokens = int(data.batches.tokens.numel()) if data.corpus is None else None
+    own = data.batches.info if data.corpus is None else {}
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, "text_tokens": text_tokens, "corpus": data.describe() or None,
+              "tokenizer": tok_name, "data": "corpus" if data.corpus is not None else None, **own,
+              "text_file": None if (args.chat_file or data.corpus) else args.text_file, "chat_file": args.chat_file,
+              "chat_layout": args.chat_layout if args.chat_file else None, "corpus": data.describe() or None,
               "seq": args.seq, "batch": args.batch,
               "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
@@ -160,24 +236,45 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     if rank0:
         print(f"finetune: {type(model).__name__} from {args.checkpoint} on grid {grid.shape} ({grid.world_size} "
               f"ranks, {dtype}); tokenizer: {tok_name}; "
-              f"{data.describe() if data.corpus else f'{text_tokens:,} tokens of text'}; batch {args.batch} x "
+              f"{data.describe() if data.corpus else data.batches.describe}; batch {args.batch} x "
               f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
+    extra: dict[str, Any] = {}
+
+    def evaluate(when: str, steps_done: int) -> None:
+        """Held-out loss and perplexity (and the sample answer) ``before`` or ``after``: an eval row, the summary."""
+        if data.has_validation and not (metrics.evals and metrics.evals[-1]["step"] == steps_done):
+            row = data.evaluate(steps_done, model, grid, metrics)
+            if when == "before":
+                extra.update(valid_loss_before=row["valid_loss"], valid_ppl_before=row["valid_ppl"])
+        if args.sample_prompt is not None:
+            extra[f"answer_{when}"] = answer(model, grid, tokenizer, args.sample_prompt, args.sample_tokens)
+        if rank0 and (metrics.evals or args.sample_prompt is not None):
+            last = metrics.evals[-1] if metrics.evals else None
+            held = (f"held-out loss {last['valid_loss']:.4f}, perplexity {last['valid_ppl']:.2f}" if last else "")
+            said = f"; answer: {extra[f'answer_{when}']!r}" if args.sample_prompt is not None else ""
+            print(f"finetune: {when} step {steps_done}: {held}{said}", flush=True)
+
+    evaluate("before", start)
     for step in range(start, args.steps):
-        inputs, targets = data.batch(step)
-        run_step(model, opt, grid, settings, step, inputs, targets, metrics)
+        inputs, targets, mask = data.batch(step)
+        run_step(model, opt, grid, settings, step, inputs, targets, metrics, loss_mask=mask)
         data.after_step(step + 1, model, grid, metrics)
         if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps, extra=data.extra(step + 1)):
             break
     ckpt.close()
+    if not ckpt.stopped:
+        evaluate("after", args.steps)
     exported = args.export if (args.export and not ckpt.stopped) else None
     if exported:
         axgrid.export_pretrained(model, args.export, grid, tokenizer=tokenizer)
     losses = [r["loss"] for r in metrics.rows]
-    summary = metrics.close(start_step=start, losses=losses, exported=exported)
+    summary = metrics.close(start_step=start, losses=losses, exported=exported, **extra)
     if rank0 and losses:
-        print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps; {summary['step_s']:.3f} "
-              f"s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} TFLOP/s per device"
-              + (f"; exported to {args.export}" if summary["exported"] else ""), flush=True)
+        held = (f"; held-out perplexity {summary['valid_ppl_before']:.2f} -> {summary['valid_ppl']:.2f}"
+                if "valid_ppl_before" in summary and "valid_ppl" in summary else "")
+        print(f"finetune: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps{held}; "
+              f"{summary['step_s']:.3f} s/step, {summary['tokens_per_s']:.0f} tokens/s, {summary['tflops']:.4f} "
+              f"TFLOP/s per device" + (f"; exported to {args.export}" if summary["exported"] else ""), flush=True)
     return summary
 
 

@@ -24,8 +24,9 @@ Scores (axgrid.memorization.scores; every ``--eval-every`` epochs and at the end
 prompt ``axgrid.generate`` (greedy) for C tokens; exact-match rate (all C right), token accuracy, ROUGE-L against
 the true continuation; and the mean loss per token on ``--heldout`` windows of the held-out text (standard
 cross entropy, no Goldfish mask). Written under ``--out DIR``: ``memorization.json`` (``{"standard":
-{"exact_match", "token_accuracy", "rouge_l", "heldout_loss"}, "goldfish": {...}, "settings": {...}}``; one key
-per run of ``--losses``), the printed table (``memorization.txt``), each run's per-step rows
+{"exact_match", "token_accuracy", "rouge_l", "heldout_loss", "epochs_to_80"}, "goldfish": {...}, "settings":
+{...}}``; one key per run of ``--losses``; ``epochs_to_80``: the first evaluated epoch at which at least 80% of the
+passages are reproduced exactly, None when none is), the printed table (``memorization.txt``), each run's per-step rows
 (``<loss>.jsonl``, :mod:`axgrid.metrics`), ``curves.json`` (the scores at every evaluation),
 ``memorization.png`` (exact match and ROUGE-L against epochs for both losses, and held-out loss), and each run's
 final model (``DIR/<loss>/``: an axgrid checkpoint for the GPT, a Hugging Face folder for ``--checkpoint``),
@@ -55,6 +56,8 @@ from axgrid.spec import llama_flops
 from axgrid.train import decay_groups
 
 LOSSES = ("standard", "goldfish")
+#: The exact-match rate that counts as memorized (``epochs_to_80`` in the results)
+MEMORIZED = 0.8
 GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed", "emb_std", "name")
 
 
@@ -307,6 +310,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
     StepSettings.from_args(args, steps, dtype).check(grid)
     result: dict[str, Any] = {}
     curves: dict[str, list[dict[str, float]]] = {}
+    initial: Optional[dict[str, float]] = None
     for loss in args.loss_list:
         t0 = time.perf_counter()
         settings = StepSettings.from_args(args, steps, dtype, goldfish=loss == "goldfish")
@@ -317,7 +321,9 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
         os.makedirs(args.out, exist_ok=True)
         metrics = Metrics(grid, flops_per_step=flops, tokens_per_step=args.batch * (length - 1), dtype=dtype,
                           jsonl=os.path.join(args.out, f"{loss}.jsonl"), config={"study": loss, "steps": steps})
-        curve = [{"epoch": 0, **evaluate(model, grid, text, heldout)}]
+        if initial is None:             # every run starts from the same weights: scored once, shared
+            initial = evaluate(model, grid, text, heldout)
+        curve = [{"epoch": 0, **initial}]
         for epoch in range(1, args.epochs + 1):
             for i in range(text.steps_per_epoch):
                 step = (epoch - 1) * text.steps_per_epoch + i
@@ -334,6 +340,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
         save_model(model, os.path.join(args.out, loss), grid, tokenizer)
         final = curve[-1]
         result[loss] = {k: final[k] for k in ("exact_match", "token_accuracy", "rouge_l", "heldout_loss")}
+        result[loss]["epochs_to_80"] = epochs_to(curve, MEMORIZED)
         curves[loss] = curve
     result["settings"] = _settings(args, grid, dtype, text, time.perf_counter() - t_start, steps)
     _write(args.out, result, curves, grid)
@@ -359,12 +366,19 @@ def _settings(args: argparse.Namespace, grid: axgrid.Grid, dtype: str, text: Stu
     return out
 
 
+def epochs_to(curve: list[dict[str, float]], fraction: float) -> Optional[int]:
+    """The first evaluated epoch whose exact-match rate is at least ``fraction`` (None: none is)."""
+    return next((int(c["epoch"]) for c in curve if c["exact_match"] >= fraction), None)
+
+
 def _table(rows: dict[str, dict[str, float]]) -> str:
-    head = f"{'run':<12} {'exact match':>11} {'token acc':>9} {'ROUGE-L':>7} {'held-out loss':>13}"
+    head = (f"{'run':<12} {'exact match':>11} {'token acc':>9} {'ROUGE-L':>7} {'held-out loss':>13} "
+            f"{'epochs to 80%':>13}")
     lines = [head, "-" * len(head)]
     for name, s in rows.items():
+        first = s.get("epochs_to_80", "")
         lines.append(f"{name:<12} {s['exact_match']:>11.3f} {s['token_accuracy']:>9.3f} {s['rouge_l']:>7.3f} "
-                     f"{s['heldout_loss']:>13.4f}")
+                     f"{s['heldout_loss']:>13.4f} {'never' if first is None else first:>13}")
     return "\n".join(lines)
 
 

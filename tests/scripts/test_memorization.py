@@ -61,7 +61,7 @@ def test_the_study_writes_its_json_table_curves_and_png(ranks, tmp_path):
     assert written == result
     assert set(written) == {"standard", "goldfish", "settings"}
     for loss in ("standard", "goldfish"):
-        assert set(written[loss]) == {"exact_match", "token_accuracy", "rouge_l", "heldout_loss"}
+        assert set(written[loss]) == {"exact_match", "token_accuracy", "rouge_l", "heldout_loss", "epochs_to_80"}
         assert 0 <= written[loss]["token_accuracy"] <= 1 and written[loss]["heldout_loss"] > 0
     s = written["settings"]
     assert (s["passages"], s["prompt"], s["continuation"], s["epochs"], s["goldfish_k"], s["goldfish_mode"]) == \
@@ -70,10 +70,14 @@ def test_the_study_writes_its_json_table_curves_and_png(ranks, tmp_path):
     assert "exact match" in table and "standard" in table and "goldfish" in table
     curves = json.load(open(os.path.join(out, "curves.json")))
     assert [c["epoch"] for c in curves["goldfish"]] == [0, 1, 2]
+    for loss in ("standard", "goldfish"):                   # the first evaluation with >= 80% exact, or None
+        first = [c["epoch"] for c in curves[loss] if c["exact_match"] >= 0.8]
+        assert written[loss]["epochs_to_80"] == (first[0] if first else None)
     with open(os.path.join(out, "memorization.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     # --eval-only on the saved standard model measures what the study measured at its end
     again = ranks(2, rank_study, TINY + ["--grid", "1x1x1x2", "--out", str(tmp_path / "eval"),
                                          "--eval-only", os.path.join(out, "standard")])[0]
     assert set(again) == {"eval_only", "settings"}
-    assert again["eval_only"] == pytest.approx(written["standard"], rel=1e-5)
+    final = {k: v for k, v in written["standard"].items() if k != "epochs_to_80"}
+    assert again["eval_only"] == pytest.approx(final, rel=1e-5)

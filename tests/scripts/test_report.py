@@ -12,7 +12,7 @@ ARGS = ["--model", "gpt-tiny", "--hidden", "32", "--heads", "2", "--seq", "16", 
         "--data", "text", "--no-progress", "--comm-timing"]
 
 
-SCRIPTS = {"train_gpt": "train/train_gpt.py", "report": "plots/report.py"}
+SCRIPTS = {"train_gpt": "train/train_gpt.py", "report": "plots/report.py", "plot_loss": "plots/plot_loss.py"}
 
 
 def _script(name: str):
@@ -77,3 +77,17 @@ def test_bad_metrics_options_end_every_rank_alike(ranks):
     assert peak[0] == peak[1] and "--peak-tflops 0.0: the device's dense peak must be > 0" in peak[0]
     machine = ranks(2, rank_refusal, base + ["--peak-machine", "no-such-machine"])
     assert machine[0] == machine[1] and machine[0].startswith("--peak-machine no-such-machine: unknown machine")
+
+
+def test_plot_loss_draws_a_log_and_refuses_a_file_without_steps(tmp_path):
+    log = tmp_path / "run.jsonl"
+    rows = [{"event": "config"}] + [{"event": "step", "step": i, "loss": 3.0 - 0.1 * i} for i in range(6)]
+    rows += [{"event": "eval", "step": 0, "valid_loss": 3.1}, {"event": "eval", "step": 6, "valid_loss": 2.5}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = _script("plot_loss").main([str(log), str(tmp_path / "loss.png"), "--window", "3"])
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"event": "config"}) + "\n")
+    with pytest.raises(SystemExit, match="holds no step rows"):
+        _script("plot_loss").main([str(empty), str(tmp_path / "x.png")])

@@ -109,3 +109,4 @@ def test_wheel_installs_only_the_axgrid_import_name(tmp_path):
                 if p.name.endswith((".toml", ".residuals.json"))}                  # machines and their error bands
     assert machines and machines <= names, sorted(machines - names)
     assert "axgrid/data/text/kjv_selections.txt" in names                            # the drivers' default text
+    assert "axgrid/data/instructions/kjv_instructions.jsonl" in names                # finetune's instruction set
