@@ -4,8 +4,9 @@
     axgrid.sync_gradients(model, grid)      # completes overlapped collectives, averages over d
     optional global-norm clip; optimizer.step()
 
-Gradients are zeroed at the start of the step (``set_to_none``), so after it ``.grad`` holds this step's
-synchronised gradients. With ``grid=None`` the same step runs serially (a plain torch model: no no_sync, no
+Gradients are zeroed at the start of the step (in place in the data-parallel buckets, which are their storage;
+with Gd = 1 ``set_to_none``), so after it ``.grad`` holds this step's synchronised gradients (with ``zero`` >= 1
+only this d-rank's share of them is the mean; with ``zero=2`` ``.grad`` is None). With ``grid=None`` the same step runs serially (a plain torch model: no no_sync, no
 gradient sync), which is how the demo trains its serial reference.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .data_parallel import clip_grad_norm_, sync_gradients
+from .data_parallel import clip_grad_norm_, sync_gradients, zero_gradients
 from .grid import Grid
 
 
@@ -41,7 +42,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
         raise ValueError(f"microbatches must be a positive int, got {microbatches!r}")
     if not clip >= 0:
         raise ValueError(f"clip must be >= 0 (0: off), got {clip!r}")
-    optimizer.zero_grad(set_to_none=True)
+    if grid is None or not zero_gradients(model, grid):
+        optimizer.zero_grad(set_to_none=True)
     total = None
     for i in range(microbatches):
         # ODP: only the last micro-batch's backward reduces over d (the others accumulate locally)

@@ -10,9 +10,14 @@ params/grads/optimizer: the runtime keeps fp32 weights (autocast casts them per 
          ``step``). Stored elements: every FC weight shard (padded block / Gz), the biases ``[n/G_out]``
          (replicated over z), the 2L+1 layer norms' weight and bias ``[hx]``, the token and position tables
          ``[V, hx]``, ``[S, hx]`` (all rows, replicated over y, z, d).
-dp buckets: with Gd > 1 ``axgrid.sync_gradients`` (and ODP's pipeline) keep flat bucket buffers across steps, as
-         DDP does, but the gradients are copied into them rather than being views of them: one more copy of
-         every gradient (4 B per stored element) for the whole run.
+zero:    (``Options.zero``, ``RuntimeConfig.zero``; :mod:`axgrid.grad_buckets` lists the buffers) with Gd > 1 the
+         gradients are views of the data-parallel buckets: one copy in every mode (no bucket copy besides).
+         ``zero=0``: as above. ``zero=1``: the parameters and gradients are views of the buckets, each padded to a
+         multiple of Gd elements (:mod:`perfmodel.buckets`): 4 B each per padded element; AdamW's moments only for
+         this rank's 1/Gd share of every bucket (8 B per padded element / Gd; a step per parameter still).
+         ``zero=2``: also only the gradient share persists (4 B per padded element / Gd), and during the backward
+         the full buckets being filled and reduce-scattered: ``dp buckets`` = the largest bucket times
+         ``GRADIENT_WINDOW`` + 1 with ODP (in flight, plus one filling), else once.
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
          weight source (``axgrid/overlap.py``); without keep, one block at a time (the largest), with OAG the
          prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
@@ -31,14 +36,14 @@ activations, saved for backward, per block per token (recompute off):
          ``4·V`` + targets 8 (+ one 4-byte scalar per micro-batch); Gy > 1 the softmax slice ``4·Vy`` + targets 8 +
          mask 1. Embeddings: the token and position ids, 16.
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
-         which is in backward: static + dp buckets + the gathered blocks live in backward + all stored activations
-         + the largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
+         which is in backward: static + dp buckets (``zero=2``) + the gathered blocks live in backward + all stored
+         activations + the largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
          bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward with its saved set (recomputed
          under recompute), the fp32 residual gradient and either MLP-down's backward (input gradient ``[m', fy]``,
          weight gradient ``[fy, hx]`` in b bytes and fp32, the weight block's low-precision copy, and what the
          device adds: :class:`Device`) or a layer norm's (five fp32 ``[m', hx]`` temporaries). Within 5% of the
          runtime's peak of live tensor bytes on the test's grids. With one micro-batch the real peak is lower by up
-         to the gradient bytes (they do not exist during the forward).
+         to the gradient bytes when Gd = 1 (they do not exist during the forward; with Gd > 1 they are the buckets).
 
 ``layout="megatron"`` (TP×PP×DP stages, ``perfmodel.pipeline``): Megatron-LM's layout as Korthikanti et al.
 price it: bf16 weights and gradients with fp32 master + moments in the optimizer (12 B, divided by Gd with the
@@ -53,8 +58,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from axgrid.spec import FCLayer, ceil_div
+from axgrid.spec import GRADIENT_WINDOW, FCLayer, ceil_div
 
+from .buckets import gradient_elements, pack
 from .comm import layer_volumes
 from .errors import PerfModelError
 from .spec import Options, TransformerSpec
@@ -138,6 +144,30 @@ def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
     return (shard + small).astype(float)
 
 
+def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(params, grads, optimizer, dp_buckets) bytes per GPU in ``opt.zero``'s mode (see the module docstring;
+    arrays broadcast over the grids): the buffers :mod:`axgrid.grad_buckets` keeps, for the rank that owns the
+    most (d = 0: its shares hold no padding)."""
+    zero = opt.zero
+    if zero not in (0, 1, 2):
+        raise PerfModelError(f"Options.zero={zero!r}: memory is priced for one mode, 0, 1 or 2")
+    gx, gy, gz, gd = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd)))
+    steps = 4.0 * parameter_tensors(spec)                     # AdamW's 0-d step per parameter (or piece)
+    if zero == 0:
+        elems = stored_elements(spec, gx, gy, gz)
+        return 4.0 * elems, 4.0 * elems, 8.0 * elems + steps, np.zeros(gx.shape)
+    shape = gx.shape
+    flat = [a.reshape(-1) for a in (gx, gy, gz, gd)]
+    vols = {layer.name: layer_volumes(layer, *flat[:3], 1) for layer in spec.block_layers() + [spec.head_layer()]}
+    bt = pack(gradient_elements(spec, vols, ceil_div(spec.hidden, flat[0]), flat[0].size), 4, opt.bucket_bytes,
+              flat[3])
+    padded, share = bt.padded.reshape(shape) * 4.0, (bt.padded // flat[3]).reshape(shape) * 4.0
+    full = bt.largest.reshape(shape) * 4.0 * ((GRADIENT_WINDOW + 1) if opt.overlap_dp else 1)
+    return (padded, padded if zero == 1 else share, 2.0 * share + steps,
+            np.zeros(shape) if zero == 1 else np.minimum(full, padded))
+
+
 def block_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int,
                            device: Device = GPU) -> np.ndarray:
     """Bytes one block saves for backward on one rank (recompute off); see the module docstring."""
@@ -184,10 +214,7 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     mp = np.asarray(mprime, dtype=float)
     inflight = np.asarray(inflight, dtype=float)
     L, b = spec.layers, dtype_bytes
-    elems = stored_elements(spec, gx, gy, gz)
-    params, grads = 4.0 * elems, 4.0 * elems
-    optimizer = (8.0 * elems + 4.0 * parameter_tensors(spec)) / (gd if opt.zero1_over_d else 1)
-    dp_buckets = np.where(gd > 1, 4.0 * elems, 0.0)
+    params, grads, optimizer, dp_buckets = data_parallel_bytes(spec, gx, gy, gz, gd, opt)
 
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
     head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)

@@ -142,7 +142,6 @@ class Linear(nn.Module):
         if init:
             self.reset_parameters()
         add_state_hooks(self)
-        self.runtime.grads.watch(self.parameters())
 
     __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
@@ -215,7 +214,9 @@ class Linear(nn.Module):
         return self._block(self.grid.comm.all_gather(shard, "z"))
 
     def gather_weight_async(self) -> "Pending":
-        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block."""
+        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block (a prefetch:
+        first the shard's own all-gather over d completes, with ``zero`` >= 1 and ODP)."""
+        self.runtime.dp.before_use(self.weight)
         pending = self.grid.comm.all_gather(self.weight.detach(), "z", async_op=True)
         return Pending(None, lambda: self._block(pending.wait()))
 
