@@ -22,15 +22,17 @@ from .spec import TransformerSpec
 
 class BucketTotals(NamedTuple):
     """Per grid [N]: ``count`` buckets; ``numel`` real gradient elements; ``padded`` elements with each bucket
-    padded to a multiple of ``parts``; ``largest`` / ``first`` / ``last`` padded elements of the largest bucket,
-    of the first in the layout (the last parameters, reduced first) and of the last (the first parameters: the
-    embeddings, reduced last in the backward and gathered first for the forward)."""
+    padded to a multiple of ``parts``; ``largest`` / ``first`` / ``second`` / ``last`` padded elements of the
+    largest bucket, of the first two in the layout (the last parameters: the head's, reduced first) and of the
+    last (the first parameters: the embeddings, reduced last in the backward and gathered first for the
+    forward)."""
 
     count: np.ndarray
     numel: np.ndarray
     padded: np.ndarray
     largest: np.ndarray
     first: np.ndarray
+    second: np.ndarray
     last: np.ndarray
 
 
@@ -63,6 +65,7 @@ def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) 
     padded = np.zeros(n, dtype=np.int64)
     largest = np.zeros(n, dtype=np.int64)
     first = np.zeros(n, dtype=np.int64)
+    second = np.zeros(n, dtype=np.int64)
     pad = lambda e: ceil_div(e, parts) * parts        # noqa: E731
     for e in elems:
         new = (e > 0) & ((fill == 0) | (fill * element_bytes >= bucket_bytes))
@@ -71,6 +74,7 @@ def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) 
         padded += done
         largest = np.maximum(largest, done)
         first = np.where(close & (count == 1), done, first)
+        second = np.where(close & (count == 2), done, second)
         count += new
         fill = np.where(new, e, fill + e)
         numel += e
@@ -78,7 +82,8 @@ def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) 
     padded += last
     largest = np.maximum(largest, last)
     first = np.where(count == 1, last, first)
-    return BucketTotals(count, numel, padded, largest, first, last)
+    second = np.where(count == 2, last, second)
+    return BucketTotals(count, numel, padded, largest, first, second, last)
 
 
 __all__ = ["BucketTotals", "gradient_elements", "pack"]

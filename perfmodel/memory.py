@@ -16,8 +16,10 @@ zero:    (``Options.zero``, ``RuntimeConfig.zero``; :mod:`axgrid.grad_buckets` l
          multiple of Gd elements (:mod:`perfmodel.buckets`): 4 B each per padded element; AdamW's moments only for
          this rank's 1/Gd share of every bucket (8 B per padded element / Gd; a step per parameter still).
          ``zero=2``: also only the gradient share persists (4 B per padded element / Gd), and during the backward
-         the full buckets being filled and reduce-scattered: ``dp buckets`` = the largest bucket times
-         ``GRADIENT_WINDOW`` + 1 with ODP (in flight, plus one filling), else once.
+         the full buckets being filled and reduce-scattered: ``dp buckets``, what is alive while the last block's
+         backward runs (the peak's second candidate below), is the second bucket of the layout (filling) and with
+         ODP the first (the head's, in flight). (gloo's reduce-scatter also copies the buckets in flight, on its own
+         thread: not counted; ``zero=1`` with ODP holds those copies until the backward ends.)
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
          weight source (``axgrid/overlap.py``); without keep, one block at a time (the largest), with OAG the
          prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
@@ -36,10 +38,11 @@ activations, saved for backward, per block per token (recompute off):
          ``4·V`` + targets 8 (+ one 4-byte scalar per micro-batch); Gy > 1 the softmax slice ``4·Vy`` + targets 8 +
          mask 1. Embeddings: the token and position ids, 16.
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
-         which is in backward: static + dp buckets (``zero=2``) + the gathered blocks live in backward + all stored
-         activations + the largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
-         bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward with its saved set (recomputed
-         under recompute), the fp32 residual gradient and either MLP-down's backward (input gradient ``[m', fy]``,
+         which is in backward: static + the gathered blocks live in backward + all stored activations + the
+         largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
+         bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward (with ``zero=2``'s dp buckets)
+         with its saved set (recomputed under recompute), the fp32 residual gradient and either MLP-down's
+         backward (input gradient ``[m', fy]``,
          weight gradient ``[fy, hx]`` in b bytes and fp32, the weight block's low-precision copy, and what the
          device adds: :class:`Device`) or a layer norm's (five fp32 ``[m', hx]`` temporaries). Within 5% of the
          runtime's peak of live tensor bytes on the test's grids. With one micro-batch the real peak is lower by up
@@ -58,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from axgrid.spec import GRADIENT_WINDOW, FCLayer, ceil_div
+from axgrid.spec import FCLayer, ceil_div
 
 from .buckets import gradient_elements, pack
 from .comm import layer_volumes
@@ -101,7 +104,8 @@ CPU_GLOO = Device(math_bytes=4, reduce_in_fp32=True, reduce_scatter_copies=True)
 @dataclass(frozen=True)
 class Memory:
     """Bytes per GPU by component (float arrays [N]): ``static`` = params + grads + optimizer; ``buffers`` =
-    gathered weights + dp buckets + transients; ``activations``: saved for backward (blocks, head, embeddings)."""
+    gathered weights + the largest transient (which may include the dp buckets); ``activations``: saved for backward
+    (blocks, head, embeddings)."""
 
     static: np.ndarray
     buffers: np.ndarray
@@ -144,11 +148,11 @@ def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
     return (shard + small).astype(float)
 
 
-def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(params, grads, optimizer, dp_buckets) bytes per GPU in ``opt.zero``'s mode (see the module docstring;
     arrays broadcast over the grids): the buffers :mod:`axgrid.grad_buckets` keeps, for the rank that owns the
-    most (d = 0: its shares hold no padding)."""
+    most (d = 0: its shares hold no padding); ``dp_buckets``: zero=2's full buckets alive during the last block's
+    backward."""
     zero = opt.zero
     if zero not in (0, 1, 2):
         raise PerfModelError(f"Options.zero={zero!r}: memory is priced for one mode, 0, 1 or 2")
@@ -163,9 +167,9 @@ def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options
     bt = pack(gradient_elements(spec, vols, ceil_div(spec.hidden, flat[0]), flat[0].size), 4, opt.bucket_bytes,
               flat[3])
     padded, share = bt.padded.reshape(shape) * 4.0, (bt.padded // flat[3]).reshape(shape) * 4.0
-    full = bt.largest.reshape(shape) * 4.0 * ((GRADIENT_WINDOW + 1) if opt.overlap_dp else 1)
-    return (padded, padded if zero == 1 else share, 2.0 * share + steps,
-            np.zeros(shape) if zero == 1 else np.minimum(full, padded))
+    first = bt.first.reshape(shape) * 4.0 if opt.overlap_dp else 0.0     # in flight (ODP)
+    alive = first + bt.second.reshape(shape) * 4.0                       # and the next one filling
+    return padded, padded if zero == 1 else share, 2.0 * share + steps, np.zeros(shape) if zero == 1 else alive
 
 
 def block_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int,
@@ -253,8 +257,8 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (b + 4.0 + rs_copy + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
-    transient = np.maximum(loss_grad, block_bwd - head_act)
-    buffers = in_backward + dp_buckets + transient     # the peak is in backward (see the module docstring)
+    transient = np.maximum(loss_grad, block_bwd - head_act + dp_buckets)
+    buffers = in_backward + transient     # the peak is in backward (see the module docstring)
     static = params + grads + optimizer
     shape = np.broadcast_shapes(np.shape(act), np.shape(static), np.shape(buffers))
     bc = lambda a: np.broadcast_to(np.asarray(a, dtype=float), shape).astype(float)  # noqa: E731
