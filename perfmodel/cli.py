@@ -32,6 +32,9 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-recompute", action="store_true", help="no activation recompute")
     p.add_argument("--keep-gathered", action="store_true", help="keep gathered weights from forward to backward")
     p.add_argument("--order", default="xyzd", help="rank order, fastest first (default xyzd)")
+    p.add_argument("--zero", choices=("0", "1", "2", "auto"), default="0",
+                   help="the runtime's RuntimeConfig.zero for 4D grids: 1 shards AdamW's state over d, 2 also the "
+                        "gradients; auto: each grid gets the fastest mode that fits (rank's default)")
     p.add_argument("--bucket-mib", type=float, default=25.0,
                    help="data-parallel gradient bucket in MiB (the runtime's RuntimeConfig.bucket_bytes; default 25)")
     p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m axgrid.kernels export-efficiency FILE)")
@@ -67,7 +70,8 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
         spec = replace(spec, seq=a.seq or spec.seq, vocab=a.vocab or spec.vocab)
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
-                  microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib))
+                  microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib),
+                  zero=None if a.zero == "auto" else int(a.zero))
     machine = load_machine(a.machine)
     if a.gemm_table:
         machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))
@@ -90,7 +94,7 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
     for i, r in enumerate(rk.combined[:top], 1):
         pipe = r.layout != "4D"
         mark = ("≈" if r.within_error else "") + ("†" if r.out_of_range else "")
-        t.add_row(str(i), r.grid_str, f"{r.time_s:.3f}", f"{r.time_low:.2f}–{r.time_high:.2f}", mark,
+        t.add_row(str(i), r.grid_str + (f" zero{r.zero}" if r.zero else ""), f"{r.time_s:.3f}", f"{r.time_low:.2f}–{r.time_high:.2f}", mark,
                   f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
                   f"{r.memory_bytes / 2**30:.1f}", str(r.microbatches), f"{r.compute_s:.3f}",
                   *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"),
@@ -102,7 +106,8 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
     con.print(f"4D: {len(rk.feasible)} feasible of {len(rk.rows)} factorisations ({n_bad} rejected); TP×PP×DP: "
               f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
               f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
-              f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
+              f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only. zeroN: "
+              f"the 4D row runs with RuntimeConfig(zero=N) ({'per row the fastest mode that fits' if p.options.zero is None else 'fixed by --zero'}).")
     con.print(m.elementwise_note())
     if rk.band is not None:
         con.print(f"band: {rk.band.describe()}. ≈ = within model error of the best row (bands overlap).")
@@ -302,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "attention only (Korthikanti et al. 2022)")
     r.add_argument("--emit-slurm", metavar="DIR", help="write an sbatch script per top-k configuration")
     r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
-    r.set_defaults(fn=cmd_rank)
+    r.set_defaults(fn=cmd_rank, zero="auto")
     m = sub.add_parser("machines", help="list the machine library")
     m.set_defaults(fn=cmd_machines)
     c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve to samples measured by "

@@ -31,7 +31,7 @@ Logs: :mod:`axgrid.metrics` rows (``--log`` JSON lines, ``--tensorboard``; rank 
 FLOP formula, ...), a ``step`` row per step (loss, lr, grad norm, step time, tokens/s, TFLOP/s, MFU, peak memory,
 communication, energy; kept fraction under Goldfish) and a ``summary``. Checkpoints:
 ``--save DIR --save-every K`` (and at the end, and on SIGTERM/SIGUSR1 through ``SaveOnSignal``), ``--resume DIR``
-on any grid (loading reshards; a checkpoint saved with other settings is refused, naming them, unless
+on any grid and any ``--zero`` (loading reshards; a checkpoint saved with other settings is refused, naming them, unless
 ``--allow-config-change`` lists them). ``--export DIR``
 writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained``, plus the tokenizer).
 ``main(argv)`` returns the summary on every rank.
@@ -48,11 +48,12 @@ import torch
 import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, TokenWindows, encode, load_tokenizer
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_data_arguments, check_run_arguments, compute_dtype,
-                           data_settings, parse_step_args, run_step)
+                           add_step_arguments, check_data_arguments, check_run_arguments, check_zero,
+                           compute_dtype, data_settings, parse_step_args, run_step)
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
-from axgrid.spec import llama_flops
+from axgrid.launch.env import LaunchError, detect_launch
+from axgrid.spec import GridError, GridShape, llama_flops
 from axgrid.train import decay_groups
 
 
@@ -95,6 +96,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--seq {args.seq}: tokens per sequence must be >= 1")
     check_run_arguments(args)
     check_data_arguments(args)
+    try:
+        shape = GridShape.parse(args.grid or "1x1x1", detect_launch(use_mpi=False).world_size)
+    except (GridError, LaunchError) as e:
+        raise SystemExit(f"finetune: {e}") from None
+    check_zero(args.zero, shape)
 
 
 def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TokenWindows:
@@ -117,7 +123,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     check_args(args)
     dtype = compute_dtype(args.dtype)
-    config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing)
+    config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing,
+                                  zero=args.zero)
     grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
     try:
         return _finetune(args, grid, dtype)
@@ -131,8 +138,10 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     rank0 = grid.rank == 0
     tokenizer = load_tokenizer(args.checkpoint)
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
+    grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
     mcfg = model.config
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
     data = RunData.open(args, grid, settings, seq=args.seq, seed=args.seed, vocab=mcfg.vocab_size, start=start,

@@ -236,3 +236,46 @@ def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
     assert np.all(ev.time[ok] <= ev0.time[ok] + 1e-12)
     no_ors = pm.evaluate(pm.Problem(spec, 32, 16, options=pm.Options(overlap_rs=False)), m, g)
     assert np.all(no_ors.time[ok] <= ev0.time[ok] + 1e-12)
+
+
+def test_zero_modes_price_the_same_ring_bytes_with_another_overlap():
+    """zero >= 1: reduce-scatter + all-gather over d move what one all-reduce moves (fp32: the same bytes, up to the
+    padding; the same latency per bucket); zero=2 reduce-scatters in every micro-batch; with ODP the parameter
+    all-gather hides under the next forward except its first bucket."""
+    spec = pm.get_model("gpt-mini")
+    m = pm.load_machine("perlmutter")
+    g = pm.Grids.of([(1, 2, 1, 8), (2, 1, 2, 4)])
+    off = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=False, microbatches=2,
+                     bucket_bytes=2**18)                     # several buckets: ODP can hide all but one
+    ev = {z: pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=z)), m, g) for z in (0, 1, 2)}
+    assert np.allclose(ev[1].raw["d"], ev[0].raw["d"], rtol=1e-3) and np.all(ev[1].exposed["d"] == ev[1].raw["d"])
+    rs = ev[1].raw["d"] / 2                                  # half of it: the reduce-scatter (fp32: AG = RS)
+    assert np.allclose(ev[2].raw["d"], ev[1].raw["d"] + rs, rtol=1e-3)      # one more reduce-scatter (2 mb)
+    assert np.all(ev[1].step_bytes["d"] >= ev[0].step_bytes["d"])           # padding: at most Gd-1 per bucket
+    odp = pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=1, overlap_dp=True)), m, g)
+    assert np.all(odp.exposed["d"] < ev[1].exposed["d"]) and np.all(odp.exposed["d"] > 0)
+    assert list(ev[2].extra["zero"]) == [2, 2]
+
+
+def test_rank_chooses_the_zero_mode_per_row():
+    """Options.zero None: every grid gets the fastest mode that fits (0 where Gd = 1); a grid that does not fit
+    unsharded fits with its optimizer state (and gradients) sharded over d; the rows carry the mode and the band."""
+    spec = pm.get_model("gpt-20b")
+    m = pm.load_machine("perlmutter")
+    prob = pm.Problem(spec, 64, 64, options=pm.Options(microbatches=1, zero=None))
+    g = pm.enumerate_grids(64)
+    auto = pm.evaluate(prob, m, g)
+    each = {z: pm.evaluate(pm.Problem(spec, 64, 64, options=prob.options.with_(zero=z)), m, g) for z in (0, 1, 2)}
+    times = np.stack([each[z].time for z in (0, 1, 2)])
+    assert np.array_equal(auto.time, times.min(axis=0))
+    assert np.all(auto.extra["zero"][g.gd == 1] == 0)
+    assert np.all(each[2].memory.total[g.gd > 1] < each[1].memory.total[g.gd > 1])
+    assert np.all(each[1].memory.total[g.gd > 1] < each[0].memory.total[g.gd > 1])
+    rescued = auto.feasible & ~each[0].feasible
+    assert rescued.any() and np.all(auto.extra["zero"][rescued] > 0)
+    assert "zero=1 needs Gd > 1" in each[1].reasons[int(np.nonzero(g.gd == 1)[0][0])]
+    rk = pm.rank(prob, m)
+    assert any(r.zero for r in rk.feasible) and all(r.time_low <= r.time_s <= r.time_high for r in rk.feasible)
+    best = rk.feasible[0]
+    assert best.time_s == pytest.approx(float(pm.price_grid(pm.Problem(spec, 64, 64, options=prob.options.with_(
+        zero=best.zero)), m, best.grid).time_s))
