@@ -316,8 +316,8 @@ class Communicator:
                         async_op: bool = False) -> torch.Tensor | Pending:
         """In place on the 1-D contiguous ``t [p·s]``: this rank's share ``t[i·s : (i+1)·s]`` (``i``: its index
         in the group) becomes the sum (or mean) over the group of that share; the rest of ``t`` is unspecified
-        afterwards (a backend without reduce-scatter all-reduces it whole). Returns the share (a view of ``t``). Low-precision sums follow ``reduce_in_fp32`` (then through an fp32
-        copy, written back)."""
+        afterwards (a backend without reduce-scatter all-reduces it whole). Returns the share (a view of ``t``).
+        Low-precision sums follow ``reduce_in_fp32`` (then through an fp32 copy, written back)."""
         self._check(dim)
         p = self.sizes[dim]
         if t.dim() != 1 or not t.is_contiguous() or t.numel() % p:

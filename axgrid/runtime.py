@@ -3,8 +3,9 @@
 A :class:`Runtime` is the one visible object holding the runtime machinery: the configuration, the GEMM, the
 tracer, the weight source (:class:`~axgrid.overlap.WeightGather` or, with OAG, the prefetcher), the gradient
 sink (:class:`~axgrid.overlap.GradientSink` or, with ORS, the pipeline), the data parallelism over d (the
-bucket layouts of :mod:`axgrid.grad_buckets`) and the stream of per-layer seeds. Every piece is always present, so layers call them without asking which
-overlap switches are on. Layers take it from their grid (``layer.runtime = grid.runtime``).
+bucket layouts of :mod:`axgrid.grad_buckets`) and the stream of per-layer seeds. Every piece is always present,
+so layers call them without asking which overlap switches are on. Layers take it from their grid
+(``layer.runtime = grid.runtime``).
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@
 
 Gradients are zeroed at the start of the step (in place in the data-parallel buckets, which are their storage;
 with Gd = 1 ``set_to_none``), so after it ``.grad`` holds this step's synchronised gradients (with ``zero`` >= 1
-only this d-rank's share of them is the mean; with ``zero=2`` ``.grad`` is None). With ``grid=None`` the same step runs serially (a plain torch model: no no_sync, no
-gradient sync), which is how the demo trains its serial reference.
+only this d-rank's share of them is the mean; with ``zero=2`` ``.grad`` is None). With ``grid=None`` the same
+step runs serially (a plain torch model: no no_sync, no gradient sync), which is how the demo trains its serial
+reference.
 """
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
     for i, r in enumerate(rk.combined[:top], 1):
         pipe = r.layout != "4D"
         mark = ("≈" if r.within_error else "") + ("†" if r.out_of_range else "")
-        t.add_row(str(i), r.grid_str + (f" zero{r.zero}" if r.zero else ""), f"{r.time_s:.3f}", f"{r.time_low:.2f}–{r.time_high:.2f}", mark,
+        name = r.grid_str + (f" zero{r.zero}" if r.zero else "")
+        t.add_row(str(i), name, f"{r.time_s:.3f}", f"{r.time_low:.2f}–{r.time_high:.2f}", mark,
                   f"{r.tflops_per_gpu:.1f}", f"{r.pct_peak:.1f}",
                   f"{r.memory_bytes / 2**30:.1f}", str(r.microbatches), f"{r.compute_s:.3f}",
                   *(f"{r.exposed_s[d]:.3f}" for d in "xyzd"),
@@ -107,7 +108,8 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int) -> None:
               f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
               f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
               f"per dimension (seconds; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only. zeroN: "
-              f"the 4D row runs with RuntimeConfig(zero=N) ({'per row the fastest mode that fits' if p.options.zero is None else 'fixed by --zero'}).")
+              f"the 4D row runs with RuntimeConfig(zero=N) ("
+              f"{'per row the fastest mode that fits' if p.options.zero is None else 'fixed by --zero'}).")
     con.print(m.elementwise_note())
     if rk.band is not None:
         con.print(f"band: {rk.band.describe()}. ≈ = within model error of the best row (bands overlap).")

@@ -62,7 +62,8 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
             lines.append(f"  zero={row.zero}: {size}, each reduce-scattered over d ("
                          f"{'in every micro-batch' if row.zero == 2 else 'once per step'}"
                          f"{', during the backward (ODP)' if odp else ''}), AdamW on this rank's 1/Gd share, the "
-                         f"parameters all-gathered over d after the step{' under the next forward (ODP)' if odp else ''}")
+                         f"parameters all-gathered over d after the step"
+                         f"{' under the next forward (ODP)' if odp else ''}")
     mp = row.memory_parts
     lines.append(f"  memory/GPU {row.memory_bytes / 2**30:.2f} GiB = static {mp['static'] / 2**30:.2f} + buffers "
                  f"{mp['buffers'] / 2**30:.2f} + activations {mp['activations'] / 2**30:.2f} (limit "

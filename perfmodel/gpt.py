@@ -164,4 +164,5 @@ def gpt_collective_events(spec: TransformerSpec, grid: tuple[int, int, int, int]
     return ev + dp_events(gpt_dp_gradient_sizes(spec, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
 
 
-__all__ = ["STAT_BYTES", "PARAM_BYTES", "GPTParam", "gpt_parameters", "gpt_step", "gpt_dp_gradient_sizes", "gpt_collective_events"]
+__all__ = ["STAT_BYTES", "PARAM_BYTES", "GPTParam", "gpt_parameters", "gpt_step", "gpt_dp_gradient_sizes",
+           "gpt_collective_events"]

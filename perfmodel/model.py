@@ -18,8 +18,9 @@ MLP hidden [m', 4h/Gy], H/Gy heads; the stream divided by ``seq_split`` for sequ
 bytes through HBM at the machine's ``hbm_bandwidth``: 3× the forward's bytes per block (forward + a backward of
 twice them), 4× with recompute; serial with the GEMMs, counted in compute, and hiding no collective. Zero on a
 machine without ``hbm_bandwidth``. The head's softmax/cross entropy and the embeddings are not counted.
-Not modelled: the optimizer step (with ``zero`` >= 1 it runs on 1/Gd of the elements), contention between different dimensions' rings, GEMM
-operand layouts. Pipeline parallelism (Megatron-style TP×PP×DP) is priced on top of this by ``perfmodel.pipeline``.
+Not modelled: the optimizer step (with ``zero`` >= 1 it runs on 1/Gd of the elements), contention between
+different dimensions' rings, GEMM operand layouts. Pipeline parallelism (Megatron-style TP×PP×DP) is priced on top
+of this by ``perfmodel.pipeline``.
 """
 from __future__ import annotations
 

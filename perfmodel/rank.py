@@ -1,10 +1,10 @@
 """Ranking: evaluate a search space, order feasible configurations by predicted time per batch (ties broken by
 the grid tuple, so the order never depends on enumeration order), keep infeasible ones with their reasons, and
 price the Megatron-style TP×PP×DP configurations (``perfmodel.pipeline``) alongside, so one table answers
-"4D or TP×PP×DP, and which shape". With ``Options.zero`` None each 4D row is priced with the ``zero`` mode that
-is fastest and fits there (``model.evaluate``; ``Row.zero``). Every feasible row carries the model's error band on the machine
-(``perfmodel.band``): time_low / time_high, whether it is within model error of the best row, and whether it lies
-outside the validated range."""
+"4D or TP×PP×DP, and which shape". With ``Options.zero`` None each 4D row is priced with the ``zero`` mode
+that is fastest and fits there (``model.evaluate``; ``Row.zero``). Every feasible row carries the model's error
+band on the machine (``perfmodel.band``): time_low / time_high, whether it is within model error of the best row,
+and whether it lies outside the validated range."""
 from __future__ import annotations
 
 import csv
@@ -69,9 +69,9 @@ class Ranking:
 
     def to_csv(self, path: str | Path) -> None:
         """Every row (4D, then TP×PP×DP); ``rank`` is the rank within its layout."""
-        cols = ["rank", "grid", "zero", "feasible", "time_s", "time_low", "time_high", "within_error", "tflops_per_gpu", "pct_peak", "memory_gib", "microbatches",
-                "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [f"bytes_{d}" for d in DIMS] + [
-                "bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
+        cols = ["rank", "grid", "zero", "feasible", "time_s", "time_low", "time_high", "within_error", "tflops_per_gpu",
+                "pct_peak", "memory_gib", "microbatches", "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [
+                f"bytes_{d}" for d in DIMS] + ["bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)

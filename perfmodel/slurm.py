@@ -33,7 +33,8 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 srun --kill-on-bad-exit=1 --cpu-bind=none python experiments/train/train_gpt.py {model_args} --seq {p.model.seq} --vocab {p.model.vocab} \\
     --grid {row.grid_str} --batch {p.batch} --microbatches {row.microbatches} --dtype {p.dtype} \\
-    --overlap {p.options.overlap_spec()} {'--recompute ' if p.options.recompute else ''}--zero {row.zero} --steps {steps}
+    --overlap {p.options.overlap_spec()} {'--recompute ' if p.options.recompute else ''}--zero {row.zero} \
+    --steps {steps}
 """
 
 

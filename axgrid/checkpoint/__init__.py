@@ -23,9 +23,10 @@ of ``param.axgrid_replicated`` (a Linear weight's z-parts are distinct, so every
 boxes; a part that is only padding writes nothing). Dense parameters (no tile) and scalar optimizer state
 (AdamW's ``step``) are written once, by rank 0. Optimizer tensors with the parameter's shape (``exp_avg``,
 ``exp_avg_sq``, momentum buffers) share the parameter's tile; those of an optimizer sharded over d
-(``axgrid.ShardedOptimizer``, ``zero`` >= 1) have their piece's (the parameter's tile with ``piece``: each d-rank
-writes its own flat range of the part), so they too load on any grid, any Gd and any ``zero`` mode. Checkpoints of older axgrid versions, which saved
-whole z-gathered tiles, are rectangles too and load unchanged (format version 1 either way).
+(``axgrid.ShardedOptimizer``, ``zero`` >= 1) have their piece's (the parameter's tile with ``piece``: each
+d-rank writes its own flat range of the part), so they too load on any grid, any Gd and any ``zero`` mode.
+Checkpoints of older axgrid versions, which saved whole z-gathered tiles, are rectangles too and load unchanged
+(format version 1 either way).
 
 Atomicity: all ranks write into ``root/step-XXXXXXXX.tmp-<random>``; after every rank reported success (an
 all-reduce of a flag over "xyz" then "d"), rank 0 writes the manifest, renames the directory to its final name

@@ -5,10 +5,10 @@ by perfmodel (its bucket counts, bytes and the memory of each ``zero`` mode).
 The layout: the trainable parameters in **reverse** ``model.parameters()`` order (roughly the order their gradients
 become final in the backward, as DDP and Megatron lay out theirs), packed one after another; a parameter joins the
 open bucket if it shares the bucket's kind (dtype, device), and a bucket is closed as soon as it holds ``limit``
-bytes or more (Megatron's rule: every bucket but the last holds at least the limit). With ``parts`` = Gd > 1 shares (``zero`` >= 1)
-each bucket is zero-padded to a multiple of Gd and d-rank ``i`` owns its ``i``-th equal share -- the rule of
-:func:`axgrid.spec.tiles.split_part` -- so one reduce-scatter of a bucket leaves every rank its own share reduced,
-and one all-gather of the shares rebuilds the bucket::
+bytes or more (Megatron's rule: every bucket but the last holds at least the limit). With ``parts`` = Gd > 1
+(``zero`` >= 1) each bucket is zero-padded to a multiple of Gd and d-rank ``i`` owns its ``i``-th equal share --
+the rule of :func:`axgrid.spec.tiles.split_part` -- so one reduce-scatter of a bucket leaves every rank its own
+share reduced, and one all-gather of the shares rebuilds the bucket::
 
     buckets = pack_buckets(numels, element_bytes, kinds, limit, parts)
     b = buckets[0]

@@ -39,8 +39,9 @@ collective; ``--peak-tflops`` / ``--peak-machine local-4`` give MFU a peak where
 Memory: ``--zero 1`` shards AdamW's state over the data-parallel ranks (reduce-scatter of the gradients, each rank
 steps its 1/Gd share, all-gather of the parameters), ``--zero 2`` also the gradients (docs/training.md); Gd > 1.
 
-Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid and any ``--zero``: loading reshards; with ``--data-path`` the
-checkpoint holds the data position, so the resumed run sees the samples an uninterrupted run would). The run's settings
+Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid and any ``--zero``: loading reshards; with
+``--data-path`` the checkpoint holds the data position, so the resumed run sees the samples an uninterrupted run
+would). The run's settings
 (:func:`run_config`: model, seed, data, schedule, batch) are saved with each checkpoint; ``--resume`` refuses a
 checkpoint saved with other settings, naming them, unless ``--allow-config-change steps[,...]`` accepts the change.
 """

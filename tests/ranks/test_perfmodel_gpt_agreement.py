@@ -88,7 +88,8 @@ def predicted(case: tuple) -> tuple[dict, dict]:
     model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
     kw = dict(layers=model, grid=shape, tokens_per_microbatch_global=seqs * shape[2] * shape[3] * seq,
               n_microbatches=mbs, dtype_bytes=4, keep_gathered=ov.keep_gathered_weights, recompute=recompute,
-              zero=zero[0] if zero else 0, bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
+              zero=zero[0] if zero else 0,
+              bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
     return pm.collective_bytes(**kw), pm.collective_calls(**kw)
 
 
