@@ -143,6 +143,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     info: Optional[LoadInfo] = None
     rng_state: Optional[Mapping[str, Any]] = None
     where = path
+    if grid is not None:
+        grid.runtime.dp.finish()        # zero >= 1 with ODP: no parameter all-gather may land after the load
     try:
         ckdir = resolve_checkpoint(path)
         where = ckdir

@@ -70,6 +70,8 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     if rank == 0:
         with contextlib.suppress(OSError):  # before any rank can create this save's temporary directory
             _sweep(root)
+    if grid is not None:
+        grid.runtime.dp.finish()        # zero >= 1 with ODP: the parameters' last all-gathers land first
     try:
         entries = _model_entries(model)
         if optimizer is not None:

@@ -191,6 +191,8 @@ class Linear(nn.Module):
     def to_dense(self) -> nn.Linear:
         """The whole layer as an ``nn.Linear`` on every rank (collective over the tensor-parallel block)."""
         sh, comm = self.sharding, self.grid.comm
+        for p in self.parameters():
+            self.runtime.dp.before_use(p)          # zero >= 1 with ODP: the last step's all-gather over d first
         with torch.no_grad():
             blk = self.gather_weight(self.weight.detach())                  # [n_blk, k_blk]
             cols = comm.all_gather(blk, sh.in_dim)                           # [G_in, n_blk, k_blk]

@@ -67,9 +67,14 @@ def _sharded(spec: str, zero: int, overlap: str, micro: int) -> dict:
                 rows = ids[(i * gd + d) * per:(i * gd + d + 1) * per]
                 return model(rows[:, :-1], rows[:, 1:], normalizer=float(ids[:, 1:].numel()) / gd)
             norms.append(axgrid.train_step(model, opt, loss_of, grid, micro, clip=0.5).grad_norm)
-        axgrid.finish_gradients(grid)                    # ODP: the last step's parameter all-gathers
+        lay = opt.layout
+        gathering = len(lay.gathers)                     # ODP: the parameter all-gathers stay in flight ...
+        with torch.no_grad():
+            model(ids[:per, :-1])                        # ... until the modules that use them run
+        gathering = (gathering, len(lay.gathers))
+        axgrid.finish_gradients(grid)
         state = sum(v.numel() for st in opt.state.values() for k, v in st.items() if k != "step")
-        return {"norms": norms, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+        return {"norms": norms, "gathering": gathering, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "tiles": {n: getattr(p, "axgrid_tile", None) for n, p in model.named_parameters()},
                 "state": state, "elements": sum(p.numel() for p in model.parameters()),
                 "empty": grid.runtime.dp.empty() and grid.runtime.grads.empty()}
@@ -128,6 +133,8 @@ def _check(world: int, cases: list[tuple], ranks) -> None:
             got = results[i]
             where = f"{spec} zero={zero} overlap={overlap} micro={micro} rank {r}"
             assert got["empty"], f"{where}: collectives left in flight"
+            odp = axgrid.OverlapConfig.parse(overlap).odp
+            assert (got["gathering"][0] > 0) == odp and got["gathering"][1] == 0, (where, got["gathering"])
             torch.testing.assert_close(torch.tensor(got["norms"]), torch.tensor(norms), rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"{where}: gradient norms differ from the serial run: {m}")
             for name, p in got["params"].items():
