@@ -279,3 +279,15 @@ def test_rank_chooses_the_zero_mode_per_row():
     best = rk.feasible[0]
     assert best.time_s == pytest.approx(float(pm.price_grid(pm.Problem(spec, 64, 64, options=prob.options.with_(
         zero=best.zero)), m, best.grid).time_s))
+
+
+def test_cli_zero(capsys):
+    """``rank --zero N`` fixes the mode (``--grid`` explains it); ``rank`` alone picks it per row and says so."""
+    from axgrid.perfmodel.cli import main
+    args = ["rank", "--model", "gpt-20b", "--gpus", "64", "--machine", "perlmutter", "--batch", "64"]
+    assert main([*args, "--zero", "2", "--grid", "2x2x4x4"]) == 0
+    out = capsys.readouterr().out
+    assert "zero=2:" in out and "reduce-scattered over d (in every micro-batch" in out
+    assert main([*args, "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "per row the fastest mode that fits" in out and " zero" in out.split("4D:")[0]
