@@ -72,9 +72,10 @@ def test_measure_respects_time_cap():
         calls["x"] += 1
         time.sleep(0.01)
 
-    meas = measure({"a": slow, "b": slow}, "cpu", warmup=50, repeats=1000, max_seconds=0.05)
-    assert 1 <= meas.rounds < 10 and set(meas.median_s) == {"a", "b"}
-    assert calls["x"] < 30
+    # 10 ms calls, 200 ms in all: about 10 warm-up calls and 5 timed rounds (a loaded host makes fewer, never more)
+    meas = measure({"a": slow, "b": slow}, "cpu", warmup=50, repeats=1000, max_seconds=0.2)
+    assert 1 <= meas.rounds < 12 and set(meas.median_s) == {"a", "b"}
+    assert calls["x"] < 40
 
 
 def test_bad_inputs_are_named():
