@@ -2,7 +2,7 @@
 Goldfish, then measure how much of each passage the model reproduces verbatim, and how well it learned the text.
 
     axgrid launch -n 4 -- python experiments/train/memorization.py --out results/memorization
-    axgrid launch -n 4 -- python experiments/train/memorization.py --checkpoint HF_FOLDER --grid 1x2x1x2 --out DIR
+    axgrid launch -n 4 -- python experiments/train/memorization.py --checkpoint HF_FOLDER --grid 2x1x1x2 --out DIR
     axgrid launch -n 4 -- python experiments/train/memorization.py --eval-only DIR/standard --out DIR/eval
 
 Data (``--text-file``, default the shipped KJV selections; byte-level for axgrid's GPT, the checkpoint's tokenizer
@@ -47,7 +47,7 @@ import axgrid
 from axgrid.data import DEFAULT_TEXT, DataError, TokenWindows, encode, load_tokenizer, split_tokens
 from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments, compute_dtype,
                            data_settings, parse_step_args, run_step)
-from axgrid.launch.errors import run
+from axgrid.launch.errors import run, usage_errors_raise
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
 from axgrid.models import GPT, GPTConfig
@@ -58,6 +58,15 @@ from axgrid.train import decay_groups
 LOSSES = ("standard", "goldfish")
 #: The exact-match rate that counts as memorized (``epochs_to_80`` in the results)
 MEMORIZED = 0.8
+#: The study's defaults, by what it trains (an option given on the command line wins): axgrid's GPT from scratch
+#: (``scratch``), or a pretrained Hugging Face model fine-tuned (``pretrained``: ``--checkpoint``, or ``--eval-only``
+#: of a Hugging Face folder). Both are the settings of the runs in docs/results.md ("The memorization study"): the
+#: pretrained model is fine-tuned at a tenth of the learning rate, for a tenth of the epochs, on half the passages
+#: and no other text (a step of SmolLM2-135M costs ~100 times one of gpt-mini here).
+DEFAULTS = {
+    "scratch": dict(passages=32, epochs=120, eval_every=20, batch=24, other=8, heldout=64, lr=4e-3, warmup=10),
+    "pretrained": dict(passages=16, epochs=12, eval_every=3, batch=16, other=0, heldout=16, lr=3e-4, warmup=1),
+}
 GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed", "emb_std", "name")
 
 
@@ -187,13 +196,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="directory for memorization.json, curves.json, the PNG, models")
     p.add_argument("--text-file", default=str(DEFAULT_TEXT))
-    p.add_argument("--passages", type=int, default=32, help="N passages memorized")
+    p.add_argument("--passages", type=int, help="N passages memorized (32; 16 with --checkpoint)")
     p.add_argument("--prompt", type=int, default=32, help="P prompt tokens")
     p.add_argument("--continuation", type=int, default=32, help="C tokens decoded and scored")
-    p.add_argument("--epochs", type=int, default=120, help="E passes over the passages")
-    p.add_argument("--eval-every", type=int, default=20, help="evaluate every K epochs (and at the end)")
-    p.add_argument("--other", type=int, default=8, help="of the --batch sequences per step, windows of the other text")
-    p.add_argument("--heldout", type=int, default=64, help="held-out windows scored")
+    p.add_argument("--epochs", type=int, help="E passes over the passages (120; 12 with --checkpoint)")
+    p.add_argument("--eval-every", type=int, help="evaluate every K epochs and at the end (20; 3)")
+    p.add_argument("--other", type=int, help="of the --batch sequences per step, windows of the other text (8; 0)")
+    p.add_argument("--heldout", type=int, help="held-out windows scored (64; 16)")
     p.add_argument("--heldout-frac", type=float, default=0.1, help="last fraction of the text: held out")
     p.add_argument("--losses", default="standard,goldfish", help="runs, of: standard, goldfish")
     p.add_argument("--model", default="gpt-mini", help="axgrid GPT size (axgrid.spec NAMED_SIZES)")
@@ -206,11 +215,24 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=axgrid.RuntimeConfig.timeout_s)
     add_data_arguments(p, evaluation=False)
-    add_step_arguments(p)          # the step's options, as the other drivers have them; the study's defaults:
-    p.set_defaults(batch=24, lr=4e-3, warmup=10, goldfish_k=4, weight_decay=0.0)
+    add_step_arguments(p)          # the step's options, as the other drivers have them; the study's defaults
+    # (batch 24, lr 4e-3, warm-up 10; with --checkpoint batch 16, lr 3e-4, warm-up 1):
+    p.set_defaults(goldfish_k=4, weight_decay=0.0, **DEFAULTS[study_kind(argv)])
     args = parse_step_args(p, argv)
     args.loss_list = [s for s in args.losses.split(",") if s]
     return args
+
+
+def study_kind(argv: Optional[Sequence[str]]) -> str:
+    """``"pretrained"`` when ``argv`` names a Hugging Face model to train (``--checkpoint``) or to measure
+    (``--eval-only`` of a folder with a config.json), else ``"scratch"``: the key of :data:`DEFAULTS`."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--checkpoint")
+    pre.add_argument("--eval-only")
+    usage_errors_raise(pre)
+    known, _ = pre.parse_known_args(list(argv) if argv is not None else None)
+    hf_eval = known.eval_only and os.path.isfile(os.path.join(known.eval_only, "config.json"))
+    return "pretrained" if known.checkpoint or hf_eval else "scratch"
 
 
 def check_args(args: argparse.Namespace) -> None:

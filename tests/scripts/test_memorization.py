@@ -81,3 +81,25 @@ def test_the_study_writes_its_json_table_curves_and_png(ranks, tmp_path):
     assert set(again) == {"eval_only", "settings"}
     final = {k: v for k, v in written["standard"].items() if k != "epochs_to_80"}
     assert again["eval_only"] == pytest.approx(final, rel=1e-5)
+
+
+def test_the_defaults_follow_what_the_study_trains(tmp_path):
+    # from scratch: the GPT study's settings; --checkpoint (or --eval-only of a Hugging Face folder): the
+    # pretrained study's; an option on the command line wins over either
+    mod = load_script("train/memorization.py")
+    keys = ("passages", "epochs", "eval_every", "batch", "other", "heldout", "lr", "warmup")
+    scratch = mod.parse_args(["--out", "o"])
+    assert {k: getattr(scratch, k) for k in keys} == mod.DEFAULTS["scratch"]
+    assert scratch.min_lr == pytest.approx(scratch.lr / 10)                 # the cosine decays to lr/10
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    for argv in (["--checkpoint", str(hf)], ["--eval-only", str(hf)], [f"--checkpoint={hf}"]):
+        tuned = mod.parse_args(["--out", "o"] + argv)
+        assert {k: getattr(tuned, k) for k in keys} == mod.DEFAULTS["pretrained"], argv
+        assert tuned.min_lr == pytest.approx(tuned.lr / 10)
+    assert mod.DEFAULTS["pretrained"] != mod.DEFAULTS["scratch"]
+    assert mod.parse_args(["--out", "o", "--eval-only", str(tmp_path)]).epochs == mod.DEFAULTS["scratch"]["epochs"]
+    mine = mod.parse_args(["--checkpoint", str(hf), "--out", "o", "--lr", "1e-4", "--epochs", "3"])
+    assert (mine.lr, mine.epochs) == (1e-4, 3) and mine.min_lr == pytest.approx(1e-5)
+    assert mod.parse_args(["--checkpoint", str(hf), "--out", "o", "--min-lr", "1e-5"]).min_lr == 1e-5
