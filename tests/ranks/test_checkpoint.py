@@ -104,6 +104,7 @@ def rank_resume(spec: str, root: str) -> dict:
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(ranks, tmp_path):
     out = ranks(8, rank_resume, "2x1x2x2", str(tmp_path / "ck"))
     for o in out:

@@ -105,6 +105,7 @@ def rank_recompute_same(spec: str) -> list:
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_recompute_is_bitwise_identical(ranks):
     assert all(all(o) for o in ranks(8, rank_recompute_same, "2x2x2x1"))
 
