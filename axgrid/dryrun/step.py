@@ -1,0 +1,168 @@
+"""One rank's training step of a dry run: the real runtime (``axgrid.models.gpt.GPT``, :func:`axgrid.train.train_step`:
+forward, backward, gradient sync, clipping, AdamW) as rank ``r`` of a grid of any size, on the fakegpu device
+(:mod:`.harness`: fake tensors, torch's fake process group), measured by :mod:`axgrid.metrics.memtrack` and the
+grid's ledger.
+
+What is measured, per rank (:class:`RankMeasure`), on the second step (the first makes AdamW's state and the
+data-parallel buckets, as a training run's steps after its first have them):
+
+- ``memory``: bytes by category. ``parameters``, ``gradients``, ``optimizer`` (AdamW's moments and 0-d steps) and
+  ``buckets`` (the data-parallel gradient buckets, the communication buffers kept across steps): the storages'
+  bytes. ``gathered``: the peak of what the runtime's weight source allocates (the weight blocks gathered over z).
+  ``activations``: what the last micro-batch's forward saves for backward (each storage once; weight shards and
+  kept gathered blocks left out). ``temporaries``: the rest of the peak (the peak minus all of the above).
+- ``peak``: the step's peak of live tensor bytes, and ``moment``: where it happened (micro-batch, phase, module or
+  autograd node, operator).
+- ``comm``: the ledger, bytes and calls per (grid dimension, operation).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from ..metrics import memtrack as mt
+from .config import DryRunConfig
+
+#: the memory categories, in the order they are printed
+CATEGORIES = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations", "temporaries")
+
+
+@dataclass
+class RankMeasure:
+    """What one rank's dry-run step measured (see the module docstring)."""
+
+    rank: int
+    coord: dict[str, int]
+    peak: int
+    moment: str
+    memory: dict[str, int]
+    comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
+    seconds: float
+    host_violations: list[str] = field(default_factory=list)
+
+    def comm_bytes_by_dim(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (dim, _), (_, nbytes) in self.comm.items():
+            out[dim] = out.get(dim, 0) + nbytes
+        return out
+
+
+class PeakWatch(mt.LiveBytes):
+    """:class:`~axgrid.metrics.memtrack.LiveBytes` that also notes where its peak was reached: the phase the step is
+    in (``phase``, set by the caller), the innermost module running its forward (``module``), the autograd node
+    running (in backward) and the operator."""
+
+    def __init__(self, existing: Any = ()) -> None:
+        super().__init__(existing)
+        self.phase, self.module, self.moment = "", "", ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = self.peak
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.peak > before:
+            node = torch._C._current_autograd_node()
+            where = node.name() if node is not None else self.module
+            self.moment = f"{self.phase}, {where}, {func}"
+        return out
+
+    @contextlib.contextmanager
+    def modules(self, model: torch.nn.Module) -> Iterator[None]:
+        """Keep ``module`` the innermost named module whose forward is running."""
+        stack: list[str] = []
+        handles = []
+        for name, mod in model.named_modules():
+            if not name or name.count(".") > 1:       # blocks.3, blocks.3.up, head, ...; not their insides
+                continue
+
+            def pre(m, a, name=name):
+                stack.append(name)
+                self.module = name
+
+            def post(m, a, o):
+                stack.pop()
+                self.module = stack[-1] if stack else ""
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
+    """Run one rank's step (module docstring). Needs a process that may register the fakegpu device
+    (:func:`.harness.accelerator`; ``python -m axgrid.dryrun`` is one)."""
+    import axgrid
+    from axgrid.models.gpt import GPT
+    from axgrid.train import train_step
+
+    from .harness import dry_run
+
+    start = time.perf_counter()
+    runtime_config = axgrid.RuntimeConfig(timeout_s=60, seed=0, overlap=axgrid.OverlapConfig.parse(cfg.overlap),
+                                          bucket_bytes=cfg.bucket_bytes, flight_records=0)
+    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config) as run:
+        grid = run.grid
+        dev = grid.device
+        model = GPT(cfg.gpt_config(), grid, init=False)
+        grid.watch(model)
+        opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, capturable=True)
+        layers = cfg.model.layers
+        m = cfg.microbatches
+        rows = cfg.sequences_per_microbatch // grid.size("d")          # this data-parallel rank's sequences
+        ids = torch.zeros((rows, cfg.model.seq + 1), dtype=torch.long, device=dev)
+        normalizer = float(cfg.batch * cfg.model.seq)
+        tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
+        tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
+        saved = mt.SavedBytes(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else ())
+        kept: list = []
+        live: PeakWatch | None = None
+
+        def loss_of(i: int) -> torch.Tensor:
+            record = saved if live is not None and i == m - 1 else contextlib.nullcontext()
+            if live is not None:
+                live.phase = f"micro-batch {i + 1}/{m} forward"
+            kept.clear()
+            with run.autocast(torch.bfloat16) if cfg.dtype == "bf16" else contextlib.nullcontext(), record:
+                loss = model(ids[:, :-1], ids[:, 1:], normalizer=normalizer)
+            if record is saved:
+                saved.exclude(mt.live_keys(kept))      # kept gathered blocks: weight buffers, not activations
+            if live is not None:
+                live.phase = f"micro-batch {i + 1}/{m} backward"
+                loss.register_hook(lambda g, i=i: _after_backward(live, i, m) or g)
+            return loss
+
+        train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)   # AdamW's state, the d buckets exist now
+        rt = grid.runtime
+        bucket_sets = [rt.grad_buffers] + ([rt.grads.dp_buffers] if hasattr(rt.grads, "dp_buffers") else [])
+        params = list(model.parameters())
+        memory = {"parameters": mt.storage_bytes(params),
+                  "gradients": mt.storage_bytes(p.grad for p in params),
+                  "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt)),
+                  "buckets": sum(b.nbytes() for b in bucket_sets)}
+        live = PeakWatch()
+        live.track(itertools.chain(params, (p.grad for p in params), mt.optimizer_tensors(opt),
+                                   *(b.buffers.values() for b in bucket_sets)))
+        opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
+        grid.ledger.reset()
+        with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), run.watch():
+            train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)
+        memory["gathered"] = live.category_peak("gathered")
+        memory["activations"] = saved.total
+        memory["temporaries"] = live.peak - sum(memory.values())
+        comm = {k: (e.calls, e.bytes) for k, e in grid.ledger.snapshot().items()}
+        return RankMeasure(rank, {c: grid.coord[c] for c in "xyzd"}, live.peak, live.moment, memory, comm,
+                           time.perf_counter() - start, [str(v) for v in run.host.violations])
+
+
+def _after_backward(live: "PeakWatch", i: int, m: int) -> None:
+    """From the start of micro-batch i's backward: at its end, the step moves on (sync, clipping) -- noted then."""
+    def done() -> None:
+        live.phase = (f"after micro-batch {i + 1}/{m}'s backward" if i < m - 1
+                      else "gradient sync and clipping")
+    torch.autograd.Variable._execution_engine.queue_callback(done)
