@@ -18,6 +18,9 @@ from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grid
 from axgrid.perfmodel.spec import DTYPE_BYTES
 from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape
 
+#: the gradient clipping's all-reduce over x·y·z: the fp64 sum of squares (``axgrid.data_parallel.grad_norm``),
+#: which perfmodel's GPT step (no clipping) does not list
+CLIP_NORM_BYTES = 8
 #: ``--overlap`` switches, as ``axgrid.OverlapConfig.parse`` reads them
 OVERLAP_NAMES = ("oar", "ors", "oag", "odp", "keep")
 
@@ -131,7 +134,11 @@ def predict(cfg: DryRunConfig) -> Prediction:
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
               bucket_bytes=opt.bucket_bytes, overlap_dp=opt.overlap_dp, overlap_rs=opt.overlap_rs)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
-    return Prediction(peak, memory, {k: (calls[k], nbytes[k]) for k in nbytes})
+    comm = {k: (calls[k], nbytes[k]) for k in nbytes}
+    if gx * gy * gz > 1:        # clipping (the step clips): one all-reduce of the fp64 squared norm over the block
+        calls_, bytes_ = comm.get(("xyz", "all_reduce"), (0, 0))
+        comm[("xyz", "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
+    return Prediction(peak, memory, comm)
 
 
 # ------------------------------------------------------------------------------------------------ choosing
@@ -215,7 +222,13 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
 
 
 def role_ranks(cfg: DryRunConfig) -> list[int]:
-    """Ranks that cover every distinct role of the grid: the GPT's shards and collectives are the same on every rank
-    (the model divides the grid; z-split blocks are padded to equal shards, the padding on the last z rank), so
-    the first rank and the last (the last index along every dimension: where padding sits) cover them."""
-    return sorted({0, cfg.gpus - 1})
+    """Ranks that cover every distinct role of the grid. The GPT divides the grid (``GPTConfig.check_grid``), so
+    every rank holds shards and posts collectives of the same shapes; what differs is where a z-split block's padding
+    sits (on the last z rank), when a block does not split evenly over Gz. So: rank 0, and the last rank when some
+    block pads."""
+    from axgrid.perfmodel.comm import layer_volumes
+    gx, gy, gz, _ = cfg.shape
+    pads = any(int(v.padded) != int(v.block)
+               for v in (layer_volumes(layer, gx, gy, gz, 1)
+                         for layer in cfg.model.block_layers() + [cfg.model.head_layer()]))
+    return [0, cfg.gpus - 1] if pads and cfg.gpus > 1 else [0]

@@ -111,7 +111,7 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
         dev = grid.device
         model = GPT(cfg.gpt_config(), grid, init=False)
         grid.watch(model)
-        opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, capturable=True)
+        opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, fused=True)
         layers = cfg.model.layers
         m = cfg.microbatches
         rows = cfg.sequences_per_microbatch // grid.size("d")          # this data-parallel rank's sequences
@@ -137,21 +137,20 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
                 loss.register_hook(lambda g, i=i: _after_backward(live, i, m) or g)
             return loss
 
-        train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)   # AdamW's state, the d buckets exist now
+        _prepare(model, opt, grid)                     # AdamW's state and the d buckets exist from here on
         rt = grid.runtime
         bucket_sets = [rt.grad_buffers] + ([rt.grads.dp_buffers] if hasattr(rt.grads, "dp_buffers") else [])
         params = list(model.parameters())
         memory = {"parameters": mt.storage_bytes(params),
-                  "gradients": mt.storage_bytes(p.grad for p in params),
                   "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt)),
                   "buckets": sum(b.nbytes() for b in bucket_sets)}
         live = PeakWatch()
-        live.track(itertools.chain(params, (p.grad for p in params), mt.optimizer_tensors(opt),
-                                   *(b.buffers.values() for b in bucket_sets)))
+        live.track(itertools.chain(params, mt.optimizer_tensors(opt), *(b.buffers.values() for b in bucket_sets)))
         opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
         grid.ledger.reset()
         with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), run.watch():
             train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)
+        memory["gradients"] = mt.storage_bytes(p.grad for p in params)
         memory["gathered"] = live.category_peak("gathered")
         memory["activations"] = saved.total
         memory["temporaries"] = live.peak - sum(memory.values())
@@ -166,3 +165,15 @@ def _after_backward(live: "PeakWatch", i: int, m: int) -> None:
         live.phase = (f"after micro-batch {i + 1}/{m}'s backward" if i < m - 1
                       else "gradient sync and clipping")
     torch.autograd.Variable._execution_engine.queue_callback(done)
+
+
+def _prepare(model: torch.nn.Module, opt: torch.optim.Optimizer, grid) -> None:
+    """What a training run holds after its first step, without running one (a step of a 96-layer model costs a
+    minute of fake dispatch): zero gradients synchronised over d (the buckets are made) and one AdamW step (its
+    state is made); then the gradients are dropped, as ``train_step`` does first."""
+    import axgrid
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    axgrid.sync_gradients(model, grid)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
