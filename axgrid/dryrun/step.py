@@ -137,7 +137,10 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
                 loss.register_hook(lambda g, i=i: _after_backward(live, i, m) or g)
             return loss
 
-        _prepare(model, opt, grid)                     # AdamW's state and the d buckets exist from here on
+        # a first step: AdamW's state, the d buckets and the prefetched weights (OAG) exist from here on, as in every
+        # step of a training run after its first (without it, zero gradients synchronised and an AdamW step make
+        # the state, but the measured step then gathers half the weight bytes perfmodel prices for OAG)
+        train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
         rt = grid.runtime
         bucket_sets = [rt.grad_buffers] + ([rt.grads.dp_buffers] if hasattr(rt.grads, "dp_buffers") else [])
         params = list(model.parameters())
@@ -166,14 +169,3 @@ def _after_backward(live: "PeakWatch", i: int, m: int) -> None:
                       else "gradient sync and clipping")
     torch.autograd.Variable._execution_engine.queue_callback(done)
 
-
-def _prepare(model: torch.nn.Module, opt: torch.optim.Optimizer, grid) -> None:
-    """What a training run holds after its first step, without running one (a step of a 96-layer model costs a
-    minute of fake dispatch): zero gradients synchronised over d (the buckets are made) and one AdamW step (its
-    state is made); then the gradients are dropped, as ``train_step`` does first."""
-    import axgrid
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    axgrid.sync_gradients(model, grid)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
