@@ -4,6 +4,7 @@
     layer = axgrid.nn.Linear(1024, 4096)   # drop-in for nn.Linear
     model = axgrid.parallelize(model, grid)
     ...; loss.backward(); axgrid.sync_gradients(model, grid); opt.step()
+    opt = axgrid.shard_optimizer(opt, model, grid)   # RuntimeConfig(zero=1|2): optimizer state sharded over d
     axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batches averaged
     ids = axgrid.local_batch(batch, grid)  # this data-parallel rank's rows: [B, S] -> [B/Gd, S]
     dense = axgrid.to_dense(model, grid)   # or axgrid.export_pretrained(hf_model, "out", grid)
@@ -21,7 +22,8 @@ _SOURCES = {
     "Communicator": "comm", "Ledger": "comm",
     "OverlapConfig": "config", "RuntimeConfig": "config",
     "clip_grad_norm_": "data_parallel", "finish_gradients": "data_parallel", "grad_norm": "data_parallel",
-    "sync_gradients": "data_parallel", "local_batch": "data_parallel",
+    "sync_gradients": "data_parallel", "local_batch": "data_parallel", "zero_gradients": "data_parallel",
+    "ShardedOptimizer": "sharded_optimizer", "shard_optimizer": "sharded_optimizer",
     "Grid": "grid", "current_grid": "grid", "Runtime": "runtime", "init": "runtime",
     "LaunchEnv": "launch.env", "detect_launch": "launch.env",
     "GridError": "spec.layout", "GridShape": "spec.layout", "RankLayout": "spec.layout",

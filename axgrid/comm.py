@@ -398,6 +398,56 @@ class Communicator:
         return self._post(dim, "all_reduce", buf.numel() * buf.element_size(),
                           lambda: dist.all_reduce(buf, group=group, async_op=True), finish_ar, async_op)
 
+    # -- in place, on a flat buffer cut into equal shares (the sharded optimizer's buckets) -----------------
+    def reduce_scatter_(self, t: torch.Tensor, dim: str, *, average: bool = False,
+                        async_op: bool = False) -> torch.Tensor | Pending:
+        """In place on the 1-D contiguous ``t [p·s]``: this rank's share ``t[i·s : (i+1)·s]`` (``i``: its index
+        in the group) becomes the sum (or mean) over the group of that share; the rest of ``t`` is unspecified
+        afterwards (a backend without reduce-scatter all-reduces it whole). Returns the share (a view of ``t``).
+        Low-precision sums follow ``reduce_in_fp32`` (then through an fp32 copy, written back)."""
+        self._check(dim)
+        p = self.sizes[dim]
+        if t.dim() != 1 or not t.is_contiguous() or t.numel() % p:
+            raise ValueError(f"reduce_scatter_ over {dim}: needs a contiguous 1-D tensor whose size is a multiple of "
+                             f"the group size {p}, got shape {tuple(t.shape)}")
+        s, i = t.numel() // p, self.indices[dim]
+        share = t[i * s:(i + 1) * s]
+        if p == 1:
+            return ready(share) if async_op else share
+        buf = self._buffer(t, reduce=True)
+        out = buf[i * s:(i + 1) * s]
+        group = self.groups[dim]
+
+        def finish() -> torch.Tensor:
+            if average:
+                out.div_(p)
+            if out.data_ptr() != share.data_ptr():
+                share.copy_(out)
+            return share
+
+        if self.native_reduce_scatter:
+            launch = lambda: _reduce_scatter_single(out, buf, group=group, async_op=True)   # noqa: E731
+            op = "reduce_scatter"
+        else:                                   # a backend without reduce_scatter: all-reduce the whole buffer
+            launch = lambda: dist.all_reduce(buf, group=group, async_op=True)              # noqa: E731
+            op = "all_reduce"
+        return self._post(dim, op, buf.numel() * buf.element_size(), launch, finish, async_op)
+
+    def all_gather_(self, t: torch.Tensor, dim: str, *, async_op: bool = False) -> torch.Tensor | Pending:
+        """In place on the 1-D contiguous ``t [p·s]``: every member's share ``t[j·s : (j+1)·s]`` is filled with
+        what member ``j`` holds there (this rank's own share is the input). Returns ``t``."""
+        self._check(dim)
+        p = self.sizes[dim]
+        if t.dim() != 1 or not t.is_contiguous() or t.numel() % p:
+            raise ValueError(f"all_gather_ over {dim}: needs a contiguous 1-D tensor whose size is a multiple of the "
+                             f"group size {p}, got shape {tuple(t.shape)}")
+        if p == 1:
+            return ready(t) if async_op else t
+        s, i = t.numel() // p, self.indices[dim]
+        return self._post(dim, "all_gather", t.numel() * t.element_size(),
+                          lambda: _all_gather_single(t, t[i * s:(i + 1) * s], group=self.groups[dim], async_op=True),
+                          lambda: t, async_op)
+
     def send(self, t: torch.Tensor, dim: str, dst_index: int) -> None:
         """Point to point: ``t`` to member ``dst_index`` of the group along ``dim`` (blocks until it is received;
         ledger op ``send``, wire bytes = bytes). The receiver calls :meth:`recv` with this rank's index."""

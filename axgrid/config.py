@@ -75,6 +75,11 @@ class RuntimeConfig:
     None means ``torch.matmul``. ``record_timing``: time every collective in the ledger (synchronises
     the device on GPU). ``trace``: keep a per-rank timeline of compute and collectives.
     ``bucket_bytes``: size of the data-parallel gradient buckets.
+    ``zero``: what the data-parallel ranks share out (the ZeRO stages of DeepSpeed): 0 -- every d-rank keeps the
+    whole optimizer state and all-reduces the gradients; 1 -- the gradients are reduce-scattered over d, each
+    d-rank keeps and steps the optimizer state of its 1/Gd share of the buckets (:func:`axgrid.shard_optimizer`)
+    and the updated parameters are all-gathered over d; 2 -- also only the 1/Gd share of the gradients is kept.
+    Needs Gd > 1 (:func:`axgrid.init` refuses it otherwise). See :mod:`axgrid.grad_buckets`.
     ``gemm_tuning``: "off", "on-first-use" or "cache-only": run the layers' three GEMMs through a
     ``kernels.GemmTuner`` built by the runtime (``grid.runtime.gemm_fn``), whose decisions every rank of an
     x-y group shares (rank 0 of the group decides, so replicas never diverge). ``gemm_cache``: its cache file
@@ -96,8 +101,12 @@ class RuntimeConfig:
     flight_records: int = 32
     hang_s: Optional[float] = None
     run_dir: Optional[str] = None
+    zero: int = 0
 
     def __post_init__(self) -> None:
+        if self.zero not in (0, 1, 2) or isinstance(self.zero, bool):
+            raise ValueError(f"zero={self.zero!r}: choose 0 (no sharding over d), 1 (optimizer state) or 2 "
+                             f"(optimizer state and gradients)")
         if self.gemm_tuning not in ("off", "on-first-use", "cache-only"):
             raise ValueError(f"gemm_tuning={self.gemm_tuning!r}: choose 'off', 'on-first-use' or 'cache-only'")
         for name in ("timeout_s", "io_timeout_s") + (("hang_s",) if self.hang_s is not None else ()):

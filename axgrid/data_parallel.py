@@ -1,4 +1,5 @@
-"""Data parallelism over d, and a global gradient norm that counts every parameter element once.
+"""Data parallelism over d (the buckets and their collectives are :mod:`axgrid.grad_buckets`'), and a global
+gradient norm that counts every parameter element once.
 
 Each parameter may carry ``axgrid_replicated``: the grid letters it is replicated over (``"d"`` for a
 weight shard, ``"xzd"`` for a normal layer's bias). Parameters without it (dense modules left in a
@@ -7,7 +8,7 @@ parallelized model) are replicated over the whole grid: ``"xyzd"``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
@@ -41,155 +42,100 @@ def replicated_over(p: torch.Tensor) -> str:
 
 
 def _params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tensor]:
+    """The trainable parameters, each once, in order."""
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
-    return [p for p in params if p.requires_grad]
+    return list({id(p): p for p in params if p.requires_grad}.values())
 
 
 def finish_gradients(grid: Grid) -> None:
-    """Complete every gradient collective still in flight (ORS / ODP) and write the results to ``.grad``."""
+    """Complete every collective still in flight that gradients or parameters wait for: the ORS pipeline's (written
+    to ``.grad``), the data-parallel buckets', and with ``zero`` >= 1 and ODP the parameter all-gathers of the last
+    optimizer step (before reading parameters outside a forward, e.g. to compare them)."""
     grid.runtime.grads.finish()
+    grid.runtime.dp.finish()
 
 
 def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> None:
-    """Average ``.grad`` over the data-parallel dimension d, in buckets of ``RuntimeConfig.bucket_bytes``.
+    """Reduce the gradients over the data-parallel dimension d (the mean), bucket by bucket.
 
-    Call once per optimizer step, after the last micro-batch's backward. Completes pending overlapped
-    gradient collectives first. With the ODP overlap on, gradients already synchronised during backward
-    are not reduced again. Every trainable parameter is reduced, in ``params`` order; one without a gradient
-    on this rank contributes zeros (and receives the mean). ODP itself, like DDP's default, needs every
-    watched parameter to get a gradient in every synchronised backward.
+    Call once per optimizer step, after the last micro-batch's backward. Completes pending overlapped gradient
+    collectives first; what the backward reduced already (ODP, ``zero=2``) is not reduced again. The buckets
+    (:mod:`axgrid.grad_buckets`, built on first use for this list of trainable parameters) are the gradients'
+    storage: ``.grad`` are views of them. ``zero=0``: each bucket is all-reduced, so every ``.grad`` holds the
+    mean. ``zero`` >= 1: each bucket is reduce-scattered, so only this d-rank's share holds the mean -- what its
+    :func:`axgrid.shard_optimizer` steps (with ``zero=2`` ``.grad`` is None: only the share exists). Every
+    trainable parameter takes part; one without a gradient on this rank contributes zeros.
     """
     rt = grid.runtime
     rt.grads.finish()
-    if grid.size("d") == 1:
-        return
-    done = set(rt.grads.synced)
-    rt.grads.synced.clear()     # consumed: the next step starts from nothing synced
-    # Every rank reduces the same parameters in the same order: a parameter without a gradient on this rank
-    # (unused in its branch) contributes zeros, so buckets line up across d and the mean stays right.
-    todo = [p for p in _params(params) if id(p) not in done]
-    for p in todo:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    for bucket in _buckets(todo, rt.config.bucket_bytes):
-        flat = flat_grads(bucket, rt.grad_buffers)
-        write_grads(bucket, grid.comm.all_reduce(flat.to(rt.grad_dtype(flat)), "d", average=True))
-    rt.grad_buffers.end_step()
+    layout = rt.dp.layout_for(_params(params))
+    if layout is not None:
+        layout.reduce()
 
 
-def _buckets(params: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    """Consecutive groups of ``params`` whose gradients fit in ``limit`` bytes and share a dtype (a gradient
-    larger than the limit gets a bucket of its own)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for p in params:
-        nbytes = p.grad.numel() * p.grad.element_size()
-        if not out or size + nbytes > limit or p.grad.dtype != out[-1][0].grad.dtype:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += nbytes
-    return out
+def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> bool:
+    """Zero the gradients of ``params`` in place in their data-parallel buckets (building them on first use), as
+    a step begins; False when there are none (Gd = 1: zero them as you like, e.g. ``optimizer.zero_grad()``)."""
+    layout = grid.runtime.dp.layout_for(_params(params))
+    if layout is None:
+        return False
+    layout.zero_grad()
+    return True
 
 
-class BucketBuffers:
-    """Flat bucket buffers kept across steps (as DDP keeps its buckets), one per bucket layout.
-
-    A layout is the ordered list of a bucket's parameters with their gradients' shape, dtype and device; a
-    buffer is ``[sum of numels]`` of that dtype on that device, fully overwritten on each use, so a layout only
-    ever gets a buffer of exactly its size. The owner calls :meth:`end_step` after every step's collectives
-    completed (never while one on a buffer is in flight); a buffer no step used in the last ``keep_steps``
-    steps that used any is freed, so a changed model does not keep the old one's buffers alive. A layout asked
-    for twice in one step (its first buffer may still be in flight) gets a fresh tensor the second time.
-    """
-
-    def __init__(self, keep_steps: int = 2) -> None:
-        self.keep_steps = keep_steps
-        self.buffers: dict[tuple, torch.Tensor] = {}
-        self.last_used: dict[tuple, int] = {}
-        self.step = 0
-        self.taken: set[tuple] = set()      # layouts handed out since the last end_step
-
-    def get(self, params: list[torch.Tensor]) -> torch.Tensor:
-        """The buffer for ``params``' layout: ``[sum(p.grad.numel())]``, contents undefined."""
-        g0 = params[0].grad
-        key = (g0.dtype, g0.device, *((id(p), p.grad.shape) for p in params))
-        numel = sum(p.grad.numel() for p in params)
-        if key in self.taken:
-            return torch.empty(numel, dtype=g0.dtype, device=g0.device)
-        buf = self.buffers.get(key)
-        if buf is None:
-            buf = self.buffers[key] = torch.empty(numel, dtype=g0.dtype, device=g0.device)
-        self.last_used[key] = self.step
-        self.taken.add(key)
-        return buf
-
-    def end_step(self) -> None:
-        """Every collective on the buffers completed: age them; free those unused for ``keep_steps`` steps."""
-        if not self.taken:
-            return                          # e.g. a no_sync backward: nothing reduced, nothing ages
-        self.step += 1
-        self.taken.clear()
-        for key in [k for k, s in self.last_used.items() if self.step - s > self.keep_steps]:
-            del self.buffers[key], self.last_used[key]
-
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
-
-
-def flat_grads(params: list[torch.Tensor], buffers: Optional[BucketBuffers] = None) -> torch.Tensor:
-    """The gradients of ``params`` concatenated into one 1-D tensor (one collective for a bucket): into the
-    persistent buffer ``buffers`` keeps for this layout when given (not while torch.compile traces)."""
-    grads = [p.grad.detach().reshape(-1) for p in params]
-    if buffers is None or torch.compiler.is_compiling():
-        return torch.cat(grads)
-    return torch.cat(grads, out=buffers.get(params))
-
-
-def write_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy a reduced :func:`flat_grads` buffer back into the gradients of ``params``."""
-    off = 0
-    for p in params:
-        p.grad.copy_(flat[off: off + p.grad.numel()].view_as(p.grad))
-        off += p.grad.numel()
+def _sharded(ps: list[torch.Tensor], grid: Grid):
+    """The buckets of ``ps`` when their optimizer state is sharded over d (``zero`` >= 1, Gd > 1), else None."""
+    if grid.runtime.config.zero == 0 or grid.size("d") == 1:
+        return None
+    return grid.runtime.dp.layout_for(ps)
 
 
 def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm_type: float = 2.0) -> torch.Tensor:
     """Global norm of all gradients, each element counted once however it is sharded or replicated.
 
-    A rank contributes a parameter only if its coordinate is 0 along every grid letter the parameter is
-    replicated over (so replicas are skipped), then the tensor-parallel block sums. Gradients are assumed
-    synchronised over d (call :func:`sync_gradients` first).
+    A rank contributes a parameter only if its coordinate is 0 along every grid letter other than d the parameter
+    is replicated over (so replicas are skipped), then the tensor-parallel block sums. Gradients are assumed
+    reduced over d (call :func:`sync_gradients` first): with ``zero=0`` every d-rank holds them all and computes
+    the same norm; with ``zero`` >= 1 each d-rank counts its own pieces and the d-ranks sum too.
     """
-    ps = [p for p in _params(params) if p.grad is not None]
-    device = ps[0].grad.device if ps else grid.device
+    ps = _params(params)
+    layout = _sharded(ps, grid)
+    if layout is not None:
+        pairs = [(pc.param, pc.grad) for pc in layout.pieces()]
+    else:
+        pairs = [(p, p.grad) for p in ps if p.grad is not None]
+    device = pairs[0][1].device if pairs else grid.device
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for p in ps:
-        if any(grid.coord[c] != 0 for c in replicated_over(p) if c != "d"):
+    for p, g in pairs:
+        if g.numel() == 0 or any(grid.coord[c] != 0 for c in replicated_over(p) if c != "d"):
             continue
         # each tensor's norm in its own dtype (a reduction: no temporary the size of the gradient; an fp64 copy of
         # a 2.1e9-element table gradient would hold 17 GB, seen by the dry run), combined in fp64
-        n = torch.linalg.vector_norm(p.grad.detach(), norm_type).double()
+        n = torch.linalg.vector_norm(g.detach(), norm_type).double()
         total = torch.maximum(total, n) if math.isinf(norm_type) else total + n ** norm_type
-    if grid.size("xyz") > 1:
+    for dims in ("xyz", "d") if layout is not None else ("xyz",):
+        if grid.size(dims) == 1:
+            continue
         if math.isinf(norm_type):
-            stacked = grid.comm.all_gather(total.reshape(1), "xyz")
-            total = stacked.max()
+            total = grid.comm.all_gather(total.reshape(1), dims).max()
         else:
-            total = grid.comm.all_reduce(total.reshape(1), "xyz")[0]
+            total = grid.comm.all_reduce(total.reshape(1), dims)[0]
     return total if math.isinf(norm_type) else total ** (1.0 / norm_type)
 
 
 def clip_grad_norm_(params: Iterable[torch.Tensor] | torch.nn.Module, max_norm: float, grid: Grid,
                     norm_type: float = 2.0) -> torch.Tensor:
     """Scale all gradients so their global norm is at most ``max_norm``; returns the norm before clipping (a 0-d
-    fp32 tensor on the device). The scale is computed on the device, ``min(1, max_norm / (norm + 1e-6))``, and
-    every gradient is multiplied by it: the host never waits for the norm (as ``torch.nn.utils.clip_grad_norm_``)."""
+    fp32 tensor on the device; ``zero`` >= 1: of the gradients the sharded optimizer steps, this rank's pieces).
+    The scale is computed on the device, ``min(1, max_norm / (norm + 1e-6))``, and every gradient is multiplied
+    by it: the host never waits for the norm (as ``torch.nn.utils.clip_grad_norm_``)."""
     ps = _params(params)
     norm = grad_norm(ps, grid, norm_type)
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for p in ps:
-        if p.grad is not None:
-            p.grad.detach().mul_(coef.to(p.grad.dtype))
+    layout = _sharded(ps, grid)
+    grads = [pc.grad for pc in layout.pieces()] if layout is not None else [p.grad for p in ps]
+    for g in grads:
+        if g is not None:
+            g.detach().mul_(coef.to(g.dtype))
     return norm.to(torch.float32)

@@ -77,13 +77,18 @@ class Grid:
 
     def no_sync(self) -> ContextManager[None]:
         """Context manager for all but the last micro-batch of a step: the overlapped data-parallel
-        reduction (ODP) is skipped, gradients just accumulate. A no-op without ODP."""
-        return self.runtime.grads.no_sync()
+        reduction (ODP) is skipped, gradients just accumulate. A no-op without ODP, and with ``zero=2`` (which
+        reduces every micro-batch's gradients to keep only its share)."""
+        return self.runtime.dp.no_sync()
 
     def watch(self, model: "torch.nn.Module") -> None:
-        """ODP: reduce every parameter of ``model`` over d as soon as its gradient is final during backward
-        (parallel layers register themselves; this adds the rest, e.g. LayerNorm and embeddings)."""
-        self.runtime.grads.watch(model.parameters())
+        """Build ``model``'s data-parallel buckets now (:mod:`axgrid.grad_buckets`; otherwise the first
+        :func:`axgrid.sync_gradients` does), so that with ODP the first step's backward reduces over d too. The
+        parameters must hold their data (not on meta): they become views of the buckets with ``zero`` >= 1."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if any(p.device.type == "meta" for p in params):
+            raise ValueError("grid.watch(model): some parameters are on the meta device; load them first")
+        self.runtime.dp.layout_for(params)
 
     # -- queries --------------------------------------------------------------------------------------
     @property

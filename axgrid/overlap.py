@@ -8,34 +8,29 @@ unconditionally; ``OverlapConfig`` only chooses which class is built.
   forward pass and once for the recompute forwards inside backward -- and from then on, when a layer starts,
   posts the all-gather of the layer that ran after it last time. A prefetch that does not match the layer that
   actually runs is waited for and dropped (all ranks run the same sequence, so collectives stay in step).
-- :class:`GradientSink` (ORS and ODP off): gradient collectives run at once and their results go back to
-  autograd (under ORS too for a parameter two layers read, ``axgrid_shared``: autograd must add its uses).
-  :class:`GradientPipeline` (ORS, ODP): weight-gradient reduce-scatters over z (and the bias
-  all-reduces over z) are posted asynchronously and completed one layer later, under the backward of earlier
-  layers; with ODP the finished gradients are bucketed and all-reduced over d asynchronously during the
-  backward. Everything still in flight is completed by a callback at the end of the backward pass, so ``.grad``
-  is complete whenever ``loss.backward()`` returns: nothing to forget before the optimizer step.
+- :class:`GradientSink` (ORS off): gradient collectives run at once and their results go back to autograd.
+  :class:`GradientPipeline` (ORS): weight-gradient reduce-scatters over z (and the bias all-reduces over z) are
+  posted asynchronously and completed one layer later, under the backward of earlier layers, and each finished
+  gradient is handed on (``on_ready``: the data-parallel buckets, :mod:`axgrid.grad_buckets`, which with ODP
+  reduce over d during the backward). A parameter two layers read (``axgrid_shared``: tied embeddings) is reduced
+  at once and handed back to autograd, which must add its uses. Everything still in flight is completed by a
+  callback at the end of the backward pass, so ``.grad`` is complete whenever ``loss.backward()`` returns:
+  nothing to forget before the optimizer step.
 - Both sinks post the input-gradient all-reduce: with OAR it stays in flight under the weight-gradient GEMM.
 """
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, ContextManager, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
 from .comm import Communicator, Pending, ready
-from .data_parallel import BucketBuffers, flat_grads, write_grads
+from .grad_buckets import in_backward
 from .spec import GRADIENT_WINDOW
 
 if TYPE_CHECKING:
     from .nn.linear import Linear
-
-
-def in_backward() -> bool:
-    """True while the autograd engine runs a backward pass on this thread (e.g. a recompute forward)."""
-    return torch._C._current_graph_task_id() != -1
 
 
 class WeightGather:
@@ -151,16 +146,15 @@ class WeightPrefetcher(WeightGather):
 
 
 class GradientSink:
-    """ORS and ODP off: every gradient collective runs at once and its result goes back to autograd.
+    """ORS off: every gradient collective runs at once and its result goes back to autograd.
 
     The interface every sink has: layers call :meth:`reduce_input_grad`, :meth:`reduce_scatter` and
-    :meth:`all_reduce` from their backward; :meth:`watch`, :meth:`no_sync`, :meth:`finish` and ``synced`` serve
-    ``grid.watch``, ``grid.no_sync`` and :func:`axgrid.sync_gradients`.
+    :meth:`all_reduce` from their backward; :meth:`delivers` and :meth:`finish` serve the data-parallel buckets
+    and :func:`axgrid.sync_gradients`.
     """
 
     def __init__(self, comm: Communicator, oar: bool) -> None:
         self.comm, self.oar = comm, oar
-        self.synced: set[int] = set()     # ids of parameters reduced over d by the latest backward (ODP)
 
     def reduce_input_grad(self, dx: torch.Tensor, dim: str) -> Pending:
         """``AR_dim(dx)``: with OAR left in flight (``.wait()`` it after the weight-gradient GEMM), else done."""
@@ -184,12 +178,10 @@ class GradientSink:
             off += g.numel()
         return out
 
-    def watch(self, params: Iterator[torch.nn.Parameter]) -> None:
-        """ODP's registration (nothing to do without ODP)."""
-
-    def no_sync(self) -> ContextManager[None]:
-        """ODP's gradient accumulation (nothing to skip without ODP)."""
-        return nullcontext()
+    def delivers(self, param: torch.nn.Parameter) -> bool:
+        """Whether this sink writes ``param.grad`` itself (then autograd's accumulation is not its final
+        gradient: the sink hands it on when its collective completes)."""
+        return False
 
     def finish(self) -> None:
         """Complete every collective in flight (none here)."""
@@ -199,57 +191,32 @@ class GradientSink:
 
 
 class GradientPipeline(GradientSink):
-    """ORS and ODP: gradient collectives in flight during the backward, completed at its end.
+    """ORS: weight-gradient reduce-scatters and bias all-reduces over z in flight during the backward, completed
+    :data:`~axgrid.spec.GRADIENT_WINDOW` posts later or at the end of the backward; each completed gradient is
+    written to ``.grad`` and handed to ``on_ready(param)`` (the data-parallel buckets)."""
 
-    ``ors``: weight-gradient reduce-scatters and bias all-reduces over z complete one layer later.
-    ``odp``: finished gradients enter buckets of ``bucket_limit`` bytes, all-reduced over d during backward
-    (off when Gd = 1). A switch that is off leaves its collectives to :class:`GradientSink`.
-    """
-
-    def __init__(self, comm: Communicator, oar: bool, ors: bool, odp: bool, bucket_limit: int,
-                 grad_dtype: Optional[torch.dtype] = torch.float32) -> None:
+    def __init__(self, comm: Communicator, oar: bool,
+                 on_ready: Callable[[torch.nn.Parameter], None] = lambda p: None) -> None:
         super().__init__(comm, oar)
-        self.grad_dtype = grad_dtype          # the data-parallel buckets' dtype on the wire (None: the gradients')
-        self.ors, self.odp, self.bucket_limit = ors, odp and comm.size("d") > 1, bucket_limit
+        self.on_ready = on_ready
         self.inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
-        self.bucket: list[torch.nn.Parameter] = []
-        self.bucket_bytes = 0
-        self.dp_inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
-        self.dp_buffers = BucketBuffers()  # reused once ``finish`` has waited for every bucket's all-reduce
         self.callback_queued = False
-        self.sync_enabled = True
-        self.hooked: set[int] = set()
-        self.delivered: set[int] = set()  # ids of parameters whose gradients this pipeline writes (ORS)
-
-    # -- registration ----------------------------------------------------------------------------------
-    def watch(self, params: Iterator[torch.nn.Parameter]) -> None:
-        """ODP: have each parameter's finished gradient enter the data-parallel buckets during backward."""
-        if not self.odp:
-            return
-        for p in params:
-            if p.requires_grad and id(p) not in self.hooked:
-                self.hooked.add(id(p))
-                p.register_post_accumulate_grad_hook(self._engine_hook)
-
-    def _engine_hook(self, param: torch.nn.Parameter) -> None:
-        """Autograd accumulated ``param``'s gradient (also called with ``grad None`` for ORS parameters)."""
-        if id(param) in self.delivered or param.grad is None:
-            return                             # ORS parameters enter the buckets from _complete
-        self._grad_ready(param)
+        self.delivered: set[int] = set()  # ids of parameters whose gradients this pipeline writes
 
     def _queue_callback(self) -> None:
         if not self.callback_queued and in_backward():   # the first gradient event of a new backward pass
             self.callback_queued = True
-            self.synced.clear()
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
 
-    # -- ORS -------------------------------------------------------------------------------------------
+    def delivers(self, param: torch.nn.Parameter) -> bool:
+        return id(param) in self.delivered
+
     def reduce_scatter(self, param: torch.nn.Parameter, flat: torch.Tensor) -> Optional[torch.Tensor]:
-        """ORS: post ``RS_z(flat)`` for ``param``'s gradient and complete the one before last (it ran under our
+        """Post ``RS_z(flat)`` for ``param``'s gradient and complete the one before last (it ran under our
         GEMMs); None for autograd: the pipeline writes ``param.grad`` itself. A parameter read by several layers
         (``axgrid_shared``: tied embeddings) is reduced at once and handed back to autograd, which sums its uses
-        before ``.grad`` (and before ODP sees it)."""
-        if not self.ors or getattr(param, "axgrid_shared", False):
+        before ``.grad`` (and before the data-parallel buckets see it)."""
+        if getattr(param, "axgrid_shared", False):
             return super().reduce_scatter(param, flat)
         self._queue_callback()
         self.delivered.add(id(param))
@@ -258,9 +225,7 @@ class GradientPipeline(GradientSink):
 
     def all_reduce(self, params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor],
                    dim: str) -> list[Optional[torch.Tensor]]:
-        """ORS: post one ``AR_dim`` of the concatenated ``grads`` (partial gradients of ``params``); Nones."""
-        if not self.ors:
-            return super().all_reduce(params, grads, dim)
+        """Post one ``AR_dim`` of the concatenated ``grads`` (partial gradients of ``params``); Nones."""
         self._queue_callback()
         self.delivered.update(id(p) for p in params)
         flat = grads[0].reshape(-1) if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
@@ -282,52 +247,13 @@ class GradientPipeline(GradientSink):
                 param.grad = g      # a slice of the collective's own fresh result: no copy needed
             else:
                 param.grad.add_(g)
-            self._grad_ready(param)
+            self.on_ready(param)
 
-    # -- ODP -------------------------------------------------------------------------------------------
-    def _grad_ready(self, param: torch.nn.Parameter) -> None:
-        if not self.odp:
-            return
-        self._queue_callback()                 # also under no_sync: a new backward clears `synced`
-        if not self.sync_enabled:
-            return
-        if self.bucket and param.grad.dtype != self.bucket[0].grad.dtype:
-            self._flush()
-        self.bucket.append(param)
-        self.bucket_bytes += param.grad.numel() * param.grad.element_size()
-        if self.bucket_bytes >= self.bucket_limit:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self.bucket:
-            return
-        flat = flat_grads(self.bucket, self.dp_buffers)
-        flat = flat.to(self.grad_dtype or flat.dtype)
-        self.dp_inflight.append((self.bucket, self.comm.all_reduce(flat, "d", average=True, async_op=True)))
-        self.bucket, self.bucket_bytes = [], 0
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward passes inside skip the data-parallel reduction (gradient accumulation)."""
-        old, self.sync_enabled = self.sync_enabled, False
-        try:
-            yield
-        finally:
-            self.sync_enabled = old
-
-    # -- completion ------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Complete every collective in flight and write the results to ``.grad``. Idempotent."""
         while self.inflight:
             self._complete(*self.inflight.pop(0))
-        self._flush()
-        for params, pending in self.dp_inflight:
-            write_grads(params, pending.wait())
-            self.synced.update(id(p) for p in params)
-        self.dp_inflight.clear()
-        self.dp_buffers.end_step()
         self.callback_queued = False
 
     def empty(self) -> bool:
-        return not (self.inflight or self.bucket or self.dp_inflight)
-
+        return not self.inflight

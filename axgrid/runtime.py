@@ -2,9 +2,10 @@
 
 A :class:`Runtime` is the one visible object holding the runtime machinery: the configuration, the GEMM, the
 tracer, the weight source (:class:`~axgrid.overlap.WeightGather` or, with OAG, the prefetcher), the gradient
-sink (:class:`~axgrid.overlap.GradientSink` or, with ORS/ODP, the pipeline), the stream of per-layer seeds and
-``sync_gradients``' bucket buffers. Every piece is always present, so layers call them without asking which
-overlap switches are on. Layers take it from their grid (``layer.runtime = grid.runtime``).
+sink (:class:`~axgrid.overlap.GradientSink` or, with ORS, the pipeline), the data parallelism over d (the
+bucket layouts of :mod:`axgrid.grad_buckets`) and the stream of per-layer seeds. Every piece is always present,
+so layers call them without asking which overlap switches are on. Layers take it from their grid
+(``layer.runtime = grid.runtime``).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import torch.distributed as dist
 
 from .launch import teardown
 from .config import GemmFn, RuntimeConfig
-from .data_parallel import BucketBuffers
 from .device import Device, choose_device, default_backend, of
+from .grad_buckets import DataParallel
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
 from .launch.env import LaunchEnv, detect_launch, grid_shape_for, init_distributed
 from .spec.layout import GridError, GridShape, RankLayout, check_order
@@ -69,7 +70,8 @@ class Runtime:
 
     ``gemm``: the GEMM layers call, ``(a, b, role) -> a @ b`` (:func:`matmul` unless configured or traced).
     ``gemm_fn``: ``config.gemm`` or the ``kernels.GemmTuner`` built for ``config.gemm_tuning`` (None: matmul).
-    ``weights``: how a layer gets its weight block. ``grads``: where its gradient collectives go.
+    ``weights``: how a layer gets its weight block. ``grads``: where its gradient collectives go. ``dp``: the
+    data-parallel buckets and their collectives over d (``zero`` and ODP as configured).
     """
 
     def __init__(self, grid: Grid, config: RuntimeConfig, seed: int) -> None:
@@ -83,19 +85,21 @@ class Runtime:
         ov = config.overlap
         keep = ov.keep_gathered_weights
         self.weights = WeightPrefetcher(keep) if ov.oag and grid.size("z") > 1 else WeightGather(keep)
-        self.grads = GradientPipeline(grid.comm, ov.oar, ov.ors, ov.odp, config.bucket_bytes,
-                                      config.grad_reduce_dtype) if ov.ors or ov.odp else GradientSink(grid.comm, ov.oar)
+        self.grads = GradientPipeline(grid.comm, ov.oar, lambda p: self.dp.grad_ready(p)) \
+            if ov.ors else GradientSink(grid.comm, ov.oar)
+        self.dp = DataParallel(grid.comm, config.zero, config.bucket_bytes, ov.odp, self.grads,
+                               config.grad_reduce_dtype)
         self.seeds = LayerSeeds(seed)
-        self.grad_buffers = BucketBuffers()   # sync_gradients' flat buckets, kept across steps
 
     def grad_dtype(self, param: torch.Tensor) -> torch.dtype:
         """The dtype ``param``'s gradient is reduced in (``RuntimeConfig.grad_reduce_dtype``)."""
         return self.config.grad_reduce_dtype or param.dtype
 
     def close(self) -> None:
-        """Complete what is in flight (a prefetch, gradient collectives)."""
+        """Complete what is in flight (a prefetch, gradient collectives, parameter all-gathers)."""
         self.weights.drop()
         self.grads.finish()
+        self.dp.finish()
 
     def __deepcopy__(self, memo: dict) -> "Runtime":
         """Shared, like the grid: copies of a model run with the same machinery."""
@@ -124,8 +128,8 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     """Build the grid and its runtime on all ranks of the job. Every rank must call it with the same arguments.
 
     ``gx`` may be a whole grid as a string ``"2x2x2x1"`` (or ``"2x2x2"``: Gdata inferred). With integers,
-    missing ``gy``/``gz`` are 1 and ``gdata`` is inferred from the world size. Errors about the grid are
-    raised on every rank, identically, before any collective is posted.
+    missing ``gy``/``gz`` are 1 and ``gdata`` is inferred from the world size. Errors about the grid (and ``zero`` > 0
+    with Gd = 1) are raised on every rank, identically, before any collective is posted.
 
     ``device``: where this rank computes. None: under NCCL/RCCL the GPU of its local rank (more ranks on a node
     than GPUs is refused), bound to the process group; in a process group the program created, the group's bound
@@ -151,6 +155,9 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         sizes = [gx, 1 if gy is None else gy, 1 if gz is None else gz]
         shape = grid_shape_for(sizes if gdata is None else sizes + [gdata], launch)
     layout = RankLayout(shape, order)
+    if config.zero and shape.gd == 1:
+        raise GridError(f"RuntimeConfig(zero={config.zero}) on grid {shape}: Gd = 1, so there is nothing to shard "
+                        f"over d; use zero=0, or a grid with Gd > 1")
     if owns_world:
         if launch.launcher in ("mpich", "openmpi"):
             launch = detect_launch()            # now agree on the rendezvous address through mpi4py

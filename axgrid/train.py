@@ -10,9 +10,11 @@ averages over the data-parallel ranks). ``accumulate="sum"`` is for a loss alrea
 step, as the training drivers' is (summed over a micro-batch's kept tokens and divided by the step's global
 count of kept tokens, :func:`axgrid.memorization.goldfish.step_mask`): then the micro-batch losses add up.
 
-Gradients are zeroed at the start of the step (``set_to_none``), so after it ``.grad`` holds this step's
-synchronised gradients. With ``grid=None`` the same step runs serially (a plain torch model: no no_sync, no
-gradient sync), which is how the demo trains its serial reference.
+Gradients are zeroed at the start of the step (in place in the data-parallel buckets, which are their storage;
+with Gd = 1 ``set_to_none``), so after it ``.grad`` holds this step's synchronised gradients (with ``zero`` >= 1
+only this d-rank's share of them is the mean; with ``zero=2`` ``.grad`` is None). With ``grid=None`` the same
+step runs serially (a plain torch model: no no_sync, no gradient sync), which is how the demo trains its serial
+reference.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .data_parallel import clip_grad_norm_, sync_gradients
+from .data_parallel import clip_grad_norm_, sync_gradients, zero_gradients
 from .grid import Grid
 
 
@@ -62,7 +64,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
         raise ValueError(f"accumulate={accumulate!r}: use 'mean' (loss_of returns each micro-batch's mean loss) or "
                          f"'sum' (loss_of returns each micro-batch's share of the step's loss)")
     scale = 1.0 / microbatches if accumulate == "mean" and microbatches > 1 else None
-    optimizer.zero_grad(set_to_none=True)
+    if grid is None or not zero_gradients(model, grid):
+        optimizer.zero_grad(set_to_none=True)
     total = None
     for i in range(microbatches):
         # ODP: only the last micro-batch's backward reduces over d (the others accumulate locally)

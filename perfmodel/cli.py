@@ -34,6 +34,9 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-recompute", action="store_true", help="no activation recompute")
     p.add_argument("--keep-gathered", action="store_true", help="keep gathered weights from forward to backward")
     p.add_argument("--order", default="xyzd", help="rank order, fastest first (default xyzd)")
+    p.add_argument("--zero", choices=("0", "1", "2", "auto"), default="0",
+                   help="the runtime's RuntimeConfig.zero for 4D grids: 1 shards AdamW's state over d, 2 also the "
+                        "gradients; auto: each grid gets the fastest mode that fits (rank's default)")
     p.add_argument("--bucket-mib", type=float, default=25.0,
                    help="data-parallel gradient bucket in MiB (the runtime's RuntimeConfig.bucket_bytes; default 25)")
     p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m axgrid.kernels export-efficiency FILE)")
@@ -70,7 +73,7 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
                   microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib),
-                  grad_reduce=getattr(a, "grad_reduce", "fp32"))
+                  grad_reduce=getattr(a, "grad_reduce", "fp32"), zero=None if a.zero == "auto" else int(a.zero))
     machine = load_machine(a.machine)
     if a.gemm_table:
         machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))
@@ -108,7 +111,8 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
     for i, r in enumerate(rows, 1):
         pipe = r.layout != "4D"
         mark = ("≈" if r.within_error else "") + ("†" if r.out_of_range else "")
-        t.add_row(str(i), r.grid_str, "no" if pipe else "yes", sec(r.time_s),
+        name = r.grid_str + (f" zero{r.zero}" if r.zero else "")
+        t.add_row(str(i), name, "no" if pipe else "yes", sec(r.time_s),
                   f"{r.time_low * tf:.3g}–{r.time_high * tf:.3g}", mark,
                   f"{r.tflops_per_gpu:.1f}" if ff == 1 else f"{r.tflops_per_gpu * ff:.3g}",
                   f"{r.pct_peak:.1f}", f"{r.memory_bytes / mf:.1f}", str(r.microbatches), sec(r.compute_s),
@@ -124,7 +128,9 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
     con.print(f"4D: {len(rk.feasible)} feasible of {len(rk.rows)} factorisations ({n_bad} rejected); TP×PP×DP: "
               f"{n_mf} feasible of {len(rk.megatron)} (TP inside a node, distributed optimizer, micro-batch of "
               f"1/2/4/8 sequences, VPP 1/2/4, sequence parallel on/off). Exposed communication after overlap "
-              f"per dimension ({tu}; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only.")
+              f"per dimension ({tu}; TP×PP×DP: TP is y, DP is d); bubble and p2p: pipeline only. zeroN: "
+              f"the 4D row runs with RuntimeConfig(zero=N) ("
+              f"{'per row the fastest mode that fits' if p.options.zero is None else 'fixed by --zero'}).")
     con.print("axgrid: yes = axgrid runs this grid (train_gpt.py --grid G; --emit-slurm writes its sbatch script); "
               "no = a TP×PP×DP layout, priced only to compare (axgrid has no pipeline parallelism; "
               "--layouts 4d shows the 4D grids alone).")
@@ -339,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write an sbatch script for each 4D row of the printed table (rowNN_GRID.sbatch, NN its row), "
                         "built on the site template of experiments/slurm/ for the machine")
     r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
-    r.set_defaults(fn=cmd_rank)
+    r.set_defaults(fn=cmd_rank, zero="auto")
     m = sub.add_parser("machines", help="list the machine library")
     m.set_defaults(fn=cmd_machines)
     c = sub.add_parser("calibrate", help="fit α, β and the GEMM curve to samples measured by "

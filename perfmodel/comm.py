@@ -12,12 +12,17 @@ from typing import Iterable
 import numpy as np
 
 from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, FCVolumes, fc_volumes
+from axgrid.spec.buckets import pack_buckets
 
 from .errors import PerfModelError
 from .machines import Machine
 from .spec import TransformerSpec
 
 DIMS = ("x", "y", "z", "d")
+
+#: Bytes per parameter element the runtime keeps (fp32; autocast casts per GEMM): what the all-gather of the
+#: parameters over d moves with ``zero`` >= 1.
+PARAM_BYTES = 4
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -32,55 +37,46 @@ def layer_volumes(layer: FCLayer | tuple, gx, gy, gz, mprime) -> FCVolumes:
     return fc_volumes(as_layer(layer), gx, gy, gz, mprime)
 
 
-def dp_buckets(sizes_bytes: Iterable[int], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-               overlap_dp: bool = False) -> list[int]:
-    """Bytes of each data-parallel all-reduce the runtime posts for gradients of ``sizes_bytes`` (one dtype), in
-    the order they enter the buckets. Tensors of 0 bytes do not exist in the runtime and are skipped.
-
-    Without ODP (``axgrid.sync_gradients``): a tensor joins the open bucket when the bucket stays within
-    ``bucket_bytes``, else the bucket is posted and a new one starts with it (a tensor larger than the limit gets
-    a bucket of its own). With ODP (``axgrid.overlap.GradientPipeline``): a tensor always joins the open bucket,
-    which is posted as soon as it holds ``bucket_bytes`` or more; the rest is posted at the end of the backward.
-    (Both runtimes also start a new bucket when the gradient dtype changes; all gradients priced here share one.)"""
+def dp_buckets(sizes_bytes: Iterable[int], bucket_bytes: int = DEFAULT_BUCKET_BYTES, parts: int = 1,
+               element_bytes: int = 1) -> list[int]:
+    """Bytes of each data-parallel bucket the runtime builds for gradients of ``sizes_bytes`` (one dtype of
+    ``element_bytes``) given in the buckets' layout order (:func:`dp_gradient_sizes`): ``axgrid.spec.buckets``'
+    rule -- a tensor joins the open bucket, which is closed once it holds ``bucket_bytes`` or more -- each bucket
+    padded to a multiple of ``parts`` elements (``zero`` >= 1: Gd). Tensors of 0 bytes add nothing."""
     if bucket_bytes <= 0:
         raise PerfModelError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    out: list[int] = []
-    fill = 0
-    for s in sizes_bytes:
-        s = int(s)
-        if s <= 0:
-            continue
-        if overlap_dp:
-            fill += s
-            if fill >= bucket_bytes:
-                out.append(fill)
-                fill = 0
-        elif fill and fill + s > bucket_bytes:
-            out.append(fill)
-            fill = s
-        else:
-            fill += s
-    if fill:
-        out.append(fill)
-    return out
+    sizes = [int(s) for s in sizes_bytes if int(s) > 0]
+    buckets = pack_buckets([s // element_bytes for s in sizes], [element_bytes] * len(sizes), [0] * len(sizes),
+                           bucket_bytes, parts)
+    return [b.padded * element_bytes for b in buckets]
 
 
 def dp_gradient_sizes(layers: Iterable[FCLayer | tuple], grid: tuple[int, int, int, int],
-                      grad_dtype_bytes: int, overlap_dp: bool = False) -> list[int]:
-    """Bytes of each gradient the data-parallel all-reduce carries, in the order the runtime buckets them.
-
-    Without ODP: ``model.parameters()`` order, i.e. layer by layer in forward order, weight shard then bias.
-    With ODP: the order gradients become ready in the backward, approximated by reverse layer order (last
-    layer first), weight then bias within a layer -- what the runtime does without ORS (measured on its
-    post-accumulate-grad hooks). With ORS a weight's gradient is ready only once its reduce-scatter completes, up
-    to two layers later, so the real order differs by a layer or two: that moves bucket boundaries (the count can
-    be off by one), never the total bytes."""
+                      grad_dtype_bytes: int) -> list[int]:
+    """Bytes of each gradient of a stack of FC layers in the data-parallel buckets' layout order: reverse
+    ``model.parameters()`` (last layer first, its bias before its weight shard), whatever the overlap switches."""
     gx, gy, gz, _ = (int(v) for v in grid)
-    pairs: list[list[int]] = []
+    sizes: list[int] = []
     for L in (as_layer(t) for t in layers):
         v = layer_volumes(L, gx, gy, gz, 1)
-        pairs.append([int(v.shard) * grad_dtype_bytes, int(v.bias_loc) * grad_dtype_bytes])
-    return [s for pair in (pairs[::-1] if overlap_dp else pairs) for s in pair]
+        sizes += [int(v.shard) * grad_dtype_bytes, int(v.bias_loc) * grad_dtype_bytes]
+    return sizes[::-1]
+
+
+def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket_bytes: int, zero: int,
+              n_microbatches: int) -> list[tuple[str, str, int]]:
+    """The data-parallel collectives of one step as (dim, op, bytes), for gradients of ``sizes_bytes`` (layout
+    order) on ``gd`` data-parallel ranks: ``zero=0`` an all-reduce per bucket; ``zero`` >= 1 a reduce-scatter per
+    bucket padded to a multiple of Gd (in each of the ``n_microbatches`` backwards with ``zero=2``), then an
+    all-gather of the parameters (fp32, :data:`PARAM_BYTES`) per bucket. None when Gd = 1."""
+    if gd == 1:
+        return []
+    gb = grad_dtype_bytes
+    buckets = dp_buckets(sizes_bytes, bucket_bytes, gd if zero else 1, gb)
+    if zero == 0:
+        return [("d", "all_reduce", nb) for nb in buckets]
+    rs = [("d", "reduce_scatter", nb) for nb in buckets] * (n_microbatches if zero == 2 else 1)
+    return rs + [("d", "all_gather", nb // gb * PARAM_BYTES) for nb in buckets]
 
 
 def collective_events(
@@ -93,29 +89,25 @@ def collective_events(
     recompute: bool = False,
     grad_dtype_bytes: int | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    overlap_dp: bool = False,
-    overlap_rs: bool = False,
+    zero: int = 0,
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes).
 
     ``layers`` a :class:`~perfmodel.spec.TransformerSpec`: the whole GPT step as ``axgrid.models.gpt.GPT`` posts
     it -- FC layers, layer norms, embeddings, vocabulary-parallel cross entropy, loss, and the data-parallel
-    buckets of every parameter (:func:`perfmodel.gpt.gpt_collective_events`; ``overlap_rs`` changes the layer
-    norms' z calls and, with ODP, the bucket order).
+    buckets of every parameter (:func:`perfmodel.gpt.gpt_collective_events`).
 
     ``layers`` a list of FC layers (a stack of FC layers only): per micro-batch the forward
     (AG_z, forward AR) over layers in order, then the backward in reverse order (with recompute, for layers with
     .recompute, the forward's AG_z and AR again; AG_z unless keep_gathered; backward AR; RS_z of dW; AR_z of the
-    bias gradient); then once per step AR_d of the gradients (weight shards and biases) in buckets of
-    ``bucket_bytes``, formed as the runtime forms them (see :func:`dp_buckets`, :func:`dp_gradient_sizes`;
-    ``overlap_dp``: the ODP pipeline's buckets, assuming earlier micro-batches run under ``grid.no_sync()``).
-    Listed after the backward even with ODP, where they are posted during the last backward.
+    bias gradient); then the data-parallel collectives of the gradients (weight shards and biases) in buckets of
+    ``bucket_bytes``, formed as the runtime forms them, in ``zero``'s mode (:func:`dp_events`). Listed after the
+    backward even where they are posted during it (ODP, ``zero=2``).
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d."""
     if isinstance(layers, TransformerSpec):
         from .gpt import gpt_collective_events
         return gpt_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
-                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, overlap_dp,
-                                     overlap_rs)
+                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero)
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
@@ -145,21 +137,19 @@ def collective_events(
             post(v.bwd_ar_dim, "all_reduce", v.bwd_ar, b)
             post("z", "reduce_scatter", v.padded, gb)
             post("z", "all_reduce", v.bias_loc, gb)
-    for nbytes in dp_buckets(dp_gradient_sizes(layers, grid, gb, overlap_dp), bucket_bytes, overlap_dp):
-        post("d", "all_reduce", nbytes, 1)
-    return ev
+    return ev + dp_events(dp_gradient_sizes(layers, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
 
 
 def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     overlap_dp: bool = False, overlap_rs: bool = False) -> dict[tuple[str, str], int]:
+                     zero: int = 0) -> dict[tuple[str, str], int]:
     """Total bytes per (dim, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
     Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
     out: Counter = Counter()
     for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
                                          dtype_bytes, keep_gathered, recompute, grad_dtype_bytes, bucket_bytes,
-                                         overlap_dp, overlap_rs):
+                                         zero):
         out[(dim, op)] += nb
     return dict(out)
 
@@ -167,12 +157,12 @@ def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches,
 def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     overlap_dp: bool = False, overlap_rs: bool = False) -> dict[tuple[str, str], int]:
+                     zero: int = 0) -> dict[tuple[str, str], int]:
     """Number of posted calls per (dim, op) for one step (same arguments as ``collective_bytes``); over d that
-    is the number of gradient buckets."""
+    is the number of gradient buckets (per collective)."""
     return dict(Counter((d, o) for d, o, _ in collective_events(
         layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-        grad_dtype_bytes, bucket_bytes, overlap_dp, overlap_rs)))
+        grad_dtype_bytes, bucket_bytes, zero)))
 
 
 # ---------------------------------------------------------------- placement and ring costs

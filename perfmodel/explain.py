@@ -53,8 +53,17 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
                      f"{b[0] / 1e9:11.1f} {row.step_bytes[d] / 1e9:13.3f} GB {row.raw_comm_s[d]:12.4g} "
                      f"{row.exposed_s[d]:10.4g}")
     if row.dp_buckets:
-        lines.append(f"  AR_d: {row.dp_buckets} gradient bucket(s) of <= {p.options.bucket_bytes / 2**20:g} MiB per "
-                     f"step (one all-reduce each{', posted during the backward (ODP)' if p.options.overlap_dp else ''})")
+        odp = p.options.overlap_dp
+        size = f"{row.dp_buckets} gradient bucket(s) of >= {p.options.bucket_bytes / 2**20:g} MiB"
+        if row.zero == 0:
+            lines.append(f"  AR_d: {size} per step (one all-reduce each"
+                         f"{', posted during the backward (ODP)' if odp else ''})")
+        else:
+            lines.append(f"  zero={row.zero}: {size}, each reduce-scattered over d ("
+                         f"{'in every micro-batch' if row.zero == 2 else 'once per step'}"
+                         f"{', during the backward (ODP)' if odp else ''}), AdamW on this rank's 1/Gd share, the "
+                         f"parameters all-gathered over d after the step"
+                         f"{' under the next forward (ODP)' if odp else ''}")
     mp = row.memory_parts
     lines.append(f"  memory/GPU {row.memory_bytes / 2**30:.2f} GiB = static {mp['static'] / 2**30:.2f} + buffers "
                  f"{mp['buffers'] / 2**30:.2f} + activations {mp['activations'] / 2**30:.2f} (limit "

@@ -7,8 +7,8 @@ Beyond the FC layers' own collectives (:mod:`perfmodel.comm`), per micro-batch, 
 ==========================  =====================================================================================
 LayerNorm forward           2 AR_x of ``[m']`` (mean, then variance), for each of the 2L+1 layer norms (and the
                             2L of the blocks again in the recompute forward)
-LayerNorm backward          AR_x of ``[m', 2]``; AR_z of the weight and bias gradients: one call of ``[2·h_x]``,
-                            or with ORS one call each of ``[h_x]`` (through the gradient pipeline)
+LayerNorm backward          AR_x of ``[m', 2]``; AR_z of the weight and bias gradients: one call of ``[2·h_x]``
+                            (with ORS through the gradient pipeline)
 embeddings backward         AR_z of the dense table gradients: the position table ``[S, h_x]`` first, then the
                             token table ``[V, h_x]`` (all rows, features over x)
 cross entropy (forward)     AG_y of ``[m']`` (ledger: the output ``[Gy·m']``), AR_y of ``[m', 2]``; only when Gy > 1
@@ -17,21 +17,19 @@ loss (forward)              AR_z of one number; only when Gz > 1
 
 Per step, the data-parallel mean over d reduces every trainable parameter (``model.parameters()`` order: token
 table, position table, per block its modules' (``TransformerSpec.block_modules``: ln1 w/b, QKV w/b, out w/b,
-ln2 w/b, up w/b, down w/b); ln_f w/b; head weight) in
-buckets, in the gradient dtype. With ODP the buckets are filled in the order gradients become final during the
-last micro-batch's backward: immediately (autograd's post-accumulate hook) for gradients returned to autograd,
-and for gradients posted to the ORS pipeline (every FC weight and bias with ORS on; layer norms and embeddings
-with ORS on and Gz > 1) when the pipeline completes them, which it does ``axgrid.spec.GRADIENT_WINDOW`` (two)
-posts later or at the end of the backward. This assumes every parameter is watched (``grid.watch(model)``, as
-``experiments/train/train_gpt.py`` does).
+ln2 w/b, up w/b, down w/b); ln_f w/b; head weight) in buckets laid out in the reverse of that order
+(``axgrid.spec.buckets``), in the gradient dtype: with ``zero=0`` an all-reduce per bucket; with ``zero`` >= 1 a
+reduce-scatter per bucket padded to a multiple of Gd (in every micro-batch with ``zero=2``) and, after the
+optimizer step, an all-gather of the parameters per bucket (fp32: ``PARAM_BYTES``). The buckets do not depend on
+the overlap switches: with ODP a bucket is posted once all its gradients are final, in the backward.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, ceil_div
+from axgrid.spec import DEFAULT_BUCKET_BYTES, ceil_div
 
-from .comm import dp_buckets, layer_volumes
+from .comm import PARAM_BYTES, dp_events, layer_volumes
 from .errors import PerfModelError
 from .spec import TransformerSpec
 
@@ -71,11 +69,9 @@ def gpt_parameters(spec: TransformerSpec, grid: tuple[int, int, int, int]) -> li
 
 def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
              dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
-             grad_dtype_bytes: int | None = None, overlap_rs: bool = False
-             ) -> tuple[list[tuple[str, str, int]], list[str]]:
-    """(events, ready): every collective of the step but the data-parallel ones, as (dim, op, bytes) in posting
-    order, and the parameter keys in the order their gradients become final in the last micro-batch's backward
-    (see the module docstring). ``mprime``: tokens per GPU per micro-batch."""
+             grad_dtype_bytes: int | None = None) -> list[tuple[str, str, int]]:
+    """Every collective of the step but the data-parallel ones, as (dim, op, bytes) in posting order.
+    ``mprime``: tokens per GPU per micro-batch."""
     gx, gy, gz, gd = (int(v) for v in grid)
     size = {"x": gx, "y": gy, "z": gz, "d": gd}
     b, gb = dtype_bytes, grad_dtype_bytes or dtype_bytes
@@ -85,57 +81,30 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
     head = layer_volumes(spec.head_layer(), gx, gy, gz, mprime)
     modules = spec.block_modules()
     ev: list[tuple[str, str, int]] = []
-    ready: list[str] = []
-    inflight: list[tuple[str, ...]] = []
 
     def post(dim: str, op: str, nbytes: int) -> None:
         if size[dim] > 1 and nbytes > 0:
             ev.append((dim, op, int(nbytes)))
 
-    def pipe(*keys: str) -> None:        # ORS: GradientPipeline._post (one entry per call)
-        inflight.append(keys)
-        while len(inflight) > GRADIENT_WINDOW:
-            ready.extend(inflight.pop(0))
-
     def fc_fwd(v) -> None:
         post("z", "all_gather", v.padded * b)
         post(v.fwd_ar_dim, "all_reduce", v.fwd_ar * b)
 
-    def fc_bwd(key: str, v, bias: bool) -> None:
+    def fc_bwd(v, bias: bool) -> None:
         if not keep_gathered:
             post("z", "all_gather", v.padded * b)
         post(v.bwd_ar_dim, "all_reduce", v.bwd_ar * b)
         post("z", "reduce_scatter", v.padded * gb)
-        if overlap_rs:
-            pipe(key + ".w")
-        else:
-            ready.append(key + ".w")
         if bias:
             post("z", "all_reduce", v.bias_loc * gb)
-            if overlap_rs:
-                pipe(key + ".b")
-            else:
-                ready.append(key + ".b")
 
     def ln_fwd() -> None:
         post("x", "all_reduce", mprime * STAT_BYTES)
         post("x", "all_reduce", mprime * STAT_BYTES)
 
-    def ln_bwd(key: str) -> None:
+    def ln_bwd() -> None:
         post("x", "all_reduce", 2 * mprime * STAT_BYTES)
-        if gz > 1 and overlap_rs:                 # weight and bias summed in one call, one pipeline entry
-            post("z", "all_reduce", 2 * hx * STAT_BYTES)
-            pipe(key + ".w", key + ".b")
-        else:
-            post("z", "all_reduce", 2 * hx * STAT_BYTES)
-            ready.extend((key + ".w", key + ".b"))
-
-    def emb_bwd(key: str, rows: int) -> None:
-        post("z", "all_reduce", rows * hx * STAT_BYTES)
-        if overlap_rs and gz > 1:
-            pipe(key)
-        else:
-            ready.append(key)
+        post("z", "all_reduce", 2 * hx * STAT_BYTES)       # weight and bias in one call
 
     def block_fwd() -> None:
         for name in modules:
@@ -145,8 +114,6 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
                 ln_fwd()
 
     for _ in range(n_microbatches):
-        ready.clear()
-        inflight.clear()
         for _ in range(spec.layers):
             block_fwd()
         ln_fwd()
@@ -155,43 +122,35 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
             post("y", "all_gather", gy * mprime * STAT_BYTES)
             post("y", "all_reduce", 2 * mprime * STAT_BYTES)
         post("z", "all_reduce", STAT_BYTES)          # the loss, summed over z
-        fc_bwd("head", head, False)
-        ln_bwd("ln_f")
-        for i in reversed(range(spec.layers)):
+        fc_bwd(head, False)
+        ln_bwd()
+        for _ in range(spec.layers):
             if recompute:
                 block_fwd()
             for name in reversed(modules):
                 if name in blk:
-                    fc_bwd(f"b{i}.{name}", blk[name], fc[name].bias)
+                    fc_bwd(blk[name], fc[name].bias)
                 else:
-                    ln_bwd(f"b{i}.{name}")
-        emb_bwd("wpe", spec.seq)
-        emb_bwd("wte", spec.vocab)
-        for keys in inflight:                        # GradientPipeline.finish at the end of the backward
-            ready.extend(keys)
-    return ev, ready
+                    ln_bwd()
+        post("z", "all_reduce", spec.seq * hx * STAT_BYTES)      # position table, then token table
+        post("z", "all_reduce", spec.vocab * hx * STAT_BYTES)
+    return ev
 
 
-def gpt_dp_gradient_sizes(spec: TransformerSpec, grid: tuple[int, int, int, int], grad_dtype_bytes: int,
-                          overlap_dp: bool = False, overlap_rs: bool = False) -> list[int]:
-    """Bytes of each gradient the data-parallel all-reduce carries, in the order the runtime buckets them:
-    ``model.parameters()`` order (``sync_gradients``), or with ODP the order they become final."""
-    params = gpt_parameters(spec, grid)
-    if not overlap_dp:
-        return [p.elems * grad_dtype_bytes for p in params]
-    by_key = {p.key: p.elems for p in params}
-    _, ready = gpt_step(spec, grid, 1, 1, 4, overlap_rs=overlap_rs)
-    return [by_key[k] * grad_dtype_bytes for k in ready if k in by_key]
+def gpt_dp_gradient_sizes(spec: TransformerSpec, grid: tuple[int, int, int, int], grad_dtype_bytes: int) -> list[int]:
+    """Bytes of each gradient the data-parallel buckets hold, in their layout order (reverse
+    ``model.parameters()``)."""
+    return [p.elems * grad_dtype_bytes for p in gpt_parameters(spec, grid)][::-1]
 
 
 def gpt_collective_events(spec: TransformerSpec, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
                           n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
                           grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                          overlap_dp: bool = False, overlap_rs: bool = False) -> list[tuple[str, str, int]]:
+                          zero: int = 0) -> list[tuple[str, str, int]]:
     """Every collective of one GPT training step as (dim, op, bytes): the micro-batches' forward and backward
-    (:func:`gpt_step`), then the data-parallel gradient buckets (listed last even with ODP, where they are
-    posted during the last backward). ``tokens_per_microbatch_global`` must be whole sequences that split
-    over Gd·Gz (z splits by sequence)."""
+    (:func:`gpt_step`), then the data-parallel ones (:func:`perfmodel.comm.dp_events`; listed last even where they
+    are posted during the backward). ``tokens_per_microbatch_global`` must be whole sequences that split over
+    Gd·Gz (z splits by sequence)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
         raise PerfModelError(f"grid sizes must be positive, got {grid}")
@@ -201,11 +160,9 @@ def gpt_collective_events(spec: TransformerSpec, grid: tuple[int, int, int, int]
                              f"{spec.seq} that split over Gd*Gz={gd * gz}")
     mprime = tokens_per_microbatch_global // (gd * gz)
     gb = grad_dtype_bytes or dtype_bytes
-    ev, _ = gpt_step(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb, overlap_rs)
-    if gd > 1:
-        sizes = gpt_dp_gradient_sizes(spec, grid, gb, overlap_dp, overlap_rs)
-        ev += [("d", "all_reduce", nb) for nb in dp_buckets(sizes, bucket_bytes, overlap_dp)]
-    return ev
+    ev = gpt_step(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb)
+    return ev + dp_events(gpt_dp_gradient_sizes(spec, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
 
 
-__all__ = ["STAT_BYTES", "GPTParam", "gpt_parameters", "gpt_step", "gpt_dp_gradient_sizes", "gpt_collective_events"]
+__all__ = ["STAT_BYTES", "PARAM_BYTES", "GPTParam", "gpt_parameters", "gpt_step", "gpt_dp_gradient_sizes",
+           "gpt_collective_events"]

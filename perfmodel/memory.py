@@ -10,9 +10,19 @@ params/grads/optimizer: the runtime keeps fp32 weights (autocast casts them per 
          ``step``). Stored elements: every FC weight shard (padded block / Gz), the biases ``[n/G_out]``
          (replicated over z), the 2L+1 layer norms' weight and bias ``[hx]``, the token and position tables
          ``[V, hx]``, ``[S, hx]`` (all rows, replicated over y, z, d).
-dp buckets: with Gd > 1 ``axgrid.sync_gradients`` (and ODP's pipeline) keep flat bucket buffers across steps, as
-         DDP does, but the gradients are copied into them rather than being views of them: one more copy of
-         every gradient (4 B per stored element) for the whole run.
+zero:    (``Options.zero``, ``RuntimeConfig.zero``; :mod:`axgrid.grad_buckets` lists the buffers) with Gd > 1 the
+         gradients are views of the data-parallel buckets: one copy in every mode (no bucket copy besides).
+         ``zero=0``: as above. ``zero=1``: the parameters and gradients are views of the buckets, each padded to a
+         multiple of Gd elements (:mod:`perfmodel.buckets`): 4 B each per padded element; AdamW's moments only for
+         this rank's 1/Gd share of every bucket (8 B per padded element / Gd; a step per parameter still).
+         ``zero=2``: also only the gradient share persists (4 B per padded element / Gd), and during the backward
+         the full buckets being filled and reduce-scattered (``dp buckets``, :class:`DataParallelBytes`): while
+         the last block's backward runs (the peak's second candidate below) the first bucket of the layout if it
+         holds more than the head's and ln_f's gradients (still filling), else the second (filling) and with ODP
+         the first (in flight); at the end of the backward, with the activations gone, the largest bucket being
+         reduce-scattered (with ODP up to ``GRADIENT_WINDOW`` + 1 of them), and on a device whose reduce-scatter
+         copies its input (gloo) one copy. (``zero=1`` with ODP on gloo holds such copies too, until the backward
+         ends: not counted.)
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
          weight source (``axgrid/overlap.py``); without keep, one block at a time (the largest), with OAG the
          prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
@@ -31,14 +41,16 @@ activations, saved for backward, per block per token (recompute off):
          ``4·V`` + targets 8 (+ one 4-byte scalar per micro-batch); Gy > 1 the softmax slice ``4·Vy`` + targets 8 +
          mask 1. Embeddings: the token and position ids, 16.
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
-         which is in backward: static + dp buckets + the gathered blocks live in backward + all stored activations
-         + the largest transient: the loss gradient at the start of backward (Gy > 1: ``4·Vy`` and its copy in b
-         bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward with its saved set (recomputed
-         under recompute), the fp32 residual gradient and either MLP-down's backward (input gradient ``[m', fy]``,
-         weight gradient ``[fy, hx]`` in b bytes and fp32, the weight block's low-precision copy, and what the
+         which is in backward: static + the gathered blocks live in backward + all stored activations + the
+         largest transient: the loss gradient at the start of backward (Gy > 1: two fp32 ``[m', Vy]`` and
+         under autocast a copy in b bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward
+         (with ``zero=2``'s dp buckets) with its saved set (recomputed under recompute), the fp32 residual
+         gradient and either MLP-down's backward (input gradient ``[m', fy]``, weight gradient ``[fy, hx]`` in b
+         bytes and fp32, the weight block's low-precision copy, and what the
          device adds: :class:`Device`) or a layer norm's (five fp32 ``[m', hx]`` temporaries). Within 5% of the
-         runtime's peak of live tensor bytes on the test's grids. With one micro-batch the real peak is lower by up
-         to the gradient bytes (they do not exist during the forward).
+         runtime's peak of live tensor bytes on the test's grids. With ``zero=2`` a third candidate: the end of the
+         backward (static + the buckets being reduce-scattered). With one micro-batch the real peak is lower by up
+         to the gradient bytes when Gd = 1 (they do not exist during the forward; with Gd > 1 they are the buckets).
 
 ``layout="megatron"`` (TP×PP×DP stages, ``perfmodel.pipeline``): Megatron-LM's layout as Korthikanti et al.
 price it: bf16 weights and gradients with fp32 master + moments in the optimizer (12 B, divided by Gd with the
@@ -50,11 +62,13 @@ LN1 out, residual, LN2 out, divided by the sequence-parallel split) + ``12h/t`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import FCLayer, ceil_div
+from axgrid.spec import GRADIENT_WINDOW, FCLayer, ceil_div
 
+from .buckets import gradient_elements, pack
 from .comm import layer_volumes
 from .errors import PerfModelError
 from .spec import Options, TransformerSpec
@@ -95,7 +109,8 @@ CPU_GLOO = Device(math_bytes=4, reduce_in_fp32=True, reduce_scatter_copies=True)
 @dataclass(frozen=True)
 class Memory:
     """Bytes per GPU by component (float arrays [N]): ``static`` = params + grads + optimizer; ``buffers`` =
-    gathered weights + dp buckets + transients; ``activations``: saved for backward (blocks, head, embeddings)."""
+    gathered weights + the largest transient (which may include the dp buckets); ``activations``: saved for backward
+    (blocks, head, embeddings)."""
 
     static: np.ndarray
     buffers: np.ndarray
@@ -136,6 +151,52 @@ def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
     shard = L * sum(v.shard for v in vols) + head.shard
     small = L * sum(v.bias_loc for v in vols) + spec.layer_norms() * 2 * hx + (V + S) * hx
     return (shard + small).astype(float)
+
+
+class DataParallelBytes(NamedTuple):
+    """What the data-parallel buffers take per GPU (arrays): ``params``, ``grads``, ``optimizer`` (AdamW's moments
+    and steps), and ``zero=2``'s full gradient buckets: ``at_block`` alive during the last block's backward,
+    ``at_end`` while the last ones are reduce-scattered at the end of the backward (activations gone)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    at_block: np.ndarray
+    at_end: np.ndarray
+
+
+def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options, device: "Device | None" = None
+                        ) -> DataParallelBytes:
+    """:class:`DataParallelBytes` in ``opt.zero``'s mode (see the module docstring; arrays broadcast over the
+    grids): the buffers :mod:`axgrid.grad_buckets` keeps, for the rank that owns the most (d = 0: its shares hold
+    no padding)."""
+    zero = opt.zero
+    if zero not in (0, 1, 2):
+        raise PerfModelError(f"Options.zero={zero!r}: memory is priced for one mode, 0, 1 or 2")
+    gx, gy, gz, gd = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd)))
+    steps = 4.0 * parameter_tensors(spec)                     # AdamW's 0-d step per parameter (or piece)
+    none = np.zeros(gx.shape)
+    if zero == 0:
+        elems = stored_elements(spec, gx, gy, gz)
+        return DataParallelBytes(4.0 * elems, 4.0 * elems, 8.0 * elems + steps, none, none)
+    shape = gx.shape
+    flat = [a.reshape(-1) for a in (gx, gy, gz, gd)]
+    hx = ceil_div(spec.hidden, flat[0])
+    vols = {layer.name: layer_volumes(layer, *flat[:3], 1) for layer in spec.block_layers() + [spec.head_layer()]}
+    bt = pack(gradient_elements(spec, vols, hx, flat[0].size), 4, opt.bucket_bytes, flat[3])
+    padded, share = bt.padded.reshape(shape) * 4.0, (bt.padded // flat[3]).reshape(shape) * 4.0
+    if zero == 1:
+        return DataParallelBytes(padded, padded, 2.0 * share + steps, none, none)
+    copies = 2.0 if (device or GPU).reduce_scatter_copies else 1.0     # the reduce-scatter's copy of its input
+    first, second = bt.first.reshape(shape) * 4.0, bt.second.reshape(shape) * 4.0
+    # the first bucket is complete before the last block's backward when it holds only the head's and ln_f's
+    # gradients: then the second fills (and with ODP the first is in flight); else the first is still filling
+    early = ((vols["head"].shard + 2 * hx) * 4 >= opt.bucket_bytes).reshape(shape) & (bt.count.reshape(shape) > 1)
+    at_block = np.where(early, second + (first if opt.overlap_dp else 0.0), first)
+    # at the end: the buckets waited for (with ODP the last one and the GRADIENT_WINDOW before it) and the copy of
+    # the one being reduced
+    alive = np.minimum(bt.count, GRADIENT_WINDOW + 1 if opt.overlap_dp else 1).reshape(shape) + (copies - 1.0)
+    return DataParallelBytes(padded, share, 2.0 * share + steps, at_block, bt.largest.reshape(shape) * 4.0 * alive)
 
 
 def block_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int,
@@ -184,10 +245,7 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     mp = np.asarray(mprime, dtype=float)
     inflight = np.asarray(inflight, dtype=float)
     L, b = spec.layers, dtype_bytes
-    elems = stored_elements(spec, gx, gy, gz)
-    params, grads = 4.0 * elems, 4.0 * elems
-    optimizer = (8.0 * elems + 4.0 * parameter_tensors(spec)) / (gd if opt.zero1_over_d else 1)
-    dp_buckets = np.where(gd > 1, 4.0 * elems, 0.0)
+    params, grads, optimizer, dp_block, dp_end = data_parallel_bytes(spec, gx, gy, gz, gd, opt, device)
 
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
     head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
@@ -219,7 +277,7 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
 
     # the largest transient in backward (see the module docstring's "peak"): the loss gradient, or the last
     # block's backward (MLP-down's or a layer norm's, whichever holds more)
-    loss_grad = np.where(gy > 1, mp * vy * (4.0 + (b if b < 4 else 0)), mp * spec.vocab * 8.0)
+    loss_grad = np.where(gy > 1, mp * vy * (8.0 + (b if b < 4 else 0)), mp * spec.vocab * 8.0)
     red = np.where((gx > 1) & device.reduce_in_fp32 & (b < 4), 4.0 + b, 0.0)
     rs_copy = np.where((gz > 1) & device.reduce_scatter_copies, 4.0, 0.0)
     # a low-precision copy of the weight block: the GEMMs' cast of the fp32 block with Gz = 1; with Gz > 1 the block
@@ -229,9 +287,12 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (b + 4.0 + rs_copy + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
-    transient = np.maximum(loss_grad, block_bwd - head_act)
-    buffers = in_backward + dp_buckets + transient     # the peak is in backward (see the module docstring)
+    transient = np.maximum(loss_grad, block_bwd - head_act + dp_block)
     static = params + grads + optimizer
+    # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest
+    transient = np.maximum(transient, dp_end - in_backward - act)
+    buffers = in_backward + transient     # the peak is in backward (see the module docstring)
+    dp_buckets = np.maximum(dp_block, dp_end)
     shape = np.broadcast_shapes(np.shape(act), np.shape(static), np.shape(buffers))
     bc = lambda a: np.broadcast_to(np.asarray(a, dtype=float), shape).astype(float)  # noqa: E731
     return Memory(bc(static), bc(buffers), bc(act), bc(static + buffers + act), params=bc(params),

@@ -1,34 +1,40 @@
 """The performance model: time, memory and feasibility of N grid configurations at once (numpy arrays [N]).
 
-Time per batch = microbatches × (forward + backward) + exposed data-parallel all-reduce. One micro-batch's
+Time per batch = microbatches × (forward + backward) + exposed data-parallel communication. One micro-batch's
 forward and backward, a loop over the spec's FC layers with their collectives and overlap chains, and the GPT's
 other collectives: ``perfmodel.microbatch``.
-AR_d (once per step) is priced per bucket, as the runtime posts it: every parameter's gradient (embedding tables,
-layer norms, FC weight shards and biases) is packed into buckets of ``Options.bucket_bytes`` exactly as
-``axgrid.sync_gradients`` packs them (``model.parameters()`` order), or with ODP as ``GradientPipeline`` does (in
-the order gradients become final, ``gpt.gpt_step``), and each bucket is one ring all-reduce over d paying
-2(Gd−1)·α once (see ``comm.dp_buckets``). With ODP the buckets hide under the slack left in the last
-micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is exposed.
+Over d (:func:`_data_parallel`) every parameter's gradient (embedding tables, layer norms, FC weight shards and
+biases) is packed into buckets of ``Options.bucket_bytes`` as the runtime lays them out (``perfmodel.buckets``:
+reverse ``model.parameters()`` order), each bucket one ring collective paying its latency once: with ``zero=0``
+an all-reduce (2(Gd−1)·α); with ``zero`` >= 1 a reduce-scatter of the bucket padded to a multiple of Gd ((Gd−1)·α;
+every micro-batch with ``zero=2``) and, after the optimizer step, an all-gather of the parameters: the same bytes
+on a ring as the all-reduce, with another overlap. With ODP the gradient buckets hide under the slack left in the
+(each) micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is
+exposed; the parameter all-gathers hide under the next step's forward, except the first bucket it needs.
+``Options.zero`` None: per grid the fastest mode that fits (:func:`evaluate`).
 Element-wise kernels (``compute.elementwise_bytes``: layer norms, residual adds, bias + GELU, with the options' dropout
 and unfused attention their S×S traffic) on the runtime's per-rank activations ([m', h/Gx] replicated over y, the
 MLP hidden [m', 4h/Gy], H/Gy heads; the stream divided by ``seq_split`` for sequence-parallel stages) move their
 bytes through HBM at the machine's ``hbm_bandwidth``: 3× the forward's bytes per block (forward + a backward of
 twice them), 4× with recompute; serial with the GEMMs, counted in compute, and hiding no collective. Zero on a
 machine without ``hbm_bandwidth``. The head's softmax/cross entropy and the embeddings are not counted.
-Not modelled: the optimizer step, contention between different dimensions' rings, GEMM
-operand layouts. Pipeline parallelism (Megatron-style TP×PP×DP) is priced on top of this by ``perfmodel.pipeline``.
+Not modelled: the optimizer step (with ``zero`` >= 1 it runs on 1/Gd of the elements), contention between
+different dimensions' rings, GEMM operand layouts. Pipeline parallelism (Megatron-style TP×PP×DP) is priced on top
+of this by ``perfmodel.pipeline``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from axgrid.spec import FCVolumes, ceil_div
+from axgrid.spec import ceil_div
 
-from .comm import DIMS
+from .buckets import BucketTotals, gradient_elements, pack
+from .comm import DIMS, PARAM_BYTES
 from .compute import elementwise_bytes, memory_time
-from .gpt import STAT_BYTES, gpt_parameters, gpt_step
+from .gpt import STAT_BYTES
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
 from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
@@ -68,73 +74,6 @@ class Evaluation:
 
 
 # ---------------------------------------------------------------- data parallel, element-wise, bytes, feasibility
-
-
-def _grad_sizes(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, grad_bytes: int) -> dict[str, np.ndarray]:
-    """Bytes of each gradient tensor per grid (arrays [N]), by parameter key (see ``perfmodel.gpt``); ``vols``: the
-    volumes of the block's FC layers and the head, by layer name; ``hx``: h/Gx [N]."""
-    n = len(hx)
-    out: dict[str, np.ndarray] = {}
-    for p in gpt_parameters(spec, (1, 1, 1, 1)):
-        if p.kind == "emb":
-            rows = spec.vocab if p.key == "wte" else spec.seq
-            out[p.key] = rows * hx * grad_bytes
-        elif p.kind == "ln":
-            out[p.key] = hx * grad_bytes
-        else:
-            layer, part = p.key.split(".")[-2:]
-            v = vols[layer]
-            out[p.key] = (v.shard if part == "w" else v.bias_loc) * grad_bytes
-    return {k: np.broadcast_to(np.asarray(a, dtype=np.int64), (n,)) for k, a in out.items()}
-
-
-def _pack(sizes: list[np.ndarray], bucket_bytes: int, overlap_dp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(buckets, total bytes, bytes of the last bucket posted) per grid: ``comm.dp_buckets`` vectorised."""
-    n = np.zeros(len(sizes[0]), dtype=np.int64)
-    fill = np.zeros_like(n)
-    last = np.zeros_like(n)
-    total = np.zeros_like(n)
-    for s in sizes:
-        total = total + s
-        if overlap_dp:              # GradientPipeline: append, post once the bucket holds >= bucket_bytes
-            fill = fill + s
-            full = (s > 0) & (fill >= bucket_bytes)
-            n = n + full
-            last = np.where(full, fill, last)
-            fill = np.where(full, 0, fill)
-        else:                       # sync_gradients: post the open bucket when the tensor would overflow it
-            new = (s > 0) & ((fill == 0) | (fill + s > bucket_bytes))
-            n = n + new
-            fill = np.where(new, s, fill + s)
-    if overlap_dp:
-        n = n + (fill > 0)
-        last = np.where(fill > 0, fill, last)
-    else:
-        last = fill
-    return n, total.astype(float), last.astype(float)
-
-
-def _dp_buckets(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, gz, b: int,
-                opt: Options) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(buckets, total bytes, bytes of the last bucket posted) of the data-parallel gradient all-reduce per grid,
-    vectorised over grids: every parameter of the GPT (embeddings, layer norms, FC weight shards and biases)
-    packed as ``comm.dp_buckets`` packs them, in ``model.parameters()`` order, or with ODP in the order the
-    gradients become final (``gpt.gpt_step``; with ORS that order depends on whether Gz > 1)."""
-    size = _grad_sizes(spec, vols, hx, b)
-    if not opt.overlap_dp:
-        return _pack([size[p.key] for p in gpt_parameters(spec, (1, 1, 1, 1))], opt.bucket_bytes, False)
-    if opt.overlap_rs:          # with ORS the layer norms and embeddings join the pipeline only when Gz > 1
-        variants = [(gz > 1, (1, 1, 2, 1)), (gz == 1, (1, 1, 1, 1))]
-    else:
-        variants = [(np.ones(len(gz), dtype=bool), (1, 1, 1, 1))]
-    out = [np.zeros(len(gz), dtype=np.int64), np.zeros(len(gz)), np.zeros(len(gz))]
-    for mask, g in variants:
-        if not mask.any():
-            continue
-        _, ready = gpt_step(spec, g, 1, 1, 4, overlap_rs=opt.overlap_rs)
-        res = _pack([size[k] for k in ready], opt.bucket_bytes, True)
-        out = [np.where(mask, r, o) for r, o in zip(res, out)]
-    return out[0], out[1], out[2]
 
 
 def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0,
@@ -177,22 +116,43 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
 
 
 def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray, g: Grids, grad_bytes: int,
-                   opt: Options, rings: Rings, slack: np.ndarray, comm: CommTally) -> tuple[np.ndarray, np.ndarray]:
-    """(buckets, bytes) [N] of the data-parallel gradient all-reduce, once per step, in elements of ``grad_bytes``;
-    adds its seconds to ``comm`` (dimension d): one ring all-reduce per bucket, with ODP hidden under the last
-    micro-batch's backward ``slack`` [N] except the last bucket."""
+                   opt: Options, rings: Rings, slack: np.ndarray, fwd_window: np.ndarray, mb: np.ndarray,
+                   comm: CommTally) -> tuple[BucketTotals, np.ndarray]:
+    """(the buckets, bytes over d per step [N]) of the data-parallel collectives in ``opt.zero``'s mode; adds their
+    seconds to ``comm`` (dimension d, per step). Gradient elements of ``grad_bytes`` (``Options.grad_reduce``),
+    parameters of :data:`PARAM_BYTES` (what the runtime keeps), one ring per bucket paying its latency once:
+
+    - zero 0: an all-reduce per bucket; with ODP hidden under the last micro-batch's backward ``slack`` except the
+      last bucket (the embeddings', final at the end of the backward);
+    - zero 1: a reduce-scatter per bucket (padded to a multiple of Gd), hidden like the all-reduce, then an
+      all-gather of the parameters per bucket after the optimizer step: with ODP under the next step's first
+      forward (``fwd_window``, its compute) except the first bucket it needs (the embeddings'), else exposed;
+    - zero 2: the reduce-scatters in every micro-batch's backward (``mb`` of them, each hidden under its own
+      backward's slack with ODP), the all-gather as zero 1."""
     vols = {c.layer.name: c.vol for c in costs}
-    n_buckets, d_bytes, last_bucket = _dp_buckets(spec, vols, hx, g.gz, grad_bytes, opt)
+    zero, gb = opt.zero, grad_bytes
+    bt = pack(gradient_elements(spec, vols, hx, len(g)), gb, opt.bucket_bytes, g.gd if zero else 1)
     a_d, be_d, _ = rings.ab["d"]
-    p_d = rings.geo["d"][0].astype(float)
-    ring = 2.0 * (p_d - 1)
-    ard = np.where(d_bytes > 0, ring / np.maximum(p_d, 1) * d_bytes / be_d + ring * a_d * n_buckets, 0.0)
+    p = rings.geo["d"][0].astype(float)
+
+    def ring(factor: float, nbytes: np.ndarray, calls) -> np.ndarray:
+        return np.where(nbytes > 0, factor * (p - 1) / np.maximum(p, 1) * nbytes / be_d + factor * (p - 1) * a_d
+                        * calls, 0.0)
+
+    if zero == 0:
+        ard = ring(2.0, bt.numel * gb, bt.count)
+        comm.add("d", np.maximum(ring(2.0, bt.last * gb, 1), ard - slack) if opt.overlap_dp else ard, ard)
+        return bt, bt.numel * float(gb)
+    rs = ring(1.0, bt.padded * gb, bt.count)
+    ag = ring(1.0, bt.padded * PARAM_BYTES, bt.count)
+    n_rs = mb if zero == 2 else 1
     if opt.overlap_dp:
-        t_last = np.where(last_bucket > 0, ring / np.maximum(p_d, 1) * last_bucket / be_d + ring * a_d, 0.0)
-        comm.add("d", np.maximum(t_last, ard - slack), ard)
+        rs_exposed = n_rs * np.maximum(ring(1.0, bt.last * gb, 1), rs - slack)
+        ag_exposed = np.maximum(ring(1.0, bt.last * PARAM_BYTES, 1), ag - fwd_window)
     else:
-        comm.add("d", ard, ard)
-    return n_buckets, d_bytes
+        rs_exposed, ag_exposed = n_rs * rs, ag
+    comm.add("d", rs_exposed + ag_exposed, n_rs * rs + ag)
+    return bt, n_rs * bt.padded * float(gb) + bt.padded * float(PARAM_BYTES)
 
 
 def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.ndarray, seq_split, dtype_bytes: int,
@@ -239,6 +199,8 @@ def _infeasibility(prob: Problem, g: Grids, mem: Memory, limit: float, mb: np.nd
     spec, opt = prob.model, prob.options
     bad = divisibility(spec, prob.batch, g, opt.microbatches)
     bad["microbatches"] = ~mb_valid
+    if opt.zero:
+        bad["zero"] = g.gd == 1
     over = mem.total > limit
     infeasible = over.copy()
     for v in bad.values():
@@ -248,12 +210,14 @@ def _infeasibility(prob: Problem, g: Grids, mem: Memory, limit: float, mb: np.nd
     for i in np.nonzero(infeasible)[0].tolist():
         tuples = tuples or g.tuples()
         why = [describe(k, spec, prob.batch, tuples[i], opt.microbatches) for k, v in bad.items()
-               if v[i] and k != "microbatches"]
+               if v[i] and k not in ("microbatches", "zero")]
+        if "zero" in bad and bad["zero"][i]:
+            why.append(f"zero={opt.zero} needs Gd > 1 (nothing to shard over d)")
         if bad["microbatches"][i] and not why:
             why.append(f"no micro-batch count in {list(opt.microbatch_choices)} splits the batch evenly")
         if not why and over[i]:
             why.append(f"memory {mem.total[i] / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable "
-                       f"(with {int(mb[i])} micro-batches)")
+                       f"(with {int(mb[i])} micro-batches{f', zero={opt.zero}' if opt.zero else ''})")
         reasons[i] = "; ".join(why)
     return infeasible, reasons
 
@@ -264,7 +228,47 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
     (``perfmodel.pipeline``), per grid (scalars or arrays [N]): ``inflight`` and ``seq_split`` change the activation
     memory (micro-batches in flight, sequence parallelism; see ``memory.memory_per_gpu``), ``seq_split`` also the
     element-wise kernels' stream width, and ``microbatches`` fixes each grid's micro-batch count;
-    ``memory_layout``: "axgrid" (the runtime's) or "megatron" (``memory.memory_per_gpu``)."""
+    ``memory_layout``: "axgrid" (the runtime's) or "megatron" (``memory.memory_per_gpu``).
+
+    ``prob.options.zero`` None: each grid gets the ``zero`` mode (0, 1, 2) with the fastest feasible time (ties:
+    the lower mode; none feasible: the one needing the least memory, whose reason is reported); the choice is
+    ``extra["zero"]``."""
+    if prob.options.zero is not None:
+        return _evaluate(prob, machine, grids, inflight, seq_split, microbatches, memory_layout)
+    evs = [_evaluate(replace(prob, options=prob.options.with_(zero=z)), machine, grids, inflight, seq_split,
+                     microbatches, memory_layout) for z in (0, 1, 2)]
+    time = np.stack([e.time for e in evs])             # inf where infeasible
+    mem = np.stack([e.memory.total for e in evs])
+    feasible = np.isfinite(time).any(axis=0)
+    pick = np.where(feasible, np.argmin(time, axis=0), np.argmin(mem, axis=0))
+    return _select(evs, pick)
+
+
+def _select(evs: list[Evaluation], pick: np.ndarray) -> Evaluation:
+    """Per grid, the evaluation ``pick`` [N] names (an index into ``evs``)."""
+    def one(arrs):
+        return np.choose(pick, [np.asarray(a) for a in arrs])
+
+    def fields(objs, cls):
+        return cls(**{f.name: (None if getattr(objs[0], f.name) is None else one([getattr(o, f.name) for o in objs]))
+                      for f in dataclasses.fields(cls)})
+
+    first = evs[0]
+    return Evaluation(
+        grids=first.grids, feasible=one([e.feasible for e in evs]).astype(bool),
+        reasons=[evs[k].reasons[i] for i, k in enumerate(pick.tolist())],
+        microbatches=one([e.microbatches for e in evs]), time=one([e.time for e in evs]),
+        compute=one([e.compute for e in evs]),
+        exposed={d: one([e.exposed[d] for e in evs]) for d in first.exposed},
+        raw={d: one([e.raw[d] for e in evs]) for d in first.raw},
+        step_bytes={d: one([e.step_bytes[d] for e in evs]) for d in first.step_bytes},
+        memory=fields([e.memory for e in evs], Memory), memory_limit=first.memory_limit, flops=first.flops,
+        peak=first.peak, extra={k: one([e.extra[k] for e in evs]) for k in first.extra})
+
+
+def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split, microbatches,
+              memory_layout: str) -> Evaluation:
+    """:func:`evaluate` for one ``zero`` mode."""
     spec, opt, g, b = prob.model, prob.options, grids, prob.dtype_bytes
     mb, mb_valid = _choose_microbatches(prob, machine, g, inflight, seq_split, microbatches, memory_layout)
     mprime = (prob.batch // mb) * spec.seq / (g.gd * g.gz)  # float tokens per GPU per micro-batch
@@ -279,7 +283,7 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
     compute_fwd = forward(costs, spec.layers, opt, comm)
     add_side(spec, side, opt, comm)
     compute_bwd, slack = backward(spec, costs, side, opt, comm)
-    n_buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, comm)
+    buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, compute_fwd, mb, comm)
     elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
     compute = mb * (compute_fwd + compute_bwd + elementwise)
     exposed, raw = comm.exposed, comm.raw
@@ -299,5 +303,6 @@ def evaluate(prob: Problem, machine: Machine, grids: Grids, inflight=1.0, seq_sp
         flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(prob.dtype),
         extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd,
                "attention": mb * 3 * spec.layers * att, "elementwise": mb * elementwise,
-               "scores_fwd": mb * spec.layers * scores_fwd, "dp_buckets": np.where(g.gd > 1, n_buckets, 0)},
+               "scores_fwd": mb * spec.layers * scores_fwd, "dp_buckets": np.where(g.gd > 1, buckets.count, 0),
+               "zero": np.full(len(g), opt.zero)},
     )

@@ -130,7 +130,7 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
         flops = model_flops(spec, prob.batch, mode == "full")
         m = np.array([prob.batch // (c.dp * c.mbs) for c in cs], dtype=np.int64)
         stage = Problem(replace(spec, layers=layers), prob.batch, prob.gpus, prob.dtype,
-                        prob.options.with_(zero1_over_d=True, recompute=mode == "full"))
+                        prob.options.with_(zero1_over_d=True, zero=0, recompute=mode == "full"))
         ev = evaluate(stage, machine, Grids.of([(1, c.tp, 1, c.dp) for c in cs]),
                       inflight=np.array([_inflight(c.pp, c.vpp, int(k)) for c, k in zip(cs, m)]),
                       seq_split=np.array([c.tp if c.sp else 1 for c in cs]), microbatches=m,

@@ -1,9 +1,10 @@
 """Ranking: evaluate a search space, order feasible configurations by predicted time per batch (ties broken by
 the grid tuple, so the order never depends on enumeration order), keep infeasible ones with their reasons, and
 price the Megatron-style TP×PP×DP configurations (``perfmodel.pipeline``) alongside, so one table answers
-"4D or TP×PP×DP, and which shape". Every feasible row carries the model's error band on the machine
-(``perfmodel.band``): time_low / time_high, whether it is within model error of the best row, and whether it lies
-outside the validated range."""
+"4D or TP×PP×DP, and which shape". With ``Options.zero`` None each 4D row is priced with the ``zero`` mode
+that is fastest and fits there (``model.evaluate``; ``Row.zero``). Every feasible row carries the model's error
+band on the machine (``perfmodel.band``): time_low / time_high, whether it is within model error of the best row,
+and whether it lies outside the validated range."""
 from __future__ import annotations
 
 import csv
@@ -80,14 +81,14 @@ class Ranking:
 
     def to_csv(self, path: str | Path) -> None:
         """Every row (4D, then TP×PP×DP); ``rank`` is the rank within its layout."""
-        cols = ["rank", "grid", "feasible", "time_s", "time_low", "time_high", "within_error", "tflops_per_gpu", "pct_peak", "memory_gib", "microbatches",
-                "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [f"bytes_{d}" for d in DIMS] + [
-                "bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
+        cols = ["rank", "grid", "zero", "feasible", "time_s", "time_low", "time_high", "within_error", "tflops_per_gpu",
+                "pct_peak", "memory_gib", "microbatches", "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [
+                f"bytes_{d}" for d in DIMS] + ["bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
             for r in self.rows + self.megatron:
-                w.writerow([r.rank, r.grid_str, r.feasible, r.time_s, r.time_low, r.time_high, r.within_error,
+                w.writerow([r.rank, r.grid_str, r.zero, r.feasible, r.time_s, r.time_low, r.time_high, r.within_error,
                             r.tflops_per_gpu, r.pct_peak,
                             r.memory_bytes / 2**30, r.microbatches, r.compute_s]
                            + [r.exposed_s.get(d, 0.0) for d in DIMS] + [r.step_bytes.get(d, 0.0) for d in DIMS]
@@ -117,7 +118,8 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
         "tf": ev.tflops_per_gpu, "pp": ev.pct_peak, "ok": ev.feasible, "time": ev.time, "mem": ev.memory.total,
         "mb": ev.microbatches, "comp": ev.compute, "static": ev.memory.static, "buf": ev.memory.buffers,
         "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids))),
-        "ew": ev.extra.get("elementwise", np.zeros(len(ev.grids)))}.items()}
+        "ew": ev.extra.get("elementwise", np.zeros(len(ev.grids))),
+        "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64))}.items()}
     ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in DIMS}
     rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in DIMS}
     sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in DIMS}
@@ -131,7 +133,7 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             exposed_s={d: ex[d][pos] for d in DIMS}, raw_comm_s={d: rw[d][pos] for d in DIMS},
             step_bytes={d: sb[d][pos] for d in DIMS},
             memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
-            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos]))
+            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos])))
     return out
 
 

@@ -11,7 +11,7 @@ has no pipeline parallelism). The script is the machine's template -- ``perlmutt
   at submission (the script's first lines say so), so it submits under any account as written;
 - the template's site settings (modules, environment, network variables) as they are: check them once;
 - the row's run as defaults that the environment of the submission may override: MODEL, GRID, BATCH, MICRO,
-  OVERLAP, STEPS (20: a trial run), EXTRA_ARGS (sizes, dtype); ``common.sh`` does the rest: checkpoints under
+  OVERLAP, STEPS (20: a trial run), EXTRA_ARGS (sizes, dtype, --zero); ``common.sh`` does the rest: checkpoints under
   ``$CKPT``, a resume from ``$CKPT/latest`` when one exists, chained jobs (``CHAIN=K``), the srun line.
 
 The templates and train_gpt.py live in a checkout (experiments/ is not installed): the scripts run from one, and
@@ -72,6 +72,8 @@ def sbatch_script(rk: Ranking, row: Row, number: int, command: str, steps: int =
     header += [] if m.gpu == CPU_RANK else [f"#SBATCH --gpus-per-node={per_node}"]
     header += [f"#SBATCH -t 00:{minutes:02d}:00", "#SBATCH -o %x-%j.out"]
     extra = f"--seq {p.model.seq} --vocab {p.model.vocab} --dtype {p.dtype}"
+    if row.zero:
+        extra += f" --zero {row.zero}"               # the zero mode perfmodel priced this row with
     if not p.model.name or p.model.name == "custom":
         extra = f"--layers {p.model.layers} --hidden {p.model.hidden} --heads {p.model.heads} {extra}"
     run = [f"# ---- the row's run (perfmodel rank row {number}); the submission's environment may override any ----",

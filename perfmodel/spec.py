@@ -97,6 +97,10 @@ class Options:
     order: rank order, fastest-varying dimension first (default "xyzd").
     memory_usable: fraction of GPU memory the model may plan for (rest: allocator, workspace, framework).
     zero1_over_d: shard optimizer states over the data dimension too (used to price Megatron's distributed optimizer).
+    zero: the runtime's ``RuntimeConfig.zero`` for the 4D grids: 0 (gradients all-reduced over d, whole optimizer
+        state), 1 (reduce-scatter + all-gather over d, optimizer state sharded), 2 (gradients sharded too:
+        reduce-scattered in every micro-batch); None: ``evaluate`` and ``rank`` choose per grid the fastest that
+        fits (0 when Gd = 1).
     bucket_bytes: size of the data-parallel gradient buckets (the runtime's ``RuntimeConfig.bucket_bytes``,
         default 25 MiB): the gradients are all-reduced over d one bucket per call, so each bucket pays the
         ring latency 2(Gd−1)·α once.
@@ -120,6 +124,7 @@ class Options:
     order: str = "xyzd"
     memory_usable: float = 0.9
     zero1_over_d: bool = False
+    zero: int | None = 0
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     dropout: bool = False
     fused_attention: bool = True
@@ -134,6 +139,8 @@ class Options:
             raise PerfModelError(f"microbatches must be positive, got {self.microbatches}")
         if not isinstance(self.bucket_bytes, int) or self.bucket_bytes <= 0:
             raise PerfModelError(f"bucket_bytes must be a positive int, got {self.bucket_bytes!r}")
+        if self.zero not in (None, 0, 1, 2) or isinstance(self.zero, bool):
+            raise PerfModelError(f"zero must be 0, 1, 2 or None (choose per grid), got {self.zero!r}")
         if not 0 < self.memory_usable <= 1:
             raise PerfModelError(f"memory_usable must be in (0, 1], got {self.memory_usable}")
 

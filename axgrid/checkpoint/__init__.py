@@ -11,7 +11,7 @@ Layout on disk (``root`` is what you pass to :class:`CheckpointManager` / :func:
     root/
       latest                    one line: the name of the newest complete checkpoint (replaced atomically)
       step-00000100/
-        manifest.json           format, version, step, grid, order, world size, per tensor its dense shape,
+        manifest.json           format, version, step, grid, order, world size, zero, per tensor its dense shape,
                                 dtype and tiles (file, key, offsets, shape), per file its size and sha256,
                                 optimizer class and hyper-parameters, user ``extra`` (e.g. data position),
                                 the run ``config`` (compared on resume)
@@ -22,8 +22,11 @@ Which rank writes a part: exactly one rank per distinct part, the one whose coor
 of ``param.axgrid_replicated`` (a Linear weight's z-parts are distinct, so every z-rank writes its own, as 1-3
 boxes; a part that is only padding writes nothing). Dense parameters (no tile) and scalar optimizer state
 (AdamW's ``step``) are written once, by rank 0. Optimizer tensors with the parameter's shape (``exp_avg``,
-``exp_avg_sq``, momentum buffers) share the parameter's tile. Checkpoints of older axgrid versions, which saved
-whole z-gathered tiles, are rectangles too and load unchanged (format version 1 either way).
+``exp_avg_sq``, momentum buffers) share the parameter's tile; those of an optimizer sharded over d
+(``axgrid.ShardedOptimizer``, ``zero`` >= 1) have their piece's (the parameter's tile with ``piece``: each
+d-rank writes its own flat range of the part), so they too load on any grid, any Gd and any ``zero`` mode.
+Checkpoints of older axgrid versions, which saved whole z-gathered tiles, are rectangles too and load unchanged
+(format version 1 either way).
 
 Atomicity: all ranks write into ``root/step-XXXXXXXX.tmp-<random>``; after every rank reported success (an
 all-reduce of a flag over "xyz" then "d"), rank 0 writes the manifest, renames the directory to its final name

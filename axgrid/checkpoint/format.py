@@ -41,6 +41,7 @@ class LoadInfo:
     optimizer: bool              # optimizer state was restored
     config: dict[str, Any] = field(default_factory=dict)   # the run config it was saved with (flat, dotted names)
     bytes_read: int = 0          # tensor bytes this rank read from the files (its own parts, in the saved dtype)
+    saved_zero: int = 0          # the saving run's RuntimeConfig.zero (its optimizer state sharded over d: 1, 2)
 
 
 def _dtype_of(name: str) -> torch.dtype:

@@ -11,10 +11,10 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ..spec import Box, overlap, part_boxes
-from ..io import TensorPart, raise_on_any_rank, read_part, replicated_letters, tile_of
+from ..io import TensorPart, raise_on_any_rank, read_part
 from .format import CheckpointError, CheckpointWarning, LoadInfo, _dtype_of, _grid_str, _like, _rank_world, _sha256_file
 from .runconfig import compare_config
-from .state import _check_entry, _model_entries, _param_names, _restore_rng
+from .state import _check_entry, _model_entries, _param_names, _restore_rng, optimizer_slots
 from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoint
 
 #: Bytes read through the files' mappings before they are dropped: a page of a mapped file that was read stays
@@ -143,6 +143,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
     info: Optional[LoadInfo] = None
     rng_state: Optional[Mapping[str, Any]] = None
     where = path
+    if grid is not None:
+        grid.runtime.dp.finish()        # zero >= 1 with ODP: no parameter all-gather may land after the load
     try:
         ckdir = resolve_checkpoint(path)
         where = ckdir
@@ -182,7 +184,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
                                       f"{man.get('generators')}): pass the same generators= to save and load")
             rng_note = "per-rank" if same else "from rank 0"
         info = LoadInfo(ckdir, int(man["step"]), dict(man.get("extra") or {}), man["grid"], man["world_size"],
-                        not same, rng_note, opt_state is not None, dict(man.get("config") or {}))
+                        not same, rng_note, opt_state is not None, dict(man.get("config") or {}),
+                        saved_zero=int(man.get("zero") or 0))
     except CheckpointError as ex:
         err = ex
     raise_on_any_rank(grid, err, lambda n: CheckpointError(
@@ -223,9 +226,10 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
     if not desc:
         raise CheckpointError(f"the checkpoint {ckdir} holds no optimizer state (it was saved without an "
                               f"optimizer): load it with optimizer=None")
-    if desc["class"] != type(opt).__name__:
+    cls, slots = optimizer_slots(opt)
+    if desc["class"] != cls:
         raise CheckpointError(f"the checkpoint {ckdir} holds {desc['class']} state, this optimizer is "
-                              f"{type(opt).__name__}: use the same optimizer class, or load with optimizer=None")
+                              f"{cls}: use the same optimizer class, or load with optimizer=None")
     names = _param_names(model)
     cur = opt.state_dict()
     if len(desc["param_groups"]) != len(opt.param_groups):
@@ -234,15 +238,14 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
     state: dict[int, dict[str, Any]] = {}
     pending: list = []
     groups = []
-    for gi, (g, sg, cg) in enumerate(zip(opt.param_groups, desc["param_groups"], cur["param_groups"])):
-        pnames = [names.get(id(p), "?") for p in g["params"]]
+    for gi, (row, sg, cg) in enumerate(zip(slots, desc["param_groups"], cur["param_groups"])):
+        pnames = [names.get(id(p), "?") for p, _, _, _ in row]
         if pnames != sg["params"]:
             raise CheckpointError(f"optimizer parameter group {gi}: the checkpoint {ckdir} holds parameters "
                                   f"{sg['params'][:6]}..., this optimizer {pnames[:6]}...: build it the same way")
         groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items() if k != "params" and k in cg}})
-        for p, pname, idx in zip(g["params"], pnames, cg["params"]):
+        for (p, q, tile, rep), pname, idx in zip(row, pnames, cg["params"]):
             st: dict[str, Any] = {}
-            tile, rep = tile_of(p), replicated_letters(p)
             for key in desc["state_keys"].get(pname, []):
                 name = f"optim/{pname}/{key}"
                 info = reader.man["tensors"].get(name)
@@ -250,11 +253,11 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
                     raise CheckpointError(f"{name} is listed as optimizer state but has no tiles in {ckdir}: the "
                                           f"manifest is damaged; {_alternatives(ckdir)}")
                 if info["kind"] == "optim":
-                    dtype, have = _dtype_of(info["dtype"]), opt.state.get(p, {}).get(key)
-                    fits = (torch.is_tensor(have) and have.shape == p.shape and have.dtype == dtype
-                            and have.device == p.device)
-                    # read straight to the parameter's device: nothing the size of the optimizer staged on the host
-                    like = have.detach() if fits else torch.empty(p.shape, dtype=dtype, device=p.device)
+                    dtype, have = _dtype_of(info["dtype"]), opt.state.get(q, {}).get(key)
+                    fits = (torch.is_tensor(have) and have.shape == q.shape and have.dtype == dtype
+                            and have.device == q.device)
+                    # read straight to the state's device: nothing the size of the optimizer staged on the host
+                    like = have.detach() if fits else torch.empty(q.shape, dtype=dtype, device=q.device)
                     e = TensorPart(name, like, tile, rep, "optim")
                     reader.check(e)
                     pending.append((st, key, e, None))

@@ -73,6 +73,8 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     if rank == 0:
         with contextlib.suppress(OSError):  # before any rank can create this save's temporary directory
             _sweep(root)
+    if grid is not None:
+        grid.runtime.dp.finish()        # zero >= 1 with ODP: the parameters' last all-gathers land first
     try:
         entries = _model_entries(model)
         if optimizer is not None:
@@ -179,7 +181,8 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[TensorPart], opti
                            "kind": e.kind, "tiles": got}
     man = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(),
            "torch": torch.__version__, "grid": _grid_str(grid), "order": None if grid is None else grid.order,
-           "world_size": world, "tensors": tensors, "optimizer": optim_desc, "files": files,
+           "world_size": world, "zero": 0 if grid is None else grid.runtime.config.zero,
+           "tensors": tensors, "optimizer": optim_desc, "files": files,
            "generators": sorted(generators or {}), "extra": dict(extra or {}), "config": record}
     text = json.dumps(man, indent=1).encode()
     for r in range(world):

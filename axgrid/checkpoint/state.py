@@ -10,6 +10,7 @@ from torch import nn
 
 from ..device import cuda as device_cuda
 from ..io import TensorPart, model_parts, replicated_letters, tile_of
+from ..spec import TileSpec
 from .format import CheckpointError, _json_safe
 
 def _model_entries(model: nn.Module) -> list[TensorPart]:
@@ -23,38 +24,54 @@ def _param_names(model: nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in model.named_parameters()}
 
 
+#: (model parameter, the tensor the optimizer keys its state by, that tensor's TileSpec, its replicated letters)
+Slot = tuple[nn.Parameter, torch.Tensor, Optional[TileSpec], str]
+
+
+def optimizer_slots(opt: torch.optim.Optimizer) -> tuple[str, list[list[Slot]]]:
+    """The optimizer's class name as a checkpoint records it, and per parameter group its :data:`Slot` s: a plain
+    optimizer keys its state by the parameters themselves; a sharded one (``axgrid.ShardedOptimizer``, zero >= 1)
+    by this d-rank's pieces of them, each with the piece's tile (so its state is saved as boxes of the dense
+    tensors and loads onto any Gd or zero mode)."""
+    if hasattr(opt, "checkpoint_slots"):
+        return opt.checkpoint_class, opt.checkpoint_slots()
+    return type(opt).__name__, [[(p, p, tile_of(p), replicated_letters(p)) for p in g["params"]]
+                                for g in opt.param_groups]
+
+
 def _optim_entries(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[TensorPart], dict[str, Any]]:
     """Entries for the optimizer's tensor state and a JSON description (class, groups, non-tensor values)."""
     names = _param_names(model)
     groups, values, keys = [], {}, {}
     entries: list[TensorPart] = []
-    for gi, g in enumerate(opt.param_groups):
+    cls, slots = optimizer_slots(opt)
+    for gi, (g, row) in enumerate(zip(opt.param_groups, slots)):
         pnames = []
-        for p in g["params"]:
+        for p, _, _, _ in row:
             if id(p) not in names:
                 raise CheckpointError(f"optimizer parameter group {gi} holds a tensor of shape {tuple(p.shape)} "
                                       f"that is not a parameter of the model; checkpoints name optimizer state by "
                                       f"model parameter names, so build the optimizer from model.parameters()")
             pnames.append(names[id(p)])
         groups.append({"params": pnames, **{k: _json_safe(v) for k, v in g.items() if k != "params"}})
-        for p, pname in zip(g["params"], pnames):
-            st = opt.state.get(p, {})
+        for (p, q, tile, rep), pname in zip(row, pnames):
+            st = opt.state.get(q, {})
             for key in sorted(st):
                 v = st[key]
                 if not torch.is_tensor(v):
                     values.setdefault(pname, {})[key] = _json_safe(v)
                     continue
                 name = f"optim/{pname}/{key}"
-                if tuple(v.shape) == tuple(p.shape) and key != "step":
-                    entries.append(TensorPart(name, v.detach(), tile_of(p), replicated_letters(p), "optim"))
+                if tuple(v.shape) == tuple(q.shape) and key != "step":
+                    entries.append(TensorPart(name, v.detach(), tile, rep, "optim"))
                 elif v.numel() == 1:
                     entries.append(TensorPart(name, v.detach(), None, "xyzd", "optim-scalar"))
                 else:
                     raise CheckpointError(f"optimizer state {key!r} of parameter {pname!r} has shape "
-                                          f"{tuple(v.shape)}, neither the parameter's shape {tuple(p.shape)} nor a "
+                                          f"{tuple(v.shape)}, neither the parameter's shape {tuple(q.shape)} nor a "
                                           f"scalar: this checkpoint format cannot place it on another grid")
                 keys.setdefault(pname, []).append(key)
-    desc = {"class": type(opt).__name__, "param_groups": groups, "values": values, "state_keys": keys}
+    desc = {"class": cls, "param_groups": groups, "values": values, "state_keys": keys}
     return entries, desc
 
 
@@ -63,9 +80,9 @@ def _check_entry(e: TensorPart, grid) -> None:
     if e.tile is None:
         return
     t = e.tile
-    if t.split_dim:
+    if t.flat:
         want: tuple[int, ...] = (t.part_numel,)
-        if grid is not None and grid.size(t.split_dim) != t.split_size:
+        if t.split_dim and grid is not None and grid.size(t.split_dim) != t.split_size:
             raise CheckpointError(f"{e.name}: its TileSpec splits over {t.split_dim} in {t.split_size} parts but "
                                   f"the grid has G{t.split_dim}={grid.size(t.split_dim)}")
     else:

@@ -2,10 +2,11 @@
 
     p = argparse.ArgumentParser()
     add_step_arguments(p)               # batch, micro-batches, schedule, AdamW, clipping, recompute, dtype, Goldfish
-    add_run_arguments(p)                # grid, order, timeout, checkpoints
+    add_run_arguments(p)                # grid, order, timeout, --zero, checkpoints
     add_data_arguments(p)               # --data-path, --split, --data-cache, --eval-interval, --eval-iters
     args = parse_step_args(p, argv)     # --min-lr defaults to --lr/10
     check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
+    check_zero(args.zero, shape)        # --zero > 0 needs Gd > 1
     check_data_arguments(args)          # the same for the data options
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Optional, Sequence
 
 from ..config import RuntimeConfig
 from ..launch.errors import usage_errors_raise
+from ..spec.layout import GridShape
 
 
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,11 +41,14 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The grid, the collective timeout and checkpointing."""
+    """The grid, the collective timeout, the sharding over d (``--zero``) and checkpointing."""
     p.add_argument("--grid", default=None, help="GXxGYxGZxGD (default: 1x1x1xWORLD, pure data parallel)")
     p.add_argument("--order", default="xyzd", help="rank order of the grid letters, fastest first")
     p.add_argument("--timeout", type=float, default=RuntimeConfig.timeout_s,
                    help="seconds before a stuck collective fails")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2), default=0,
+                   help="shard over the data-parallel ranks (Gd > 1): 1 the optimizer state, 2 also the gradients "
+                        "(RuntimeConfig.zero; docs/training.md#sharding-over-d-zero)")
     p.add_argument("--save", default=None, help="checkpoint directory")
     p.add_argument("--save-every", type=int, default=0, help="save every K steps (and at the end) when --save")
     p.add_argument("--resume", default=None, help="checkpoint directory to resume from")
@@ -120,6 +125,14 @@ def check_run_arguments(args: argparse.Namespace) -> None:
                          f"directory of an earlier run, or leave --resume out to start fresh")
     if args.keep < 0:
         raise SystemExit(f"--keep {args.keep}: the number of checkpoints to keep must be >= 1, or 0 to keep all")
+
+
+def check_zero(zero: int, shape: GridShape) -> None:
+    """``--zero`` > 0 needs data parallelism to shard over: SystemExit naming the grid otherwise (identically on
+    every rank, before any collective)."""
+    if zero and shape.gd == 1:
+        raise SystemExit(f"--zero {zero} with grid {shape}: Gd = 1, so there is nothing to shard over d; use "
+                         f"--zero 0, or a --grid whose last size (Gd) is > 1")
 
 
 def compute_dtype(requested: Optional[str]) -> str:

@@ -31,6 +31,8 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
                     help="activation recompute per block (default on)")
     ap.add_argument("--overlap", default="all", help="the runtime's overlaps: all (default), none, or a comma "
                     "list of oar, ors, oag, odp, keep")
+    ap.add_argument("--zero", type=int, default=0, help="ZeRO over d: 0 (default), 1 (optimizer state), 2 (and "
+                    "gradients)")
     ap.add_argument("--rank", type=int, action="append", dest="ranks",
                     help="dry-run this rank (repeatable; default: ranks covering every distinct role)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
@@ -40,7 +42,7 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dryrun") -> int:
     a = build_parser(prog).parse_args(argv)
     cfg = resolve(a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
-                  overlap=a.overlap, microbatches=a.microbatches)
+                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero)
     ranks = a.ranks or role_ranks(cfg)
     bad = [r for r in ranks if not 0 <= r < cfg.gpus]
     if bad:
@@ -60,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     machine = pm.load_machine(cfg.machine)
     print(f"dry run: {cfg.model.name} on {cfg.grid} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
           f"{cfg.microbatches} micro-batch(es), {cfg.dtype}, recompute {'on' if cfg.recompute else 'off'}, overlap "
-          f"{cfg.overlap}; ranks {', '.join(map(str, ranks))}", flush=True)
+          f"{cfg.overlap}, zero {cfg.zero}; ranks {', '.join(map(str, ranks))}", flush=True)
     measures, problems = [], []
     for r in ranks:
         m = measure_rank(cfg, r)

@@ -57,6 +57,7 @@ class DryRunConfig:
     overlap: str = "all"
     machine: str = "frontier"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    zero: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -83,7 +84,7 @@ class DryRunConfig:
         ov = parse_overlap(self.overlap)
         return pm.Options(overlap_ar=ov["oar"], overlap_rs=ov["ors"], overlap_ag=ov["oag"], overlap_dp=ov["odp"],
                           keep_gathered=ov["keep"], recompute=self.recompute, microbatches=self.microbatches,
-                          bucket_bytes=self.bucket_bytes)
+                          bucket_bytes=self.bucket_bytes, zero=self.zero)
 
     def problem(self) -> pm.Problem:
         return pm.Problem(self.model, self.batch, self.gpus, self.dtype, self.options())
@@ -100,7 +101,7 @@ class DryRunConfig:
         return {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
                 "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
-                "overlap": self.overlap, "bucket_bytes": self.bucket_bytes}
+                "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero}
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     memory["temporaries"] = peak - sum(memory.values())
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
-              bucket_bytes=opt.bucket_bytes, overlap_dp=opt.overlap_dp, overlap_rs=opt.overlap_rs)
+              bucket_bytes=opt.bucket_bytes, overlap_dp=opt.overlap_dp, overlap_rs=opt.overlap_rs, zero=cfg.zero)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
     if gx * gy * gz > 1:        # clipping (the step clips): one all-reduce of the fp64 squared norm over the block
@@ -166,7 +167,8 @@ def _list(grids: list[str], show: int = 12) -> str:
 
 def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *, grid: Optional[str] = None,
             machine: str = "frontier", dtype: str = "bf16", recompute: bool = True, overlap: str = "all",
-            microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> DryRunConfig:
+            microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+            zero: int = 0) -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); bad input raises :class:`DryRunError` naming the value
     and the valid choices (grids, micro-batch counts)."""
     try:
@@ -176,6 +178,8 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
     if dtype not in ("bf16", "fp32"):
         raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
     parse_overlap(overlap)
+    if zero not in (0, 1, 2):
+        raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
     if batch is None or batch < 1:
         raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
@@ -201,7 +205,7 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
     except pm.PerfModelError as e:
         raise DryRunError(f"--machine: {e}") from None
     base = DryRunConfig(spec, grid or "1x1x1x1", batch, microbatches or 1, dtype, recompute, overlap, machine,
-                        bucket_bytes)
+                        bucket_bytes, zero)
     prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches))
     if grid is None:
         try:
@@ -212,6 +216,9 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
         row = pm.price_grid(prob, mach, shape)
     chosen = microbatches or int(row.microbatches)
     cfg = replace(base, grid=row.grid_str, microbatches=chosen)
+    if zero and cfg.shape[3] == 1:
+        raise DryRunError(f"--zero {zero} on grid {cfg.grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
+                          f"with Gd > 1")
     gz, gd = cfg.shape[2], cfg.shape[3]
     if cfg.sequences_per_microbatch % (gz * gd):
         fits = [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % (gz * gd) == 0]

@@ -6,9 +6,10 @@ grid's ledger.
 What is measured, per rank (:class:`RankMeasure`), on the second step (the first makes AdamW's state and the
 data-parallel buckets, as a training run's steps after its first have them):
 
-- ``memory``: bytes by category. ``parameters``, ``gradients``, ``optimizer`` (AdamW's moments and 0-d steps) and
-  ``buckets`` (the data-parallel gradient buckets, the communication buffers kept across steps): the storages'
-  bytes. ``gathered``: the peak of what the runtime's weight source allocates (the weight blocks gathered over z).
+- ``memory``: bytes by category. ``parameters``, ``gradients`` (with Gd > 1 they are views of the data-parallel
+  buckets; with zero=2 also the gradients' shares), ``optimizer`` (AdamW's moments and 0-d steps, this d-rank's
+  share with zero >= 1): the storages' bytes. ``buckets``: the peak of what the data-parallel buckets allocate in
+  the backward (zero=2's full buckets; communication buffers). ``gathered``: the peak of what the runtime's weight source allocates (the weight blocks gathered over z).
   ``activations``: what the last micro-batch's forward saves for backward (each storage once; weight shards and
   kept gathered blocks left out). ``temporaries``: the rest of the peak (the peak minus all of the above).
 - ``peak``: the step's peak of live tensor bytes, and ``moment``: where it happened (micro-batch, phase, module or
@@ -105,13 +106,14 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
 
     start = time.perf_counter()
     runtime_config = axgrid.RuntimeConfig(timeout_s=60, seed=0, overlap=axgrid.OverlapConfig.parse(cfg.overlap),
-                                          bucket_bytes=cfg.bucket_bytes, flight_records=0)
+                                          bucket_bytes=cfg.bucket_bytes, flight_records=0, zero=cfg.zero)
     with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config) as run:
         grid = run.grid
         dev = grid.device
         model = GPT(cfg.gpt_config(), grid, init=False)
         grid.watch(model)
-        opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, fused=True)
+        opt = axgrid.shard_optimizer(torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, fused=True), model,
+                                     grid)
         layers = cfg.model.layers
         m = cfg.microbatches
         rows = cfg.sequences_per_microbatch // grid.size("d")          # this data-parallel rank's sequences
@@ -137,23 +139,24 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
                 loss.register_hook(lambda g, i=i: _after_backward(live, i, m) or g)
             return loss
 
-        # a first step: AdamW's state, the d buckets and the prefetched weights (OAG) exist from here on, as in every
-        # step of a training run after its first (without it, zero gradients synchronised and an AdamW step make
-        # the state, but the measured step then gathers half the weight bytes perfmodel prices for OAG)
+        # a first step: AdamW's state and the prefetched weights (OAG) exist from here on, as in every step of a
+        # training run after its first (without it the measured step gathers half the weight bytes OAG holds)
         train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
         rt = grid.runtime
-        bucket_sets = [rt.grad_buffers] + ([rt.grads.dp_buffers] if hasattr(rt.grads, "dp_buffers") else [])
         params = list(model.parameters())
+        lay = getattr(params[0], "axgrid_buckets", None)          # the data-parallel buckets (Gd > 1)
+        share = lay.buffers()["grads"] if cfg.zero == 2 else []    # zero=2: the gradients' shares
         memory = {"parameters": mt.storage_bytes(params),
-                  "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt)),
-                  "buckets": sum(b.nbytes() for b in bucket_sets)}
+                  "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt))}
         live = PeakWatch()
-        live.track(itertools.chain(params, mt.optimizer_tensors(opt), *(b.buffers.values() for b in bucket_sets)))
+        live.track(itertools.chain(params, (p.grad for p in params), share, mt.optimizer_tensors(opt)))
         opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
         grid.ledger.reset()
-        with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), run.watch():
+        with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), _buckets(lay, live), \
+                run.watch():
             train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)
-        memory["gradients"] = mt.storage_bytes(p.grad for p in params)
+        memory["gradients"] = mt.storage_bytes(itertools.chain((p.grad for p in params), share))
+        memory["buckets"] = live.category_peak("buckets")
         memory["gathered"] = live.category_peak("gathered")
         memory["activations"] = saved.total
         memory["temporaries"] = live.peak - sum(memory.values())
@@ -169,3 +172,27 @@ def _after_backward(live: "PeakWatch", i: int, m: int) -> None:
                       else "gradient sync and clipping")
     torch.autograd.Variable._execution_engine.queue_callback(done)
 
+
+
+@contextlib.contextmanager
+def _buckets(lay: Any, live: PeakWatch) -> Iterator[None]:
+    """What the data-parallel buckets allocate in the backward, while gradients arrive and are reduced (zero=2's
+    full buckets, a backend's copies), counted in ``live``'s category "buckets"."""
+    if lay is None:
+        yield
+        return
+    plain = {m: getattr(lay, m) for m in ("grad_ready", "_end_of_backward")}
+
+    def wrap(fn):
+        def inner(*a, **k):
+            with live.category("buckets"):
+                return fn(*a, **k)
+        return inner
+
+    for m, fn in plain.items():
+        setattr(lay, m, wrap(fn))
+    try:
+        yield
+    finally:
+        for m in plain:
+            delattr(lay, m)

@@ -60,7 +60,9 @@ class _Piece:
 
 
 def _checked_entries(model: nn.Module, grid: Grid, who: str) -> list:
-    """The model's state entries, after checking (a collective) that every rank holds the same list."""
+    """The model's state entries, after checking (a collective) that every rank holds the same list (and with
+    ``zero`` >= 1 the last step's parameter all-gathers complete)."""
+    grid.runtime.dp.finish()
     entries = model_parts(model)
     fp = fingerprint(entries)
     s1, s2 = agree(grid, [fp, fp * fp])
@@ -260,6 +262,7 @@ def to_dense(model: nn.Module, grid: Grid) -> nn.Module:
     ``axgrid.nn.Linear`` turned back into the ``nn.Linear`` it stands for (tied weights stay tied: they were
     never parallelised); if it holds other parallel modules (axgrid's Embedding/LayerNorm/RMSNorm) this raises
     before any collective: use :func:`dense_state_dict` for those."""
+    grid.runtime.dp.finish()                 # zero >= 1 with ODP: the parameters' last all-gathers
     if _is_hf(model):
         state = dense_state_dict(model, grid)
         fresh = type(model)(model.config)

@@ -97,7 +97,4 @@ def deepcopy_keeping_marks(module: nn.Module, memo: dict) -> nn.Module:
         for attr in ("axgrid_tile", "axgrid_replicated", "axgrid_shared"):
             if hasattr(p, attr):
                 setattr(q, attr, getattr(p, attr))
-    grid = new.__dict__.get("grid")
-    if grid is not None:
-        grid.runtime.grads.watch(new.parameters())
     return new

@@ -151,7 +151,6 @@ class Linear(nn.Module):
         if init:
             self.reset_parameters()
         add_state_hooks(self)
-        self.runtime.grads.watch(self.parameters())
 
     __deepcopy__ = deepcopy_keeping_marks     # the copy keeps its TileSpecs and shares the grid
 
@@ -204,6 +203,8 @@ class Linear(nn.Module):
     def to_dense(self) -> nn.Linear:
         """The whole layer as an ``nn.Linear`` on every rank (collective over the tensor-parallel block)."""
         sh, comm = self.sharding, self.grid.comm
+        for p in self.parameters():
+            self.runtime.dp.before_use(p)          # zero >= 1 with ODP: the last step's all-gather over d first
         with torch.no_grad():
             blk = self.gather_weight(self.weight.detach())                  # [n_blk, k_blk]
             cols = comm.all_gather(blk, sh.in_dim)                           # [G_in, n_blk, k_blk]
@@ -245,7 +246,9 @@ class Linear(nn.Module):
         return self._block(self.grid.comm.all_gather(shard, "z", dtype=self._compute_dtype(shard)))
 
     def gather_weight_async(self) -> "Pending":
-        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block (compute dtype)."""
+        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block in the compute dtype
+        (a prefetch: first the shard's own all-gather over d completes, with ``zero`` >= 1 and ODP)."""
+        self.runtime.dp.before_use(self.weight)
         shard = self.weight.detach()
         pending = self.grid.comm.all_gather(shard, "z", async_op=True, dtype=self._compute_dtype(shard))
         return Pending(None, lambda: self._block(pending.wait()))

@@ -297,7 +297,6 @@ def apply_plan(model: nn.Module, grid: Grid, plan: TransformerPlan) -> nn.Module
     model.register_forward_pre_hook(_BatchSplit(grid, plan.batch_inputs, type(model).forward), with_kwargs=True)
     if r.head is not None and _has_loss_setter(model):
         model.loss_function = VocabParallelCausalLMLoss(grid)
-    grid.watch(model)
     model.axgrid_plan = plan
     return model
 

@@ -1,7 +1,8 @@
 """Which part of a dense tensor a rank holds: the one place that knows it (pure arithmetic, no torch).
 
 A :class:`TileSpec` says a rank's parameter is the tile ``dense[offsets : offsets + tile_shape]`` of a dense tensor
-or, split over z, the elements ``[start, stop)`` of that tile flattened row-major (zero-padded to ``part_numel``).
+or, split over z, the elements ``[start, stop)`` of that tile flattened row-major (zero-padded to ``part_numel``);
+``piece`` narrows it to a flat range of that part (what a d-rank's sharded optimizer keeps of it, ``zero`` >= 1).
 :func:`part_boxes` turns that into a list of :class:`Box` -- rectangles of the dense tensor whose row-major contents,
 concatenated, are exactly the part's real elements. A 2-D split part is at most three boxes: the tail of one row,
 whole rows, the head of another; a tile is one box. Everything that moves a rank's part in or out (the loader, the
@@ -50,6 +51,8 @@ class TileSpec:
     """This rank's parameter is the rectangular tile ``dense[offsets : offsets + tile_shape]`` of a dense tensor
     of ``dense_shape`` -- or, when ``split_dim`` is set (``"z"``), this rank's 1/G part of that tile flattened
     row-major and zero-padded to a multiple of G (the group along ``split_dim``), member ``split_index``.
+    ``piece = (lo, hi)``: only the elements ``[lo, hi)`` of that part (its flat form, padding included): the share
+    of a parameter one d-rank's sharded optimizer state holds (:mod:`axgrid.spec.buckets`).
     """
 
     dense_shape: tuple[int, ...]
@@ -61,6 +64,7 @@ class TileSpec:
     #: ``((first dense row, rows), ...)``: the rows (dim 0) of the layout tensor that ``offsets``/``tile_shape``
     #: refer to, as consecutive bands of the dense tensor (empty: the dense tensor's own order)
     row_map: tuple[tuple[int, int], ...] = ()
+    piece: Optional[tuple[int, int]] = None
 
     @property
     def tile_numel(self) -> int:
@@ -69,23 +73,35 @@ class TileSpec:
             n *= s
         return n
 
+    @property
+    def flat(self) -> bool:
+        """This rank's data is 1-D (split, or a piece): ``[part_numel]``."""
+        return bool(self.split_dim) or self.piece is not None
+
     def part_range(self) -> tuple[int, int]:
-        """``[start, stop)`` of the flattened tile held by this rank's part (the whole tile when not split)."""
+        """``[start, stop)`` of the flattened tile held by this rank's part (the whole tile when not split), or by
+        its piece."""
         if not self.split_dim:
-            return 0, self.tile_numel
-        _, start, stop = split_part(self.tile_numel, self.split_size, self.split_index)
-        return start, stop
+            start, stop = 0, self.tile_numel
+        else:
+            _, start, stop = split_part(self.tile_numel, self.split_size, self.split_index)
+        if self.piece is None:
+            return start, stop
+        lo = min(start + self.piece[0], stop)
+        return lo, max(lo, min(start + self.piece[1], stop))
 
     @property
     def part_numel(self) -> int:
-        """Elements of this rank's parameter (the padded part when split, else the whole tile)."""
+        """Elements of this rank's data (the piece; else the padded part when split, else the whole tile)."""
+        if self.piece is not None:
+            return self.piece[1] - self.piece[0]
         return split_part(self.tile_numel, self.split_size, 0)[0] if self.split_dim else self.tile_numel
 
     def part_of(self, tile: "torch.Tensor") -> "torch.Tensor":
         """This rank's parameter data ``[part_numel]`` (or ``tile_shape`` unsplit) cut from the whole ``tile``."""
         if tuple(tile.shape) != tuple(self.tile_shape):
             raise ValueError(f"tile has shape {tuple(tile.shape)}, expected {self.tile_shape}")
-        if not self.split_dim:
+        if not self.flat:
             return tile.clone()
         flat = tile.reshape(-1)
         out = flat.new_zeros(self.part_numel)
@@ -156,7 +172,7 @@ def part_boxes(tile: TileSpec) -> list[Box]:
     """The boxes of the dense tensor holding this rank's part, in the part's element order (empty for a part
     that is only padding)."""
     start, stop = tile.part_range()
-    boxes = flat_boxes(tile_box(tile), start, stop) if tile.split_dim else [tile_box(tile)]
+    boxes = flat_boxes(tile_box(tile), start, stop) if tile.flat else [tile_box(tile)]
     if not tile.row_map:
         return boxes
     return [b for box in boxes for b in map_rows(box, tile.row_map)]
@@ -210,8 +226,8 @@ def row_segments(tile: TileSpec, r0: int, r1: int) -> list[tuple[int, Box]]:
 
 
 def part_shape(tile: TileSpec) -> tuple[int, ...]:
-    """The shape of this rank's parameter: ``[part_numel]`` when split, else ``tile_shape``."""
-    return (tile.part_numel,) if tile.split_dim else tuple(tile.tile_shape)
+    """The shape of this rank's data: ``[part_numel]`` when split or a piece, else ``tile_shape``."""
+    return (tile.part_numel,) if tile.flat else tuple(tile.tile_shape)
 
 
 def overlap(a: Box, b: Box) -> Optional[Box]:

@@ -46,7 +46,7 @@ Logs: :mod:`axgrid.metrics` rows (``--log`` JSON lines, ``--tensorboard``; rank 
 FLOP formula, ...), a ``step`` row per step (loss, lr, grad norm, step time, tokens/s, TFLOP/s, MFU, peak memory,
 communication, energy; kept fraction under Goldfish) and a ``summary``. Checkpoints:
 ``--save DIR --save-every K`` (and at the end, and on SIGTERM/SIGUSR1 through ``SaveOnSignal``), ``--resume DIR``
-on any grid (loading reshards; a checkpoint saved with other settings is refused, naming them, unless
+on any grid and any ``--zero`` (loading reshards; a checkpoint saved with other settings is refused, naming them, unless
 ``--allow-config-change`` lists them). ``--export DIR``
 writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained``, plus the tokenizer).
 ``main(argv)`` returns the summary on every rank.
@@ -67,12 +67,13 @@ from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
 from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
 from axgrid.data.sources import ChatSource, TextSource
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_data_arguments, check_run_arguments, compute_dtype,
-                           data_settings, parse_step_args, run_step)
+                           add_step_arguments, check_data_arguments, check_run_arguments, check_zero,
+                           compute_dtype, data_settings, parse_step_args, run_step)
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
-from axgrid.spec import llama_flops
+from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
+from axgrid.spec import GridError, GridShape, llama_flops
 from axgrid.train import decay_groups
 
 
@@ -143,6 +144,11 @@ def check_args(args: argparse.Namespace) -> None:
     check_data_arguments(args)
     if args.data_path and args.chat_file:
         raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")
+    try:
+        shape = grid_shape_for(args.grid or "1x1x1", detect_launch(use_mpi=False))
+    except (GridError, LaunchError) as e:
+        raise SystemExit(f"finetune: {e}") from None
+    check_zero(args.zero, shape)
     args.conversations = None
     if args.chat_file:
         try:
@@ -196,7 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     check_args(args)
     dtype = compute_dtype(args.dtype)
-    config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing)
+    config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing,
+                                  zero=args.zero)
     grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
     try:
         return _finetune(args, grid, dtype)
@@ -213,8 +220,10 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
         raise SystemExit(f"--sample-prompt needs a checkpoint with a tokenizer and a chat template; "
                          f"{args.checkpoint} has none")
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
+    grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
     mcfg = model.config
     opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
     data = RunData.open(args, grid, settings, seq=args.seq, seed=args.seed, vocab=mcfg.vocab_size, start=start,

@@ -36,8 +36,12 @@ TensorBoard scalars; a progress bar on rank 0 when stderr is a terminal; ``--com
 collective; ``--peak-tflops`` / ``--peak-machine local-4`` give MFU a peak where the device table has none (CPU).
 ``main(argv)`` returns the summary dict (every rank), so sweeps and validation scripts can call it in-process.
 
-Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid: loading reshards; with ``--data-path`` the
-checkpoint holds the data position, so the resumed run sees the samples an uninterrupted run would). The run's settings
+Memory: ``--zero 1`` shards AdamW's state over the data-parallel ranks (reduce-scatter of the gradients, each rank
+steps its 1/Gd share, all-gather of the parameters), ``--zero 2`` also the gradients (docs/training.md); Gd > 1.
+
+Checkpoints: ``--save DIR --save-every K --resume DIR`` (any grid and any ``--zero``: loading reshards; with
+``--data-path`` the checkpoint holds the data position, so the resumed run sees the samples an uninterrupted run
+would). The run's settings
 (:func:`run_config`: model, seed, data, schedule, batch) are saved with each checkpoint; ``--resume`` refuses a
 checkpoint saved with other settings, naming them, unless ``--allow-config-change steps[,...]`` accepts the change.
 """
@@ -53,7 +57,7 @@ import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_batch_split, check_data_arguments, check_run_arguments,
-                           compute_dtype, data_settings, parse_step_args, run_step)
+                           check_zero, compute_dtype, data_settings, parse_step_args, run_step)
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -114,6 +118,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
                          f"all must be >= 1")
     if shape is not None:
         check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
+        check_zero(args.zero, shape)
     elif args.batch % args.microbatches:
         raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
     if args.data_path and args.data != "corpus":
@@ -146,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     dtype = compute_dtype(args.dtype)
     config = axgrid.RuntimeConfig(timeout_s=args.timeout, overlap=axgrid.OverlapConfig.parse(args.overlap),
                                   gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed,
-                                  record_timing=args.comm_timing)
+                                  record_timing=args.comm_timing, zero=args.zero)
     grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
     try:
         return _train(args, cfg, grid, dtype)
@@ -158,9 +163,10 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     check_args(args, cfg, grid.shape)
     rank0 = grid.rank == 0
     model = GPT(cfg, grid)
-    grid.watch(model)                     # ODP: gradients enter the d buckets during backward
+    grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
     opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
                             eps=1e-8)
+    opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     settings = StepSettings.from_args(args, args.steps, dtype)
     ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
     start = ckpt.resume(model, opt)
@@ -179,7 +185,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     config = {"model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
               "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
               "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
-              "overlap": args.overlap, "data": args.data, "corpus": data.describe() or None,
+              "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "goldfish_k": args.goldfish_k,
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
     metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),

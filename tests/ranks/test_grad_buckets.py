@@ -1,10 +1,15 @@
-"""Data-parallel flat bucket buffers are kept across steps (sync_gradients and ODP), give the same bits as a
-fresh buffer per bucket, are never shared by two layouts, and are freed when their model stops being used."""
+"""Data-parallel buckets are the gradients' storage (one copy of every gradient): ``.grad`` are views of them, kept
+across steps, one set per model, freed with the model; the mean over d gives the same bits as an all-reduce of a
+fresh copy; a ``zero_grad(set_to_none=True)`` or an unused parameter does not leave stale values; with ODP the
+buckets are reduced during the backward."""
+import gc
+import weakref
+
 import torch
 from torch import nn
 
 import axgrid
-from axgrid.data_parallel import _buckets, flat_grads, write_grads
+from axgrid.metrics.memtrack import storage_bytes
 
 BUCKET = 256     # bytes: several buckets per model
 
@@ -14,77 +19,68 @@ def _model(widths: list[int], seed: int) -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(a, b) for a, b in zip(widths, widths[1:])])
 
 
-def _local_grads(model: nn.Module, d: int, step: int) -> None:
+def _local_grads(model: nn.Module, d: int, step: int, skip_last: bool = False) -> None:
     gen = torch.Generator().manual_seed(100 * step + d)     # each d member its own batch
     x = torch.randn(5, model[0].in_features, generator=gen)
-    model(x).square().sum().backward()
+    for i, layer in enumerate(model):
+        if not (skip_last and i == len(model) - 1):
+            x = layer(x)
+    x.square().sum().backward()
 
 
 def _fresh_mean(model: nn.Module, grid) -> list[torch.Tensor]:
-    """What the reduction gives with a fresh torch.cat buffer per bucket (the code before buffers were kept)."""
-    params = [p for p in model.parameters()]
-    saved = [p.grad.clone() for p in params]
-    for bucket in _buckets(params, BUCKET):
-        write_grads(bucket, grid.comm.all_reduce(flat_grads(bucket), "d", average=True))
-    out = [p.grad.clone() for p in params]
-    for p, g in zip(params, saved):
-        p.grad.copy_(g)
-    return out
+    """The mean over d of this rank's current gradients (zeros where there is none), by one all-reduce of a copy."""
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
+    mean = grid.comm.all_reduce(flat.clone(), "d", average=True)
+    return list(mean.split([p.numel() for p in model.parameters()]))
 
 
-def _step(model: nn.Module, grid, d: int, step: int, buffers, odp: bool) -> tuple[bool, set[int]]:
-    """One step: local gradients, the expected mean, the synchronised result; (bit-identical, buffer ptrs)."""
-    model.zero_grad(set_to_none=True)
-    if not odp:
-        _local_grads(model, d, step)
-        want = _fresh_mean(model, grid)
-    else:                     # ODP reduces during backward: the expectation comes from an unwatched twin
-        twin = _model([m.in_features for m in model] + [model[-1].out_features], 0)
-        twin.load_state_dict(model.state_dict())
-        _local_grads(twin, d, step)
-        want = _fresh_mean(twin, grid)
-        _local_grads(model, d, step)
-    axgrid.sync_gradients(model, grid)
-    same = all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
-    return same, {b.data_ptr() for b in buffers.buffers.values()}
-
-
-def rank_reuse(odp: bool) -> dict:
+def rank_buckets(odp: bool) -> dict:
     ov = axgrid.OverlapConfig(odp=odp)
     grid = axgrid.init("1x1x1x2", config=axgrid.RuntimeConfig(timeout_s=60, overlap=ov, bucket_bytes=BUCKET))
     try:
         d = grid.coord.d
-        buffers = grid.runtime.grads.dp_buffers if odp else grid.runtime.grad_buffers
-        a = _model([8, 16, 6, 4], 1)
-        b = _model([8, 12, 6, 4], 2)       # another layout: same dtype, different sizes
+        a, b = _model([8, 16, 6, 4], 1), _model([8, 12, 6, 4], 2)
         grid.watch(a)
-        grid.watch(b)
-        out = {"same": [], "ptrs": [], "count": [], "sizes": []}
-        for step, model in enumerate([a, a, b, b, b, b]):
-            same, ptrs = _step(model, grid, d, step, buffers, odp)
-            out["same"].append(same)
-            out["ptrs"].append(ptrs)
-            out["count"].append(len(buffers.buffers))
-            out["sizes"].append(sorted(k_b.numel() for k_b in buffers.buffers.values()))
-        with grid.no_sync():                # a no_sync backward neither uses nor ages buffers
-            _local_grads(b, d, 9)
-        out["after_no_sync"] = len(buffers.buffers)
-        out["numel"] = [sum(p.numel() for p in m.parameters()) for m in (a, b)]
+        out = {"same": [], "views": [], "ptrs": [], "reduced_in_backward": []}
+        for step, (model, set_to_none, skip) in enumerate([(a, False, False), (a, True, False), (a, False, True),
+                                                           (b, True, False), (b, False, False)]):
+            if set_to_none:
+                model.zero_grad(set_to_none=True)        # the buckets survive it: gradients come back as views
+            else:
+                axgrid.zero_gradients(model, grid)
+            twin = _model([m.in_features for m in model] + [model[-1].out_features], 0)
+            twin.load_state_dict(model.state_dict())
+            _local_grads(twin, d, step, skip)
+            want = _fresh_mean(twin, grid)
+            grid.ledger.reset()
+            _local_grads(model, d, step, skip)            # skip: the last layer gets no gradient (zeros, not stale)
+            out["reduced_in_backward"].append(("d", "all_reduce") in grid.ledger.entries)
+            axgrid.sync_gradients(model, grid)
+            lay = model[0].weight.axgrid_buckets
+            out["same"].append(all(torch.equal(p.grad.reshape(-1), w) for p, w in zip(model.parameters(), want)))
+            bufs = lay.buffers()["grads"]
+            out["views"].append(storage_bytes(p.grad for p in model.parameters()) == storage_bytes(bufs)
+                                == 4 * sum(p.numel() for p in model.parameters()))
+            out["ptrs"].append(tuple(t.data_ptr() for t in bufs))
+        out["buckets"] = len(a[0].weight.axgrid_buckets.buckets)
+        ref = weakref.ref(a[0].weight.axgrid_buckets)
+        del a, lay, bufs
+        gc.collect()
+        out["freed"] = ref() is None
         return out
     finally:
         grid.destroy()
 
 
-def test_bucket_buffers_kept_across_steps_and_per_layout(ranks):
+def test_gradients_are_views_of_the_buckets(ranks):
     for odp in (False, True):
-        out = ranks(2, rank_reuse, odp)[0]
-        na, nb = out["numel"]
-        assert all(out["same"]), (odp, out["same"])                  # bit-identical to fresh buffers
-        assert out["ptrs"][0] and out["ptrs"][1] == out["ptrs"][0]   # step 2 reuses step 1's buffers
-        assert sum(out["sizes"][1]) == na
-        # model b (another layout) gets buffers of its own next to a's, then reuses them
-        assert sum(out["sizes"][2]) == na + nb and out["ptrs"][2] > out["ptrs"][1], (odp, out["sizes"])
-        # a's buffers are freed once b alone has run for keep_steps steps: memory does not grow with models
-        assert out["ptrs"][3] == out["ptrs"][2] - out["ptrs"][1] == out["ptrs"][-1]
-        assert sum(out["sizes"][-1]) == nb, (odp, out["sizes"])
-        assert out["after_no_sync"] == out["count"][-1]
+        out = ranks(2, rank_buckets, odp)[0]
+        assert all(out["same"]), (odp, out["same"])                 # bit-identical to an all-reduce of a copy
+        assert all(out["views"]), out["views"]                      # one copy: .grad storages are the buckets
+        assert out["buckets"] > 1
+        assert out["ptrs"][0] == out["ptrs"][1] == out["ptrs"][2]   # kept across steps (and set_to_none)
+        assert out["ptrs"][3] == out["ptrs"][4] != out["ptrs"][0]   # model b: its own
+        # ODP reduces during the backward, from the first step on (grid.watch) and for b from its second
+        assert out["reduced_in_backward"] == ([True, True, True, False, True] if odp else [False] * 5)
+        assert out["freed"]                                         # a model's buckets go with it

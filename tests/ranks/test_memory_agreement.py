@@ -2,8 +2,12 @@
 recompute, OAG and kept gathered weights, in fp32 and under bf16 autocast, the bytes ``perfmodel.memory`` predicts
 per component equal what one rank holds. Measured with ``axgrid.metrics.memtrack``:
 
-- parameters, gradients, AdamW state (moments and 0-d steps) and the data-parallel bucket buffers: the bytes of
-  the tensors' storages -- exactly;
+- parameters, gradients and AdamW state (moments and 0-d steps): the bytes of the tensors' storages -- exactly --
+  in each ``zero`` mode (with Gd > 1 the gradients are the data-parallel buckets: no second copy; ``zero`` >= 1:
+  the parameters are bucket views too, AdamW's state covers this rank's share, ``zero=2`` keeps only the gradient
+  share; the rank with d > 0 may hold up to Gd - 1 fewer padded elements per bucket); no bucket allocation besides,
+  except with ``zero=2`` the full gradient buckets of the backward (``dp_buckets``), whose peak over the step is at
+  most what the model lets be alive at once (the peak below checks where they fall);
 - activations saved for backward, per block, for the head (final layer norm, LM head, cross entropy) and for the
   embeddings: ``saved_tensors_hooks`` during a forward, each storage once (views -- q, k, v of the QKV output, the
   attention output's reshape -- count as their base; parameters, among them the weight shards a layer saves, are
@@ -46,20 +50,24 @@ PEAK_TOLERANCE = 0.05
 # the CPU's unfused (math) attention: its saved bytes agree exactly, but one case's peak is 5.3% above the model
 # (something probability-sized lives in its backward that it does not save; not modelled, GPUs run fused kernels)
 MATH_PEAK_TOLERANCE = 0.06
+ZERO_BUCKET = 4096      # bytes: the zero cases' buckets (several per model, so that zero=2's shares show)
 
-# (grid, [(overlap, recompute, dtype, attention), ...]): together every option in both dtypes and recompute states
+# (grid, [(overlap, recompute, dtype, attention[, zero]), ...]): together every option in both dtypes and recompute
+# states, and each zero mode with and without ODP
 CASES = [
     ("4x1x1x1", [("none", False, "fp32", "flash"), ("oar", True, "bf16", "flash")]),
     ("1x4x1x1", [("none", True, "bf16", "flash"), ("none", False, "fp32", "math")]),
     ("1x1x4x1", [("oag", False, "fp32", "flash"), ("keep", True, "bf16", "flash"),
                  ("oag,keep", False, "bf16", "flash")]),
-    ("1x1x1x4", [("none", False, "fp32", "flash"), ("odp", True, "bf16", "flash")]),
+    ("1x1x1x4", [("none", False, "fp32", "flash"), ("odp", True, "bf16", "flash"), ("odp", False, "fp32", "flash", 2),
+                 ("none", True, "bf16", "flash", 1)]),
     ("2x2x1x1", [("none", True, "fp32", "flash"), ("oar", False, "bf16", "flash")]),
     ("2x1x2x1", [("oag,ors", False, "bf16", "flash"), ("keep", False, "fp32", "flash")]),
     ("1x2x2x1", [("none", True, "bf16", "flash"), ("all,keep", False, "fp32", "flash")]),
     ("2x1x1x2", [("odp", False, "fp32", "flash"), ("none", True, "bf16", "flash")]),
-    ("1x2x1x2", [("all", True, "fp32", "flash"), ("none", False, "bf16", "math")]),
-    ("1x1x2x2", [("all", False, "bf16", "flash"), ("oag,keep", True, "fp32", "flash")]),
+    ("1x2x1x2", [("all", True, "fp32", "flash"), ("none", False, "bf16", "math"), ("none", False, "fp32", "flash", 2)]),
+    ("1x1x2x2", [("all", False, "bf16", "flash"), ("oag,keep", True, "fp32", "flash"),
+                 ("all", False, "fp32", "flash", 1), ("ors", False, "bf16", "flash", 2)]),
     ("2x2x2x1", [("all", True, "bf16", "flash"), ("keep", False, "fp32", "flash")]),
     ("2x2x1x2", [("oar,odp", False, "bf16", "flash"), ("none", True, "fp32", "flash")]),
     ("8x1x1x1", [("none", False, "bf16", "flash"), ("none", True, "fp32", "flash")]),
@@ -83,13 +91,15 @@ def measure(cases: list[tuple]) -> list[dict]:
     torch.set_num_threads(1)
     layers, hidden, heads, seq, vocab = SIZES
     out = []
-    for spec, overlap, recompute, dtype, attention in cases:
+    for spec, overlap, recompute, dtype, attention, *zero in cases:
+        zero = zero[0] if zero else 0
+        kw = {"bucket_bytes": ZERO_BUCKET} if zero else {}
         grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=axgrid.OverlapConfig.parse(overlap),
-                                                             seed=0))
+                                                             seed=0, zero=zero, **kw))
         try:
             model = GPT(GPTConfig(layers, hidden, heads, seq, vocab, recompute=recompute), grid)
             grid.watch(model)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3), model, grid)
             batches = [_batch(grid, i) for i in range(MICROBATCHES)]
             norm = float(MICROBATCHES * SEQS * grid.size("z") * seq)
             tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
@@ -109,19 +119,20 @@ def measure(cases: list[tuple]) -> list[dict]:
                 return loss
 
             live = mt.LiveBytes()
-            train_step(model, opt, forward, grid, 1)       # optimizer state and bucket buffers exist from here on
+            train_step(model, opt, forward, grid, 1)       # optimizer state exists from here on
             rt = grid.runtime
-            bucket_sets = [rt.grad_buffers] + ([rt.grads.dp_buffers] if hasattr(rt.grads, "dp_buffers") else [])
+            lay = getattr(next(model.parameters()), "axgrid_buckets", None)   # the data-parallel buckets (Gd > 1)
+            share = lay.buffers()["grads"] if zero == 2 else []                # zero=2: the gradients' shares
             got = {"params": mt.storage_bytes(model.parameters()),
-                   "grads": mt.storage_bytes(p.grad for p in model.parameters()),
-                   "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt)),
-                   "dp_buckets": sum(b.nbytes() for b in bucket_sets)}
-            live.track(itertools.chain(model.parameters(), (p.grad for p in model.parameters()),
-                                       mt.optimizer_tensors(opt), *(b.buffers.values() for b in bucket_sets)))
+                   "grads": mt.storage_bytes(itertools.chain((p.grad for p in model.parameters()), share)),
+                   "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt)), "d": grid.index("d")}
+            live.track(itertools.chain(model.parameters(), (p.grad for p in model.parameters()), share,
+                                       mt.optimizer_tensors(opt)))
             measuring[0] = True
-            with live, mt.watch_weight_source(rt, live, kept=kept):
+            with live, mt.watch_weight_source(rt, live, kept=kept), _full_buckets(lay, live):
                 train_step(model, opt, forward, grid, MICROBATCHES)
             got["peak"], got["gathered"] = live.peak, live.category_peak("gathered")
+            got["dp_buckets"] = live.category_peak("dp_buckets")
             by = saved.by_tag
             got["blocks"] = [by.get(f"blocks.{i}", 0) for i in range(layers)]
             got["head"] = by.get("ln_f", 0) + by.get("head", 0) + by.get("other", 0)   # cross entropy: "other"
@@ -132,12 +143,37 @@ def measure(cases: list[tuple]) -> list[dict]:
     return out
 
 
-def predicted(spec: str, overlap: str, recompute: bool, dtype: str, attention: str):
+@contextlib.contextmanager
+def _full_buckets(lay, live):
+    """What the buckets allocate in the backward, while gradients arrive and are reduced (zero=2's full buckets),
+    is counted in ``live``'s category "dp_buckets"."""
+    if lay is None:
+        yield
+        return
+    plain = {m: getattr(lay, m) for m in ("grad_ready", "_end_of_backward")}
+
+    def wrap(fn):
+        def inner(*a, **k):
+            with live.category("dp_buckets"):
+                return fn(*a, **k)
+        return inner
+
+    for m, fn in plain.items():
+        setattr(lay, m, wrap(fn))
+    try:
+        yield
+    finally:
+        for m in plain:
+            delattr(lay, m)
+
+
+def predicted(spec: str, overlap: str, recompute: bool, dtype: str, attention: str, zero: int = 0):
     layers, hidden, heads, seq, vocab = SIZES
     gx, gy, gz, gd = (int(v) for v in spec.split("x"))
     ov = axgrid.OverlapConfig.parse(overlap)
     opt = pm.Options(overlap_ar=ov.oar, overlap_rs=ov.ors, overlap_ag=ov.oag, overlap_dp=ov.odp,
-                     recompute=recompute, keep_gathered=ov.keep_gathered_weights)
+                     recompute=recompute, keep_gathered=ov.keep_gathered_weights, zero=zero,
+                     bucket_bytes=ZERO_BUCKET if zero else axgrid.RuntimeConfig().bucket_bytes)
     model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab)
     b = 4 if dtype == "fp32" else 2
     device = dataclasses.replace(CPU_GLOO, attention=attention)
@@ -149,9 +185,9 @@ def compare(spec: str, case: tuple, got: dict) -> list[str]:
     m = predicted(spec, *case)
     layers = SIZES[0]
     want_block = float(m.stored_block)
-    exact = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "dp_buckets": m.dp_buckets,
+    exact = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer,
              "gathered": m.gathered, "head": m.head_activations, "embeddings": m.embedding_activations}
-    gx, gy, gz, _ = (int(v) for v in spec.split("x"))
+    gx, gy, gz, gd = (int(v) for v in spec.split("x"))
     # gloo may still hold the previous gathered block (its work object's reference to the output) when the next
     # gather allocates: seen on 1x2x2x1 with recompute in about half the runs, on a random rank, holding the MLP's
     # [4h/Gy, h/Gx]; once on 1x1x4x1 with OAG, holding the QKV's [3h/Gy, h/Gx]. Allowed: exactly one extra block of
@@ -159,8 +195,23 @@ def compare(spec: str, case: tuple, got: dict) -> list[str]:
     block_bytes = 4 if case[2] == "fp32" else 2
     h = SIZES[1]
     extra_blocks = {block_bytes * n * h // (gx * gy) for n in (3 * h, h, 4 * h)} if gz > 1 else set()   # QKV, out, MLP
-    bad = [f"{k}: runtime {got[k]}, model {float(v):.0f}" for k, v in exact.items()
-           if got[k] != float(v) and not (k == "gathered" and got[k] - float(v) in extra_blocks)]
+    bad = []
+    zero = case[4] if case[4:] else 0
+    # one copy of every gradient: zero=0 reduces in place, nothing allocated in the backward; zero=1 only gloo's
+    # copies of the buckets it reduce-scatters (at most all of them); zero=2 its full buckets, at most what the
+    # model lets be alive at once
+    low, high = {0: (0.0, 0.0), 1: (0.0, float(m.grads)), 2: (1.0, float(m.dp_buckets))}[zero]
+    if not low <= got["dp_buckets"] <= high:
+        bad.append(f"dp_buckets: runtime peak {got['dp_buckets']}, allowed {low:.0f} to {high:.0f}")
+    if zero and got["d"] > 0:       # a later d-rank's shares may end in padding: up to Gd - 1 elements per bucket
+        model = pm.TransformerSpec("test", *SIZES[:3], seq=SIZES[3], vocab=SIZES[4])
+        buckets = pm.collective_calls(model, (gx, gy, gz, gd), SIZES[3] * gd * gz, 1, 4, bucket_bytes=ZERO_BUCKET,
+                                      zero=1)[("d", "all_gather")]
+        want = float(exact.pop("optimizer"))
+        if not want - 8 * (gd - 1) * buckets <= got["optimizer"] <= want:
+            bad.append(f"optimizer: runtime {got['optimizer']}, model {want:.0f} (d > 0: up to the padding less)")
+    bad += [f"{k}: runtime {got[k]}, model {float(v):.0f}" for k, v in exact.items()
+            if got[k] != float(v) and not (k == "gathered" and got[k] - float(v) in extra_blocks)]
     bad += [f"block {i}: runtime {got['blocks'][i]}, model {want_block:.0f}" for i in range(layers)
             if got["blocks"][i] != want_block]
     ratio = got["peak"] / float(m.total)

@@ -106,7 +106,7 @@ def predicted(case: tuple) -> tuple[dict, dict]:
     layers = block_layers(h, bias=bias) * 2
     kw = dict(layers=layers, grid=shape, tokens_per_microbatch_global=m_loc * gz * gd, n_microbatches=mbs,
               dtype_bytes=4 if dtype == "fp32" else 2, grad_dtype_bytes=4 if grads == "fp32" else 2,
-              keep_gathered=keep, recompute=False, overlap_dp=odp,
+              keep_gathered=keep, recompute=False,
               bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
     return collective_bytes(**kw), collective_calls(**kw)
 

@@ -5,9 +5,10 @@ per (grid dimension, operation) that ``perfmodel.collective_bytes`` / ``collecti
 
 One optimizer step per case, as a training loop runs it (``experiments/train/train_gpt.py``): ``grid.watch(model)``;
 each micro-batch's forward with targets and ``loss.backward()``, all but the last under ``grid.no_sync()``; then
-``axgrid.sync_gradients(model, grid)``. Grids include non-powers of two, d > 1, z > 1, several micro-batches,
-recompute on and off, the overlaps (ORS changes the layer norms' z calls and, with ODP, the order gradients fill
-the d buckets) and kept gathered weights; some cases set a tiny ``bucket_bytes`` so the d all-reduce takes several
+``axgrid.sync_gradients(model, grid)``, and with ``zero`` >= 1 the sharded optimizer's step (its all-gather of the
+parameters over d). Grids include non-powers of two, d > 1, z > 1, several micro-batches, recompute on and off, the
+overlaps and kept gathered weights, and the ``zero`` modes (reduce-scatters over d, in every micro-batch with
+``zero=2``, and the all-gathers); some cases set a tiny ``bucket_bytes`` so the d collectives take several
 buckets. In fp32, and in bf16 (autocast, two grids of 4 ranks): weights gathered and activations reduced in bf16,
 gradients reduced in fp32 (perfmodel's ``grad_dtype_bytes``), layer-norm statistics, cross entropy and the
 embeddings' gradients in fp32; the bf16 cases sum in bf16 on gloo (``reduce_in_fp32=False``), as NCCL does.
@@ -27,8 +28,11 @@ from helpers.ledger_compare import assert_ledger_matches
 
 # layers, hidden, heads, seq, vocab: every Gx, Gy below divides hidden 24 and 4·24, heads 12 and vocab 48
 SIZES = (2, 24, 12, 8, 48)
-# (world, grid, microbatches, sequences per z-rank per micro-batch, recompute, overlap, bucket_bytes, bias)
+# (world, grid, microbatches, sequences per z-rank per micro-batch, recompute, overlap, bucket_bytes, bias[, zero];
+# then zero 0 and the dtype are appended)
 CASES = [
+    (4, "1x1x2x2", 2, 1, False, "all", 2000, True, 2),      # zero=2: a reduce-scatter per bucket per micro-batch
+    (4, "2x1x1x2", 1, 1, True, "none", 1500, True, 1),      # zero=1: reduce-scatter + all-gather per bucket
     (8, "2x2x2x1", 2, 1, True, "all", None, True),           # every tensor-parallel dimension, all overlaps
     (8, "1x2x2x2", 2, 1, False, "none", 2000, True),         # d and z, no overlap, several buckets
     (8, "2x1x2x2", 2, 2, True, "all,keep", 3000, True),      # ORS + ODP + keep: bucket order from the pipeline
@@ -45,7 +49,7 @@ BF16 = [
     (4, "2x1x2x1", 2, 1, True, "all", None, True),           # x and z, every overlap, recompute
     (4, "1x2x1x2", 1, 1, False, "oar,odp", 1500, True),      # y and d, several buckets
 ]
-CASES = [c + ("fp32",) for c in CASES] + [c + ("bf16",) for c in BF16]
+CASES = [c + ((0,) if len(c) == 8 else ()) + ("fp32",) for c in CASES] + [c + (0, "bf16") for c in BF16]
 
 
 def _options(overlap: str) -> axgrid.OverlapConfig:
@@ -58,16 +62,18 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
     torch.set_num_threads(1)
     layers, hidden, heads, seq, vocab = SIZES
     out = []
-    for _, spec, mbs, seqs, recompute, overlap, bucket, bias, dtype in cases:
+    for _, spec, mbs, seqs, recompute, overlap, bucket, bias, zero, dtype in cases:
         kw = {} if bucket is None else {"bucket_bytes": bucket}
         if dtype == "bf16":
             kw["reduce_in_fp32"] = False
-        grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=_options(overlap), seed=0, **kw))
+        grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=_options(overlap), seed=0,
+                                                             zero=zero, **kw))
         try:
             cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, bias=bias,
                             recompute=recompute)
             model = GPT(cfg, grid)
             grid.watch(model)
+            opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters()), model, grid)
             gen = torch.Generator().manual_seed(grid.index("d"))
             batch_d = seqs * grid.size("z")                      # this data-parallel rank's sequences
             grid.ledger.reset()
@@ -78,6 +84,8 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
                         loss = model(ids[:, :-1], ids[:, 1:])
                     loss.backward()
             axgrid.sync_gradients(model, grid)
+            if zero:
+                opt.step()                                       # the all-gather of the parameters over d
             out.append({key: (e.calls, e.bytes) for key, e in grid.ledger.entries.items()})
         finally:
             grid.destroy()
@@ -85,36 +93,24 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
 
 
 def predicted(case: tuple) -> tuple[dict, dict]:
-    _, spec, mbs, seqs, recompute, overlap, bucket, bias, dtype = case
+    _, spec, mbs, seqs, recompute, overlap, bucket, bias, zero, dtype = case
     layers, hidden, heads, seq, vocab = SIZES
     shape = tuple(int(v) for v in spec.split("x"))
     ov = _options(overlap)
     model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
     kw = dict(layers=model, grid=shape, tokens_per_microbatch_global=seqs * shape[2] * shape[3] * seq,
               n_microbatches=mbs, dtype_bytes=4 if dtype == "fp32" else 2, grad_dtype_bytes=4,
-              keep_gathered=ov.keep_gathered_weights, recompute=recompute,
-              overlap_dp=ov.odp, overlap_rs=ov.ors,
+              keep_gathered=ov.keep_gathered_weights, recompute=recompute, zero=zero,
               bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
     return pm.collective_bytes(**kw), pm.collective_calls(**kw)
-
-
-def test_ors_case_changes_the_bucket_order():
-    """Guards the case list: in the ORS case with Gz = 1 the pipeline's order gives other buckets than the
-    backward order would (layer-norm gradients overtake the FC gradients still in the pipeline's window)."""
-    from axgrid.perfmodel.comm import dp_buckets
-    from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
-    layers, hidden, heads, seq, vocab = SIZES
-    spec = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab)
-    pipe, plain = (dp_buckets(gpt_dp_gradient_sizes(spec, (2, 2, 1, 2), 4, True, ors), 1200, True)
-                   for ors in (True, False))
-    assert pipe != plain and sum(pipe) == sum(plain)
 
 
 def test_bucket_cases_make_several_buckets():
     """Guards the case list: the tiny buckets do split the d all-reduce into several calls."""
     for case in CASES:
         if case[6] is not None:
-            assert predicted(case)[1][("d", "all_reduce")] > 2, case
+            op = "reduce_scatter" if case[8] else "all_reduce"
+            assert predicted(case)[1][("d", op)] > 2, case
 
 
 @pytest.mark.parametrize("world", slow_where(sorted({c[0] for c in CASES}), lambda w: w > 4))

@@ -1,5 +1,6 @@
 """experiments/train/finetune.py on a tiny local Llama (save_pretrained, no network), in-process on real gloo ranks:
-a run interrupted by SIGUSR1 (SaveOnSignal) and resumed gives the uninterrupted run's losses step for step; the
+a run interrupted by SIGUSR1 (SaveOnSignal) and resumed gives the uninterrupted run's losses step for step (the
+interrupted part with its optimizer state sharded over d, ``--zero 1``, the rest resumed without); the
 Goldfish loss over 4 ranks (d and z splits, micro-batches) equals one serial rank's, so it is normalised over the
 global batch; the checkpoint's own tokenizer is used and the export loads back with from_pretrained; a model with
 no built-in plan (a tied SmolLM3) fine-tunes drop-in, on 4 ranks as on one. Instruction fine-tuning on the shipped
@@ -53,7 +54,7 @@ def test_resume_after_a_signal_equals_the_uninterrupted_run(ranks, checkpoints, 
     argv = ["--checkpoint", checkpoints["bytes"], "--grid", "1x2x1x2", "--steps", "4", "--recompute"] + COMMON
     whole = ranks(4, rank_run, argv)[0]
     ck, log = str(tmp_path / "ck"), str(tmp_path / "run.jsonl")
-    first = ranks(4, rank_run, argv + ["--save", str(ck), "--log", log], 1)[0]
+    first = ranks(4, rank_run, argv + ["--save", str(ck), "--log", log, "--zero", "1"], 1)[0]
     assert first["steps"] == 2 and first["exported"] is None          # stopped by the signal after step 1
     rest = ranks(4, rank_run, argv + ["--save", str(ck), "--resume", str(ck), "--log", log])[0]
     assert rest["start_step"] == 2

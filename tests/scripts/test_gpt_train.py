@@ -1,6 +1,7 @@
 """experiments/train/train_gpt.py, called in-process through main(argv) on real gloo ranks: the same run (micro-batches,
-data parallelism, goldfish, recompute, clipping, AdamW) gives the same losses on different grids and on one rank,
-writes the JSON-lines log, refuses a batch that does not split into whole sequences per rank, and keeps --keep N
+data parallelism, goldfish, recompute, clipping, AdamW) gives the same losses on different grids and on one rank (also
+with the optimizer state and gradients sharded over d, ``--zero 2``), writes the JSON-lines log, refuses a batch
+that does not split into whole sequences per rank and ``--zero`` without data parallelism, and keeps --keep N
 checkpoints (never the one it resumed from)."""
 import json
 
@@ -34,7 +35,8 @@ def test_train_gpt_same_losses_on_every_grid(ranks, tmp_path):
     ref = ranks(1, rank_run, COMMON + ["--grid", "1x1x1x1"])[0]
     a = ranks(4, rank_run, COMMON + ["--grid", "1x2x2x1", "--log", log])
     b = ranks(4, rank_run, COMMON + ["--grid", "2x1x1x2"])
-    for run in (a[0], b[0]):
+    c = ranks(4, rank_run, COMMON + ["--grid", "1x1x1x4", "--zero", "2", "--overlap", "all"])
+    for run in (a[0], b[0], c[0]):
         assert run["losses"] == pytest.approx(ref["losses"], rel=1e-4)
     assert all(r["losses"] == a[0]["losses"] for r in a)       # every rank reports the same losses
     records = [json.loads(line) for line in open(log)]
@@ -51,6 +53,8 @@ def test_train_gpt_same_losses_on_every_grid(ranks, tmp_path):
 def test_train_gpt_rejects_a_batch_that_does_not_split(ranks):
     msgs = ranks(4, rank_bad_batch, COMMON[:-4] + ["--grid", "1x1x2x2", "--batch", "6", "--microbatches", "1"])
     assert all("not divisible by Gd*Gz = 2*2" in m for m in msgs)
+    msgs = ranks(4, rank_bad_batch, COMMON + ["--grid", "2x2x1x1", "--zero", "1"])
+    assert all(m.startswith("--zero 1 with grid 2x2x1x1: Gd = 1") and "\n" not in m for m in msgs)
 
 
 def test_keep_n_checkpoints_but_never_the_one_resumed_from(ranks, tmp_path):

@@ -61,14 +61,14 @@ def test_padding_to_multiple_of_gz_and_data_parallel():
 
 def test_dp_buckets_pack_like_the_runtime():
     from axgrid.perfmodel.comm import dp_buckets
-    # sync_gradients: join while the bucket stays <= limit, else post it; an oversized tensor gets its own bucket
+    # axgrid.spec.buckets: join the open bucket; close it once it holds the limit or more
     assert dp_buckets([4, 4, 4], 8) == [8, 4]
-    assert dp_buckets([4, 20, 4], 8) == [4, 20, 4]
+    assert dp_buckets([4, 20, 4], 8) == [24, 4]
     assert dp_buckets([3, 0, 5, 1], 8) == [8, 1]             # 0-byte tensors (no bias) do not exist
-    # ODP (GradientPipeline): always join, post once the bucket holds >= limit, the rest at the end
-    assert dp_buckets([4, 4, 4], 8, overlap_dp=True) == [8, 4]
-    assert dp_buckets([4, 20, 4], 8, overlap_dp=True) == [24, 4]
-    assert dp_buckets([3, 6, 1], 8, overlap_dp=True) == [9, 1]
+    assert dp_buckets([3, 6, 1], 8) == [9, 1]
+    # zero >= 1: each bucket padded to a multiple of Gd elements (here 4-byte elements, Gd = 3)
+    assert dp_buckets([8, 8, 8], 16, parts=3, element_bytes=4) == [24, 12]    # 4 elements -> 6, 2 -> 3
+    assert dp_buckets([12], 64, parts=3, element_bytes=4) == [12]
     assert dp_buckets([], 8) == []
     with pytest.raises(pm.PerfModelError):
         dp_buckets([1], 0)
@@ -76,15 +76,16 @@ def test_dp_buckets_pack_like_the_runtime():
 
 def test_dp_term_priced_per_bucket_by_hand():
     # One layer W [8, 8] normal with bias on 1x1x1x4: weight shard 64 elements, bias 8; fp32 → 256 B + 32 B.
-    # Buckets of 256 B: [256] then [32] → 2 all-reduces over d (p=4): 2·3/4·288/β + 2 · 2·3·α.
+    # Buckets of 32 B, in the layout order (bias first): [32] then [256] → 2 all-reduces over d (p=4).
     from axgrid.perfmodel.comm import dp_gradient_sizes
     sizes = dp_gradient_sizes([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4)
-    assert sizes == [256, 32]
-    assert dp_gradient_sizes([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, overlap_dp=True) == [256, 32]
+    assert sizes == [32, 256]                              # the buckets' layout: reverse parameters() order
     two = [FCLayer(8, 8, False, True), FCLayer(4, 8, True, False)]     # second: shard 32 floats, no bias
-    assert dp_gradient_sizes(two, (1, 1, 1, 4), 4, overlap_dp=True) == [128, 0, 256, 32]   # layers reversed
-    calls = pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=256)
+    assert dp_gradient_sizes(two, (1, 1, 1, 4), 4) == [0, 128, 32, 256]
+    calls = pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=32)
     assert calls == {("d", "all_reduce"): 2}
+    assert pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=256) == \
+        {("d", "all_reduce"): 1}                           # the bias' 32 B is below the limit: the weight joins
     # the whole model: time of AR_d = 2(p−1)/p·D/β + buckets·2(p−1)·α
     spec = pm.TransformerSpec("t", 1, 8, 2, seq=4, vocab=8)
     m = pm.load_machine("dgx-h100")
@@ -96,16 +97,16 @@ def test_dp_term_priced_per_bucket_by_hand():
         ev = pm.evaluate(pm.Problem(spec, 4, 4, "fp32", opt), m, pm.Grids.of([(1, 1, 1, 4)]))
         from axgrid.perfmodel.comm import dp_buckets
         from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
-        sz = gpt_dp_gradient_sizes(spec, (1, 1, 1, 4), 4, odp)     # every parameter: embeddings, norms, FC
+        sz = gpt_dp_gradient_sizes(spec, (1, 1, 1, 4), 4)     # every parameter: embeddings, norms, FC
         assert sum(sz) == spec.params * 4
-        nb = len(dp_buckets(sz, bucket, odp))
+        nb = len(dp_buckets(sz, bucket))
         want = 2 * 3 / 4 * sum(sz) / be + nb * 2 * 3 * a
         assert int(ev.extra["dp_buckets"][0]) == nb
         assert ev.raw["d"][0] == pytest.approx(want, rel=1e-12)
         if not odp:
             assert ev.exposed["d"][0] == pytest.approx(want, rel=1e-12)     # no ODP: all exposed
         else:   # ODP: at least the last bucket (posted at the end of the backward) is exposed, at most all
-            last = dp_buckets(sz, bucket, odp)[-1]
+            last = dp_buckets(sz, bucket)[-1]
             assert 2 * 3 / 4 * last / be + 2 * 3 * a <= ev.exposed["d"][0] * (1 + 1e-12) <= want * (1 + 1e-12)
     # the head 8·8 (64 floats = 256 B) alone exceeds 64 B: several buckets in the 64-byte case
     assert nb > 1
@@ -184,9 +185,16 @@ def test_memory_by_hand():
     # runtime gathers the fp32 shards as bf16 under autocast; the head's 256×64 is largest)
     z2 = memory_per_gpu(spec, 1, 1, 2, 1, 64, 2, False, opt)
     assert float(z2.static) < float(mem.static) * 0.6 and float(z2.gathered) == 256 * 64 * 2
-    # Gd > 1: the bucket buffers hold one more copy of every gradient
+    # Gd > 1: the gradients are the bucket buffers (one copy); zero=1 shards AdamW's moments, zero=2 the gradients
     d2 = memory_per_gpu(spec, 1, 1, 1, 2, 64, 2, False, opt)
-    assert float(d2.dp_buckets) == float(mem.grads)
+    assert float(d2.dp_buckets) == 0 and float(d2.grads) == float(mem.grads) and float(d2.static) == float(mem.static)
+    z1 = memory_per_gpu(spec, 1, 1, 1, 2, 64, 2, False, opt.with_(zero=1))
+    z2 = memory_per_gpu(spec, 1, 1, 1, 2, 64, 2, False, opt.with_(zero=2))
+    moments = float(mem.optimizer) - 4 * pm.memory.parameter_tensors(spec)
+    assert float(z1.grads) == float(mem.grads)                      # one bucket of an even size: no padding
+    assert float(z1.optimizer) == moments / 2 + 4 * pm.memory.parameter_tensors(spec)
+    assert float(z2.grads) == float(mem.grads) / 2 and float(z2.optimizer) == float(z1.optimizer)
+    assert float(z2.dp_buckets) == float(mem.grads)                 # one bucket, filled during the backward
     rec = memory_per_gpu(spec, 1, 1, 1, 1, 64, 2, False, opt.with_(recompute=True))
     assert float(rec.activations) < float(mem.activations) and float(rec.stored_block) == 4 * h * m
 
@@ -207,8 +215,7 @@ def test_model_bytes_equal_ledger_formula():
             prob = pm.Problem(spec, 8, 16, "bf16", opt)
             ev = pm.evaluate(prob, pm.load_machine("perlmutter"), pm.Grids.of([grid]))
             led = pm.collective_bytes(spec, grid, 8 * spec.seq // mb, mb, 2,     # the whole GPT step, gradients in fp32
-                                      keep_gathered=keep, recompute=rec, overlap_rs=True, overlap_dp=True,
-                                      grad_dtype_bytes=opt.grad_bytes)
+                                      keep_gathered=keep, recompute=rec, grad_dtype_bytes=opt.grad_bytes)
             for d in "xyzd":
                 assert ev.step_bytes[d][0] == sum(v for (dd, _), v in led.items() if dd == d), (grid, d)
 
@@ -230,3 +237,58 @@ def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
     assert np.all(ev.time[ok] <= ev0.time[ok] + 1e-12)
     no_ors = pm.evaluate(pm.Problem(spec, 32, 16, options=pm.Options(overlap_rs=False)), m, g)
     assert np.all(no_ors.time[ok] <= ev0.time[ok] + 1e-12)
+
+
+def test_zero_modes_price_the_same_ring_bytes_with_another_overlap():
+    """zero >= 1: reduce-scatter + all-gather over d move what one all-reduce moves (fp32: the same bytes, up to the
+    padding; the same latency per bucket); zero=2 reduce-scatters in every micro-batch; with ODP the parameter
+    all-gather hides under the next forward except its first bucket."""
+    spec = pm.get_model("gpt-mini")
+    m = pm.load_machine("perlmutter")
+    g = pm.Grids.of([(1, 2, 1, 8), (2, 1, 2, 4)])
+    off = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=False, microbatches=2,
+                     bucket_bytes=2**18)                     # several buckets: ODP can hide all but one
+    ev = {z: pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=z)), m, g) for z in (0, 1, 2)}
+    assert np.allclose(ev[1].raw["d"], ev[0].raw["d"], rtol=1e-3) and np.all(ev[1].exposed["d"] == ev[1].raw["d"])
+    rs = ev[1].raw["d"] / 2                                  # half of it: the reduce-scatter (fp32: AG = RS)
+    assert np.allclose(ev[2].raw["d"], ev[1].raw["d"] + rs, rtol=1e-3)      # one more reduce-scatter (2 mb)
+    assert np.all(ev[1].step_bytes["d"] >= ev[0].step_bytes["d"])           # padding: at most Gd-1 per bucket
+    odp = pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=1, overlap_dp=True)), m, g)
+    assert np.all(odp.exposed["d"] < ev[1].exposed["d"]) and np.all(odp.exposed["d"] > 0)
+    assert list(ev[2].extra["zero"]) == [2, 2]
+
+
+def test_rank_chooses_the_zero_mode_per_row():
+    """Options.zero None: every grid gets the fastest mode that fits (0 where Gd = 1); a grid that does not fit
+    unsharded fits with its optimizer state (and gradients) sharded over d; the rows carry the mode and the band."""
+    spec = pm.get_model("gpt-20b")
+    m = pm.load_machine("perlmutter")
+    prob = pm.Problem(spec, 64, 64, options=pm.Options(microbatches=1, zero=None))
+    g = pm.enumerate_grids(64)
+    auto = pm.evaluate(prob, m, g)
+    each = {z: pm.evaluate(pm.Problem(spec, 64, 64, options=prob.options.with_(zero=z)), m, g) for z in (0, 1, 2)}
+    times = np.stack([each[z].time for z in (0, 1, 2)])
+    assert np.array_equal(auto.time, times.min(axis=0))
+    assert np.all(auto.extra["zero"][g.gd == 1] == 0)
+    assert np.all(each[2].memory.total[g.gd > 1] < each[1].memory.total[g.gd > 1])
+    assert np.all(each[1].memory.total[g.gd > 1] < each[0].memory.total[g.gd > 1])
+    rescued = auto.feasible & ~each[0].feasible
+    assert rescued.any() and np.all(auto.extra["zero"][rescued] > 0)
+    assert "zero=1 needs Gd > 1" in each[1].reasons[int(np.nonzero(g.gd == 1)[0][0])]
+    rk = pm.rank(prob, m)
+    assert any(r.zero for r in rk.feasible) and all(r.time_low <= r.time_s <= r.time_high for r in rk.feasible)
+    best = rk.feasible[0]
+    assert best.time_s == pytest.approx(float(pm.price_grid(pm.Problem(spec, 64, 64, options=prob.options.with_(
+        zero=best.zero)), m, best.grid).time_s))
+
+
+def test_cli_zero(capsys):
+    """``rank --zero N`` fixes the mode (``--grid`` explains it); ``rank`` alone picks it per row and says so."""
+    from axgrid.perfmodel.cli import main
+    args = ["rank", "--model", "gpt-20b", "--gpus", "64", "--machine", "perlmutter", "--batch", "64"]
+    assert main([*args, "--zero", "2", "--grid", "2x2x4x4"]) == 0
+    out = capsys.readouterr().out
+    assert "zero=2:" in out and "reduce-scattered over d (in every micro-batch" in out
+    assert main([*args, "--top", "5"]) == 0
+    out = " ".join(capsys.readouterr().out.split())              # the console wraps long lines
+    assert "RuntimeConfig(zero=N) (per row the fastest mode that fits)" in out

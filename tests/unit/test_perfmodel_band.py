@@ -166,7 +166,7 @@ def test_cli_prints_bands_marks_and_the_verdict(capsys):
     args = ["rank", "--model", "gpt-5b", "--gpus", "32", "--machine", "perlmutter", "--batch", "64"]
     assert main([*args, "--top", "40"]) == 0
     out = capsys.readouterr().out
-    assert "band: model error band on perlmutter: ×0.78–×1.00" in out and "≈" in out
+    assert "band: model error band on perlmutter: ×0.79–×1.00" in out and "≈" in out
     assert "† outside the validated range: TPxPPxDP never validated on perlmutter" in out
     assert "the model's error band" in out.replace("\n", " ")
     assert main([*args, "--grid", "2x2x2x4"]) == 0

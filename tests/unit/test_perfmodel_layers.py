@@ -75,7 +75,7 @@ def test_gate_adds_exactly_its_bytes_and_parameters(recompute, keep):
                 "z": L * MB * (n_ag * v.padded * b + (v.padded + v.bias_loc) * gb) * (gz > 1),  # AG_z; RS_z, AR_z
                 "d": L * (v.shard + v.bias_loc) * gb * (gd > 1)}     # its gradients in the d buckets
         ledger = pm.collective_bytes(GATED, grid, BATCH // MB * SIZES["seq"], MB, b, keep_gathered=keep,
-                                     recompute=recompute, overlap_rs=True, overlap_dp=True, grad_dtype_bytes=gb)
+                                     recompute=recompute, grad_dtype_bytes=gb)
         for d in "xyzd":
             assert gated.step_bytes[d][i] - plain.step_bytes[d][i] == gate[d], (grid, d)
             assert gated.step_bytes[d][i] == sum(n for (dd, _), n in ledger.items() if dd == d), (grid, d)
