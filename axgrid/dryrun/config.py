@@ -133,12 +133,14 @@ def predict(cfg: DryRunConfig) -> Prediction:
     memory["temporaries"] = peak - sum(memory.values())
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
-              bucket_bytes=opt.bucket_bytes, overlap_dp=opt.overlap_dp, overlap_rs=opt.overlap_rs, zero=cfg.zero)
+              bucket_bytes=opt.bucket_bytes, zero=cfg.zero)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    if gx * gy * gz > 1:        # clipping (the step clips): one all-reduce of the fp64 squared norm over the block
-        calls_, bytes_ = comm.get(("xyz", "all_reduce"), (0, 0))
-        comm[("xyz", "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
+    # clipping (the step clips): one all-reduce of the fp64 squared norm over the block, and over d with zero >= 1
+    for dims, on in (("xyz", gx * gy * gz > 1), ("d", cfg.zero > 0 and gd > 1)):
+        if on:
+            calls_, bytes_ = comm.get((dims, "all_reduce"), (0, 0))
+            comm[(dims, "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
     return Prediction(peak, memory, comm)
 
 
