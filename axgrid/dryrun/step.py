@@ -95,74 +95,89 @@ class PeakWatch(mt.LiveBytes):
                 h.remove()
 
 
+def runtime_config(cfg: DryRunConfig, **overrides: Any):
+    """The runtime's configuration of a dry run (and of a real run compared with it)."""
+    import axgrid
+    kw = dict(timeout_s=60, seed=0, overlap=axgrid.OverlapConfig.parse(cfg.overlap), bucket_bytes=cfg.bucket_bytes,
+              flight_records=0, zero=cfg.zero)
+    kw.update(overrides)
+    return axgrid.RuntimeConfig(**kw)
+
+
 def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
-    """Run one rank's step (module docstring). Needs a process that may register the fakegpu device
+    """Run one rank's step on the fakegpu device (module docstring). Needs a process that may register the device
     (:func:`.harness.accelerator`; ``python -m axgrid.dryrun`` is one)."""
+    from .harness import dry_run
+
+    start = time.perf_counter()
+    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config(cfg)) as run:
+        return measure_step(cfg, run.grid, run.autocast, run.host, init=False, start=start)
+
+
+def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, init: bool = True,
+                 start: float | None = None) -> RankMeasure:
+    """One step of ``cfg``'s GPT on ``grid`` (a dry run's, or real ranks' to compare with), measured (module
+    docstring). ``autocast(dtype)``: the device's autocast context; ``host``: a :class:`.harness.HostWatch` active
+    during the measured step (None: none); ``init=False``: weights left uninitialised (fake tensors)."""
     import axgrid
     from axgrid.models.gpt import GPT
     from axgrid.train import train_step
 
-    from .harness import dry_run
+    start = time.perf_counter() if start is None else start
+    dev = grid.device
+    model = GPT(cfg.gpt_config(), grid, init=init)
+    grid.watch(model)
+    opt = axgrid.shard_optimizer(torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, fused=True), model,
+                                 grid)
+    layers = cfg.model.layers
+    m = cfg.microbatches
+    rows = cfg.sequences_per_microbatch // grid.size("d")          # this data-parallel rank's sequences
+    ids = torch.zeros((rows, cfg.model.seq + 1), dtype=torch.long, device=dev)
+    normalizer = float(cfg.batch * cfg.model.seq)
+    tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
+    tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
+    saved = mt.SavedBytes(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else ())
+    kept: list = []
+    live: PeakWatch | None = None
 
-    start = time.perf_counter()
-    runtime_config = axgrid.RuntimeConfig(timeout_s=60, seed=0, overlap=axgrid.OverlapConfig.parse(cfg.overlap),
-                                          bucket_bytes=cfg.bucket_bytes, flight_records=0, zero=cfg.zero)
-    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config) as run:
-        grid = run.grid
-        dev = grid.device
-        model = GPT(cfg.gpt_config(), grid, init=False)
-        grid.watch(model)
-        opt = axgrid.shard_optimizer(torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, fused=True), model,
-                                     grid)
-        layers = cfg.model.layers
-        m = cfg.microbatches
-        rows = cfg.sequences_per_microbatch // grid.size("d")          # this data-parallel rank's sequences
-        ids = torch.zeros((rows, cfg.model.seq + 1), dtype=torch.long, device=dev)
-        normalizer = float(cfg.batch * cfg.model.seq)
-        tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
-        tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
-        saved = mt.SavedBytes(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else ())
-        kept: list = []
-        live: PeakWatch | None = None
+    def loss_of(i: int) -> torch.Tensor:
+        record = saved if live is not None and i == m - 1 else contextlib.nullcontext()
+        if live is not None:
+            live.phase = f"micro-batch {i + 1}/{m} forward"
+        kept.clear()
+        with autocast(torch.bfloat16) if cfg.dtype == "bf16" else contextlib.nullcontext(), record:
+            loss = model(ids[:, :-1], ids[:, 1:], normalizer=normalizer)
+        if record is saved:
+            saved.exclude(mt.live_keys(kept))      # kept gathered blocks: weight buffers, not activations
+        if live is not None:
+            live.phase = f"micro-batch {i + 1}/{m} backward"
+            loss.register_hook(lambda g, i=i: _after_backward(live, i, m) or g)
+        return loss
 
-        def loss_of(i: int) -> torch.Tensor:
-            record = saved if live is not None and i == m - 1 else contextlib.nullcontext()
-            if live is not None:
-                live.phase = f"micro-batch {i + 1}/{m} forward"
-            kept.clear()
-            with run.autocast(torch.bfloat16) if cfg.dtype == "bf16" else contextlib.nullcontext(), record:
-                loss = model(ids[:, :-1], ids[:, 1:], normalizer=normalizer)
-            if record is saved:
-                saved.exclude(mt.live_keys(kept))      # kept gathered blocks: weight buffers, not activations
-            if live is not None:
-                live.phase = f"micro-batch {i + 1}/{m} backward"
-                loss.register_hook(lambda g, i=i: _after_backward(live, i, m) or g)
-            return loss
-
-        # a first step: AdamW's state and the prefetched weights (OAG) exist from here on, as in every step of a
-        # training run after its first (without it the measured step gathers half the weight bytes OAG holds)
-        train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
-        rt = grid.runtime
-        params = list(model.parameters())
-        lay = getattr(params[0], "axgrid_buckets", None)          # the data-parallel buckets (Gd > 1)
-        share = lay.buffers()["grads"] if cfg.zero == 2 else []    # zero=2: the gradients' shares
-        memory = {"parameters": mt.storage_bytes(params),
-                  "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt))}
-        live = PeakWatch()
-        live.track(itertools.chain(params, (p.grad for p in params), share, mt.optimizer_tensors(opt)))
-        opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
-        grid.ledger.reset()
-        with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), _buckets(lay, live), \
-                run.watch():
-            train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)
-        memory["gradients"] = mt.storage_bytes(itertools.chain((p.grad for p in params), share))
-        memory["buckets"] = live.category_peak("buckets")
-        memory["gathered"] = live.category_peak("gathered")
-        memory["activations"] = saved.total
-        memory["temporaries"] = live.peak - sum(memory.values())
-        comm = {k: (e.calls, e.bytes) for k, e in grid.ledger.snapshot().items()}
-        return RankMeasure(rank, {c: grid.coord[c] for c in "xyzd"}, live.peak, live.moment, memory, comm,
-                           time.perf_counter() - start, [str(v) for v in run.host.violations])
+    # a first step: AdamW's state and the prefetched weights (OAG) exist from here on, as in every step of a
+    # training run after its first (without it the measured step gathers half the weight bytes OAG holds)
+    train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
+    rt = grid.runtime
+    params = list(model.parameters())
+    lay = getattr(params[0], "axgrid_buckets", None)          # the data-parallel buckets (Gd > 1)
+    share = lay.buffers()["grads"] if cfg.zero == 2 else []    # zero=2: the gradients' shares
+    memory = {"parameters": mt.storage_bytes(params),
+              "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt))}
+    live = PeakWatch()
+    live.track(itertools.chain(params, (p.grad for p in params), share, mt.optimizer_tensors(opt)))
+    opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
+    grid.ledger.reset()
+    with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), _buckets(lay, live), \
+            host if host is not None else contextlib.nullcontext():
+        train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)
+    memory["gradients"] = mt.storage_bytes(itertools.chain((p.grad for p in params), share))
+    memory["buckets"] = live.category_peak("buckets")
+    memory["gathered"] = live.category_peak("gathered")
+    memory["activations"] = saved.total
+    memory["temporaries"] = live.peak - sum(memory.values())
+    comm = {k: (e.calls, e.bytes) for k, e in grid.ledger.snapshot().items()}
+    return RankMeasure(grid.rank, {c: grid.coord[c] for c in "xyzd"}, live.peak, live.moment, memory, comm,
+                       time.perf_counter() - start, [str(v) for v in host.violations] if host else [])
 
 
 def _after_backward(live: "PeakWatch", i: int, m: int) -> None:
