@@ -31,8 +31,8 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
                     help="activation recompute per block (default on)")
     ap.add_argument("--overlap", default="all", help="the runtime's overlaps: all (default), none, or a comma "
                     "list of oar, ors, oag, odp, keep")
-    ap.add_argument("--zero", type=int, default=0, help="ZeRO over d: 0 (default), 1 (optimizer state), 2 (and "
-                    "gradients)")
+    ap.add_argument("--zero", type=int, choices=(0, 1, 2), help="ZeRO over d: 0, 1 (optimizer state), 2 (and "
+                    "gradients); default: the mode perfmodel picks for the grid")
     ap.add_argument("--rank", type=int, action="append", dest="ranks",
                     help="dry-run this rank (repeatable; default: ranks covering every distinct role)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
 def _best_fitting(cfg, pm, machine) -> str:
     """perfmodel's best grid that fits, for the same model and batch on as many GPUs."""
     from dataclasses import replace
-    prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None))
+    prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None, zero=None))
     try:
         row = pm.rank(prob, machine, tp_pp_dp=False).feasible[0]
     except pm.NoFeasibleConfig as e:

@@ -170,8 +170,9 @@ def _list(grids: list[str], show: int = 12) -> str:
 def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *, grid: Optional[str] = None,
             machine: str = "frontier", dtype: str = "bf16", recompute: bool = True, overlap: str = "all",
             microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-            zero: int = 0) -> DryRunConfig:
-    """A checked :class:`DryRunConfig` (module docstring); bad input raises :class:`DryRunError` naming the value
+            zero: Optional[int] = None) -> DryRunConfig:
+    """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
+    fastest that fits). Bad input raises :class:`DryRunError` naming the value
     and the valid choices (grids, micro-batch counts)."""
     try:
         spec = pm.get_model(model) if isinstance(model, str) else model
@@ -180,7 +181,7 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
     if dtype not in ("bf16", "fp32"):
         raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
     parse_overlap(overlap)
-    if zero not in (0, 1, 2):
+    if zero not in (None, 0, 1, 2):
         raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
     if batch is None or batch < 1:
         raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
@@ -207,8 +208,8 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
     except pm.PerfModelError as e:
         raise DryRunError(f"--machine: {e}") from None
     base = DryRunConfig(spec, grid or "1x1x1x1", batch, microbatches or 1, dtype, recompute, overlap, machine,
-                        bucket_bytes, zero)
-    prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches))
+                        bucket_bytes, zero or 0)
+    prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches, zero=zero))
     if grid is None:
         try:
             row = pm.rank(prob, mach, tp_pp_dp=False).feasible[0]
@@ -217,7 +218,7 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
     else:
         row = pm.price_grid(prob, mach, shape)
     chosen = microbatches or int(row.microbatches)
-    cfg = replace(base, grid=row.grid_str, microbatches=chosen)
+    cfg = replace(base, grid=row.grid_str, microbatches=chosen, zero=row.zero if zero is None else zero)
     if zero and cfg.shape[3] == 1:
         raise DryRunError(f"--zero {zero} on grid {cfg.grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
                           f"with Gd > 1")

@@ -87,6 +87,7 @@ def test_bad_input_is_refused_naming_the_valid_grids():
 def test_the_grid_defaults_to_perfmodels_best():
     from axgrid import perfmodel as pm
     cfg = resolve("gpt-20b", 512, 512, machine="frontier")
-    best = pm.rank(dataclasses.replace(cfg.problem(), options=dataclasses.replace(cfg.options(), microbatches=None)),
+    opt = dataclasses.replace(cfg.options(), microbatches=None, zero=None)
+    best = pm.rank(dataclasses.replace(cfg.problem(), options=opt),
                    pm.load_machine("frontier"), tp_pp_dp=False).feasible[0]
-    assert cfg.grid == best.grid_str and cfg.microbatches == best.microbatches
+    assert (cfg.grid, cfg.microbatches, cfg.zero) == (best.grid_str, best.microbatches, best.zero)
