@@ -63,7 +63,7 @@ def test_dry_run_equals_real_ranks(ranks, grid, batch, mb, recompute, overlap, z
 
 
 def test_a_4096_rank_dry_run_agrees_with_perfmodel():
-    cfg = resolve("gpt-mini", None, 256, grid="4x4x16x16", machine="frontier", microbatches=1, recompute=False)
+    cfg = resolve("gpt-tiny", None, 256, grid="4x4x16x16", machine="frontier", microbatches=1, recompute=False)
     m = run_isolated(dry, cfg, 4095, timeout_s=300)
     p = predict(cfg)
     assert m.comm == p.comm
@@ -91,3 +91,18 @@ def test_the_grid_defaults_to_perfmodels_best():
     best = pm.rank(dataclasses.replace(cfg.problem(), options=opt),
                    pm.load_machine("frontier"), tp_pp_dp=False).feasible[0]
     assert (cfg.grid, cfg.microbatches, cfg.zero) == (best.grid_str, best.microbatches, best.zero)
+
+
+def test_perfmodel_rank_verify_dry_runs_the_top_rows(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "axgrid.perfmodel", "rank", "--model", "gpt-tiny", "--gpus", "4",
+                          "--machine", "local-4", "--batch", "8", "--no-recompute", "--verify", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = out.stdout.strip().splitlines()[-1].split()
+    assert row[0] == "1" and row[-2:] == ["equal", "ok"], out.stdout
+    bad = subprocess.run([sys.executable, "-m", "axgrid.perfmodel", "rank", "--layers", "2", "--hidden", "64",
+                          "--heads", "4", "--gpus", "4", "--machine", "local-4", "--batch", "8", "--verify", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--verify dry-runs a named model" in bad.stderr
