@@ -139,7 +139,8 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     normalizer = float(cfg.batch * cfg.model.seq)
     tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
     tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
-    saved = mt.SavedBytes(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else ())
+    saved = _Saved(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else ())
+    saved.inputs = {mt.storage_key(ids)}
     kept: list = []
     live: PeakWatch | None = None
 
@@ -181,6 +182,24 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     comm = {k: (e.calls, e.bytes) for k, e in grid.ledger.snapshot().items()}
     return RankMeasure(grid.rank, {c: grid.coord[c] for c in "xyzd"}, live.peak, live.moment, memory, comm,
                        time.perf_counter() - start, [str(v) for v in host.violations] if host else [])
+
+
+class _Saved(mt.SavedBytes):
+    """:class:`~axgrid.metrics.memtrack.SavedBytes` as perfmodel counts activations: a saved view of the step's
+    input (``inputs``: the token buffer, which the caller holds anyway) counts as the ids it holds (8 B per token),
+    not as the whole buffer; and flash attention's random-number seed and offset (uint64 scalars: on a GPU without
+    dropout, host tensors) are not device memory."""
+
+    inputs: set = set()
+
+    def record(self, t: torch.Tensor, tag: str) -> None:
+        if t.dtype == torch.uint64:
+            return
+        if mt.storage_key(t) in self.inputs:
+            key = ("input", id(t), tag)
+            self.records.setdefault(key, (tag, t.numel() * t.element_size()))   # type: ignore[arg-type]
+            return
+        super().record(t, tag)
 
 
 def _after_backward(live: "PeakWatch", i: int, m: int) -> None:

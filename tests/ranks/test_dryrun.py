@@ -63,13 +63,12 @@ def test_dry_run_equals_real_ranks(ranks, grid, batch, mb, recompute, overlap, z
 
 
 def test_a_4096_rank_dry_run_agrees_with_perfmodel():
-    cfg = resolve("gpt-tiny", None, 256, grid="4x4x16x16", machine="frontier", microbatches=1, recompute=False)
+    cfg = resolve("gpt-tiny", None, 256, grid="4x4x16x16", machine="frontier", microbatches=1)
     m = run_isolated(dry, cfg, 4095, timeout_s=300)
     p = predict(cfg)
     assert m.comm == p.comm
     assert m.coord == {"x": 3, "y": 3, "z": 15, "d": 15}
-    # activations: exact on GPT-80B, but ~3.9 KB per block above perfmodel on this small model (not yet explained)
-    for k in ("parameters", "gradients", "optimizer", "gathered"):
+    for k in ("parameters", "gradients", "optimizer", "gathered", "activations"):
         assert m.memory[k] == p.memory[k], (k, m.memory[k], p.memory[k])
 
 
