@@ -105,3 +105,18 @@ def test_perfmodel_rank_verify_dry_runs_the_top_rows(tmp_path):
                           "--heads", "4", "--gpus", "4", "--machine", "local-4", "--batch", "8", "--verify", "1"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--verify dry-runs a named model" in bad.stderr
+
+
+def groups_of(grid: str, rank: int) -> tuple[int, float]:
+    import time
+
+    from axgrid.dryrun.harness import dry_run
+    start = time.perf_counter()
+    with dry_run(grid, rank=rank, device="fakegpu") as run:
+        return len(run.grid._all_groups), time.perf_counter() - start
+
+
+def test_a_rank_of_32768_builds_only_its_own_groups():
+    groups, seconds = run_isolated(groups_of, "8x8x2x256", 12345, timeout_s=300)
+    assert groups == 6, f"{groups} process groups built (this rank's: x, y, z, d, xy, xyz)"
+    assert seconds < 30
