@@ -63,7 +63,9 @@ def test_dry_run_equals_real_ranks(ranks, grid, batch, mb, recompute, overlap, z
 
 
 def test_a_4096_rank_dry_run_agrees_with_perfmodel():
-    cfg = resolve("gpt-tiny", None, 256, grid="4x4x16x16", machine="frontier", microbatches=1)
+    # recompute off: what each block saves is compared (flash attention's set: with torch's math attention on the
+    # fakegpu device the activations are 45% over)
+    cfg = resolve("gpt-tiny", None, 256, grid="4x4x16x16", machine="frontier", microbatches=1, recompute=False)
     m = run_isolated(dry, cfg, 4095, timeout_s=300)
     p = predict(cfg)
     assert m.comm == p.comm
@@ -92,6 +94,7 @@ def test_the_grid_defaults_to_perfmodels_best():
     assert (cfg.grid, cfg.microbatches, cfg.zero) == (best.grid_str, best.microbatches, best.zero)
 
 
+@pytest.mark.slow
 def test_perfmodel_rank_verify_dry_runs_the_top_rows(tmp_path):
     import subprocess
     import sys
