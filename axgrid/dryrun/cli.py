@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
         m = measure_rank(cfg, r)
         measures.append(m)
         print(table(cfg, m, prediction), flush=True)
-        problems += disagreements(m, prediction)
+        problems += disagreements(m, prediction, cfg.zero)
     peak = max(m.peak for m in measures)
     fits = peak <= machine.memory_bytes
     if a.json:
@@ -84,7 +84,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     for p in problems:
         print(f"DIFFERS: {p}" if not p.startswith("the measured peak") else f"DOES NOT FIT: {p}")
     if not problems:
-        print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte, "
+        print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte (the "
+              f"buckets within perfmodel's bound), "
               f"the peak within 5%; the peak fits {machine.name}'s {human(machine.memory_bytes)}")
     return 1 if problems else 0
 

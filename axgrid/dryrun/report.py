@@ -32,17 +32,30 @@ def _diff(got: int, want: int) -> str:
     return f"{'+' if got > want else '-'}{human(abs(got - want))}{rel}"
 
 
-def disagreements(m, p: Prediction) -> list[str]:
+def bucket_bounds(zero: int, p: Prediction) -> tuple[int, int]:
+    """What the data-parallel buckets may allocate in the backward, as perfmodel models it (and
+    tests/ranks/test_memory_agreement.py checks it): zero=0 nothing (the gradients are the buckets); zero=1 up to a
+    backend's copies of the buckets it reduce-scatters (at most the gradients); zero=2 its full buckets, at most
+    what perfmodel lets be alive at once (``dp_buckets``, an upper bound)."""
+    return {0: (0, 0), 1: (0, p.memory["gradients"]), 2: (0, p.memory["buckets"])}[zero]
+
+
+def disagreements(m, p: Prediction, zero: int = 0) -> list[str]:
     """Where the measure ``m`` (:class:`~axgrid.dryrun.step.RankMeasure`) and perfmodel differ beyond what the
-    agreement allows: bytes and calls of every collective exactly, the modelled categories to the byte, the peak
-    within :data:`PEAK_TOLERANCE`."""
+    agreement allows: bytes and calls of every collective exactly, the modelled categories to the byte (the
+    buckets within :func:`bucket_bounds`), the peak within :data:`PEAK_TOLERANCE`."""
     out = []
     for key in sorted(set(m.comm) | set(p.comm)):
         got, want = m.comm.get(key, (0, 0)), p.comm.get(key, (0, 0))
         if got != want:
             out.append(f"rank {m.rank} {key[0]} {key[1]}: {got[0]} calls {got[1]} B measured, {want[0]} calls "
                        f"{want[1]} B predicted")
+    low, high = bucket_bounds(zero, p)
+    if not low <= m.memory["buckets"] <= high:
+        out.append(f"rank {m.rank} buckets: {m.memory['buckets']} B measured, {low} to {high} B allowed (zero={zero})")
     for c in EXACT:
+        if c == "buckets":
+            continue
         if m.memory[c] != p.memory[c]:
             out.append(f"rank {m.rank} {c}: {m.memory[c]} B measured, {p.memory[c]} B predicted")
     if abs(m.peak / p.peak - 1) > PEAK_TOLERANCE:
@@ -56,8 +69,14 @@ def table(cfg: DryRunConfig, m, p: Prediction) -> str:
     coord = " ".join(f"{k}{v}" for k, v in m.coord.items())
     lines = [f"rank {m.rank} ({coord}) of {cfg.grid}: one step in {m.seconds:.1f} s",
              f"  {'memory':<14}{'dry run':>14}{'perfmodel':>14}  difference"]
+    low, high = bucket_bounds(cfg.zero, p)
     for c in CATEGORIES:
-        lines.append(f"  {c:<14}{human(m.memory[c]):>14}{human(p.memory[c]):>14}  {_diff(m.memory[c], p.memory[c])}")
+        diff = _diff(m.memory[c], p.memory[c])
+        if c == "buckets" and cfg.zero:
+            diff = f"{'within' if low <= m.memory[c] <= high else 'OUTSIDE'} perfmodel's bound (zero={cfg.zero})"
+        elif c == "temporaries":
+            diff += " (the rest of the peak)"
+        lines.append(f"  {c:<14}{human(m.memory[c]):>14}{human(p.memory[c]):>14}  {diff}")
     lines.append(f"  {'peak':<14}{human(m.peak):>14}{human(p.peak):>14}  {_diff(m.peak, p.peak)}")
     lines.append(f"  peak reached at: {m.moment}")
     lines.append(f"  {'collective':<22}{'calls':>8}{'bytes':>18}{'perfmodel':>18}  difference")

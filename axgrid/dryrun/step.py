@@ -67,7 +67,7 @@ class PeakWatch(mt.LiveBytes):
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.peak > before:
             node = torch._C._current_autograd_node()
-            where = node.name() if node is not None else self.module
+            where = node.name() if node is not None else (self.module or "outside the modules (the loss)")
             self.moment = f"{self.phase}, {where}, {func}"
         return out
 
