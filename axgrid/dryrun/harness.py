@@ -22,10 +22,10 @@ What torch 2.13's CPU build allows, and so what the two devices of :func:`dry_ru
   with a Python device guard (:func:`accelerator`). Autograd works on it -- backward, optimizer steps -- and
   autocast is emulated for the GEMMs (mm, addmm, bmm, baddbmm, matmul, linear and scaled_dot_product_attention run
   in the autocast dtype, as CUDA's autocast lists them), and attention runs CUDA's flash kernel where CUDA would
-  (:func:`_fused_attention`), so that a step holds the memory a GPU's does. The backward of a training step runs here. Registering PrivateUse1 cannot be
-  undone and makes it torch's accelerator: after it, a CUDA backward fails in this process, so the two devices
-  are used in different processes (:func:`axgrid.testing.isolated.run_isolated` in tests; a process per
-  ``python -m axgrid.dryrun``).
+  (:func:`_fused_attention`), so that a step holds the memory a GPU's does. The backward of a training step runs
+  here. Registering PrivateUse1 cannot be undone and makes it torch's accelerator: after it, a CUDA backward fails
+  in this process, so the two devices are used in different processes (:func:`axgrid.testing.isolated.run_isolated`
+  in tests; a process per ``python -m axgrid.dryrun``).
 
 Pieces, for tests and for a dry run of a full-size job:
 

@@ -9,9 +9,10 @@ data-parallel buckets, as a training run's steps after its first have them):
 - ``memory``: bytes by category. ``parameters``, ``gradients`` (with Gd > 1 they are views of the data-parallel
   buckets; with zero=2 also the gradients' shares), ``optimizer`` (AdamW's moments and 0-d steps, this d-rank's
   share with zero >= 1): the storages' bytes. ``buckets``: the peak of what the data-parallel buckets allocate in
-  the backward (zero=2's full buckets; communication buffers). ``gathered``: the peak of what the runtime's weight source allocates (the weight blocks gathered over z).
-  ``activations``: what the last micro-batch's forward saves for backward (each storage once; weight shards and
-  kept gathered blocks left out). ``temporaries``: the rest of the peak (the peak minus all of the above).
+  the backward (zero=2's full buckets; communication buffers). ``gathered``: the peak of what the runtime's weight
+  source allocates (the weight blocks gathered over z). ``activations``: what the last micro-batch's forward saves
+  for backward (each storage once; weight shards and kept gathered blocks left out). ``temporaries``: the rest of
+  the peak (the peak minus all of the above).
 - ``peak``: the step's peak of live tensor bytes, and ``moment``: where it happened (micro-batch, phase, module or
   autograd node, operator).
 - ``comm``: the ledger, bytes and calls per (grid dimension, operation).
@@ -139,8 +140,8 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     normalizer = float(cfg.batch * cfg.model.seq)
     tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
     tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
-    saved = _Saved(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else ())
-    saved.inputs = {mt.storage_key(ids)}
+    saved = _Saved(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else (),
+                   inputs=(ids,))
     kept: list = []
     live: PeakWatch | None = None
 
@@ -190,7 +191,9 @@ class _Saved(mt.SavedBytes):
     not as the whole buffer; and flash attention's random-number seed and offset (uint64 scalars: on a GPU without
     dropout, host tensors) are not device memory."""
 
-    inputs: set = set()
+    def __init__(self, tags: dict, exclude: Any = (), inputs_of: Any = (), inputs: Any = ()) -> None:
+        super().__init__(tags, exclude=exclude, inputs_of=inputs_of)
+        self.inputs = {mt.storage_key(t) for t in inputs}
 
     def record(self, t: torch.Tensor, tag: str) -> None:
         if t.dtype == torch.uint64:
