@@ -93,10 +93,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
 def _best_fitting(cfg, pm, machine) -> str:
     """perfmodel's best grid that fits, for the same model and batch on as many GPUs."""
     from dataclasses import replace
+
+    from .report import human
     prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None, zero=None))
     try:
         row = pm.rank(prob, machine, tp_pp_dp=False).feasible[0]
     except pm.NoFeasibleConfig as e:
         return f"perfmodel finds no grid that fits: {e}"
-    return (f"perfmodel's best grid that fits is {row.grid_str} with {row.microbatches} micro-batch(es) "
-            f"({row.memory_bytes / 2**30:.1f} GiB predicted)")
+    return (f"perfmodel's best grid that fits is {row.grid_str}{f' zero {row.zero}' if row.zero else ''} with "
+            f"{row.microbatches} micro-batch(es) "
+            f"({human(row.memory_bytes)} predicted)")

@@ -123,3 +123,21 @@ def test_a_rank_of_32768_builds_only_its_own_groups():
     groups, seconds = run_isolated(groups_of, "8x8x2x256", 12345, timeout_s=300)
     assert groups == 6, f"{groups} process groups built (this rank's: x, y, z, d, xy, xyz)"
     assert seconds < 30
+
+
+def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    from axgrid.perfmodel.machines import known_machine_files
+    text = known_machine_files()["local-4"].read_text()
+    toml = tmp_path / "small.toml"       # 2.3 MB per rank: gpt-tiny's 4 sequences fit 1x1x1x2 in 2 micro-batches only
+    toml.write_text(re.sub(r"(?m)^memory_bytes = \d+", "memory_bytes = 2300000", text).replace('"local-4"', '"small"'))
+    out = subprocess.run([sys.executable, "-m", "axgrid.dryrun", "--model", "gpt-tiny", "--grid", "1x1x1x2", "--batch",
+                          "4", "--microbatches", "1", "--zero", "0", "--machine", str(toml)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("DOES NOT FIT")]
+    assert line and "does not fit small's 2.19 MiB" in line[0], line
+    assert "perfmodel's best grid that fits is 1x1x1x2 zero 1 with 2 micro-batch(es)" in line[0], line
