@@ -142,6 +142,12 @@ def _fc(cfg: GPTConfig, grid: Optional[Grid], name: str, layer: FCLayer, init: b
     """``layer`` as a dense ``nn.Linear`` (serial) or a sharded-layout ``axgrid.nn.Linear`` with the same values."""
     seed = param_seed(cfg.seed, name)
     if grid is None:
+        if not init:                             # parameters left empty (made on meta, then allocated)
+            lin = nn.Linear(layer.k, layer.n, bias=layer.bias, device="meta")
+            lin.weight = nn.Parameter(torch.empty(layer.n, layer.k))
+            if layer.bias:
+                lin.bias = nn.Parameter(torch.empty(layer.n))
+            return lin
         return reference_linear(layer.k, layer.n, layer.bias, seed)
     return Linear(layer.k, layer.n, layer.bias, transpose=layer.transposed, grid=grid, seed=seed,
                   input_layout="sharded", output_layout="sharded", init=init)
@@ -209,7 +215,7 @@ class GPT(nn.Module):
       tokens of ``tokens`` (a mean); pass a global count (e.g. kept tokens of the whole step / Gd) to average over
       data-parallel ranks and micro-batches correctly after :func:`axgrid.sync_gradients` (which means over d).
 
-    ``init=False`` (on a grid) leaves the weights and tables uninitialised (``torch.empty``): for a loader that fills
+    ``init=False`` leaves the weights and tables uninitialised (``torch.empty``): for a loader that fills
     them, or a dry run (:mod:`axgrid.dryrun`), whose tensors hold no values.
     """
 
