@@ -6,7 +6,7 @@ sequences) under torch's fake process group and fake tensors, as rank 0 of ``--g
 - PyTorch: DTensor 1-D tensor parallelism inside a node (Megatron's plan: QKV and MLP-up ``ColwiseParallel``,
   attention-out and MLP-down ``RowwiseParallel``, the LM head column-parallel into ``loss_parallel``) with sequence
   parallelism (the layer norms and the residual stream split over the sequence, ``SequenceParallel``), and FSDP2
-  (``fully_shard`` per block and at the root) across the nodes;
+  (``fully_shard`` per block and at the root, bf16 weights gathered and fp32 gradients reduced) across the nodes;
 - axgrid: perfmodel's best 4D grid for the same model, GPUs, machine and batch (``axgrid.dryrun``).
 
 Per rank per step: bytes inside a node and across nodes, and the peak of live tensor bytes. PyTorch's bytes are
@@ -66,7 +66,7 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
     and across nodes, peak live bytes, seconds."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
                                                    parallelize_module)
@@ -94,9 +94,11 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
                          f"blocks.{i}.proj": RowwiseParallel(output_layouts=Shard(0), use_local_output=False),
                          f"blocks.{i}.down": RowwiseParallel(output_layouts=Shard(0), use_local_output=False)})
         parallelize_module(model, mesh["tp"], plan)
+        # bf16 weights gathered, gradients reduced in fp32: what axgrid does under autocast (torchtitan's default)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for blk in model.blocks:
             blk.heads_local = cfg.heads // tp
-            fully_shard(blk, mesh=mesh["dp"])
+            fully_shard(blk, mesh=mesh["dp"], mp_policy=mp)
         tp_mesh = mesh["tp"]
 
         class Step(torch.nn.Module):
@@ -117,7 +119,7 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
                     return F.cross_entropy(logits.float(), targets.reshape(-1))
 
         net = Step(model)
-        fully_shard(net, mesh=mesh["dp"])
+        fully_shard(net, mesh=mesh["dp"], mp_policy=mp)
         with FakeTensorMode(allow_non_fake_inputs=True):
             net.to_empty(device="cpu")
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False, fused=True)
