@@ -161,13 +161,14 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
         dist.destroy_process_group()
 
 
-def axgrid_best(model_name: str, gpus: int, machine: str, batch: int) -> dict:
-    """axgrid's best grid for the problem, dry-run as rank 0 (bytes split by where each dimension's groups lie)."""
+def axgrid_best(model_name: str, gpus: int, machine: str, batch: int, grid: str | None = None) -> dict:
+    """axgrid's best grid for the problem (or ``grid``), dry-run as rank 0 (bytes split by where each dimension's
+    groups lie)."""
     from axgrid import perfmodel as pm
     from axgrid.dryrun import resolve
     from axgrid.dryrun.step import measure_rank
     from axgrid.perfmodel.comm import dim_strides
-    cfg = resolve(model_name, gpus, batch, machine=machine)
+    cfg = resolve(model_name, gpus, batch, machine=machine, grid=grid)
     m = measure_rank(cfg, 0)
     per_node = pm.load_machine(machine).gpus_per_node
     gx, gy, gz, gd = cfg.shape
@@ -181,7 +182,7 @@ def axgrid_best(model_name: str, gpus: int, machine: str, batch: int) -> dict:
             inside = gx * gy * gz <= per_node
         intra, inter = (intra + nbytes, inter) if inside else (intra, inter + nbytes)
     zero = f" zero {cfg.zero}" if cfg.zero else ""
-    return {"who": f"axgrid {cfg.grid}{zero}", "intra": intra, "inter": inter, "peak": m.peak, "seconds": m.seconds}
+    return {"who": f"axgrid {cfg.grid}{zero}" + ("" if grid else " (perfmodel's best)"), "intra": intra, "inter": inter, "peak": m.peak, "seconds": m.seconds}
 
 
 def seconds_on(machine: str, intra: int, inter: int) -> float:
@@ -199,6 +200,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--machine", default="frontier")
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--tp", type=int, help="tensor-parallel ranks (default: the machine's GPUs per node)")
+    ap.add_argument("--grid", action="append", default=[], help="also dry-run this axgrid grid (repeatable)")
     ap.add_argument("--only", choices=("pytorch", "axgrid"), help="run one side only (each in its own process: the "
                     "dry run's device cannot be registered twice)")
     ap.add_argument("--json", help="append the rows to this JSON-lines file")
@@ -212,6 +214,7 @@ def main(argv: list[str]) -> int:
         rows.append(pytorch_tp_fsdp(a.model, a.gpus, tp, a.batch))
     if a.only != "pytorch":
         rows.append(axgrid_best(a.model, a.gpus, a.machine, a.batch))
+        rows += [axgrid_best(a.model, a.gpus, a.machine, a.batch, g) for g in a.grid]
     for r in rows:
         r.update(model=a.model, gpus=a.gpus, machine=a.machine, batch=a.batch,
                  comm_seconds=seconds_on(a.machine, r["intra"], r["inter"]))
