@@ -73,6 +73,7 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils.checkpoint import checkpoint
 
+    from axgrid.dryrun.step import PeakWatch
     from axgrid.metrics import memtrack as mt
     from axgrid.models.gpt import GPT, GPTConfig
 
@@ -125,11 +126,15 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False, fused=True)
             ids = torch.zeros((batch // dp, cfg.seq + 1), dtype=torch.long)
 
-            def one_step() -> None:
+            def one_step(live=None) -> None:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = net(ids[:, :-1], ids[:, 1:])
+                if live is not None:
+                    live.phase = "backward"
                 with loss_parallel():
                     loss.backward()
+                if live is not None:
+                    live.phase = "clipping and AdamW"
                 clip(list(net.parameters()), 1.0)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -151,12 +156,13 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
             params = list(net.parameters())
             local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
             state = [v.to_local() if isinstance(v, DTensor) else v for v in mt.optimizer_tensors(opt)]
-            live = mt.LiveBytes(itertools.chain(local, state))
+            live = PeakWatch(itertools.chain(local, state))
             comm = CommBytes()
-            with live, comm:
-                one_step()
+            live.phase = "forward"
+            with live, comm, live.modules(net):
+                one_step(live)
         return {"who": f"DTensor TP{tp}+SP, FSDP2 over {dp}", "intra": comm.intra, "inter": comm.inter,
-                "peak": live.peak, "seconds": time.perf_counter() - start}
+                "peak": live.peak, "moment": live.moment, "seconds": time.perf_counter() - start}
     finally:
         dist.destroy_process_group()
 
