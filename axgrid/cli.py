@@ -1,4 +1,5 @@
-"""The ``axgrid`` command: ``launch`` ranks locally, ``describe`` a grid's layout, run the ``demo``.
+"""The ``axgrid`` command: ``launch`` ranks locally, ``describe`` a grid's layout, run the ``demo``, ``dryrun`` one rank
+of a job of any size (:mod:`axgrid.dryrun`).
 
 Errors in the command's input are one line and a non-zero exit (:mod:`axgrid.launch.errors`); ``--debug`` (or
 ``AXGRID_DEBUG=1``) prints tracebacks instead, here and in the ranks ``axgrid launch`` starts."""
@@ -57,7 +58,15 @@ def _main(argv: list[str]) -> int:
     m = sub.add_parser("demo", help="the main job: train an MLP stack 3D-parallel, check it against serial")
     m.add_argument("-n", "--ranks", type=int, default=8)
     m.add_argument("rest", nargs=argparse.REMAINDER, help="options for python -m axgrid.demo")
-    args = ap.parse_args(argv)
+    r = sub.add_parser("dryrun", help="one rank of a job of any size, its real step on this machine, against "
+                       "perfmodel (python -m axgrid.dryrun --help)", add_help=False)
+    r.add_argument("rest", nargs=argparse.REMAINDER, help="options for python -m axgrid.dryrun")
+    args, extra = ap.parse_known_args(argv)
+    if args.command == "dryrun":
+        from .dryrun.cli import main as dryrun
+        return dryrun([*extra, *args.rest], prog="axgrid dryrun")
+    if extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "launch":
         from .launch.local import launch
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

@@ -36,6 +36,13 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` are the same elements of the same storage (views alike). Compares storages, not
+    ``data_ptr()``, which fake tensors (the dry run) do not have."""
+    return (a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+            and torch._C._is_alias_of(a, b))
+
+
 @dataclass
 class LedgerEntry:
     calls: int = 0
@@ -421,7 +428,7 @@ class Communicator:
         def finish() -> torch.Tensor:
             if average:
                 out.div_(p)
-            if out.data_ptr() != share.data_ptr():
+            if not same_memory(out, share):
                 share.copy_(out)
             return share
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from .comm import Communicator, Pending
+from .comm import Communicator, Pending, same_memory
 from .spec import GRADIENT_WINDOW
 from .spec.buckets import Bucket, pack_buckets
 
@@ -192,7 +192,7 @@ class GradBuckets:
         ``missing_is_zero``: a parameter without a gradient contributes zeros."""
         g = param.grad
         view = self._view(param)
-        if g is not None and g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+        if g is not None and same_memory(g, view):
             return
         with torch.no_grad():
             if g is None:
@@ -250,12 +250,12 @@ class GradBuckets:
         if self.zero == 2:
             self.grad_data[bi].add_(res)       # this micro-batch's mean over d, accumulated into the share
             self.full[bi] = None
-        elif self.zero == 0 and res.data_ptr() != self.grad_data[bi].data_ptr():
+        elif self.zero == 0 and not same_memory(res, self.grad_data[bi]):
             self.grad_data[bi].copy_(res)      # reduced in another dtype (grad_reduce_dtype, reduce_in_fp32)
         elif self.zero == 1:
             lo, hi = self.buckets[bi].share(self.d)
             mine = self.grad_data[bi][lo:hi]
-            if res.data_ptr() != mine.data_ptr():
+            if not same_memory(res, mine):
                 mine.copy_(res)
 
     def _finish_cycle(self) -> None:

@@ -134,7 +134,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     ``device``: where this rank computes. None: under NCCL/RCCL the GPU of its local rank (more ranks on a node
     than GPUs is refused), bound to the process group; in a process group the program created, the group's bound
     device or the GPU the program made current; the CPU under gloo. A :class:`axgrid.device.Device` is used as
-    given (a dry run's fake GPU, :mod:`axgrid.testing.fakegpu`).
+    given (a dry run's fake GPU, :mod:`axgrid.dryrun.harness`).
     """
     config = config or RuntimeConfig()
     if timeout_s is not None:

@@ -206,6 +206,13 @@ def cmd_rank(a: argparse.Namespace) -> int:
         print(explain(prob, machine, row))
         return 0
     rk = rank(prob, machine)
+    if a.verify is not None:
+        from .verify import verify_rows, verify_table
+        if a.verify < 1:
+            raise PerfModelError(f"--verify {a.verify}: give the number of top 4D rows to dry-run (>= 1)")
+        verified = verify_rows(prob, a.machine, rk.feasible[:a.verify])
+        print(verify_table(verified, machine.memory_bytes))
+        return 0 if all(v.fits and v.bytes_equal for v in verified) else 1
     if a.csv:
         _output("the CSV", a.csv, rk.to_csv)
     if a.json:
@@ -345,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write an sbatch script for each 4D row of the printed table (rowNN_GRID.sbatch, NN its row), "
                         "built on the site template of experiments/slurm/ for the machine")
     r.add_argument("--show-infeasible", type=int, default=0, metavar="K", help="also list K rejected grids")
+    r.add_argument("--verify", type=int, metavar="K",
+                   help="dry-run the top K 4D rows (python -m axgrid.dryrun, one process each) and mark those whose "
+                        "measured peak does not fit the machine or whose collectives' bytes differ from the prediction")
     r.set_defaults(fn=cmd_rank, zero="auto")
     m = sub.add_parser("machines", help="list the machine library")
     m.set_defaults(fn=cmd_machines)

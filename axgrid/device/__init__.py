@@ -11,7 +11,7 @@
 - :mod:`.select`: which GPU a rank takes, and what a collective backend runs on.
 - :mod:`.clocks`: timing collectives and compute spans with events on the stream that does the work.
 
-A dry run or a test stands in its own :class:`Device` (:mod:`axgrid.testing.fakegpu`), passed to
+A dry run or a test stands in its own :class:`Device` (:mod:`axgrid.dryrun.harness`), passed to
 ``axgrid.init(device=...)``.
 """
 from .base import CpuDevice, Device, Event, HostEvent, host_read

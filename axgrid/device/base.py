@@ -4,7 +4,7 @@
 synchronisation, events and streams (timing that does not stop the device), memory statistics, random-number state
 and the energy counter. :class:`CpuDevice` answers for a CPU; :mod:`axgrid.device.cuda` for NVIDIA and AMD GPUs
 (the only module of axgrid that calls ``torch.cuda``). A test double for a GPU the machine does not have lives in
-:mod:`axgrid.testing.fakegpu`.
+:mod:`axgrid.dryrun.harness`.
 
 An :class:`Event` marks a point in the work the device has been given (``record()``), and later tells the time
 between two marks (``seconds_to(later)``) -- on a GPU without stopping the stream at the mark: the host only waits
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def host_read(t: torch.Tensor) -> "bool | int | float | list":
     """The value of ``t`` on the host: a Python number for a 0-d tensor, else a flat list (a few values: an
     agreement, a stopping test). An intended read: on a GPU it waits for the device. The library reads device values
-    only through here, so a dry run (:mod:`axgrid.testing.fakegpu`) tells them from an accidental ``.item()`` or
+    only through here, so a dry run (:mod:`axgrid.dryrun.harness`) tells them from an accidental ``.item()`` or
     ``.cpu()`` in the hot path."""
     if t.dim() == 0:
         return t.item()

@@ -73,7 +73,7 @@ def of(device: Union[str, torch.device]) -> Device:
     if device.type == "cuda":
         return cuda.RocmDevice(device) if cuda.is_rocm() else cuda.CudaDevice(device)
     raise ValueError(f"axgrid runs on cpu and cuda devices (ROCm GPUs are cuda devices to torch), not {device}; "
-                     f"for a dry run use axgrid.testing.fakegpu")
+                     f"for a dry run use axgrid.dryrun.harness")
 
 
 def choose_device(launch: LaunchEnv, backend: str, device: Union[None, str, torch.device] = None,

@@ -138,13 +138,19 @@ def param_seed(seed: int, name: str) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
-def _fc(cfg: GPTConfig, grid: Optional[Grid], name: str, layer: FCLayer) -> nn.Module:
+def _fc(cfg: GPTConfig, grid: Optional[Grid], name: str, layer: FCLayer, init: bool = True) -> nn.Module:
     """``layer`` as a dense ``nn.Linear`` (serial) or a sharded-layout ``axgrid.nn.Linear`` with the same values."""
     seed = param_seed(cfg.seed, name)
     if grid is None:
+        if not init:                             # parameters left empty (made on meta, then allocated)
+            lin = nn.Linear(layer.k, layer.n, bias=layer.bias, device="meta")
+            lin.weight = nn.Parameter(torch.empty(layer.n, layer.k))
+            if layer.bias:
+                lin.bias = nn.Parameter(torch.empty(layer.n))
+            return lin
         return reference_linear(layer.k, layer.n, layer.bias, seed)
     return Linear(layer.k, layer.n, layer.bias, transpose=layer.transposed, grid=grid, seed=seed,
-                  input_layout="sharded", output_layout="sharded")
+                  input_layout="sharded", output_layout="sharded", init=init)
 
 
 class _SumOverZ(torch.autograd.Function):
@@ -165,18 +171,18 @@ class Block(nn.Module):
     Forward: ``x [b·S, h_loc]`` (rows sequence-major) -> same shape; ``h_loc = h/Gx`` on a grid, ``h`` serial.
     """
 
-    def __init__(self, cfg: GPTConfig, grid: Optional[Grid], prefix: str) -> None:
+    def __init__(self, cfg: GPTConfig, grid: Optional[Grid], prefix: str, init: bool = True) -> None:
         super().__init__()
         h = cfg.hidden
         fc = {layer.name: layer for layer in block_layers(h, ffn=cfg.ffn, bias=cfg.bias)}   # see axgrid.spec.layers
         self.heads_local = cfg.heads // (grid.size("y") if grid is not None else 1)
         self.head_dim = cfg.head_dim
         self.ln1 = LayerNorm(h, grid, eps=cfg.eps)
-        self.qkv = _fc(cfg, grid, prefix + "qkv", fc["qkv"])
-        self.proj = _fc(cfg, grid, prefix + "proj", fc["proj"])
+        self.qkv = _fc(cfg, grid, prefix + "qkv", fc["qkv"], init)
+        self.proj = _fc(cfg, grid, prefix + "proj", fc["proj"], init)
         self.ln2 = LayerNorm(h, grid, eps=cfg.eps)
-        self.up = _fc(cfg, grid, prefix + "up", fc["up"])
-        self.down = _fc(cfg, grid, prefix + "down", fc["down"])
+        self.up = _fc(cfg, grid, prefix + "up", fc["up"], init)
+        self.down = _fc(cfg, grid, prefix + "down", fc["down"], init)
 
     def forward(self, x: torch.Tensor, b: int, s: int, kv: Optional[LayerKV] = None) -> torch.Tensor:
         """``kv``: this layer's cache (incremental decoding): the ``s`` new tokens attend to every cached one."""
@@ -208,19 +214,22 @@ class GPT(nn.Module):
       (summed over z), the same on every rank of the x·y·z block. ``normalizer`` defaults to the number of kept
       tokens of ``tokens`` (a mean); pass a global count (e.g. kept tokens of the whole step / Gd) to average over
       data-parallel ranks and micro-batches correctly after :func:`axgrid.sync_gradients` (which means over d).
+
+    ``init=False`` leaves the weights and tables uninitialised (``torch.empty``): for a loader that fills
+    them, or a dry run (:mod:`axgrid.dryrun`), whose tensors hold no values.
     """
 
-    def __init__(self, config: GPTConfig, grid: Optional[Grid] = None) -> None:
+    def __init__(self, config: GPTConfig, grid: Optional[Grid] = None, init: bool = True) -> None:
         super().__init__()
         if grid is not None:
             config.check_grid(grid)
         self.config, self.grid = config, grid
         cfg = config
-        self.wte = Embedding(cfg.vocab, cfg.hidden, grid, seed=param_seed(cfg.seed, "wte"), std=cfg.emb_std)
-        self.wpe = Embedding(cfg.seq, cfg.hidden, grid, seed=param_seed(cfg.seed, "wpe"), std=cfg.emb_std)
-        self.blocks = nn.ModuleList(Block(cfg, grid, f"blocks.{i}.") for i in range(cfg.layers))
+        self.wte = Embedding(cfg.vocab, cfg.hidden, grid, seed=param_seed(cfg.seed, "wte"), std=cfg.emb_std, init=init)
+        self.wpe = Embedding(cfg.seq, cfg.hidden, grid, seed=param_seed(cfg.seed, "wpe"), std=cfg.emb_std, init=init)
+        self.blocks = nn.ModuleList(Block(cfg, grid, f"blocks.{i}.", init) for i in range(cfg.layers))
         self.ln_f = LayerNorm(cfg.hidden, grid, eps=cfg.eps)
-        self.head = _fc(cfg, grid, "head", head_layer(cfg.hidden, cfg.vocab))
+        self.head = _fc(cfg, grid, "head", head_layer(cfg.hidden, cfg.vocab), init)
 
     # -- data split -----------------------------------------------------------------------------------
     def check_batch(self, tokens: torch.Tensor, start: int = 0) -> None:

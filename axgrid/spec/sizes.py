@@ -4,7 +4,10 @@ Layers / hidden / heads are the AxoNN papers' GPT table (SC24, "Democratizing AI
 given there; the large sizes use seq 2048 and GPT-2/NeoX's ~50,257 tokens padded to 51200. ``gpt-1t`` is the
 Megatron-LM 1T shape (~1.01e12 parameters); ``gpt-22b`` (48 / 6144 / 48, ~21.8e9) and ``gpt-175b`` (the GPT-3
 shape) are our assumption for the Frontier study's 22B and 175B, whose exact shapes are not held here.
-``gpt-tiny`` and ``gpt-mini`` are byte-level sizes that run on a laptop CPU with gloo.
+``gpt-405b`` is a GPT of LLaMA-3.1-405B's geometry (126 blocks, hidden 16384, 128 heads, its 128,256-token vocabulary,
+8,192-token sequences; ~406e9 parameters with axgrid's 4h MLP instead of LLaMA's SwiGLU 53,248): the AxoNN
+paper's 405B fine-tune as far as the GPT can stand in for it (its token table, 128,256 × 16,384 = 2.1e9 elements,
+is past 2^31). ``gpt-tiny`` and ``gpt-mini`` are byte-level sizes that run on a laptop CPU with gloo.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ NAMED_SIZES: dict[str, GPTSize] = {
     "gpt-175b": GPTSize(96, 12288, 96, 2048, GPT2_PADDED_VOCAB),
     "gpt-320b": GPTSize(96, 16384, 128, 2048, GPT2_PADDED_VOCAB),
     "gpt-640b": GPTSize(192, 16384, 128, 2048, GPT2_PADDED_VOCAB),
+    "gpt-405b": GPTSize(126, 16384, 128, 8192, 128256),
     "gpt-1t": GPTSize(128, 25600, 160, 2048, GPT2_PADDED_VOCAB),
 }
 

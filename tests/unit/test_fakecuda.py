@@ -1,4 +1,4 @@
-"""The library as on GPUs, on this CPU (axgrid/testing/fakegpu.py): one rank of a multi-rank grid, its tensors fake on
+"""The library as on GPUs, on this CPU (axgrid/dryrun/harness.py): one rank of a multi-rank grid, its tensors fake on
 a GPU device, its collectives on torch's fake process group. Every case fails on a tensor left on the host, an
 unintended host read or copy in the hot path (``HostWatch``), or a device mismatch (raised by the fake tensors).
 
@@ -19,7 +19,7 @@ import os
 import pytest
 
 from conftest import PRELOAD
-from axgrid.testing.fakegpu import run_isolated
+from axgrid.testing.isolated import run_isolated
 
 pytestmark = pytest.mark.fakecuda
 
@@ -52,7 +52,7 @@ def cuda_cases(tmp: str) -> dict:
     from transformers import LlamaForCausalLM
     from axgrid.models.gpt import GPT
     from axgrid.plans.causal_lm import causal_lm_loss
-    from axgrid.testing.fakegpu import dry_run
+    from axgrid.dryrun.harness import dry_run
     warnings.simplefilter("ignore")
     path, cfg = _llama_and_gpt(tmp)
     ids = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(0))
@@ -106,7 +106,7 @@ def harness_catches(tmp: str) -> dict:
     """What the harness reports for code that does what a GPU run must not: mix a host tensor in, read a value on
     the host, copy to the host, compute on the host."""
     import torch
-    from axgrid.testing.fakegpu import dry_run
+    from axgrid.dryrun.harness import dry_run
     with dry_run("1x1x2x1", rank=1) as run:
         dev = run.grid.device
         x = torch.empty(4, 8, device=dev)
@@ -166,7 +166,7 @@ def fakegpu_steps(tmp: str) -> dict:
     from transformers import LlamaForCausalLM
     from axgrid.models.gpt import GPT
     from axgrid.plans.causal_lm import causal_lm_loss
-    from axgrid.testing.fakegpu import dry_run
+    from axgrid.dryrun.harness import dry_run
     from axgrid.train import train_step
     warnings.simplefilter("ignore")
     path, cfg = _llama_and_gpt(tmp)

@@ -21,10 +21,11 @@ What torch 2.13's CPU build allows, and so what the two devices of :func:`dry_ru
 - ``device="fakegpu"``: the same fake tensors on torch's PrivateUse1 device, registered under the name "fakegpu"
   with a Python device guard (:func:`accelerator`). Autograd works on it -- backward, optimizer steps -- and
   autocast is emulated for the GEMMs (mm, addmm, bmm, baddbmm, matmul, linear and scaled_dot_product_attention run
-  in the autocast dtype, as
-  CUDA's autocast lists them). The backward of a training step runs here. Registering PrivateUse1 cannot be
-  undone and makes it torch's accelerator: after it, a CUDA backward fails in this process, so the two devices
-  are used in different processes (:func:`run_isolated`).
+  in the autocast dtype, as CUDA's autocast lists them), and attention runs CUDA's flash kernel where CUDA would
+  (:func:`_fused_attention`), so that a step holds the memory a GPU's does. The backward of a training step runs
+  here. Registering PrivateUse1 cannot be undone and makes it torch's accelerator: after it, a CUDA backward fails
+  in this process, so the two devices are used in different processes (:func:`axgrid.testing.isolated.run_isolated`
+  in tests; a process per ``python -m axgrid.dryrun``).
 
 Pieces, for tests and for a dry run of a full-size job:
 
@@ -40,16 +41,13 @@ Pieces, for tests and for a dry run of a full-size job:
 - :func:`dry_run`: all of them around ``axgrid.init``. Optimizer state must live on the device, as a GPU
   training loop keeps it anyway (``AdamW(capturable=True)`` or ``fused=True``): a host-side step counter has no
   value in a dry run.
-- :func:`run_isolated`: a function in a fresh process from the forkserver (an abort cannot take pytest with it).
 """
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import socket
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -174,8 +172,25 @@ def accelerator() -> torch.device:
             for overload in getattr(aten, name).overloads():
                 op = getattr(getattr(aten, name), overload)
                 gemms.impl(op, _autocast_to_lower(op), "AutocastPrivateUse1")
-        _REGISTRATION.extend([everything, gemms])
+        attention = torch.library.Library("aten", "IMPL")                # fused attention, as CUDA picks it
+        attention.impl("scaled_dot_product_attention", _fused_attention, "AutogradPrivateUse1")
+        _REGISTRATION.extend([everything, gemms, attention])
     return torch.device(FAKE_ACCELERATOR, 0)
+
+
+def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                     dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                     enable_gqa: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` on the fakegpu device as on a GPU: CUDA's flash kernel where it takes the
+    inputs (no mask, no dropout), saving for backward what it saves there (its output and the fp32 log-sum-exp
+    ``[b, H, S]``; q, k, v as given), else the math path. Without this the device would run torch's math
+    decomposition (a PrivateUse1 backend gets no fused kernel), which saves the ``[b, H, S, S]`` probabilities a
+    GPU never holds. Registered on the device's autograd key, over the composite; the fused ops' own derivatives
+    and fake-tensor kernels do the rest."""
+    if attn_mask is None and dropout_p == 0.0 and not enable_gqa:
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+    return aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
+                                                   enable_gqa=enable_gqa)[0]
 
 
 def _autocast_to_lower(op) -> Callable[..., Any]:
@@ -211,7 +226,7 @@ def _origin() -> str:
     fallback = None
     while frame is not None:
         f = frame.f_code.co_filename
-        if "torch/" not in f and "axgrid/testing/fakegpu" not in f:
+        if "torch/" not in f and "axgrid/dryrun/harness" not in f:
             here = f"{f.split('axgrid/')[-1] if 'axgrid/' in f else f}:{frame.f_lineno} in {frame.f_code.co_name}"
             if "/axgrid/" in f:
                 return here
@@ -362,48 +377,5 @@ def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None) 
             g.destroy()
 
 
-# ----------------------------------------------------------------------------------------------- isolation
-
-def _child(conn, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    try:
-        torch.set_num_threads(1)
-        conn.send(("ok", fn(*args, **kwargs)))
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-
-
-class IsolatedFailure(RuntimeError):
-    """The function raised, died (an abort) or outlived its time in its own process."""
-
-
-def run_isolated(fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0, preload: tuple[str, ...] = (),
-                 **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a fresh process of the forkserver (which has torch and the runtime preloaded, as
-    :class:`axgrid.testing.RankPool`'s ranks; ``preload``: more modules, when this call starts the forkserver); its
-    result, or :class:`IsolatedFailure` with its traceback or exit code. ``fn`` must be importable (module level)."""
-    from .pool import RUNTIME_MODULES
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES, *preload])
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, fn, args, kwargs), daemon=True)
-    proc.start()
-    child.close()
-    try:
-        if not parent.poll(timeout_s):
-            raise IsolatedFailure(f"{fn.__name__} still running after {timeout_s} s"
-                                  if proc.is_alive() else f"{fn.__name__} died with exit code {proc.exitcode}")
-        status, value = parent.recv()
-    except EOFError:
-        proc.join(5)
-        raise IsolatedFailure(f"{fn.__name__} died with exit code {proc.exitcode} (a signal: -N)") from None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-    if status != "ok":
-        raise IsolatedFailure(f"{fn.__name__} raised:\n{value}")
-    return value
-
-
 __all__ = ["FAKE_ACCELERATOR", "HOST_ELEMENTS", "DryRun", "FakeGpuDevice", "FakeGpuEvent", "HostWatch",
-           "IsolatedFailure", "Violation", "accelerator", "cuda_guard", "dry_run", "fake_world", "run_isolated"]
+           "Violation", "accelerator", "cuda_guard", "dry_run", "fake_world"]

@@ -1,0 +1,105 @@
+"""``python -m axgrid.dryrun`` (also ``axgrid dryrun``): one real training step of the runtime per rank, as rank r
+of a job of any size, on this machine, beside perfmodel's prediction. Exit 0 when they agree and the peak fits the
+machine, 1 when they do not (each difference named) and on bad input (one line, before anything is allocated).
+
+    python -m axgrid.dryrun --model gpt-320b --gpus 32768 --machine frontier --batch 4096
+    python -m axgrid.dryrun --model gpt-80b --grid 4x2x16x8 --machine perlmutter --batch 1024 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Optional, Sequence
+
+from .config import DryRunError, predict, resolve, role_ranks
+
+
+def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a named size (gpt-tiny ... gpt-1t, gpt-405b)")
+    ap.add_argument("--gpus", type=int, help="GPUs of the job (or give --grid)")
+    ap.add_argument("--grid", help="GXxGYxGZxGD (default: perfmodel's best for the model, GPUs, machine, batch)")
+    ap.add_argument("--machine", default="frontier", help="a machine of perfmodel's library (python -m "
+                    "axgrid.perfmodel machines) or a .toml: its memory and the default grid (default frontier)")
+    ap.add_argument("--batch", type=int, required=True, help="global batch in sequences per step")
+    ap.add_argument("--microbatches", type=int, help="micro-batches per step (default: the fewest that fit, as "
+                    "perfmodel chooses)")
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: autocast, fp32 weights")
+    ap.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=True,
+                    help="activation recompute per block (default on)")
+    ap.add_argument("--overlap", default="all", help="the runtime's overlaps: all (default), none, or a comma "
+                    "list of oar, ors, oag, odp, keep")
+    ap.add_argument("--zero", type=int, choices=(0, 1, 2), help="ZeRO over d: 0, 1 (optimizer state), 2 (and "
+                    "gradients); default: the mode perfmodel picks for the grid")
+    ap.add_argument("--rank", type=int, action="append", dest="ranks",
+                    help="dry-run this rank (repeatable; default: ranks covering every distinct role)")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dryrun") -> int:
+    a = build_parser(prog).parse_args(argv)
+    cfg = resolve(a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
+                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero)
+    ranks = a.ranks or role_ranks(cfg)
+    bad = [r for r in ranks if not 0 <= r < cfg.gpus]
+    if bad:
+        raise DryRunError(f"--rank {bad[0]} is outside the grid {cfg.grid} (ranks 0..{cfg.gpus - 1})")
+    if a.json:
+        folder = os.path.dirname(os.path.abspath(a.json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise DryRunError(f"--json {a.json}: no writable folder {folder}")
+    import torch
+
+    from axgrid import perfmodel as pm
+
+    from .report import disagreements, human, rank_json, table
+    from .step import measure_rank
+    torch.set_num_threads(1)
+    prediction = predict(cfg)
+    machine = pm.load_machine(cfg.machine)
+    print(f"dry run: {cfg.model.name} on {cfg.grid} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
+          f"{cfg.microbatches} micro-batch(es), {cfg.dtype}, recompute {'on' if cfg.recompute else 'off'}, overlap "
+          f"{cfg.overlap}, zero {cfg.zero}; ranks {', '.join(map(str, ranks))}", flush=True)
+    measures, problems = [], []
+    for r in ranks:
+        m = measure_rank(cfg, r)
+        measures.append(m)
+        print(table(cfg, m, prediction), flush=True)
+        problems += disagreements(m, prediction, cfg.zero)
+    peak = max(m.peak for m in measures)
+    fits = peak <= machine.memory_bytes
+    if a.json:
+        doc = {"config": cfg.as_json(), "ranks": [rank_json(m, prediction) for m in measures],
+               "agree": not problems, "disagreements": problems, "fits": fits,
+               "machine_memory_bytes": machine.memory_bytes}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {a.json}")
+    if not fits:
+        problems.append(f"the measured peak {human(peak)} does not fit {machine.name}'s {human(machine.memory_bytes)}"
+                        f" per GPU; {_best_fitting(cfg, pm, machine)}")
+    for p in problems:
+        print(f"DIFFERS: {p}" if not p.startswith("the measured peak") else f"DOES NOT FIT: {p}")
+    if not problems:
+        print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte (the "
+              f"buckets within perfmodel's bound), "
+              f"the peak within 5%; the peak fits {machine.name}'s {human(machine.memory_bytes)}")
+    return 1 if problems else 0
+
+
+def _best_fitting(cfg, pm, machine) -> str:
+    """perfmodel's best grid that fits, for the same model and batch on as many GPUs."""
+    from dataclasses import replace
+
+    from .report import human
+    prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None, zero=None))
+    try:
+        row = pm.rank(prob, machine, tp_pp_dp=False).feasible[0]
+    except pm.NoFeasibleConfig as e:
+        return f"perfmodel finds no grid that fits: {e}"
+    return (f"perfmodel's best grid that fits is {row.grid_str}{f' zero {row.zero}' if row.zero else ''} with "
+            f"{row.microbatches} micro-batch(es) "
+            f"({human(row.memory_bytes)} predicted)")

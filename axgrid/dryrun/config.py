@@ -1,0 +1,244 @@
+"""What a dry run runs, and what perfmodel predicts for it. Torch-free: a configuration is checked (and bad input
+refused in one line naming the valid choices) before anything is allocated.
+
+:func:`resolve` turns the command line's choices into a :class:`DryRunConfig` -- the grid defaults to perfmodel's
+best for the model, GPU count, machine and batch, and the micro-batch count to the fewest that fit there;
+:func:`predict` gives perfmodel's figures for the same configuration (:class:`Prediction`): memory by the dry run's
+categories (:data:`axgrid.dryrun.step.CATEGORIES`) and the bytes and calls of every collective per (grid dimension,
+operation), for a GPU (``perfmodel.memory.GPU``: fused attention, collectives in the tensors' dtype).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from axgrid import perfmodel as pm
+from axgrid.perfmodel.memory import GPU, memory_per_gpu
+from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
+from axgrid.perfmodel.spec import DTYPE_BYTES
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape
+
+#: the gradient clipping's all-reduce over x·y·z: the fp64 sum of squares (``axgrid.data_parallel.grad_norm``),
+#: which perfmodel's GPT step (no clipping) does not list
+CLIP_NORM_BYTES = 8
+#: ``--overlap`` switches, as ``axgrid.OverlapConfig.parse`` reads them
+OVERLAP_NAMES = ("oar", "ors", "oag", "odp", "keep")
+
+
+class DryRunError(ValueError):
+    """A configuration that cannot run: the message names the value and what would work."""
+
+
+def parse_overlap(spec: str) -> dict[str, bool]:
+    """``"all"`` / ``"none"`` / ``"oar,oag,keep"`` -> {switch: on} (``all`` is the four overlaps, without keep)."""
+    chosen = {s.strip() for s in spec.split(",") if s.strip()}
+    if "all" in chosen:
+        chosen = (chosen - {"all"}) | {"oar", "ors", "oag", "odp"}
+    chosen.discard("none")
+    unknown = chosen - set(OVERLAP_NAMES)
+    if unknown:
+        raise DryRunError(f"--overlap {spec!r}: unknown switch(es) {', '.join(sorted(unknown))}; use all, none or a "
+                          f"comma list of {', '.join(OVERLAP_NAMES)}")
+    return {n: n in chosen for n in OVERLAP_NAMES}
+
+
+@dataclass(frozen=True)
+class DryRunConfig:
+    """One dry run: ``model`` (perfmodel's spec; the runtime builds the same GPT), ``grid`` ("GxxGyxGzxGd"),
+    ``batch`` sequences per step in ``microbatches`` micro-batches, ``dtype`` ("bf16": autocast with fp32
+    weights; "fp32"), ``recompute``, ``overlap`` (the runtime's ``--overlap``), the ``machine`` perfmodel prices."""
+
+    model: pm.TransformerSpec
+    grid: str
+    batch: int
+    microbatches: int
+    dtype: str = "bf16"
+    recompute: bool = True
+    overlap: str = "all"
+    machine: str = "frontier"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    zero: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return GridShape.parse(self.grid).as_tuple()
+
+    @property
+    def gpus(self) -> int:
+        gx, gy, gz, gd = self.shape
+        return gx * gy * gz * gd
+
+    @property
+    def sequences_per_microbatch(self) -> int:
+        """Sequences of one micro-batch over the whole grid."""
+        return self.batch // self.microbatches
+
+    @property
+    def tokens_per_gpu(self) -> int:
+        """m': tokens per GPU per micro-batch."""
+        _, _, gz, gd = self.shape
+        return self.sequences_per_microbatch * self.model.seq // (gz * gd)
+
+    def options(self) -> pm.Options:
+        """perfmodel's options for this run."""
+        ov = parse_overlap(self.overlap)
+        return pm.Options(overlap_ar=ov["oar"], overlap_rs=ov["ors"], overlap_ag=ov["oag"], overlap_dp=ov["odp"],
+                          keep_gathered=ov["keep"], recompute=self.recompute, microbatches=self.microbatches,
+                          bucket_bytes=self.bucket_bytes, zero=self.zero)
+
+    def problem(self) -> pm.Problem:
+        return pm.Problem(self.model, self.batch, self.gpus, self.dtype, self.options())
+
+    def gpt_config(self):
+        """The runtime's ``GPTConfig`` of the same model (imports torch)."""
+        from axgrid.models.gpt import GPTConfig
+        m = self.model
+        return GPTConfig(m.layers, m.hidden, m.heads, m.seq, m.vocab, bias=m.bias, recompute=self.recompute,
+                         name=m.name)
+
+    def as_json(self) -> dict:
+        m = self.model
+        return {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
+                "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
+                "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
+                "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """perfmodel's figures for one rank of a :class:`DryRunConfig` (bytes)."""
+
+    peak: int
+    memory: dict[str, int]
+    comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
+
+    def comm_bytes_by_dim(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (dim, _), (_, nbytes) in self.comm.items():
+            out[dim] = out.get(dim, 0) + nbytes
+        return out
+
+
+def predict(cfg: DryRunConfig) -> Prediction:
+    """perfmodel's memory (``perfmodel.memory.memory_per_gpu``, on a GPU) and collectives
+    (``perfmodel.collective_bytes`` / ``collective_calls`` of the whole GPT step) for ``cfg``."""
+    gx, gy, gz, gd = cfg.shape
+    b = DTYPE_BYTES[cfg.dtype]
+    opt = cfg.options()
+    mem = memory_per_gpu(cfg.model, gx, gy, gz, gd, cfg.tokens_per_gpu, b, cfg.dtype == "fp32", opt, device=GPU)
+    memory = {"parameters": mem.params, "gradients": mem.grads, "optimizer": mem.optimizer,
+              "buckets": mem.dp_buckets, "gathered": mem.gathered, "activations": mem.activations}
+    memory = {k: int(round(float(v))) for k, v in memory.items()}
+    peak = int(round(float(mem.total)))
+    memory["temporaries"] = peak - sum(memory.values())
+    args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
+    kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
+              bucket_bytes=opt.bucket_bytes, zero=cfg.zero)
+    nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
+    comm = {k: (calls[k], nbytes[k]) for k in nbytes}
+    # clipping (the step clips): one all-reduce of the fp64 squared norm over the block, and over d with zero >= 1
+    for dims, on in (("xyz", gx * gy * gz > 1), ("d", cfg.zero > 0 and gd > 1)):
+        if on:
+            calls_, bytes_ = comm.get((dims, "all_reduce"), (0, 0))
+            comm[(dims, "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
+    return Prediction(peak, memory, comm)
+
+
+# ------------------------------------------------------------------------------------------------ choosing
+
+def valid_grids(model: pm.TransformerSpec, gpus: int, batch: int, microbatches: Optional[int]) -> list[str]:
+    """Every grid of ``gpus`` ranks that the model and batch divide (perfmodel's divisibility rules)."""
+    g = enumerate_grids(gpus)
+    bad = divisibility(model, batch, g, microbatches)
+    ok = ~sum(bad.values()).astype(bool) if bad else None
+    return ["x".join(map(str, t)) for t, good in zip(g.tuples(), ok) if good]
+
+
+def _grid_problems(model: pm.TransformerSpec, shape: tuple[int, int, int, int], batch: int,
+                   microbatches: Optional[int]) -> list[str]:
+    bad = divisibility(model, batch, Grids.of([shape]), microbatches)
+    return [describe(k, model, batch, shape, microbatches) for k, v in bad.items() if v[0]]
+
+
+def _list(grids: list[str], show: int = 12) -> str:
+    if not grids:
+        return "none"
+    more = f" ... ({len(grids)} in all)" if len(grids) > show else ""
+    return ", ".join(grids[:show]) + more
+
+
+def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *, grid: Optional[str] = None,
+            machine: str = "frontier", dtype: str = "bf16", recompute: bool = True, overlap: str = "all",
+            microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+            zero: Optional[int] = None) -> DryRunConfig:
+    """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
+    fastest that fits). Bad input raises :class:`DryRunError` naming the value
+    and the valid choices (grids, micro-batch counts)."""
+    try:
+        spec = pm.get_model(model) if isinstance(model, str) else model
+    except pm.PerfModelError as e:
+        raise DryRunError(f"--model: {e}") from None
+    if dtype not in ("bf16", "fp32"):
+        raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
+    parse_overlap(overlap)
+    if zero not in (None, 0, 1, 2):
+        raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
+    if batch is None or batch < 1:
+        raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
+    if microbatches is not None and (microbatches < 1 or batch % microbatches):
+        raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
+    if grid is not None:
+        try:
+            shape = GridShape.parse(grid).as_tuple()
+        except Exception as e:
+            raise DryRunError(f"--grid {grid!r}: {e}; give four sizes GXxGYxGZxGD, e.g. 4x2x16x8") from None
+        n = shape[0] * shape[1] * shape[2] * shape[3]
+        if gpus is not None and n != gpus:
+            raise DryRunError(f"--grid {grid} has {n} ranks, not --gpus {gpus}; grids of {gpus} ranks that this "
+                              f"model and batch divide: {_list(valid_grids(spec, gpus, batch, microbatches))}")
+        gpus = n
+        problems = _grid_problems(spec, shape, batch, microbatches)
+        if problems:
+            raise DryRunError(f"--grid {grid} does not fit {spec.name} with batch {batch}: {'; '.join(problems)}; "
+                              f"grids of {gpus} ranks that do: {_list(valid_grids(spec, gpus, batch, microbatches))}")
+    if gpus is None or gpus < 1:
+        raise DryRunError("give --gpus N (or a --grid)")
+    try:
+        mach = pm.load_machine(machine)
+    except pm.PerfModelError as e:
+        raise DryRunError(f"--machine: {e}") from None
+    base = DryRunConfig(spec, grid or "1x1x1x1", batch, microbatches or 1, dtype, recompute, overlap, machine,
+                        bucket_bytes, zero or 0)
+    prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches, zero=zero))
+    if grid is None:
+        try:
+            row = pm.rank(prob, mach, tp_pp_dp=False).feasible[0]
+        except pm.NoFeasibleConfig as e:
+            raise DryRunError(str(e)) from None
+    else:
+        row = pm.price_grid(prob, mach, shape)
+    chosen = microbatches or int(row.microbatches)
+    cfg = replace(base, grid=row.grid_str, microbatches=chosen, zero=row.zero if zero is None else zero)
+    if zero and cfg.shape[3] == 1:
+        raise DryRunError(f"--zero {zero} on grid {cfg.grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
+                          f"with Gd > 1")
+    gz, gd = cfg.shape[2], cfg.shape[3]
+    if cfg.sequences_per_microbatch % (gz * gd):
+        fits = [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % (gz * gd) == 0]
+        raise DryRunError(f"a micro-batch of {cfg.sequences_per_microbatch} sequences ({batch} in {chosen}) does not "
+                          f"split over Gz·Gd = {gz * gd} (z splits whole sequences); micro-batch counts that do: "
+                          f"{fits or 'none: raise --batch'}")
+    return cfg
+
+
+def role_ranks(cfg: DryRunConfig) -> list[int]:
+    """Ranks that cover every distinct role of the grid. The GPT divides the grid (``GPTConfig.check_grid``), so
+    every rank holds shards and posts collectives of the same shapes; what differs is where a z-split block's padding
+    sits (on the last z rank), when a block does not split evenly over Gz. So: rank 0, and the last rank when some
+    block pads."""
+    from axgrid.perfmodel.comm import layer_volumes
+    gx, gy, gz, _ = cfg.shape
+    pads = any(int(v.padded) != int(v.block)
+               for v in (layer_volumes(layer, gx, gy, gz, 1)
+                         for layer in cfg.model.block_layers() + [cfg.model.head_layer()]))
+    return [0, cfg.gpus - 1] if pads and cfg.gpus > 1 else [0]

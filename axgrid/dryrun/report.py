@@ -1,0 +1,103 @@
+"""A dry run's figures beside perfmodel's: the printed table per rank and the ``--json`` document.
+
+JSON: ``{"config": {...}, "ranks": [{"rank", "coord", "peak_bytes", "predicted_peak_bytes", "moment", "memory":
+{category: bytes}, "predicted_memory": {...}, "comm_bytes": {dim: bytes}, "predicted_comm_bytes": {dim: bytes},
+"comm": [{"dim", "op", "calls", "bytes", "predicted_calls", "predicted_bytes"}], "seconds"}], "agree": bool,
+"disagreements": [str], "fits": bool, "machine_memory_bytes"}``.
+"""
+from __future__ import annotations
+
+from .config import DryRunConfig, Prediction
+
+CATEGORIES = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations", "temporaries")
+#: the peak may differ from perfmodel's by this fraction (the categories measured exactly must agree to the byte)
+PEAK_TOLERANCE = 0.05
+#: categories perfmodel models to the byte (temporaries are the rest of the peak: compared through the peak)
+EXACT = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations")
+
+
+def human(n: float) -> str:
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def _diff(got: int, want: int) -> str:
+    if got == want:
+        return "equal"
+    rel = f" ({(got - want) / want:+.2%})" if want else ""
+    return f"{'+' if got > want else '-'}{human(abs(got - want))}{rel}"
+
+
+def bucket_bounds(zero: int, p: Prediction) -> tuple[int, int]:
+    """What the data-parallel buckets may allocate in the backward, as perfmodel models it (and
+    tests/ranks/test_memory_agreement.py checks it): zero=0 nothing (the gradients are the buckets); zero=1 up to a
+    backend's copies of the buckets it reduce-scatters (at most the gradients); zero=2 its full buckets, at most
+    what perfmodel lets be alive at once (``dp_buckets``, an upper bound)."""
+    return {0: (0, 0), 1: (0, p.memory["gradients"]), 2: (0, p.memory["buckets"])}[zero]
+
+
+def disagreements(m, p: Prediction, zero: int = 0) -> list[str]:
+    """Where the measure ``m`` (:class:`~axgrid.dryrun.step.RankMeasure`) and perfmodel differ beyond what the
+    agreement allows: bytes and calls of every collective exactly, the modelled categories to the byte (the
+    buckets within :func:`bucket_bounds`), the peak within :data:`PEAK_TOLERANCE`."""
+    out = []
+    for key in sorted(set(m.comm) | set(p.comm)):
+        got, want = m.comm.get(key, (0, 0)), p.comm.get(key, (0, 0))
+        if got != want:
+            out.append(f"rank {m.rank} {key[0]} {key[1]}: {got[0]} calls {got[1]} B measured, {want[0]} calls "
+                       f"{want[1]} B predicted")
+    low, high = bucket_bounds(zero, p)
+    if not low <= m.memory["buckets"] <= high:
+        out.append(f"rank {m.rank} buckets: {m.memory['buckets']} B measured, {low} to {high} B allowed (zero={zero})")
+    for c in EXACT:
+        if c == "buckets":
+            continue
+        if m.memory[c] != p.memory[c]:
+            out.append(f"rank {m.rank} {c}: {m.memory[c]} B measured, {p.memory[c]} B predicted")
+    if abs(m.peak / p.peak - 1) > PEAK_TOLERANCE:
+        out.append(f"rank {m.rank} peak: {human(m.peak)} measured, {human(p.peak)} predicted "
+                   f"({m.peak / p.peak - 1:+.1%}, beyond {PEAK_TOLERANCE:.0%})")
+    return out
+
+
+def table(cfg: DryRunConfig, m, p: Prediction) -> str:
+    """One rank's figures beside perfmodel's."""
+    coord = " ".join(f"{k}{v}" for k, v in m.coord.items())
+    lines = [f"rank {m.rank} ({coord}) of {cfg.grid}: one step in {m.seconds:.1f} s",
+             f"  {'memory':<14}{'dry run':>14}{'perfmodel':>14}  difference"]
+    low, high = bucket_bounds(cfg.zero, p)
+    for c in CATEGORIES:
+        diff = _diff(m.memory[c], p.memory[c])
+        if c == "buckets" and cfg.zero:
+            diff = f"{'within' if low <= m.memory[c] <= high else 'OUTSIDE'} perfmodel's bound (zero={cfg.zero})"
+        elif c == "temporaries":
+            diff += " (the rest of the peak)"
+        lines.append(f"  {c:<14}{human(m.memory[c]):>14}{human(p.memory[c]):>14}  {diff}")
+    lines.append(f"  {'peak':<14}{human(m.peak):>14}{human(p.peak):>14}  {_diff(m.peak, p.peak)}")
+    lines.append(f"  peak reached at: {m.moment}")
+    lines.append(f"  {'collective':<22}{'calls':>8}{'bytes':>18}{'perfmodel':>18}  difference")
+    for key in sorted(set(m.comm) | set(p.comm)):
+        (calls, got), (pcalls, want) = m.comm.get(key, (0, 0)), p.comm.get(key, (0, 0))
+        d = "equal" if (calls, got) == (pcalls, want) else f"{got - want:+d} B, {calls - pcalls:+d} calls"
+        lines.append(f"  {key[0] + ' ' + key[1]:<22}{calls:>8}{got:>18,}{want:>18,}  {d}")
+    bd, pd = m.comm_bytes_by_dim(), p.comm_bytes_by_dim()
+    lines.append("  bytes per dimension: " + ", ".join(
+        f"{d} {human(bd.get(d, 0))} ({_diff(bd.get(d, 0), pd.get(d, 0))})" for d in sorted(set(bd) | set(pd))))
+    if m.host_violations:
+        lines.append(f"  host traffic in the step ({len(m.host_violations)}): " + "; ".join(m.host_violations[:5]))
+    return "\n".join(lines)
+
+
+def rank_json(m, p: Prediction) -> dict:
+    keys = sorted(set(m.comm) | set(p.comm))
+    return {"rank": m.rank, "coord": m.coord, "peak_bytes": m.peak, "predicted_peak_bytes": p.peak,
+            "moment": m.moment, "memory": dict(m.memory), "predicted_memory": dict(p.memory),
+            "comm_bytes": m.comm_bytes_by_dim(), "predicted_comm_bytes": p.comm_bytes_by_dim(),
+            "comm": [{"dim": d, "op": o, "calls": m.comm.get((d, o), (0, 0))[0],
+                      "bytes": m.comm.get((d, o), (0, 0))[1], "predicted_calls": p.comm.get((d, o), (0, 0))[0],
+                      "predicted_bytes": p.comm.get((d, o), (0, 0))[1]} for d, o in keys],
+            "seconds": round(m.seconds, 3), "host_violations": m.host_violations}
