@@ -50,7 +50,7 @@ def real(cfg):
 
 
 @pytest.mark.parametrize("grid,batch,mb,recompute,overlap,zero",
-                         slow_where(CASES, lambda c: c[0] != "1x1x2x4"), ids=[c[0] for c in CASES])
+                         slow_where(CASES, lambda c: c[0] != "2x1x2x1"), ids=[c[0] for c in CASES])
 def test_dry_run_equals_real_ranks(ranks, grid, batch, mb, recompute, overlap, zero):
     cfg = _config(grid, batch, mb, recompute, overlap, zero)
     got = ranks(cfg.gpus, real, cfg)
@@ -125,6 +125,7 @@ def test_a_rank_of_32768_builds_only_its_own_groups():
     assert seconds < 30
 
 
+@pytest.mark.slow
 def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
     import re
     import subprocess
