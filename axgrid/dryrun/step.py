@@ -172,7 +172,8 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     live.track(itertools.chain(params, (p.grad for p in params), share, mt.optimizer_tensors(opt)))
     opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
     grid.ledger.reset()
-    with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), _buckets(lay, live), \
+    with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), \
+            mt.watch_bucket_allocations(lay, live), \
             host if host is not None else contextlib.nullcontext():
         train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)
     memory["gradients"] = mt.storage_bytes(itertools.chain((p.grad for p in params), share))
@@ -211,28 +212,3 @@ def _after_backward(live: "PeakWatch", i: int, m: int) -> None:
         live.phase = (f"after micro-batch {i + 1}/{m}'s backward" if i < m - 1
                       else "gradient sync and clipping")
     torch.autograd.Variable._execution_engine.queue_callback(done)
-
-
-
-@contextlib.contextmanager
-def _buckets(lay: Any, live: PeakWatch) -> Iterator[None]:
-    """What the data-parallel buckets allocate in the backward, while gradients arrive and are reduced (zero=2's
-    full buckets, a backend's copies), counted in ``live``'s category "buckets"."""
-    if lay is None:
-        yield
-        return
-    plain = {m: getattr(lay, m) for m in ("grad_ready", "_end_of_backward")}
-
-    def wrap(fn):
-        def inner(*a, **k):
-            with live.category("buckets"):
-                return fn(*a, **k)
-        return inner
-
-    for m, fn in plain.items():
-        setattr(lay, m, wrap(fn))
-    try:
-        yield
-    finally:
-        for m in plain:
-            delattr(lay, m)

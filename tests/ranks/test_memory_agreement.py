@@ -129,7 +129,8 @@ def measure(cases: list[tuple]) -> list[dict]:
             live.track(itertools.chain(model.parameters(), (p.grad for p in model.parameters()), share,
                                        mt.optimizer_tensors(opt)))
             measuring[0] = True
-            with live, mt.watch_weight_source(rt, live, kept=kept), _full_buckets(lay, live):
+            with live, mt.watch_weight_source(rt, live, kept=kept), \
+                    mt.watch_bucket_allocations(lay, live, "dp_buckets"):
                 train_step(model, opt, forward, grid, MICROBATCHES)
             got["peak"], got["gathered"] = live.peak, live.category_peak("gathered")
             got["dp_buckets"] = live.category_peak("dp_buckets")
@@ -141,30 +142,6 @@ def measure(cases: list[tuple]) -> list[dict]:
         finally:
             grid.destroy()
     return out
-
-
-@contextlib.contextmanager
-def _full_buckets(lay, live):
-    """What the buckets allocate in the backward, while gradients arrive and are reduced (zero=2's full buckets),
-    is counted in ``live``'s category "dp_buckets"."""
-    if lay is None:
-        yield
-        return
-    plain = {m: getattr(lay, m) for m in ("grad_ready", "_end_of_backward")}
-
-    def wrap(fn):
-        def inner(*a, **k):
-            with live.category("dp_buckets"):
-                return fn(*a, **k)
-        return inner
-
-    for m, fn in plain.items():
-        setattr(lay, m, wrap(fn))
-    try:
-        yield
-    finally:
-        for m in plain:
-            delattr(lay, m)
 
 
 def predicted(spec: str, overlap: str, recompute: bool, dtype: str, attention: str, zero: int = 0):
