@@ -41,8 +41,9 @@ def replicated_over(p: torch.Tensor) -> str:
     return getattr(p, "axgrid_replicated", "xyzd")
 
 
-def _params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tensor]:
-    """The trainable parameters, each once, in order."""
+def trainable_params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tensor]:
+    """The trainable parameters, each once, in order: the list the data-parallel buckets are laid out for (every
+    caller of ``grid.runtime.dp.layout_for`` passes this, so they find the same layout)."""
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
     return list({id(p): p for p in params if p.requires_grad}.values())
@@ -69,7 +70,7 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     """
     rt = grid.runtime
     rt.grads.finish()
-    layout = rt.dp.layout_for(_params(params))
+    layout = rt.dp.layout_for(trainable_params(params))
     if layout is not None:
         layout.reduce()
 
@@ -77,7 +78,7 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
 def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> bool:
     """Zero the gradients of ``params`` in place in their data-parallel buckets (building them on first use), as
     a step begins; False when there are none (Gd = 1: zero them as you like, e.g. ``optimizer.zero_grad()``)."""
-    layout = grid.runtime.dp.layout_for(_params(params))
+    layout = grid.runtime.dp.layout_for(trainable_params(params))
     if layout is None:
         return False
     layout.zero_grad()
@@ -99,12 +100,21 @@ def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm
     reduced over d (call :func:`sync_gradients` first): with ``zero=0`` every d-rank holds them all and computes
     the same norm; with ``zero`` >= 1 each d-rank counts its own pieces and the d-ranks sum too.
     """
-    ps = _params(params)
+    pairs, sharded = _gradients(trainable_params(params), grid)
+    return _norm(pairs, sharded, grid, norm_type)
+
+
+def _gradients(ps: list[torch.Tensor], grid: Grid) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], bool]:
+    """``(param, gradient)`` of every gradient this rank holds (``zero`` >= 1: its pieces), and whether they are
+    sharded over d."""
     layout = _sharded(ps, grid)
     if layout is not None:
-        pairs = [(pc.param, pc.grad) for pc in layout.pieces()]
-    else:
-        pairs = [(p, p.grad) for p in ps if p.grad is not None]
+        return [(pc.param, pc.grad) for pc in layout.pieces()], True
+    return [(p, p.grad) for p in ps if p.grad is not None], False
+
+
+def _norm(pairs: list[tuple[torch.Tensor, torch.Tensor]], sharded: bool, grid: Grid, norm_type: float) -> torch.Tensor:
+    """The global norm of :func:`_gradients`' ``pairs`` (see :func:`grad_norm`)."""
     device = pairs[0][1].device if pairs else grid.device
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p, g in pairs:
@@ -114,7 +124,7 @@ def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm
         # a 2.1e9-element table gradient would hold 17 GB, seen by the dry run), combined in fp64
         n = torch.linalg.vector_norm(g.detach(), norm_type).double()
         total = torch.maximum(total, n) if math.isinf(norm_type) else total + n ** norm_type
-    for dims in ("xyz", "d") if layout is not None else ("xyz",):
+    for dims in ("xyz", "d") if sharded else ("xyz",):
         if grid.size(dims) == 1:
             continue
         if math.isinf(norm_type):
@@ -130,12 +140,9 @@ def clip_grad_norm_(params: Iterable[torch.Tensor] | torch.nn.Module, max_norm: 
     fp32 tensor on the device; ``zero`` >= 1: of the gradients the sharded optimizer steps, this rank's pieces).
     The scale is computed on the device, ``min(1, max_norm / (norm + 1e-6))``, and every gradient is multiplied
     by it: the host never waits for the norm (as ``torch.nn.utils.clip_grad_norm_``)."""
-    ps = _params(params)
-    norm = grad_norm(ps, grid, norm_type)
+    pairs, sharded = _gradients(trainable_params(params), grid)
+    norm = _norm(pairs, sharded, grid, norm_type)
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    layout = _sharded(ps, grid)
-    grads = [pc.grad for pc in layout.pieces()] if layout is not None else [p.grad for p in ps]
-    for g in grads:
-        if g is not None:
-            g.detach().mul_(coef.to(g.dtype))
+    for _, g in pairs:
+        g.detach().mul_(coef.to(g.dtype))
     return norm.to(torch.float32)

@@ -26,8 +26,9 @@ the optimizer's: whole per parameter with ``zero=0``, only this d-rank's pieces 
 (:mod:`axgrid.sharded_optimizer`).
 
 The reductions over d (mean, through ``grid.comm``) run in ``RuntimeConfig.grad_reduce_dtype`` (fp32 by default:
-a bucket of bf16 gradients goes through an fp32 copy, written back; ``zero=2``'s full buckets are kept in it): ``zero=0`` all-reduces each bucket, ``zero`` >= 1 reduce-scatters it (this rank's share of the
-bucket then holds the mean; with ``zero=1`` the rest of the buffer holds this rank's own sums until the next
+a bucket of bf16 gradients goes through an fp32 copy, written back; ``zero=2``'s full buckets are kept in it):
+``zero=0`` all-reduces each bucket, ``zero`` >= 1 reduce-scatters it (this rank's share of the bucket then holds the
+mean; with ``zero=1`` the rest of the buffer holds this rank's own sums until the next
 ``zero_grad``). When: with ODP (``OverlapConfig.odp``) a bucket is posted as soon as every member's gradient is
 final in the backward (autograd's post-accumulate hook, or the ORS pipeline's delivery), except under
 ``grid.no_sync()``; all complete at the end of the backward. Without ODP they run in :func:`axgrid.sync_gradients`.
@@ -130,9 +131,9 @@ class GradBuckets:
         me = weakref.ref(self)
         self.hooks = [p.register_post_accumulate_grad_hook(functools.partial(_accumulated, me)) for p in self.params]
         self.module_hooks: list = []
-        n = len(self.buckets)
-        self.ready: list[set[int]] = [set() for _ in range(n)]
-        self.posted = [False] * n
+        self.ready: list[set[int]] = []                        # per bucket: members whose gradient arrived
+        self.posted: list[bool] = []                           # per bucket: its reduction posted this cycle
+        self._reset_cycle()
         self.inflight: list[tuple[int, Pending]] = []
         self.gathers: dict[int, Pending] = {}                  # zero >= 1: parameter all-gathers in flight
         self.cycle_open = False                                # gradients arrived since the last reduction
@@ -250,13 +251,11 @@ class GradBuckets:
         if self.zero == 2:
             self.grad_data[bi].add_(res)       # this micro-batch's mean over d, accumulated into the share
             self.full[bi] = None
-        elif self.zero == 0 and not same_memory(res, self.grad_data[bi]):
-            self.grad_data[bi].copy_(res)      # reduced in another dtype (grad_reduce_dtype, reduce_in_fp32)
-        elif self.zero == 1:
-            lo, hi = self.buckets[bi].share(self.d)
-            mine = self.grad_data[bi][lo:hi]
-            if not same_memory(res, mine):
-                mine.copy_(res)
+        else:                                  # the buffer (zero 0) or its share (zero 1) holds the mean
+            lo, hi = (0, self.buckets[bi].padded) if self.zero == 0 else self.buckets[bi].share(self.d)
+            dst = self.grad_data[bi][lo:hi]
+            if not same_memory(res, dst):
+                dst.copy_(res)                 # reduced in another dtype (grad_reduce_dtype, reduce_in_fp32)
 
     def _finish_cycle(self) -> None:
         """Post every bucket not posted in this cycle (zero 0/1: members without a gradient contribute zeros),
@@ -268,10 +267,14 @@ class GradBuckets:
                         self._attach(self.order[m], missing_is_zero=True)
                 self._post(bi)
         self.complete_inflight()
-        self.ready = [set() for _ in self.buckets]
-        self.posted = [False] * len(self.buckets)
+        self._reset_cycle()
         self.cycle_open = False
         self.reduced = self.zero < 2
+
+    def _reset_cycle(self) -> None:
+        """No bucket has gradients or is posted: a new cycle of reductions starts."""
+        self.ready = [set() for _ in self.buckets]
+        self.posted = [False] * len(self.buckets)
 
     def complete_inflight(self) -> None:
         while self.inflight:
@@ -297,8 +300,7 @@ class GradBuckets:
             else:
                 p.grad = None
         self.full = [None] * len(self.buckets)
-        self.ready = [set() for _ in self.buckets]
-        self.posted = [False] * len(self.buckets)
+        self._reset_cycle()
         self.cycle_open = self.reduced = False
 
     # -- parameters (zero >= 1) --------------------------------------------------------------------------

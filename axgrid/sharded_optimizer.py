@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from .data_parallel import trainable_params
 from .grad_buckets import GradBuckets, Piece
 from .io import replicated_letters, tile_of
 from .spec import TileSpec
@@ -50,10 +51,6 @@ def piece_tile(param: torch.Tensor, lo: int, hi: int) -> TileSpec:
         shape = tuple(param.shape)
         tile = TileSpec(shape, (0,) * len(shape), shape)
     return dataclasses.replace(tile, piece=(lo, hi))
-
-
-def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -74,12 +71,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if any(optimizer.state.values()):
             raise ValueError(f"{type(optimizer).__name__} has state already: shard it before its first step (and "
                              f"load checkpoints into the sharded optimizer)")
-        params = _trainable(model)
+        params = trainable_params(model)
         layout = grid.runtime.dp.layout_for(params)
         assert layout is not None          # zero >= 1 needs Gd > 1, checked by axgrid.init
         self.layout: GradBuckets = layout
         self.grid = grid
-        self.odp = grid.runtime.config.overlap.odp
         by_id = {id(pc.param): pc for pc in layout.pieces()}
         self.model_groups: list[list[torch.nn.Parameter]] = []
         self._pieces: dict[int, Piece] = {}           # id(piece tensor) -> its Piece
@@ -104,7 +100,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.inner = cls(self.param_groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
         self.state = self.inner.state                # one state, one list of groups: the inner optimizer's
         self.param_groups = self.inner.param_groups
-        if self.odp:
+        if self.layout.odp:
             layout.hook_modules(model)
 
     def piece_of(self, tensor: torch.Tensor) -> Piece:
@@ -135,7 +131,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.grid.runtime.grads.finish()    # ORS: the last gradients arrive
         self.layout.reduce()                # a no-op when sync_gradients (or the backward) did it
         self.inner.step()
-        self.layout.gather_params(async_op=self.odp)
+        self.layout.gather_params(async_op=self.layout.odp)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
