@@ -32,15 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from axgrid.launch.errors import run
-
-
-def _collective_bytes(func, args) -> int:
-    """Ledger-convention bytes of one collective op: the largest tensor among its arguments."""
-    best = 0
-    for a in torch.utils._pytree.tree_leaves(args):
-        if isinstance(a, torch.Tensor):
-            best = max(best, a.numel() * a.element_size())
-    return best
+from peers.comm_bytes import collective_bytes   # experiments/bench/peers/
 
 
 class CommBytes(torch.utils._python_dispatch.TorchDispatchMode):
@@ -55,9 +47,9 @@ class CommBytes(torch.utils._python_dispatch.TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         ns = func.namespace
         if ns == "_c10d_functional" and "wait" not in func.__name__:
-            self.intra += _collective_bytes(func, args)
+            self.intra += collective_bytes(func._overloadpacket.__name__, args)
         elif ns == "c10d" and any(k in func.__name__ for k in ("gather", "scatter", "allreduce", "broadcast")):
-            self.inter += _collective_bytes(func, args)
+            self.inter += collective_bytes(func._overloadpacket.__name__, args)
         return out
 
 
@@ -188,7 +180,8 @@ def axgrid_best(model_name: str, gpus: int, machine: str, batch: int, grid: str 
             inside = gx * gy * gz <= per_node
         intra, inter = (intra + nbytes, inter) if inside else (intra, inter + nbytes)
     zero = f" zero {cfg.zero}" if cfg.zero else ""
-    return {"who": f"axgrid {cfg.grid}{zero}" + ("" if grid else " (perfmodel's best)"), "intra": intra, "inter": inter, "peak": m.peak, "seconds": m.seconds}
+    return {"who": f"axgrid {cfg.grid}{zero}" + ("" if grid else " (perfmodel's best)"), "intra": intra,
+            "inter": inter, "peak": m.peak, "seconds": m.seconds}
 
 
 def seconds_on(machine: str, intra: int, inter: int) -> float:

@@ -7,7 +7,7 @@ from collections import defaultdict
 import torch
 
 
-def _collective_bytes(name: str, args: tuple) -> int:
+def collective_bytes(name: str, args: tuple) -> int:
     """Ledger-convention bytes of one collective from its dispatcher arguments: the largest tensor (the
     all-reduced tensor, a flat all-gather's output, a flat reduce-scatter's input); a list-of-lists argument
     (c10d's list all-gather/reduce-scatter) counts as the sum of its inner list; a functional all-gather
@@ -49,7 +49,7 @@ def byte_comm_mode():
             pkt = func._overloadpacket
             if pkt in self.comm_registry or pkt in c10d_collective_ops:
                 name = str(pkt).split(".")[-1]
-                self.bytes[name] += _collective_bytes(name, args)
+                self.bytes[name] += collective_bytes(name, args)
             return out
 
     return ByteCommMode()
