@@ -36,6 +36,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..device import host_read
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from .linear import Linear
 
@@ -101,9 +102,10 @@ class TiedEmbedding(nn.Module):
         if ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"embedding ids must be int64 or int32, got {ids.dtype}")
         flat = ids.reshape(-1).long()
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
-            raise IndexError(f"token ids in [{int(flat.min())}, {int(flat.max())}] are outside the vocabulary "
-                             f"[0, {self.num_embeddings})")
+        if flat.numel():
+            lo, hi = host_read(torch.stack([flat.min(), flat.max()]))     # one intended read of the device
+            if lo < 0 or hi >= self.num_embeddings:
+                raise IndexError(f"token ids in [{lo}, {hi}] are outside the vocabulary [0, {self.num_embeddings})")
         out = _TiedLookup.apply(flat, self.weight, self)
         if self.scale is not None:
             out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
