@@ -4,7 +4,7 @@ refused in one line naming the valid choices) before anything is allocated.
 :func:`resolve` turns the command line's choices into a :class:`DryRunConfig` -- the grid defaults to perfmodel's
 best for the model, GPU count, machine and batch, and the micro-batch count to the fewest that fit there;
 :func:`predict` gives perfmodel's figures for the same configuration (:class:`Prediction`): memory by the dry run's
-categories (:data:`axgrid.dryrun.step.CATEGORIES`) and the bytes and calls of every collective per (grid dimension,
+categories (:data:`CATEGORIES`) and the bytes and calls of every collective per (grid dimension,
 operation), for a GPU (``perfmodel.memory.GPU``: fused attention, collectives in the tensors' dtype).
 """
 from __future__ import annotations
@@ -104,6 +104,18 @@ class DryRunConfig:
                 "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero}
 
 
+#: the memory categories of a rank's step, measured (:mod:`axgrid.dryrun.step`) and predicted
+CATEGORIES = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations", "temporaries")
+
+
+def bytes_by_dim(comm: dict[tuple[str, str], tuple[int, int]]) -> dict[str, int]:
+    """Bytes per grid dimension of ``comm``, {(dim, op): (calls, bytes)}."""
+    out: dict[str, int] = {}
+    for (dim, _), (_, nbytes) in comm.items():
+        out[dim] = out.get(dim, 0) + nbytes
+    return out
+
+
 @dataclass(frozen=True)
 class Prediction:
     """perfmodel's figures for one rank of a :class:`DryRunConfig` (bytes)."""
@@ -111,12 +123,6 @@ class Prediction:
     peak: int
     memory: dict[str, int]
     comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
-
-    def comm_bytes_by_dim(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (dim, _), (_, nbytes) in self.comm.items():
-            out[dim] = out.get(dim, 0) + nbytes
-        return out
 
 
 def predict(cfg: DryRunConfig) -> Prediction:

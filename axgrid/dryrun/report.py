@@ -7,13 +7,13 @@ JSON: ``{"config": {...}, "ranks": [{"rank", "coord", "peak_bytes", "predicted_p
 """
 from __future__ import annotations
 
-from .config import DryRunConfig, Prediction
+from .config import CATEGORIES, DryRunConfig, Prediction, bytes_by_dim
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations", "temporaries")
 #: the peak may differ from perfmodel's by this fraction (the categories measured exactly must agree to the byte)
 PEAK_TOLERANCE = 0.05
-#: categories perfmodel models to the byte (temporaries are the rest of the peak: compared through the peak)
-EXACT = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations")
+#: categories perfmodel models to the byte (temporaries are the rest of the peak: compared through the peak; the
+#: buckets against perfmodel's bound, :func:`bucket_bounds`)
+EXACT = tuple(c for c in CATEGORIES if c not in ("buckets", "temporaries"))
 
 
 def human(n: float) -> str:
@@ -54,8 +54,6 @@ def disagreements(m, p: Prediction, zero: int = 0) -> list[str]:
     if not low <= m.memory["buckets"] <= high:
         out.append(f"rank {m.rank} buckets: {m.memory['buckets']} B measured, {low} to {high} B allowed (zero={zero})")
     for c in EXACT:
-        if c == "buckets":
-            continue
         if m.memory[c] != p.memory[c]:
             out.append(f"rank {m.rank} {c}: {m.memory[c]} B measured, {p.memory[c]} B predicted")
     if abs(m.peak / p.peak - 1) > PEAK_TOLERANCE:
@@ -84,7 +82,7 @@ def table(cfg: DryRunConfig, m, p: Prediction) -> str:
         (calls, got), (pcalls, want) = m.comm.get(key, (0, 0)), p.comm.get(key, (0, 0))
         d = "equal" if (calls, got) == (pcalls, want) else f"{got - want:+d} B, {calls - pcalls:+d} calls"
         lines.append(f"  {key[0] + ' ' + key[1]:<22}{calls:>8}{got:>18,}{want:>18,}  {d}")
-    bd, pd = m.comm_bytes_by_dim(), p.comm_bytes_by_dim()
+    bd, pd = bytes_by_dim(m.comm), bytes_by_dim(p.comm)
     lines.append("  bytes per dimension: " + ", ".join(
         f"{d} {human(bd.get(d, 0))} ({_diff(bd.get(d, 0), pd.get(d, 0))})" for d in sorted(set(bd) | set(pd))))
     if m.host_violations:
@@ -96,7 +94,7 @@ def rank_json(m, p: Prediction) -> dict:
     keys = sorted(set(m.comm) | set(p.comm))
     return {"rank": m.rank, "coord": m.coord, "peak_bytes": m.peak, "predicted_peak_bytes": p.peak,
             "moment": m.moment, "memory": dict(m.memory), "predicted_memory": dict(p.memory),
-            "comm_bytes": m.comm_bytes_by_dim(), "predicted_comm_bytes": p.comm_bytes_by_dim(),
+            "comm_bytes": bytes_by_dim(m.comm), "predicted_comm_bytes": bytes_by_dim(p.comm),
             "comm": [{"dim": d, "op": o, "calls": m.comm.get((d, o), (0, 0))[0],
                       "bytes": m.comm.get((d, o), (0, 0))[1], "predicted_calls": p.comm.get((d, o), (0, 0))[0],
                       "predicted_bytes": p.comm.get((d, o), (0, 0))[1]} for d, o in keys],

@@ -31,7 +31,6 @@ from ..metrics import memtrack as mt
 from .config import DryRunConfig
 
 #: the memory categories, in the order they are printed
-CATEGORIES = ("parameters", "gradients", "optimizer", "buckets", "gathered", "activations", "temporaries")
 
 
 @dataclass
@@ -46,12 +45,6 @@ class RankMeasure:
     comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
     seconds: float
     host_violations: list[str] = field(default_factory=list)
-
-    def comm_bytes_by_dim(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (dim, _), (_, nbytes) in self.comm.items():
-            out[dim] = out.get(dim, 0) + nbytes
-        return out
 
 
 class PeakWatch(mt.LiveBytes):

@@ -164,6 +164,7 @@ def axgrid_best(model_name: str, gpus: int, machine: str, batch: int, grid: str 
     groups lie)."""
     from axgrid import perfmodel as pm
     from axgrid.dryrun import resolve
+    from axgrid.dryrun.config import bytes_by_dim
     from axgrid.dryrun.step import measure_rank
     from axgrid.perfmodel.comm import dim_strides
     cfg = resolve(model_name, gpus, batch, machine=machine, grid=grid)
@@ -172,7 +173,7 @@ def axgrid_best(model_name: str, gpus: int, machine: str, batch: int, grid: str 
     gx, gy, gz, gd = cfg.shape
     strides = {k: (int(s), int(n)) for k, (n, s) in dim_strides(gx, gy, gz, gd).items()}
     intra = inter = 0
-    for dim, nbytes in m.comm_bytes_by_dim().items():
+    for dim, nbytes in bytes_by_dim(m.comm).items():
         if dim in strides:
             stride, size = strides[dim]
             inside = stride * size <= per_node
