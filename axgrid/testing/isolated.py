@@ -2,7 +2,6 @@
 CUDA device guard, torch's PrivateUse1 registration, which cannot be undone): an abort cannot take pytest with it."""
 from __future__ import annotations
 
-import multiprocessing as mp
 import traceback
 from typing import Any, Callable
 
@@ -26,9 +25,8 @@ def run_isolated(fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0, p
     """``fn(*args, **kwargs)`` in a fresh process of the forkserver (which has torch and the runtime preloaded, as
     :class:`axgrid.testing.RankPool`'s ranks; ``preload``: more modules, when this call starts the forkserver); its
     result, or :class:`IsolatedFailure` with its traceback or exit code. ``fn`` must be importable (module level)."""
-    from .pool import RUNTIME_MODULES
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES, *preload])
+    from .pool import forkserver_context
+    ctx = forkserver_context(preload)
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, fn, args, kwargs), daemon=True)
     proc.start()

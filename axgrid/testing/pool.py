@@ -63,6 +63,14 @@ RUNTIME_MODULES = ("axgrid.grid", "axgrid.nn", "axgrid.plans.parallelize", "axgr
                    "axgrid.metrics.memtrack")
 
 
+def forkserver_context(preload: Sequence[str] = ()) -> Any:
+    """The forkserver context of ranks and isolated runs, with torch and the runtime preloaded (and ``preload``).
+    The forkserver starts once per process: the first call's list is what every process it forks has imported."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES, *preload])
+    return ctx
+
+
 class RankPool:
     """``world_size`` rank processes with a live gloo default group, reused across ``run`` calls. ``preload``:
     more modules the rank processes' forkserver imports once (e.g. ``transformers``' model modules), so that
@@ -74,9 +82,7 @@ class RankPool:
         self._conns: list[Any] = []
 
     def _start(self) -> None:
-        ctx = mp.get_context("forkserver")
-        # the forkserver starts once per process: the first pool's list is what every rank has imported
-        ctx.set_forkserver_preload(["torch", "torch.distributed", *RUNTIME_MODULES, *self.preload])
+        ctx = forkserver_context(self.preload)
         port = free_port()
         for r in range(self.world_size):
             parent, child = ctx.Pipe()
