@@ -112,16 +112,22 @@ HANG_TIMEOUT_S = 5.0
 STILL_HUNG_S = 15.0        # without --kill-on-bad-exit a hung rank keeps the step: scancel it this long after
 TEARDOWN_BOUND_S = 15.0    # as tests/test_faults.py (goal: 5 s)
 CLEANUP_S = 15.0           # after the job's end: its slurmstepd gone, the job out of the queue
-# (launcher, case) -> srun's exit code, the job's state and exit code as Slurm recorded them, the task line
+# (launcher, case) -> the outcomes allowed: srun's exit code, the job's state and exit code as Slurm recorded them,
+# a pattern of srun's task line. With --kill-on-bad-exit, when rank 1 raises or is SIGKILLed, rank 0 sees the
+# connection close and leaves by itself with exit 1 while srun is ending the step: whichever comes first decides
+# what srun and Slurm report (CI saw rank 0 first: "tasks 0-1: Exited with exit code 1", srun exit 1). Both are
+# the job ending as it should; the bound on the teardown and "nothing left" below hold for either.
+RAISED = (1, "FAILED", "1:0", r"tasks? (0-)?1: Exited with exit code 1")
+KILLED = (137, "FAILED", "0:9", r"task 1: Killed")
 EXPECTED = {
-    ("srun-kill", "raise"): (143, "FAILED", "0:15", "task 1: Exited with exit code 1"),
-    ("srun-kill", "kill"): (143, "FAILED", "0:15", "task 1: Killed"),
-    ("srun-kill", "hang"): (143, "FAILED", "0:15", "task 0: Exited with exit code 1"),
-    ("srun-kill", "scancel"): (143, "CANCELLED", "0:0", "CANCELLED AT"),
-    ("srun", "raise"): (1, "FAILED", "1:0", "task 1: Exited with exit code 1"),
-    ("srun", "kill"): (137, "FAILED", "0:9", "task 1: Killed"),
-    ("srun", "hang"): (143, "CANCELLED", "0:0", "task 0: Exited with exit code 1"),
-    ("srun", "scancel"): (143, "CANCELLED", "0:0", "CANCELLED AT"),
+    ("srun-kill", "raise"): [(143, "FAILED", "0:15", r"task 1: Exited with exit code 1"), RAISED],
+    ("srun-kill", "kill"): [(143, "FAILED", "0:15", r"task 1: Killed"), KILLED],
+    ("srun-kill", "hang"): [(143, "FAILED", "0:15", r"task 0: Exited with exit code 1")],
+    ("srun-kill", "scancel"): [(143, "CANCELLED", "0:0", r"CANCELLED AT")],
+    ("srun", "raise"): [RAISED],
+    ("srun", "kill"): [KILLED],
+    ("srun", "hang"): [(143, "CANCELLED", "0:0", r"task 0: Exited with exit code 1")],
+    ("srun", "scancel"): [(143, "CANCELLED", "0:0", r"CANCELLED AT")],
 }
 
 
@@ -149,10 +155,11 @@ def fault_jobs(slurm, tmp_path_factory):
 @pytest.mark.parametrize("launcher,case", list(EXPECTED), ids=[f"{a}-{b}" for a, b in EXPECTED])
 def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
     job, rec, steps, queued = fault_jobs[launcher, case]
-    code, state, recorded, line = EXPECTED[launcher, case]
-    assert job.code == code, job.output
-    assert (rec.state, rec.exit_code) == (state, recorded), job.output
-    assert line in job.output, job.output
+    seen = (job.code, rec.state, rec.exit_code)
+    allowed = [o for o in EXPECTED[launcher, case] if o[:3] == seen]
+    assert allowed, f"srun exit {job.code}, Slurm {rec.state} {rec.exit_code}: not one of " \
+                    f"{[o[:3] for o in EXPECTED[launcher, case]]}\n{job.output}"
+    assert re.search(allowed[0][3], job.output), job.output
     if case == "raise":
         assert "RuntimeError: rank 1 fails on purpose" in job.output      # the traceback came through srun
     if (launcher, case) == ("srun", "hang"):
