@@ -18,9 +18,6 @@ from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grid
 from axgrid.perfmodel.spec import DTYPE_BYTES
 from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape
 
-#: the gradient clipping's all-reduce over x·y·z: the fp64 sum of squares (``axgrid.data_parallel.grad_norm``),
-#: which perfmodel's GPT step (no clipping) does not list
-CLIP_NORM_BYTES = 8
 #: ``--overlap`` switches, as ``axgrid.OverlapConfig.parse`` reads them
 OVERLAP_NAMES = ("oar", "ors", "oag", "odp", "keep")
 
@@ -139,14 +136,9 @@ def predict(cfg: DryRunConfig) -> Prediction:
     memory["temporaries"] = peak - sum(memory.values())
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
-              bucket_bytes=opt.bucket_bytes, zero=cfg.zero)
+              bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip)      # the step clips (step.py)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    # clipping (the step clips): one all-reduce of the fp64 squared norm over the block, and over d with zero >= 1
-    for dims, on in (("xyz", gx * gy * gz > 1), ("d", cfg.zero > 0 and gd > 1)):
-        if on:
-            calls_, bytes_ = comm.get((dims, "all_reduce"), (0, 0))
-            comm[(dims, "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
     return Prediction(peak, memory, comm)
 
 
