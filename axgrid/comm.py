@@ -20,7 +20,7 @@ import datetime
 import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -270,9 +270,12 @@ class Communicator:
         return t.contiguous()
 
     def _post(self, dim: str, op: str, nbytes: int, launch: Callable[[], Optional[dist.Work]],
-              finish: Callable[[], torch.Tensor], async_op: bool) -> torch.Tensor | Pending:
+              finish: Callable[[], Any], async_op: bool, on_host: bool = False) -> Any:
+        """Post one collective: its ledger entry and flight record, ``launch()`` (failures go to the flight recorder),
+        then a :class:`Pending` (``async_op``) or ``finish()``'s result once done. ``on_host``: ``launch`` runs the
+        whole collective on the host (an object broadcast) and returns None: it is done when it returns, untimed."""
         entry = self.ledger.record(dim, op, nbytes, self.sizes[dim])
-        timed = self.record_timing or self.tracer is not None
+        timed = (self.record_timing or self.tracer is not None) and not on_host
         clock = self.clock if timed else None
         record = self.recorder.posted(dim, op, nbytes) if self.recorder is not None else None
         pending = Pending(None, finish, entry, clock, self.tracer, f"{op}_{dim}", self, record)
@@ -286,6 +289,10 @@ class Communicator:
             raise
         if record is not None:
             record.work = pending._work
+        if on_host:
+            if record is not None:
+                self.recorder.waited(record, done=True)
+            return finish()
         return pending if async_op else pending.wait(blocked_since=pending._posted)
 
     # -- collectives ----------------------------------------------------------------------------------
@@ -480,19 +487,11 @@ class Communicator:
         self._check(dim)
         if self.sizes[dim] == 1:
             return obj
-        self.ledger.record(dim, "broadcast_object", 0, self.sizes[dim])
-        record = self.recorder.posted(dim, "broadcast_object", 0) if self.recorder is not None else None
         box = [obj]
-        try:
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.groups[dim], src_index),
-                                       group=self.groups[dim])
-        except Exception as e:
-            if self.recorder is not None:
-                self.recorder.failed(record, e)
-            raise
-        if record is not None:
-            self.recorder.waited(record, done=True)
-        return box[0]
+        src = dist.get_global_rank(self.groups[dim], src_index)
+        return self._post(dim, "broadcast_object", 0,
+                          lambda: dist.broadcast_object_list(box, src=src, group=self.groups[dim]), lambda: box[0],
+                          False, on_host=True)
 
     def close(self) -> None:
         """Stop the flight recorder's watchdog (the grid is being destroyed)."""

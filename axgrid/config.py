@@ -7,45 +7,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .spec import DEFAULT_BUCKET_BYTES
+from .spec import DEFAULT_BUCKET_BYTES, OverlapConfig
 
 #: ``gemm(a, b, role) -> a @ b`` for 2-D tensors; ``role`` is "forward", "input_grad" or "weight_grad".
 GemmFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class OverlapConfig:
-    """Which collectives run asynchronously under compute. Results are identical with any combination.
-
-    - ``oar``: in backward, the input-gradient all-reduce runs under the weight-gradient GEMM.
-    - ``ors``: the weight-gradient reduce-scatter over z runs under the backward of earlier layers.
-    - ``oag``: the next layer's weight all-gather over z is prefetched in forward execution order.
-    - ``odp``: the data-parallel all-reduce over d is bucketed and runs under the backward.
-    - ``keep_gathered_weights``: keep the forward's gathered weights for backward (one all-gather fewer,
-      more memory).
-    """
-
-    oar: bool = False
-    ors: bool = False
-    oag: bool = False
-    odp: bool = False
-    keep_gathered_weights: bool = False
-
-    @staticmethod
-    def parse(spec: str) -> "OverlapConfig":
-        """``"oar,ors"`` / ``"all"`` / ``"none"`` -> OverlapConfig."""
-        names = {"oar", "ors", "oag", "odp"}
-        spec = spec.strip().lower()
-        if spec in ("", "none", "off"):
-            return OverlapConfig()
-        chosen = {s.strip() for s in spec.split(",") if s.strip()}
-        if "all" in chosen:
-            chosen = (chosen - {"all"}) | names
-        unknown = chosen - names - {"keep"}
-        if unknown:
-            raise ValueError(f"unknown overlap switch(es) {sorted(unknown)}; choose from oar, ors, oag, odp, keep, "
-                             f"all, none")
-        return OverlapConfig(**{n: n in chosen for n in names}, keep_gathered_weights="keep" in chosen)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,17 @@ from .machines import Machine
 from .spec import TransformerSpec
 
 DIMS = ("x", "y", "z", "d")
+#: The groups a step posts collectives over, as the ledger names them: the four grid dimensions and the
+#: tensor-parallel block "xyz" (the gradient clipping's norm, :func:`clip_events`).
+GROUPS = DIMS + ("xyz",)
 
 #: Bytes per parameter element the runtime keeps (fp32; autocast casts per GEMM): what the all-gather of the
 #: parameters over d moves with ``zero`` >= 1.
 PARAM_BYTES = 4
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+#: Bytes of the gradient clipping's all-reduce: one fp64 element, the sum of squares of the gradients this rank
+#: counts (``axgrid.data_parallel.clip_grad_norm_``).
+CLIP_NORM_BYTES = 8
 
 
 def as_layer(t: FCLayer | tuple) -> FCLayer:
@@ -79,6 +85,25 @@ def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket
     return rs + [("d", "all_gather", nb // gb * PARAM_BYTES) for nb in buckets]
 
 
+def clip_events(grid: tuple[int, int, int, int], zero: int) -> list[tuple[str, str, int]]:
+    """The collectives of the global gradient-norm clipping (``axgrid.clip_grad_norm_``, ``train_step(clip>0)``;
+    the 2-norm) as (group, op, bytes): the fp64 sum of squares all-reduced over the tensor-parallel block "xyz"
+    (when Gx·Gy·Gz > 1), then with ``zero`` >= 1 over "d" too (each d-rank counts its own share of the gradients;
+    when Gd > 1). Posted after the gradients' data-parallel reduction, before the optimizer step."""
+    gx, gy, gz, gd = (int(v) for v in grid)
+    out = [("xyz", "all_reduce", CLIP_NORM_BYTES)] if gx * gy * gz > 1 else []
+    return out + ([("d", "all_reduce", CLIP_NORM_BYTES)] if zero and gd > 1 else [])
+
+
+def step_tail(dp: list[tuple[str, str, int]], grid: tuple[int, int, int, int], zero: int,
+              clip: bool) -> list[tuple[str, str, int]]:
+    """The end of a step after the backward: the data-parallel collectives ``dp`` (:func:`dp_events`) and, with
+    ``clip``, the clipping's (:func:`clip_events`) after the gradients' reduction, before the parameters'
+    all-gather (``zero`` >= 1)."""
+    grads = [e for e in dp if e[1] != "all_gather"]
+    return grads + (clip_events(grid, zero) if clip else []) + [e for e in dp if e[1] == "all_gather"]
+
+
 def collective_events(
     layers: Iterable[FCLayer | tuple],
     grid: tuple[int, int, int, int],
@@ -90,6 +115,7 @@ def collective_events(
     grad_dtype_bytes: int | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     zero: int = 0,
+    clip: bool = False,
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes).
 
@@ -103,11 +129,13 @@ def collective_events(
     bias gradient); then the data-parallel collectives of the gradients (weight shards and biases) in buckets of
     ``bucket_bytes``, formed as the runtime forms them, in ``zero``'s mode (:func:`dp_events`). Listed after the
     backward even where they are posted during it (ODP, ``zero=2``).
-    ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d."""
+    ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d.
+    ``clip``: the step clips the global gradient norm (the drivers' default, ``--clip 1.0``): its all-reduces
+    (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction."""
     if isinstance(layers, TransformerSpec):
         from .gpt import gpt_collective_events
         return gpt_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
-                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero)
+                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip)
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
@@ -137,19 +165,20 @@ def collective_events(
             post(v.bwd_ar_dim, "all_reduce", v.bwd_ar, b)
             post("z", "reduce_scatter", v.padded, gb)
             post("z", "all_reduce", v.bias_loc, gb)
-    return ev + dp_events(dp_gradient_sizes(layers, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
+    dp = dp_events(dp_gradient_sizes(layers, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
+    return ev + step_tail(dp, grid, zero, clip)
 
 
 def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     zero: int = 0) -> dict[tuple[str, str], int]:
-    """Total bytes per (dim, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
+                     zero: int = 0, clip: bool = False) -> dict[tuple[str, str], int]:
+    """Total bytes per (group, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
     Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
     out: Counter = Counter()
     for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
                                          dtype_bytes, keep_gathered, recompute, grad_dtype_bytes, bucket_bytes,
-                                         zero):
+                                         zero, clip):
         out[(dim, op)] += nb
     return dict(out)
 
@@ -157,12 +186,12 @@ def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches,
 def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     zero: int = 0) -> dict[tuple[str, str], int]:
-    """Number of posted calls per (dim, op) for one step (same arguments as ``collective_bytes``); over d that
+                     zero: int = 0, clip: bool = False) -> dict[tuple[str, str], int]:
+    """Number of posted calls per (group, op) for one step (same arguments as ``collective_bytes``); over d that
     is the number of gradient buckets (per collective)."""
     return dict(Counter((d, o) for d, o, _ in collective_events(
         layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-        grad_dtype_bytes, bucket_bytes, zero)))
+        grad_dtype_bytes, bucket_bytes, zero, clip)))
 
 
 # ---------------------------------------------------------------- placement and ring costs

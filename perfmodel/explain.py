@@ -52,6 +52,9 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
         lines.append(f"  {name:>3} {int(size):5d} {int(stride):6d} {'intra' if intra[0] else 'inter':>9} "
                      f"{b[0] / 1e9:11.1f} {row.step_bytes[d] / 1e9:13.3f} GB {row.raw_comm_s[d]:12.4g} "
                      f"{row.exposed_s[d]:10.4g}")
+    if row.step_bytes.get("xyz"):
+        lines.append(f"  xyz {gx * gy * gz:5d}      - clip norm {'':11} {int(row.step_bytes['xyz']):13d} B  "
+                     f"{row.raw_comm_s['xyz']:12.4g} {row.exposed_s['xyz']:10.4g}")
     if row.dp_buckets:
         odp = p.options.overlap_dp
         size = f"{row.dp_buckets} gradient bucket(s) of >= {p.options.bucket_bytes / 2**20:g} MiB"

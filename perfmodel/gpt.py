@@ -21,7 +21,9 @@ ln2 w/b, up w/b, down w/b); ln_f w/b; head weight) in buckets laid out in the re
 (``axgrid.spec.buckets``), in the gradient dtype: with ``zero=0`` an all-reduce per bucket; with ``zero`` >= 1 a
 reduce-scatter per bucket padded to a multiple of Gd (in every micro-batch with ``zero=2``) and, after the
 optimizer step, an all-gather of the parameters per bucket (fp32: ``PARAM_BYTES``). The buckets do not depend on
-the overlap switches: with ODP a bucket is posted once all its gradients are final, in the backward.
+the overlap switches: with ODP a bucket is posted once all its gradients are final, in the backward. A step that
+clips (``clip``) all-reduces the fp64 squared gradient norm (8 bytes) over the block "xyz" after that reduction, and
+with ``zero`` >= 1 over d too (``perfmodel.comm.clip_events``).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from typing import NamedTuple
 
 from axgrid.spec import DEFAULT_BUCKET_BYTES, ceil_div
 
-from .comm import PARAM_BYTES, dp_events, layer_volumes
+from .comm import PARAM_BYTES, dp_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .spec import TransformerSpec
 
@@ -146,10 +148,11 @@ def gpt_dp_gradient_sizes(spec: TransformerSpec, grid: tuple[int, int, int, int]
 def gpt_collective_events(spec: TransformerSpec, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
                           n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
                           grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                          zero: int = 0) -> list[tuple[str, str, int]]:
-    """Every collective of one GPT training step as (dim, op, bytes): the micro-batches' forward and backward
+                          zero: int = 0, clip: bool = False) -> list[tuple[str, str, int]]:
+    """Every collective of one GPT training step as (group, op, bytes): the micro-batches' forward and backward
     (:func:`gpt_step`), then the data-parallel ones (:func:`perfmodel.comm.dp_events`; listed last even where they
-    are posted during the backward). ``tokens_per_microbatch_global`` must be whole sequences that split over
+    are posted during the backward), with ``clip`` the clipping's norm all-reduces among them
+    (:func:`perfmodel.comm.step_tail`). ``tokens_per_microbatch_global`` must be whole sequences that split over
     Gd·Gz (z splits by sequence)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
@@ -161,7 +164,8 @@ def gpt_collective_events(spec: TransformerSpec, grid: tuple[int, int, int, int]
     mprime = tokens_per_microbatch_global // (gd * gz)
     gb = grad_dtype_bytes or dtype_bytes
     ev = gpt_step(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb)
-    return ev + dp_events(gpt_dp_gradient_sizes(spec, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
+    dp = dp_events(gpt_dp_gradient_sizes(spec, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
+    return ev + step_tail(dp, grid, zero, clip)
 
 
 __all__ = ["STAT_BYTES", "PARAM_BYTES", "GPTParam", "gpt_parameters", "gpt_step", "gpt_dp_gradient_sizes",

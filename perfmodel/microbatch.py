@@ -29,7 +29,7 @@ import numpy as np
 
 from axgrid.spec import FCLayer, FCVolumes
 
-from .comm import DIMS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
+from .comm import GROUPS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
 from .compute import gemm_rate, gemm_time
 from .gpt import STAT_BYTES
 from .machines import Machine
@@ -194,15 +194,15 @@ def drain_chain(coll: list[np.ndarray], win: list[np.ndarray], blocks: int, head
 
 @dataclass
 class CommTally:
-    """Communication seconds per grid dimension (arrays [N]): ``exposed`` after overlap and ``raw`` in all,
-    accumulated term by term in the order the model prices them."""
+    """Communication seconds per group (arrays [N]; the grid dimensions and the block "xyz": ``comm.GROUPS``):
+    ``exposed`` after overlap and ``raw`` in all, accumulated term by term in the order the model prices them."""
 
     exposed: dict[str, np.ndarray]
     raw: dict[str, np.ndarray]
 
     @staticmethod
     def zeros(n: int) -> CommTally:
-        return CommTally({d: np.zeros(n) for d in DIMS}, {d: np.zeros(n) for d in DIMS})
+        return CommTally({d: np.zeros(n) for d in GROUPS}, {d: np.zeros(n) for d in GROUPS})
 
     def add(self, dim: str, exposed: np.ndarray | None, raw: np.ndarray | None) -> None:
         """Add seconds to ``dim``'s exposed and raw totals (None: nothing)."""

@@ -11,6 +11,9 @@ every micro-batch with ``zero=2``) and, after the optimizer step, an all-gather 
 on a ring as the all-reduce, with another overlap. With ODP the gradient buckets hide under the slack left in the
 (each) micro-batch's backward windows, except the last bucket, posted at the end of the backward, which is
 exposed; the parameter all-gathers hide under the next step's forward, except the first bucket it needs.
+With ``Options.clip`` (the drivers' default) the step's gradient clipping all-reduces one fp64 number over the block
+x·y·z, and over d with ``zero`` >= 1 (:func:`_clipping`): blocking, latency only, counted in the group "xyz"
+(``comm.GROUPS``) and in d.
 ``Options.zero`` None: per grid the fastest mode that fits (:func:`evaluate`).
 Element-wise kernels (``compute.elementwise_bytes``: layer norms, residual adds, bias + GELU, with the options' dropout
 and unfused attention their S×S traffic) on the runtime's per-rank activations ([m', h/Gx] replicated over y, the
@@ -32,7 +35,7 @@ import numpy as np
 from axgrid.spec import ceil_div
 
 from .buckets import BucketTotals, gradient_elements, pack
-from .comm import DIMS, PARAM_BYTES
+from .comm import CLIP_NORM_BYTES, DIMS, PARAM_BYTES, ring_alpha_beta, ring_time
 from .compute import elementwise_bytes, memory_time
 from .gpt import STAT_BYTES
 from .machines import Machine
@@ -155,6 +158,23 @@ def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray
     return bt, n_rs * bt.padded * float(gb) + bt.padded * float(PARAM_BYTES)
 
 
+def _clipping(g: Grids, opt: Options, machine: Machine, rings: Rings, comm: CommTally) -> dict[str, np.ndarray]:
+    """Bytes per step [N] by group of the gradient clipping (``opt.clip``; ``comm.clip_events``): the fp64 squared
+    norm all-reduced over the block x·y·z (a ring of Gx·Gy·Gz ranks, spanning d's too when the rank order puts d
+    inside it), and with ``zero`` >= 1 over d; adds their seconds to ``comm`` (blocking: the gradients' scale
+    waits for the norm)."""
+    p = g.gx * g.gy * g.gz
+    on = {"xyz": (p > 1) & opt.clip, "d": (g.gd > 1) & bool(opt.clip and opt.zero)}
+    order = opt.order
+    stride = g.gd if order.index("d") < max(order.index(c) for c in "xyz") else np.ones_like(g.gd)
+    a, be, _ = ring_alpha_beta(p, stride, machine)
+    t = {"xyz": ring_time("all_reduce", p, CLIP_NORM_BYTES, a, be),
+         "d": rings.time("all_reduce", "d", CLIP_NORM_BYTES)}
+    for k, posted in on.items():
+        comm.add(k, np.where(posted, t[k], 0.0), np.where(posted, t[k], 0.0))
+    return {k: np.where(posted, float(CLIP_NORM_BYTES), 0.0) for k, posted in on.items()}
+
+
 def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.ndarray, seq_split, dtype_bytes: int,
                  opt: Options, machine: Machine) -> tuple[np.ndarray, np.ndarray]:
     """(all blocks' element-wise kernels, one block's forward attention-score kernels) [N], seconds per
@@ -169,7 +189,7 @@ def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.nda
 def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
                 hx: np.ndarray, d_bytes: np.ndarray, dtype_bytes: int, opt: Options) -> dict[str, np.ndarray]:
     """Bytes per grid dimension per step [N], as the runtime's ledger counts them (a dimension of size 1 posts
-    nothing): each FC layer's collectives (weights gathered and activations reduced in the problem's dtype, gradients
+    nothing), by grid dimension: each FC layer's collectives (weights gathered and activations reduced in the problem's dtype, gradients
     in ``opt.grad_bytes``), the GPT's fp32 side collectives, the data-parallel buckets."""
     b, gb = dtype_bytes, opt.grad_bytes
     step_bytes = {d: np.zeros(len(g)) for d in DIMS}
@@ -284,6 +304,7 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     add_side(spec, side, opt, comm)
     compute_bwd, slack = backward(spec, costs, side, opt, comm)
     buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, compute_fwd, mb, comm)
+    clip_bytes = _clipping(g, opt, machine, rings, comm)
     elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
     compute = mb * (compute_fwd + compute_bwd + elementwise)
     exposed, raw = comm.exposed, comm.raw
@@ -296,10 +317,13 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
                          memory_layout)
     limit = opt.memory_usable * machine.memory_bytes
     infeasible, reasons = _infeasibility(prob, g, mem, limit, mb, mb_valid)
+    step_bytes = _step_bytes(spec, costs, g, mb, mp_int, hx, d_bytes, b, opt)
+    step_bytes["xyz"] = clip_bytes["xyz"]
+    step_bytes["d"] = step_bytes["d"] + clip_bytes["d"]
     return Evaluation(
         grids=g, feasible=~infeasible, reasons=reasons, microbatches=mb, time=np.where(infeasible, np.inf, time),
         compute=compute, exposed=exposed, raw=raw,
-        step_bytes=_step_bytes(spec, costs, g, mb, mp_int, hx, d_bytes, b, opt), memory=mem, memory_limit=limit,
+        step_bytes=step_bytes, memory=mem, memory_limit=limit,
         flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(prob.dtype),
         extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd,
                "attention": mb * 3 * spec.layers * att, "elementwise": mb * elementwise,

@@ -18,7 +18,7 @@ away. Per micro-batch a stage takes t_mb = (GEMMs + exposed TP/z communication) 
 to the next stage and the gradient sends back, 2·v per micro-batch of [mbs·S, h/t] (Megatron scatters the send
 over the TP ranks), each bytes/β + α on the ring placement of a pair t·d ranks apart, exposed.
 
-    step time = (m + (p−1)/v) · (t_mb + p2p_mb) + exposed data-parallel gradient reduction
+    step time = (m + (p−1)/v) · (t_mb + p2p_mb) + exposed data-parallel gradient reduction + clipping's norm
 
 so the bubble is (p−1)/v of m + (p−1)/v slots: (p−1)/(m+p−1) of the step without interleaving. Memory: the
 first stage keeps the stored activations of min(m, p) micro-batches alive in 1F1B; interleaved, Megatron's
@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .comm import DIMS, ring_alpha_beta
+from .comm import GROUPS, ring_alpha_beta
 from .errors import PerfModelError
 from .machines import Machine
 from .model import evaluate
@@ -146,7 +146,7 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
         a, be, _ = ring_alpha_beta(np.full(len(cs), 2), np.array([c.tp * c.dp for c in cs]), machine)
         p2p = np.where(p > 1, (m + (p - 1) / v) * 2.0 * v * (send / be + a), 0.0)
         bubble = (p - 1) / v * t_mb
-        time = compute + sum(ev.exposed[d] for d in DIMS) + bubble + p2p
+        time = compute + sum(ev.exposed[d] for d in GROUPS) + bubble + p2p
         for j, (i, c) in enumerate(zip(idx, cs)):
             ok = bool(ev.feasible[j])
             tf = flops / float(time[j]) / prob.gpus / 1e12 if ok else 0.0
@@ -155,9 +155,9 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
                 time_s=float(time[j]) if ok else np.inf, tflops_per_gpu=tf,
                 pct_peak=100.0 * tf * 1e12 / machine.peak_flops(prob.dtype),
                 memory_bytes=float(ev.memory.total[j]), microbatches=int(m[j]), compute_s=float(compute[j]),
-                exposed_s={d: float(ev.exposed[d][j]) for d in DIMS},
-                raw_comm_s={d: float(ev.raw[d][j]) for d in DIMS},
-                step_bytes={d: float(ev.step_bytes[d][j]) for d in DIMS},
+                exposed_s={d: float(ev.exposed[d][j]) for d in GROUPS},
+                raw_comm_s={d: float(ev.raw[d][j]) for d in GROUPS},
+                step_bytes={d: float(ev.step_bytes[d][j]) for d in GROUPS},
                 memory_parts={"static": float(ev.memory.static[j]), "buffers": float(ev.memory.buffers[j]),
                               "activations": float(ev.memory.activations[j])},
                 dp_buckets=int(ev.extra["dp_buckets"][j]), layout="TPxPPxDP", pp=c.pp, vpp=c.vpp, sp=c.sp,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .band import Band, band_for, banded, with_band
-from .comm import DIMS
+from .comm import GROUPS
 from .errors import NoFeasibleConfig, PerfModelError
 from .machines import Machine
 from .model import Evaluation, evaluate
@@ -82,8 +82,8 @@ class Ranking:
     def to_csv(self, path: str | Path) -> None:
         """Every row (4D, then TP×PP×DP); ``rank`` is the rank within its layout."""
         cols = ["rank", "grid", "zero", "feasible", "time_s", "time_low", "time_high", "within_error", "tflops_per_gpu",
-                "pct_peak", "memory_gib", "microbatches", "compute_s"] + [f"exposed_{d}_s" for d in DIMS] + [
-                f"bytes_{d}" for d in DIMS] + ["bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
+                "pct_peak", "memory_gib", "microbatches", "compute_s"] + [f"exposed_{d}_s" for d in GROUPS] + [
+                f"bytes_{d}" for d in GROUPS] + ["bubble_s", "p2p_s", "layout", "out_of_range", "reason"]
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
@@ -91,7 +91,7 @@ class Ranking:
                 w.writerow([r.rank, r.grid_str, r.zero, r.feasible, r.time_s, r.time_low, r.time_high, r.within_error,
                             r.tflops_per_gpu, r.pct_peak,
                             r.memory_bytes / 2**30, r.microbatches, r.compute_s]
-                           + [r.exposed_s.get(d, 0.0) for d in DIMS] + [r.step_bytes.get(d, 0.0) for d in DIMS]
+                           + [r.exposed_s.get(d, 0.0) for d in GROUPS] + [r.step_bytes.get(d, 0.0) for d in GROUPS]
                            + [r.bubble_s, r.p2p_s, r.layout, r.out_of_range, r.reason])
 
     def to_json(self, path: str | Path) -> None:
@@ -120,9 +120,9 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
         "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids))),
         "ew": ev.extra.get("elementwise", np.zeros(len(ev.grids))),
         "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64))}.items()}
-    ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in DIMS}
-    rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in DIMS}
-    sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in DIMS}
+    ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in GROUPS}
+    rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in GROUPS}
+    sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in GROUPS}
     out = []
     for pos, i in enumerate(order.tolist()):
         ok = L["ok"][pos]
@@ -130,8 +130,8 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             rank=pos + 1 if (ranked and ok) else None, grid=tuples[i], feasible=ok, reason=ev.reasons[i],
             time_s=L["time"][pos], tflops_per_gpu=L["tf"][pos] if ok else 0.0, pct_peak=L["pp"][pos] if ok else 0.0,
             memory_bytes=L["mem"][pos], microbatches=L["mb"][pos], compute_s=L["comp"][pos],
-            exposed_s={d: ex[d][pos] for d in DIMS}, raw_comm_s={d: rw[d][pos] for d in DIMS},
-            step_bytes={d: sb[d][pos] for d in DIMS},
+            exposed_s={d: ex[d][pos] for d in GROUPS}, raw_comm_s={d: rw[d][pos] for d in GROUPS},
+            step_bytes={d: sb[d][pos] for d in GROUPS},
             memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
             dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos])))
     return out

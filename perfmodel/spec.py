@@ -111,6 +111,8 @@ class Options:
     dropout / fused_attention: the element-wise kernels the runtime runs (``compute.elementwise_bytes``): the 4D
         runtime's GPT has no dropout and calls ``scaled_dot_product_attention`` (flash-style on a GPU: no S×S
         scores in HBM); Megatron-LM 2022 (Korthikanti et al.) ran dropout and an unfused softmax.
+    clip: the step clips the global gradient norm (the drivers' ``--clip``, on by default): one 8-byte all-reduce
+        over the block x·y·z, and over d with ``zero`` >= 1 (``perfmodel.comm.clip_events``).
     """
 
     overlap_ar: bool = True
@@ -129,6 +131,7 @@ class Options:
     dropout: bool = False
     fused_attention: bool = True
     grad_reduce: str = "fp32"
+    clip: bool = True
 
     def __post_init__(self) -> None:
         if self.grad_reduce not in DTYPE_BYTES:

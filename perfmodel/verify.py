@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from .errors import PerfModelError
 from .row import Row
 from .spec import MODELS, Problem
+from .units import memory_unit
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,9 @@ def verify_rows(prob: Problem, machine: str, rows: list[Row], timeout_s: float =
 
 
 def verify_table(verified: list[Verified], memory_bytes: int) -> str:
-    """The verified rows: predicted and measured peak per GPU, the machine's memory, the bytes' verdict."""
-    unit, scale = ("GiB", 2**30) if memory_bytes >= 2**30 and any(v.peak >= 2**28 for v in verified) else ("MiB", 2**20)
+    """The verified rows: predicted and measured peak per GPU, the machine's memory, the bytes' verdict; memory in
+    the unit ``units.memory_unit`` picks for the peaks shown, as the ranking table's memory column does."""
+    unit, scale = memory_unit([v.row.memory_bytes for v in verified] + [v.peak for v in verified])
     lines = [f"{'#':>3}  {'grid':<18}{'predicted':>14}{'dry run':>14}{'memory':>14}  bytes   verdict"]
     for i, v in enumerate(verified, 1):
         r = v.row

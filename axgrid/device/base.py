@@ -1,10 +1,10 @@
 """What axgrid asks of the device a rank computes on, and the CPU's answers.
 
 :class:`Device` is the interface: identity (name, PCI address, the key that tells two ranks they share a device),
-synchronisation, events and streams (timing that does not stop the device), memory statistics, random-number state
-and the energy counter. :class:`CpuDevice` answers for a CPU; :mod:`axgrid.device.cuda` for NVIDIA and AMD GPUs
-(the only module of axgrid that calls ``torch.cuda``). A test double for a GPU the machine does not have lives in
-:mod:`axgrid.dryrun.harness`.
+synchronisation, events (timing that does not stop the device), memory statistics and the energy counter.
+:class:`CpuDevice` answers for a CPU; :mod:`axgrid.device.cuda` for NVIDIA and AMD GPUs (the only module of axgrid
+that calls ``torch.cuda``; a GPU's random-number state is its :func:`~axgrid.device.cuda.rng_state`). A test double
+for a GPU the machine does not have lives in :mod:`axgrid.dryrun.harness`.
 
 An :class:`Event` marks a point in the work the device has been given (``record()``), and later tells the time
 between two marks (``seconds_to(later)``) -- on a GPU without stopping the stream at the mark: the host only waits
@@ -12,13 +12,12 @@ when it reads the time, which callers do outside the timed path (at the end of a
 """
 from __future__ import annotations
 
-import contextlib
 import platform
 import resource
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, ContextManager, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -117,10 +116,6 @@ class Device:
         """A new :class:`Event` on the stream that does this rank's work (record it with ``.record()``)."""
         return HostEvent()
 
-    def current(self) -> ContextManager[None]:
-        """Make this device the current one inside the block (where kernels launch, events record)."""
-        return contextlib.nullcontext()
-
     # -- memory ------------------------------------------------------------------------------------------------
     memory_source = ""
 
@@ -138,14 +133,6 @@ class Device:
     def memory_info(self) -> Optional[tuple[int, int]]:
         """``(free, total)`` bytes of the device's memory, or None where unknown."""
         return None
-
-    # -- random numbers ----------------------------------------------------------------------------------------
-    def rng_state(self) -> Optional[torch.Tensor]:
-        """The device's own generator state (None where the host's generator is the device's)."""
-        return None
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore what :meth:`rng_state` returned."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.torch})"

@@ -9,7 +9,7 @@ asked (:meth:`CudaEvent.seconds_to`), so timing never stops the device in the mi
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, ContextManager, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -125,9 +125,6 @@ class CudaDevice(Device):
     def event(self) -> Event:
         return CudaEvent(self.index)
 
-    def current(self) -> ContextManager[None]:
-        return torch.cuda.device(self.index)
-
     def current_stream(self) -> "torch.cuda.Stream":
         """The stream kernels of this device launch on now (for libraries that take a raw stream, e.g. cupy)."""
         return torch.cuda.current_stream(self.index)
@@ -138,9 +135,6 @@ class CudaDevice(Device):
     def peak_memory(self) -> int:
         return int(torch.cuda.max_memory_allocated(self.index))
 
-    def peak_reserved_memory(self) -> int:
-        return int(torch.cuda.max_memory_reserved(self.index))
-
     def allocated_memory(self) -> int:
         return int(torch.cuda.memory_allocated(self.index))
 
@@ -150,12 +144,6 @@ class CudaDevice(Device):
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
-
-    def rng_state(self) -> Optional[torch.Tensor]:
-        return torch.cuda.get_rng_state(self.index) if torch.cuda.is_initialized() else None
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        torch.cuda.set_rng_state(state, self.index)
 
 
 class RocmDevice(CudaDevice):

@@ -16,30 +16,19 @@ from axgrid import perfmodel as pm
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.spec import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape
-
-#: the gradient clipping's all-reduce over x·y·z: the fp64 sum of squares (``axgrid.data_parallel.grad_norm``),
-#: which perfmodel's GPT step (no clipping) does not list
-CLIP_NORM_BYTES = 8
-#: ``--overlap`` switches, as ``axgrid.OverlapConfig.parse`` reads them
-OVERLAP_NAMES = ("oar", "ors", "oag", "odp", "keep")
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape, OverlapConfig
 
 
 class DryRunError(ValueError):
     """A configuration that cannot run: the message names the value and what would work."""
 
 
-def parse_overlap(spec: str) -> dict[str, bool]:
-    """``"all"`` / ``"none"`` / ``"oar,oag,keep"`` -> {switch: on} (``all`` is the four overlaps, without keep)."""
-    chosen = {s.strip() for s in spec.split(",") if s.strip()}
-    if "all" in chosen:
-        chosen = (chosen - {"all"}) | {"oar", "ors", "oag", "odp"}
-    chosen.discard("none")
-    unknown = chosen - set(OVERLAP_NAMES)
-    if unknown:
-        raise DryRunError(f"--overlap {spec!r}: unknown switch(es) {', '.join(sorted(unknown))}; use all, none or a "
-                          f"comma list of {', '.join(OVERLAP_NAMES)}")
-    return {n: n in chosen for n in OVERLAP_NAMES}
+def parse_overlap(spec: str) -> OverlapConfig:
+    """``--overlap`` as the runtime reads it (``axgrid.OverlapConfig.parse``); a bad one raises :class:`DryRunError`."""
+    try:
+        return OverlapConfig.parse(spec)
+    except ValueError as e:
+        raise DryRunError(f"--overlap {spec!r}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -82,9 +71,9 @@ class DryRunConfig:
     def options(self) -> pm.Options:
         """perfmodel's options for this run."""
         ov = parse_overlap(self.overlap)
-        return pm.Options(overlap_ar=ov["oar"], overlap_rs=ov["ors"], overlap_ag=ov["oag"], overlap_dp=ov["odp"],
-                          keep_gathered=ov["keep"], recompute=self.recompute, microbatches=self.microbatches,
-                          bucket_bytes=self.bucket_bytes, zero=self.zero)
+        return pm.Options(overlap_ar=ov.oar, overlap_rs=ov.ors, overlap_ag=ov.oag, overlap_dp=ov.odp,
+                          keep_gathered=ov.keep_gathered_weights, recompute=self.recompute,
+                          microbatches=self.microbatches, bucket_bytes=self.bucket_bytes, zero=self.zero)
 
     def problem(self) -> pm.Problem:
         return pm.Problem(self.model, self.batch, self.gpus, self.dtype, self.options())
@@ -139,14 +128,9 @@ def predict(cfg: DryRunConfig) -> Prediction:
     memory["temporaries"] = peak - sum(memory.values())
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
-              bucket_bytes=opt.bucket_bytes, zero=cfg.zero)
+              bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip)      # the step clips (step.py)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    # clipping (the step clips): one all-reduce of the fp64 squared norm over the block, and over d with zero >= 1
-    for dims, on in (("xyz", gx * gy * gz > 1), ("d", cfg.zero > 0 and gd > 1)):
-        if on:
-            calls_, bytes_ = comm.get((dims, "all_reduce"), (0, 0))
-            comm[(dims, "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
     return Prediction(peak, memory, comm)
 
 

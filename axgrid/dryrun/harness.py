@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -55,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..device.base import Device, Event
+from ..device.base import Device, Event, HostEvent
 from ..metrics.energy import Energy
 
 #: The name torch's PrivateUse1 device is registered under (:func:`accelerator`).
@@ -70,28 +69,10 @@ _ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default, aten.empty
 
 # ----------------------------------------------------------------------------------------------- the device
 
-class FakeGpuEvent(Event):
-    """An event of a fake GPU: the host's clock at ``record()``."""
-
-    def __init__(self, dev: "FakeGpuDevice") -> None:
-        self.dev, self.t = dev, None
-
-    def record(self) -> "FakeGpuEvent":
-        self.dev.events += 1
-        self.t = time.perf_counter()
-        return self
-
-    def done(self) -> bool:
-        return self.t is not None
-
-    def seconds_to(self, later: Event) -> float:
-        assert isinstance(later, FakeGpuEvent) and self.t is not None and later.t is not None
-        return later.t - self.t
-
-
 class FakeGpuDevice(Device):
     """The device of a rank whose GPU is not there (``torch.device("cuda", i)`` or ``("fakegpu", i)``): answers
-    without touching torch.cuda, and counts what a timed step must not do (``synchronizations``)."""
+    without touching torch.cuda, and counts what a timed step must not do (``synchronizations``) and the events it
+    makes (``events``: host-clock events, :class:`~axgrid.device.HostEvent`; each is recorded by its maker at once)."""
 
     is_gpu = True
     memory_source = "none (a fake GPU holds no memory)"
@@ -116,7 +97,8 @@ class FakeGpuDevice(Device):
         self.synchronizations += 1
 
     def event(self) -> Event:
-        return FakeGpuEvent(self)
+        self.events += 1
+        return HostEvent()
 
     def peak_memory(self) -> int:
         return 0
@@ -377,5 +359,5 @@ def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None) 
             g.destroy()
 
 
-__all__ = ["FAKE_ACCELERATOR", "HOST_ELEMENTS", "DryRun", "FakeGpuDevice", "FakeGpuEvent", "HostWatch",
+__all__ = ["FAKE_ACCELERATOR", "HOST_ELEMENTS", "DryRun", "FakeGpuDevice", "HostWatch",
            "Violation", "accelerator", "cuda_guard", "dry_run", "fake_world"]

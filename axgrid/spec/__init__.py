@@ -10,7 +10,8 @@ which part a rank holds :class:`TileSpec`, :func:`split_part`, :class:`Box`, :fu
                        :func:`flat_boxes`, :func:`tile_box`, :func:`overlap`, :func:`map_rows`,
                        :func:`segment_row_map`, :func:`row_segments` (:mod:`.tiles`)
 FLOPs, parameters      :func:`gpt_flops_per_iteration`, :func:`gpt_parameters`, :func:`llama_flops` (:mod:`.flops`)
-overlap schedule       :data:`GRADIENT_WINDOW`, :data:`DEFAULT_BUCKET_BYTES` (:mod:`.schedule`)
+overlap schedule       :class:`OverlapConfig` (the switches; ``--overlap``), :data:`GRADIENT_WINDOW`,
+                       :data:`DEFAULT_BUCKET_BYTES` (:mod:`.schedule`)
 data-parallel buckets  :class:`Bucket`, :func:`pack_buckets`: the layout, a d-rank's share (:mod:`.buckets`)
 =====================  =======================================================================================
 
@@ -21,14 +22,14 @@ from .fc import FCVolumes, LinearSharding, fc_volumes
 from .flops import gpt_flops_per_iteration, gpt_parameters, llama_flops
 from .layers import BLOCK_MODULES, FCLayer, block_layers, block_modules, head_layer, model_layers
 from .buckets import Bucket, pack_buckets
-from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW
+from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, OverlapConfig
 from .sizes import GPT2_PADDED_VOCAB, NAMED_SIZES, GPTSize, named_size
 from .tiles import (Box, TileSpec, ceil_div, flat_boxes, map_rows, overlap, part_boxes, part_shape, row_segments,
                     segment_row_map, split_part, tile_box)
 
 __all__ = ["Coord", "GridError", "GridShape", "RankLayout", "FCVolumes", "LinearSharding", "fc_volumes",
            "gpt_flops_per_iteration", "gpt_parameters", "llama_flops", "BLOCK_MODULES", "FCLayer", "block_layers",
-           "block_modules", "head_layer", "model_layers", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "GPT2_PADDED_VOCAB",
+           "block_modules", "head_layer", "model_layers", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "OverlapConfig", "GPT2_PADDED_VOCAB",
            "NAMED_SIZES", "GPTSize", "named_size", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
            "part_shape", "split_part", "tile_box", "map_rows", "segment_row_map", "row_segments", "Bucket",
            "pack_buckets"]

@@ -120,3 +120,29 @@ def test_ledger_matches_design_formulas(ranks, world, spec, n, k, transposed, bi
     want = expected_layer_ledger(shape, n, k, 5, transposed, bias, keep)
     for g in got:
         assert g == want
+
+
+def rank_broadcast_object() -> dict:
+    from axgrid.launch.flight import FlightRecorder
+    grid = axgrid.init("2x1x1x1", timeout_s=60)
+    try:
+        rec = FlightRecorder(grid.rank, 8)
+        comm = Communicator(grid._groups, grid.comm.sizes, grid.comm.indices, "gloo", record_timing=True,
+                            recorder=rec)
+        got = [comm.broadcast_object({"from": grid.rank}, "x", 0), comm.broadcast_object(None, "x", 1),
+               comm.broadcast_object("alone", "y", 0)]                   # a group of one: nothing posted
+        e = comm.ledger.entries[("x", "broadcast_object")]
+        return {"got": got, "ledger": sorted(comm.ledger.entries), "entry": (e.calls, e.bytes, e.seconds),
+                "flight": [(r.dim, r.op, r.nbytes, r.state) for r in rec.records]}
+    finally:
+        grid.destroy()
+
+
+def test_broadcast_object_is_in_the_ledger_and_flight_recorder(ranks):
+    """An object broadcast posts through the one path of every collective: one ledger entry per call (0 bytes: the
+    pickle's size is unknown before it is made; untimed: it completes on the host) and a flight record, completed
+    when it returns; a group of one posts nothing, and a broadcast None arrives as None."""
+    for o in ranks(2, rank_broadcast_object):
+        assert o["got"] == [{"from": 0}, None, "alone"]
+        assert o["ledger"] == [("x", "broadcast_object")] and o["entry"] == (2, 0, 0.0)
+        assert o["flight"] == [("x", "broadcast_object", 0, "completed")] * 2

@@ -5,8 +5,9 @@ per (grid dimension, operation) that ``perfmodel.collective_bytes`` / ``collecti
 
 One optimizer step per case, as a training loop runs it (``experiments/train/train_gpt.py``): ``grid.watch(model)``;
 each micro-batch's forward with targets and ``loss.backward()``, all but the last under ``grid.no_sync()``; then
-``axgrid.sync_gradients(model, grid)``, and with ``zero`` >= 1 the sharded optimizer's step (its all-gather of the
-parameters over d). Grids include non-powers of two, d > 1, z > 1, several micro-batches, recompute on and off, the
+``axgrid.sync_gradients(model, grid)``, the global-norm clipping (``axgrid.clip_grad_norm_``: its 8-byte all-reduce
+over x·y·z, and over d with ``zero`` >= 1), and with ``zero`` >= 1 the sharded optimizer's step (its all-gather of
+the parameters over d). Grids include non-powers of two, d > 1, z > 1, several micro-batches, recompute on and off, the
 overlaps and kept gathered weights, and the ``zero`` modes (reduce-scatters over d, in every micro-batch with
 ``zero=2``, and the all-gathers); some cases set a tiny ``bucket_bytes`` so the d collectives take several
 buckets. In fp32, and in bf16 (autocast, two grids of 4 ranks): weights gathered and activations reduced in bf16,
@@ -84,6 +85,7 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
                         loss = model(ids[:, :-1], ids[:, 1:])
                     loss.backward()
             axgrid.sync_gradients(model, grid)
+            axgrid.clip_grad_norm_(model, 1.0, grid)
             if zero:
                 opt.step()                                       # the all-gather of the parameters over d
             out.append({key: (e.calls, e.bytes) for key, e in grid.ledger.entries.items()})
@@ -100,7 +102,7 @@ def predicted(case: tuple) -> tuple[dict, dict]:
     model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
     kw = dict(layers=model, grid=shape, tokens_per_microbatch_global=seqs * shape[2] * shape[3] * seq,
               n_microbatches=mbs, dtype_bytes=4 if dtype == "fp32" else 2, grad_dtype_bytes=4,
-              keep_gathered=ov.keep_gathered_weights, recompute=recompute, zero=zero,
+              keep_gathered=ov.keep_gathered_weights, recompute=recompute, zero=zero, clip=True,
               bucket_bytes=axgrid.RuntimeConfig().bucket_bytes if bucket is None else bucket)
     return pm.collective_bytes(**kw), pm.collective_calls(**kw)
 

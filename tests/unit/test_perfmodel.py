@@ -215,9 +215,40 @@ def test_model_bytes_equal_ledger_formula():
             prob = pm.Problem(spec, 8, 16, "bf16", opt)
             ev = pm.evaluate(prob, pm.load_machine("perlmutter"), pm.Grids.of([grid]))
             led = pm.collective_bytes(spec, grid, 8 * spec.seq // mb, mb, 2,     # the whole GPT step, gradients in fp32
-                                      keep_gathered=keep, recompute=rec, grad_dtype_bytes=opt.grad_bytes)
-            for d in "xyzd":
+                                      keep_gathered=keep, recompute=rec, grad_dtype_bytes=opt.grad_bytes,
+                                      clip=opt.clip)
+            for d in ("x", "y", "z", "d", "xyz"):
                 assert ev.step_bytes[d][0] == sum(v for (dd, _), v in led.items() if dd == d), (grid, d)
+
+
+def test_clipping_is_its_norm_all_reduces():
+    """Options.clip (the drivers' --clip): one 8-byte all-reduce over the block "xyz" (a ring of Gx·Gy·Gz ranks),
+    and over d with zero >= 1, priced blocking in the step time; collective_events lists them after the gradients'
+    reduction and before the parameters' all-gather."""
+    spec, m = pm.get_model("gpt-tiny"), pm.load_machine("perlmutter")
+    grids = [(2, 2, 1, 4), (1, 1, 1, 16)]
+    g = pm.Grids.of(grids)
+    p = np.array([4, 1])
+    a, be, _ = ring_alpha_beta(p, np.ones(2, dtype=np.int64), m)
+    pd, sd = dim_strides(g.gx, g.gy, g.gz, g.gd)["d"]
+    ad, bd, _ = ring_alpha_beta(pd, sd, m)
+    for zero in (0, 1):
+        on, off = (pm.evaluate(pm.Problem(spec, 16, 16, options=pm.Options(microbatches=1, zero=zero, clip=c)), m, g)
+                   for c in (True, False))
+        t_xyz = ring_time("all_reduce", p, 8, a, be)
+        t_d = ring_time("all_reduce", pd, 8, ad, bd) if zero else np.zeros(2)
+        assert t_xyz[0] > 0 and t_xyz[1] == 0
+        assert np.allclose(on.exposed["xyz"], t_xyz, rtol=1e-12) and np.all(off.exposed["xyz"] == 0)
+        assert np.allclose(on.exposed["d"] - off.exposed["d"], t_d, rtol=1e-9, atol=1e-15)
+        assert np.allclose(on.time - off.time, t_xyz + t_d, rtol=1e-9)
+        assert list(on.step_bytes["xyz"]) == [8, 0] and list(off.step_bytes["xyz"]) == [0, 0]
+        assert list(on.step_bytes["d"] - off.step_bytes["d"]) == ([8, 8] if zero else [0, 0])
+        for grid in grids:
+            ev = pm.collective_events(spec, grid, 16 * spec.seq, 1, 2, zero=zero, clip=True)
+            plain = pm.collective_events(spec, grid, 16 * spec.seq, 1, 2, zero=zero)
+            clip = [("xyz", "all_reduce", 8)] * (grid[:3] != (1, 1, 1)) + [("d", "all_reduce", 8)] * zero
+            gathers = [e for e in plain if e[:2] == ("d", "all_gather")]
+            assert ev == plain[:len(plain) - len(gathers)] + clip + gathers, (grid, zero)
 
 
 def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
@@ -227,7 +258,7 @@ def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
     ev = pm.evaluate(pm.Problem(spec, 32, 16), m, g)
     ok = ev.feasible
     assert ok.any()
-    tot = ev.compute + sum(ev.exposed[d] for d in "xyzd")
+    tot = ev.compute + sum(ev.exposed[d] for d in ("x", "y", "z", "d", "xyz"))
     assert np.allclose(ev.time[ok], tot[ok])
     off = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=False)
     ev0 = pm.evaluate(pm.Problem(spec, 32, 16, options=off), m, g)
@@ -247,7 +278,7 @@ def test_zero_modes_price_the_same_ring_bytes_with_another_overlap():
     m = pm.load_machine("perlmutter")
     g = pm.Grids.of([(1, 2, 1, 8), (2, 1, 2, 4)])
     off = pm.Options(overlap_ar=False, overlap_rs=False, overlap_ag=False, overlap_dp=False, microbatches=2,
-                     bucket_bytes=2**18)                     # several buckets: ODP can hide all but one
+                     bucket_bytes=2**18, clip=False)         # several buckets: ODP can hide all but one
     ev = {z: pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=z)), m, g) for z in (0, 1, 2)}
     assert np.allclose(ev[1].raw["d"], ev[0].raw["d"], rtol=1e-3) and np.all(ev[1].exposed["d"] == ev[1].raw["d"])
     rs = ev[1].raw["d"] / 2                                  # half of it: the reduce-scatter (fp32: AG = RS)
