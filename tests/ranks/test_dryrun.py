@@ -142,3 +142,73 @@ def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
     line = [x for x in out.stdout.splitlines() if x.startswith("DOES NOT FIT")]
     assert line and "does not fit small's 2.19 MiB" in line[0], line
     assert "perfmodel's best grid that fits is 1x1x1x2 zero 1 with 2 micro-batch(es)" in line[0], line
+
+
+# ---------------------------------------------------------------------------------- a Hugging Face config.json
+
+def _llama_config(folder, tied: bool, kv_heads: int = 2, heads: int = 4, ffn: int = 64, vocab: int = 64,
+                  model_type: str = "llama") -> str:
+    """A small Llama config.json (GQA: 4 heads, 2 key-value heads; SwiGLU; rope) in ``folder``."""
+    import json
+    import os
+    os.makedirs(folder, exist_ok=True)
+    fields = {"model_type": model_type, "architectures": ["LlamaForCausalLM"], "hidden_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": 64, "hidden_act": "silu",
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False}
+    path = os.path.join(folder, "config.json")
+    with open(path, "w") as f:
+        json.dump(fields, f)
+    return path
+
+
+# (grid, batch, microbatches, recompute, overlap, zero, tied)
+HF_CASES = [
+    ("2x2x1x1", 4, 2, True, "all", 0, False),
+    ("1x2x2x1", 4, 1, False, "none", 0, True),
+    ("2x1x1x2", 4, 2, True, "oar,oag", 1, False),
+]
+
+
+@pytest.mark.parametrize("grid,batch,mb,recompute,overlap,zero,tied",
+                         slow_where(HF_CASES, lambda c: c[0] != "2x2x1x1"), ids=[c[0] for c in HF_CASES])
+def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tmp_path, grid, batch, mb, recompute,
+                                                                       overlap, zero, tied):
+    path = _llama_config(tmp_path / "llama", tied)
+    cfg = resolve(path, None, batch, grid=grid, machine="local-4", dtype="fp32", recompute=recompute,
+                  overlap=overlap, microbatches=mb, zero=zero, seq=16)
+    got = ranks(cfg.gpus, real, cfg)
+    p = predict(cfg)
+    assert p.peak is None and p.memory["activations"] is None and "not modelled by perfmodel for llama" in \
+        p.not_modelled
+    for r in sorted({0, cfg.gpus - 1}):
+        d = run_isolated(dry, cfg, r, timeout_s=300)
+        assert d.comm == got[r].comm, f"rank {r}: ledger {d.comm} in the dry run, {got[r].comm} on gloo"
+        assert d.comm == p.comm, f"rank {r}: ledger {d.comm}, perfmodel {p.comm}"
+        assert abs(d.peak / got[r].peak - 1) <= PEAK_TOLERANCE, f"{(r, d.peak, got[r].peak, d.moment, got[r].moment, d.memory, got[r].memory)}"
+        for k in ("parameters", "gradients", "optimizer", "activations"):
+            assert d.memory[k] == got[r].memory[k], (r, k, d.memory[k], got[r].memory[k])
+        for k in ("parameters", "gradients", "optimizer"):
+            assert d.memory[k] == p.memory[k], (r, k, d.memory[k], p.memory[k])
+
+
+def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):
+    ok = _llama_config(tmp_path / "ok", False)
+    with pytest.raises(DryRunError, match=r"model_type 'gpt2' .* not a family the dry run models; use a config of "
+                                          r"llama, mistral, qwen2"):
+        resolve(_llama_config(tmp_path / "gpt2", False, model_type="gpt2"), None, 4, grid="1x1x1x1")
+    with pytest.raises(DryRunError, match=r"num_key_value_heads 2 not divisible by Gy=4; grids of 4 ranks that do: "
+                                          r"1x1x1x4, 1x1x2x2, 1x1x4x1, 1x2x1x2"):
+        resolve(ok, None, 4, grid="1x4x1x1", machine="local-4")
+    with pytest.raises(DryRunError, match=r"intermediate_size 66 not divisible by Gy=4"):
+        resolve(_llama_config(tmp_path / "f", False, kv_heads=4, ffn=66), None, 4, grid="1x4x1x1")
+    with pytest.raises(DryRunError, match=r"vocab_size 66 not divisible by Gy=4"):
+        resolve(_llama_config(tmp_path / "v", False, kv_heads=4, vocab=66), None, 4, grid="1x4x1x1")
+    with pytest.raises(DryRunError, match=r"hidden_size 32 not divisible by Gx=3"):
+        resolve(ok, None, 3, grid="3x1x1x1")
+    with pytest.raises(DryRunError, match=r"give --grid .*grids of 4 ranks that it divides: 1x1x1x4"):
+        resolve(ok, 4, 4)
+    with pytest.raises(DryRunError, match=r"no such config.json"):
+        resolve(str(tmp_path / "nowhere" / "config.json"), None, 4, grid="1x1x1x1")
+    with pytest.raises(DryRunError, match=r"--seq 16: a named size has its own"):
+        resolve("gpt-tiny", None, 4, grid="1x1x1x1", seq=16)
