@@ -323,8 +323,8 @@ def _resolve_decoder(model: str | DecoderSpec, gpus: Optional[int], batch: int, 
     if microbatches < 1 or batch % microbatches:
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
     if grid is None:
-        listed = f"; grids of {gpus} ranks that it divides: {_list(_decoder_grids(spec, gpus, batch // microbatches))}" \
-            if gpus else ""
+        fits = _decoder_grids(spec, gpus, batch // microbatches) if gpus else []
+        listed = f"; grids of {gpus} ranks that it divides: {_list(fits)}" if gpus else ""
         raise DryRunError(f"--model {spec.path}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
                           f"sizes only){listed}")
     try:

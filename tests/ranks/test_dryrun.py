@@ -3,7 +3,9 @@ group posts exactly the collectives (bytes and calls per grid dimension and oper
 real gloo ranks, and its peak of live tensor bytes is within 5% of the one ``axgrid.metrics.memtrack`` measures
 there; on 4 and 8 ranks, several grids, with and without recompute and the overlaps. The real side runs in fp32
 (gloo's bf16 sums add fp32 copies a GPU does not make). A dry run of a 4,096-rank grid completes and agrees with
-perfmodel's collectives; bad input is refused in one line before anything is allocated."""
+perfmodel's collectives; bad input is refused in one line before anything is allocated. The same for a Hugging Face
+config.json (a small Llama with grouped-query attention, tied and untied): the dry run equals gloo ranks, and its
+ledger and parameter, gradient and optimizer bytes equal perfmodel.decoder's."""
 from __future__ import annotations
 
 import dataclasses
@@ -164,14 +166,14 @@ def _llama_config(folder, tied: bool, kv_heads: int = 2, heads: int = 4, ffn: in
 
 # (grid, batch, microbatches, recompute, overlap, zero, tied)
 HF_CASES = [
-    ("2x2x1x1", 4, 2, True, "all", 0, False),
-    ("1x2x2x1", 4, 1, False, "none", 0, True),
+    ("2x2x1x1", 4, 2, True, "all", 0, True),
+    ("1x2x2x1", 4, 1, False, "none", 0, False),
     ("2x1x1x2", 4, 2, True, "oar,oag", 1, False),
 ]
 
 
 @pytest.mark.parametrize("grid,batch,mb,recompute,overlap,zero,tied",
-                         slow_where(HF_CASES, lambda c: c[0] != "2x2x1x1"), ids=[c[0] for c in HF_CASES])
+                         slow_where(HF_CASES, lambda c: c[0] == "2x1x1x2"), ids=[c[0] for c in HF_CASES])
 def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tmp_path, grid, batch, mb, recompute,
                                                                        overlap, zero, tied):
     path = _llama_config(tmp_path / "llama", tied)
@@ -185,7 +187,8 @@ def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tm
         d = run_isolated(dry, cfg, r, timeout_s=300)
         assert d.comm == got[r].comm, f"rank {r}: ledger {d.comm} in the dry run, {got[r].comm} on gloo"
         assert d.comm == p.comm, f"rank {r}: ledger {d.comm}, perfmodel {p.comm}"
-        assert abs(d.peak / got[r].peak - 1) <= PEAK_TOLERANCE, f"{(r, d.peak, got[r].peak, d.moment, got[r].moment, d.memory, got[r].memory)}"
+        assert abs(d.peak / got[r].peak - 1) <= PEAK_TOLERANCE, \
+            f"rank {r}: peak {d.peak} at {d.moment} {d.memory}; gloo {got[r].peak} at {got[r].moment} {got[r].memory}"
         for k in ("parameters", "gradients", "optimizer", "activations"):
             assert d.memory[k] == got[r].memory[k], (r, k, d.memory[k], got[r].memory[k])
         for k in ("parameters", "gradients", "optimizer"):
