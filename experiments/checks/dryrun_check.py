@@ -2,8 +2,8 @@
 (``axgrid.dryrun.step.measure_step``: the same model, batch, micro-batches, recompute, overlap and zero) on its real
 process group and measures it as the dry run does (``axgrid.metrics.memtrack``, the ledger); rank 0 then runs
 ``python -m axgrid.dryrun`` for the first and the last rank of the same configuration and prints, per rank, whether
-the ledgers are equal, the two peaks and every category that differs. Exit 0 when the ledgers are equal and the
-peaks within 5%.
+the ledgers are equal, the two peaks and every category that differs, then the dry run's verdict against perfmodel.
+Exit 0 when the ledgers are equal and the peaks within 5%.
 
     axgrid launch -n 3 -- python experiments/checks/dryrun_check.py --model /work/models/smollm2-135m \\
         --grid 1x3x1x1 --batch 4 --seq 256 --microbatches 2
@@ -62,7 +62,8 @@ def main() -> int:
             print(run.stdout[-3000:], run.stderr[-3000:])
             return 1
         with open(out) as f:
-            dry = {r["rank"]: r for r in json.load(f)["ranks"]}
+            doc = json.load(f)
+        dry = {r["rank"]: r for r in doc["ranks"]}
     ok = True
     for r in sorted(dry):
         d, g = dry[r], got[r]
@@ -74,6 +75,8 @@ def main() -> int:
         print(f"dryrun_check: {cfg.model.name} on {cfg.grid}, rank {r}: ledger {'equal' if same else 'DIFFERS'}; "
               f"peak dry run {d['peak_bytes']:,} B, gloo {g.peak:,} B ({ratio:+.2%}); categories "
               + (f"differing (dry run, gloo): {differ}" if differ else "all equal"))
+    verdict = "agree" if doc["agree"] else f"DIFFER: {'; '.join(doc['disagreements'])}"
+    print(f"dryrun_check: the dry run against perfmodel (what it models): {verdict}")
     return 0 if ok else 1
 
 
