@@ -14,10 +14,9 @@ for that family are ``None`` in the :class:`Prediction`, named in its ``not_mode
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Optional
-
-import os
 
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.decoder import NOT_MODELLED, DecoderSpec, decoder_collective_events, decoder_static_bytes
@@ -180,8 +179,9 @@ def _clipped(p: Prediction, cfg: DryRunConfig) -> Prediction:
 
 def _predict_decoder(cfg: DryRunConfig) -> Prediction:
     """perfmodel's figures for a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective, and the
-    parameter, gradient and optimizer bytes (the buckets: nothing with zero 0, at most the gradients with zero 1);
-    the rest is named as not modelled."""
+    parameter, gradient and optimizer bytes (the buckets: nothing with zero 0 or Gd = 1; with zero >= 1 not
+    modelled, though with zero 1 the report still bounds them by the gradients, as for the GPT); the rest is named
+    as not modelled."""
     m, opt = cfg.model, cfg.options()
     ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
                                    DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
