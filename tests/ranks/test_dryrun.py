@@ -4,8 +4,8 @@ real gloo ranks, and its peak of live tensor bytes is within 5% of the one ``axg
 there; on 4 and 8 ranks, several grids, with and without recompute and the overlaps. The real side runs in fp32
 (gloo's bf16 sums add fp32 copies a GPU does not make). A dry run of a 4,096-rank grid completes and agrees with
 perfmodel's collectives; bad input is refused in one line before anything is allocated. The same for a Hugging Face
-config.json (a small Llama with grouped-query attention, tied and untied): the dry run equals gloo ranks, and its
-ledger and parameter, gradient and optimizer bytes equal perfmodel.decoder's."""
+config.json (a small Llama with grouped-query attention, tied and untied; Qwen2 and Mistral too): the dry run equals
+gloo ranks, and its ledger and parameter, gradient and optimizer bytes equal perfmodel.decoder's."""
 from __future__ import annotations
 
 import dataclasses
@@ -150,11 +150,11 @@ def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
 
 def _llama_config(folder, tied: bool, kv_heads: int = 2, heads: int = 4, ffn: int = 64, vocab: int = 64,
                   model_type: str = "llama") -> str:
-    """A small Llama config.json (GQA: 4 heads, 2 key-value heads; SwiGLU; rope) in ``folder``."""
+    """A small config.json of the Llama structure (GQA: 4 heads, 2 key-value heads; SwiGLU; rope) in ``folder``."""
     import json
     import os
     os.makedirs(folder, exist_ok=True)
-    fields = {"model_type": model_type, "architectures": ["LlamaForCausalLM"], "hidden_size": 32,
+    fields = {"model_type": model_type, "hidden_size": 32,
               "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": 64, "hidden_act": "silu",
               "rms_norm_eps": 1e-5, "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False}
@@ -164,24 +164,27 @@ def _llama_config(folder, tied: bool, kv_heads: int = 2, heads: int = 4, ffn: in
     return path
 
 
-# (grid, batch, microbatches, recompute, overlap, zero, tied)
+# (family, grid, batch, microbatches, recompute, overlap, zero, tied)
 HF_CASES = [
-    ("2x2x1x1", 4, 2, True, "all", 0, True),
-    ("1x2x2x1", 4, 1, False, "none", 0, False),
-    ("2x1x1x2", 4, 2, True, "oar,oag", 1, False),
+    ("llama", "2x2x1x1", 4, 2, True, "all", 0, True),
+    ("llama", "1x2x2x1", 4, 1, False, "none", 0, False),
+    ("llama", "2x1x1x2", 4, 2, True, "oar,oag", 1, False),
+    ("qwen2", "1x2x2x1", 4, 2, True, "all", 0, False),       # q, k, v biases
+    ("mistral", "2x1x2x1", 4, 2, True, "all", 0, False),
 ]
 
 
-@pytest.mark.parametrize("grid,batch,mb,recompute,overlap,zero,tied",
-                         slow_where(HF_CASES, lambda c: c[0] == "2x1x1x2"), ids=[c[0] for c in HF_CASES])
-def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tmp_path, grid, batch, mb, recompute,
-                                                                       overlap, zero, tied):
-    path = _llama_config(tmp_path / "llama", tied)
+@pytest.mark.parametrize("family,grid,batch,mb,recompute,overlap,zero,tied",
+                         slow_where(HF_CASES, lambda c: c[0] != "llama" or c[1] == "2x1x1x2"),
+                         ids=[f"{c[0]}-{c[1]}" for c in HF_CASES])
+def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tmp_path, family, grid, batch, mb,
+                                                                       recompute, overlap, zero, tied):
+    path = _llama_config(tmp_path / family, tied, model_type=family)
     cfg = resolve(path, None, batch, grid=grid, machine="local-4", dtype="fp32", recompute=recompute,
                   overlap=overlap, microbatches=mb, zero=zero, seq=16)
     got = ranks(cfg.gpus, real, cfg)
     p = predict(cfg)
-    assert p.peak is None and p.memory["activations"] is None and "not modelled by perfmodel for llama" in \
+    assert p.peak is None and p.memory["activations"] is None and f"not modelled by perfmodel for {family}" in \
         p.not_modelled
     for r in sorted({0, cfg.gpus - 1}):
         d = run_isolated(dry, cfg, r, timeout_s=300)
