@@ -103,8 +103,8 @@ def _best_fitting(cfg, pm, machine) -> str:
 
     from .report import human
     if cfg.hf:
-        return (f"perfmodel ranks grids for the named GPT sizes only: try a grid with a larger Gz or Gd, more "
-                f"micro-batches, or --zero 1 or 2")
+        return ("perfmodel ranks grids for the named GPT sizes only: try a grid with a larger Gz or Gd, more "
+                "micro-batches, or --zero 1 or 2")
     prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None, zero=None))
     try:
         row = pm.rank(prob, machine, tp_pp_dp=False).feasible[0]

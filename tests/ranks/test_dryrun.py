@@ -5,7 +5,8 @@ there; on 4 and 8 ranks, several grids, with and without recompute and the overl
 (gloo's bf16 sums add fp32 copies a GPU does not make). A dry run of a 4,096-rank grid completes and agrees with
 perfmodel's collectives; bad input is refused in one line before anything is allocated. The same for a Hugging Face
 config.json (a small Llama with grouped-query attention, tied and untied; Qwen2 and Mistral too): the dry run equals
-gloo ranks, and its ledger and parameter, gradient and optimizer bytes equal perfmodel.decoder's."""
+gloo ranks, and its ledger and parameter, gradient and optimizer bytes equal perfmodel.decoder's; the command line
+says (and its JSON holds as null) what perfmodel does not model for it."""
 from __future__ import annotations
 
 import dataclasses
@@ -218,3 +219,38 @@ def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path)
         resolve(str(tmp_path / "nowhere" / "config.json"), None, 4, grid="1x1x1x1")
     with pytest.raises(DryRunError, match=r"--seq 16: a named size has its own"):
         resolve("gpt-tiny", None, 4, grid="1x1x1x1", seq=16)
+
+
+def cli(argv: list) -> tuple:
+    import contextlib
+    import io
+
+    from axgrid.dryrun.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def test_the_command_line_dry_runs_a_config_and_says_what_perfmodel_does_not_model(tmp_path):
+    import json
+    import re
+
+    from axgrid.perfmodel.machines import known_machine_files
+    toml = tmp_path / "small.toml"           # 100 kB per rank: less than the step's peak
+    toml.write_text(re.sub(r"(?m)^memory_bytes = \d+", "memory_bytes = 100000",
+                           known_machine_files()["local-4"].read_text()).replace('"local-4"', '"small"'))
+    path = _llama_config(tmp_path / "llama", False)
+    code, out = run_isolated(cli, ["--model", path, "--grid", "1x2x2x1", "--batch", "4", "--seq", "16", "--machine",
+                                   str(toml), "--json", str(tmp_path / "dry.json")], timeout_s=300)
+    assert code == 1, out
+    assert "perfmodel: activations, gathered, temporaries and the peak: not modelled by perfmodel for llama" in out
+    assert re.search(r"activations +[\d.]+ KiB +not modelled", out), out
+    line = [x for x in out.splitlines() if x.startswith("DOES NOT FIT")]
+    assert line and "perfmodel ranks grids for the named GPT sizes only" in line[0], out
+    doc = json.loads((tmp_path / "dry.json").read_text())
+    r = doc["ranks"][0]
+    assert doc["config"]["family"] == "llama" and doc["config"]["kv_heads"] == 2 and doc["agree"]
+    assert r["predicted_peak_bytes"] is None and r["predicted_memory"]["activations"] is None
+    assert r["predicted_memory"]["parameters"] == r["memory"]["parameters"] and "not modelled" in r["not_modelled"]
+    assert r["comm_bytes"] == r["predicted_comm_bytes"]
