@@ -21,6 +21,7 @@ token table                untied: ``[V, h_x]`` on every rank (features over x),
 loss                       the vocabulary-parallel cross entropy (AG_y of ``[m']``, AR_y of ``[m', 2]`` when Gy > 1)
                            and one AR_z of ``[sum, count]`` (fp32, when Gz > 1)
 recompute                  per decoder layer (Hugging Face's gradient checkpointing): its forward again in backward
+clipping (``clip``)        one all-reduce of the fp64 sum of squares over x·y·z (8 B), and over d with zero >= 1
 =========================  ==========================================================================================
 
 Not modelled (a dry run says so rather than compare with the GPT's formulas): the activations a SwiGLU/GQA block
@@ -45,6 +46,8 @@ from .gpt import STAT_BYTES, GPTParam
 
 #: ``model_type`` of a config.json -> the families modelled here (``axgrid.plans.hf``'s Llama plan serves them)
 FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+#: the gradient clipping's all-reduce: the fp64 sum of squares of the gradients
+CLIP_NORM_BYTES = 8
 #: what perfmodel does not model for these families (the dry run prints it beside the figures)
 NOT_MODELLED = ("activations", "gathered", "temporaries", "peak")
 
@@ -227,9 +230,11 @@ def decoder_step(spec: DecoderSpec, grid: tuple[int, int, int, int], mprime: int
 def decoder_collective_events(spec: DecoderSpec, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
                               n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                               recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
-                              bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0) -> list[tuple[str, str, int]]:
+                              bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0,
+                              clip: bool = False) -> list[tuple[str, str, int]]:
     """Every collective of one training step as (dim, op, bytes): :func:`decoder_step`, then the data-parallel
-    ones (:func:`perfmodel.comm.dp_events` over :func:`decoder_parameters` in the buckets' layout order)."""
+    ones (:func:`perfmodel.comm.dp_events` over :func:`decoder_parameters` in the buckets' layout order), then with
+    ``clip`` the gradient clipping's norm (``axgrid.data_parallel.grad_norm``)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     seqs, rem = divmod(tokens_per_microbatch_global, spec.seq)
     if rem or seqs % (gd * gz):
@@ -239,7 +244,11 @@ def decoder_collective_events(spec: DecoderSpec, grid: tuple[int, int, int, int]
     ev = decoder_step(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
                       keep_gathered, recompute, gb)
     sizes = [p.elems * gb for p in decoder_parameters(spec, grid)][::-1]
-    return ev + dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches)
+    ev += dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches)
+    if clip:
+        ev += [(dims, "all_reduce", CLIP_NORM_BYTES) for dims, on in (("xyz", gx * gy * gz > 1),
+                                                                      ("d", zero > 0 and gd > 1)) if on]
+    return ev
 
 
 def decoder_static_bytes(spec: DecoderSpec, grid: tuple[int, int, int, int], zero: int = 0,
@@ -258,5 +267,5 @@ def decoder_static_bytes(spec: DecoderSpec, grid: tuple[int, int, int, int], zer
     return 4 * padded, 4 * (padded if zero == 1 else share), 8 * share + steps
 
 
-__all__ = ["FAMILIES", "NOT_MODELLED", "DecoderSpec", "decoder_parameters", "decoder_step",
+__all__ = ["CLIP_NORM_BYTES", "FAMILIES", "NOT_MODELLED", "DecoderSpec", "decoder_parameters", "decoder_step",
            "decoder_collective_events", "decoder_static_bytes"]

@@ -150,7 +150,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     b = DTYPE_BYTES[cfg.dtype]
     opt = cfg.options()
     if cfg.hf:
-        return _clipped(_predict_decoder(cfg), cfg)
+        return _predict_decoder(cfg)
     mem = memory_per_gpu(cfg.model, gx, gy, gz, gd, cfg.tokens_per_gpu, b, cfg.dtype == "fp32", opt, device=GPU)
     memory = {"parameters": mem.params, "gradients": mem.grads, "optimizer": mem.optimizer,
               "buckets": mem.dp_buckets, "gathered": mem.gathered, "activations": mem.activations}
@@ -162,30 +162,23 @@ def predict(cfg: DryRunConfig) -> Prediction:
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    return _clipped(Prediction(peak, memory, comm), cfg)
-
-
-def _clipped(p: Prediction, cfg: DryRunConfig) -> Prediction:
-    """``p`` with the clipping's collectives added (the step clips): one all-reduce of the fp64 squared norm over
-    the block, and over d with zero >= 1."""
-    gx, gy, gz, gd = cfg.shape
-    comm = dict(p.comm)
+    # clipping (the step clips): one all-reduce of the fp64 squared norm over the block, and over d with zero >= 1
     for dims, on in (("xyz", gx * gy * gz > 1), ("d", cfg.zero > 0 and gd > 1)):
         if on:
             calls_, bytes_ = comm.get((dims, "all_reduce"), (0, 0))
             comm[(dims, "all_reduce")] = (calls_ + 1, bytes_ + CLIP_NORM_BYTES)
-    return replace(p, comm=comm)
+    return Prediction(peak, memory, comm)
 
 
 def _predict_decoder(cfg: DryRunConfig) -> Prediction:
-    """perfmodel's figures for a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective, and the
-    parameter, gradient and optimizer bytes (the buckets: nothing with zero 0 or Gd = 1; with zero >= 1 not
-    modelled, though with zero 1 the report still bounds them by the gradients, as for the GPT); the rest is named
-    as not modelled."""
+    """perfmodel's figures for a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective (the
+    clipping's included: the decoder's replay lists it), and the parameter, gradient and optimizer bytes (the
+    buckets: nothing with zero 0 or Gd = 1; with zero >= 1 not modelled, though with zero 1 the report still bounds
+    them by the gradients, as for the GPT); the rest is named as not modelled."""
     m, opt = cfg.model, cfg.options()
     ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
                                    DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
-                                   opt.bucket_bytes, cfg.zero)
+                                   opt.bucket_bytes, cfg.zero, clip=True)
     comm: dict[tuple[str, str], tuple[int, int]] = {}
     for dim, op, nb in ev:
         calls, total = comm.get((dim, op), (0, 0))
