@@ -1,6 +1,6 @@
 """experiments/checks/dryrun_check.py under the launcher: 4 gloo ranks of a small Hugging Face Llama (grouped-query
 attention) on 1x2x2x1 measure their step, rank 0 dry-runs ranks 0 and 3 of the same configuration, and each line
-says the ledgers are equal and the peaks within 5% (exit 0)."""
+says the ledgers are equal and the peaks within 5% (exit 0), and the dry run agrees with perfmodel."""
 import json
 import os
 import subprocess
@@ -23,4 +23,5 @@ def test_the_dry_run_equals_launched_ranks(tmp_path):
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = [x for x in p.stdout.splitlines() if "dryrun_check:" in x]
-    assert len(lines) == 2 and all("ledger equal" in x for x in lines), p.stdout[-3000:]
+    assert len(lines) == 3 and all("ledger equal" in x for x in lines[:2]), p.stdout[-3000:]
+    assert lines[2].endswith("the dry run against perfmodel (what it models): agree"), p.stdout[-3000:]
