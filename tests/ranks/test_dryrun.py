@@ -244,8 +244,9 @@ def test_the_command_line_dry_runs_a_config_and_says_what_perfmodel_does_not_mod
     toml.write_text(re.sub(r"(?m)^memory_bytes = \d+", "memory_bytes = 100000",
                            known_machine_files()["local-4"].read_text()).replace('"local-4"', '"small"'))
     path = _llama_config(tmp_path / "llama", False)
-    code, out, warned = run_isolated(cli, ["--model", path, "--grid", "1x2x2x1", "--batch", "4", "--seq", "16", "--machine",
-                                   str(toml), "--json", str(tmp_path / "dry.json")], timeout_s=300)
+    argv = ["--model", path, "--grid", "1x2x2x1", "--batch", "4", "--seq", "16", "--machine", str(toml), "--json",
+            str(tmp_path / "dry.json")]
+    code, out, warned = run_isolated(cli, argv, timeout_s=300)
     assert code == 1, out
     # a fake tensor has no memory address: parallelize's move_to_device does not ask for one (torch warns, and
     # would merge every fake buffer of one shape into one)
