@@ -4,6 +4,7 @@ machine, 1 when they do not (each difference named) and on bad input (one line, 
 
     python -m axgrid.dryrun --model gpt-320b --gpus 32768 --machine frontier --batch 4096
     python -m axgrid.dryrun --model gpt-80b --grid 4x2x16x8 --machine perlmutter --batch 1024 --json out.json
+    python -m axgrid.dryrun --model path/to/config.json --grid 4x4x8x64 --seq 8192 --batch 1024   # a HF config
 """
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from .config import DryRunError, predict, resolve, role_ranks
 def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a named size (gpt-tiny ... gpt-1t, gpt-405b)")
+    ap.add_argument("--model", required=True, help="a named size (gpt-tiny ... gpt-1t, gpt-405b), or a Hugging "
+                    "Face config.json (or its folder) of a Llama, Mistral or Qwen2 model, built and parallelized by "
+                    "its plan (give --grid)")
+    ap.add_argument("--seq", type=int, help="sequence length, for a config.json (default 2048)")
     ap.add_argument("--gpus", type=int, help="GPUs of the job (or give --grid)")
     ap.add_argument("--grid", help="GXxGYxGZxGD (default: perfmodel's best for the model, GPUs, machine, batch)")
     ap.add_argument("--machine", default="frontier", help="a machine of perfmodel's library (python -m "
@@ -42,7 +46,7 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dryrun") -> int:
     a = build_parser(prog).parse_args(argv)
     cfg = resolve(a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
-                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero)
+                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq)
     ranks = a.ranks or role_ranks(cfg)
     bad = [r for r in ranks if not 0 <= r < cfg.gpus]
     if bad:
@@ -83,7 +87,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
                         f" per GPU; {_best_fitting(cfg, pm, machine)}")
     for p in problems:
         print(f"DIFFERS: {p}" if not p.startswith("the measured peak") else f"DOES NOT FIT: {p}")
-    if not problems:
+    if not problems and prediction.peak is None:
+        print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte; "
+              f"{prediction.not_modelled}; the measured peak fits {machine.name}'s {human(machine.memory_bytes)}")
+    elif not problems:
         print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte (the "
               f"buckets within perfmodel's bound), "
               f"the peak within 5%; the peak fits {machine.name}'s {human(machine.memory_bytes)}")
@@ -95,6 +102,9 @@ def _best_fitting(cfg, pm, machine) -> str:
     from dataclasses import replace
 
     from .report import human
+    if cfg.hf:
+        return ("perfmodel ranks grids for the named GPT sizes only: try a grid with a larger Gz or Gd, more "
+                "micro-batches, or --zero 1 or 2")
     prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None, zero=None))
     try:
         row = pm.rank(prob, machine, tp_pp_dp=False).feasible[0]

@@ -6,13 +6,20 @@ best for the model, GPU count, machine and batch, and the micro-batch count to t
 :func:`predict` gives perfmodel's figures for the same configuration (:class:`Prediction`): memory by the dry run's
 categories (:data:`CATEGORIES`) and the bytes and calls of every collective per (grid dimension,
 operation), for a GPU (``perfmodel.memory.GPU``: fused attention, collectives in the tensors' dtype).
+
+The model is a named GPT size or a Hugging Face ``config.json`` of a Llama-structured family
+(``perfmodel.decoder.DecoderSpec``): for the latter the grid must be given (perfmodel ranks GPT grids only), and
+perfmodel predicts the collectives and the parameter, gradient and optimizer bytes; the categories it does not model
+for that family are ``None`` in the :class:`Prediction`, named in its ``not_modelled``.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from axgrid import perfmodel as pm
+from axgrid.perfmodel.decoder import NOT_MODELLED, DecoderSpec, decoder_collective_events, decoder_static_bytes
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.spec import DTYPE_BYTES
@@ -33,11 +40,12 @@ def parse_overlap(spec: str) -> OverlapConfig:
 
 @dataclass(frozen=True)
 class DryRunConfig:
-    """One dry run: ``model`` (perfmodel's spec; the runtime builds the same GPT), ``grid`` ("GxxGyxGzxGd"),
+    """One dry run: ``model`` (perfmodel's spec; the runtime builds the same GPT, or from a ``DecoderSpec`` the
+    Hugging Face model of its config.json), ``grid`` ("GxxGyxGzxGd"),
     ``batch`` sequences per step in ``microbatches`` micro-batches, ``dtype`` ("bf16": autocast with fp32
     weights; "fp32"), ``recompute``, ``overlap`` (the runtime's ``--overlap``), the ``machine`` perfmodel prices."""
 
-    model: pm.TransformerSpec
+    model: pm.TransformerSpec | DecoderSpec
     grid: str
     batch: int
     microbatches: int
@@ -85,9 +93,16 @@ class DryRunConfig:
         return GPTConfig(m.layers, m.hidden, m.heads, m.seq, m.vocab, bias=m.bias, recompute=self.recompute,
                          name=m.name)
 
+    @property
+    def hf(self) -> bool:
+        """Whether the model is a Hugging Face config's (a :class:`~axgrid.perfmodel.decoder.DecoderSpec`)."""
+        return isinstance(self.model, DecoderSpec)
+
     def as_json(self) -> dict:
         m = self.model
-        return {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
+        hf = {"config": m.path, "family": m.family, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+              "intermediate": m.ffn, "tied": m.tied} if isinstance(m, DecoderSpec) else {}
+        return {"model": m.name, **hf, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
                 "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
                 "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero}
@@ -107,19 +122,24 @@ def bytes_by_dim(comm: dict[tuple[str, str], tuple[int, int]]) -> dict[str, int]
 
 @dataclass(frozen=True)
 class Prediction:
-    """perfmodel's figures for one rank of a :class:`DryRunConfig` (bytes)."""
+    """perfmodel's figures for one rank of a :class:`DryRunConfig` (bytes); ``None`` where perfmodel does not
+    model a figure for the model's family, and ``not_modelled`` says which and why ("" when it models all)."""
 
-    peak: int
-    memory: dict[str, int]
+    peak: Optional[int]
+    memory: dict[str, Optional[int]]
     comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
+    not_modelled: str = ""
 
 
 def predict(cfg: DryRunConfig) -> Prediction:
     """perfmodel's memory (``perfmodel.memory.memory_per_gpu``, on a GPU) and collectives
-    (``perfmodel.collective_bytes`` / ``collective_calls`` of the whole GPT step) for ``cfg``."""
+    (``perfmodel.collective_bytes`` / ``collective_calls`` of the whole GPT step) for ``cfg``; for a Hugging Face
+    config, ``perfmodel.decoder``'s collectives and parameter, gradient and optimizer bytes."""
     gx, gy, gz, gd = cfg.shape
     b = DTYPE_BYTES[cfg.dtype]
     opt = cfg.options()
+    if cfg.hf:
+        return _predict_decoder(cfg)
     mem = memory_per_gpu(cfg.model, gx, gy, gz, gd, cfg.tokens_per_gpu, b, cfg.dtype == "fp32", opt, device=GPU)
     memory = {"parameters": mem.params, "gradients": mem.grads, "optimizer": mem.optimizer,
               "buckets": mem.dp_buckets, "gathered": mem.gathered, "activations": mem.activations}
@@ -132,6 +152,28 @@ def predict(cfg: DryRunConfig) -> Prediction:
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
     return Prediction(peak, memory, comm)
+
+
+def _predict_decoder(cfg: DryRunConfig) -> Prediction:
+    """perfmodel's figures for a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective (the
+    clipping's included: the decoder's replay lists it), and the parameter, gradient and optimizer bytes (the
+    buckets: nothing with zero 0 or Gd = 1; with zero >= 1 not modelled, though with zero 1 the report still bounds
+    them by the gradients, as for the GPT); the rest is named as not modelled."""
+    m, opt = cfg.model, cfg.options()
+    ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
+                                   DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
+                                   opt.bucket_bytes, cfg.zero, clip=opt.clip)
+    comm: dict[tuple[str, str], tuple[int, int]] = {}
+    for dim, op, nb in ev:
+        calls, total = comm.get((dim, op), (0, 0))
+        comm[(dim, op)] = (calls + 1, total + nb)
+    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes)
+    memory: dict[str, Optional[int]] = {"parameters": params, "gradients": grads, "optimizer": optimizer,
+                                        "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
+    unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])
+    memory.update({c: None for c in unknown})
+    return Prediction(None, memory, comm, f"{', '.join(unknown)} and the peak: not modelled by perfmodel for "
+                                          f"{m.family} (its formulas are the GPT block's)")
 
 
 # ------------------------------------------------------------------------------------------------ choosing
@@ -157,13 +199,25 @@ def _list(grids: list[str], show: int = 12) -> str:
     return ", ".join(grids[:show]) + more
 
 
-def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *, grid: Optional[str] = None,
-            machine: str = "frontier", dtype: str = "bf16", recompute: bool = True, overlap: str = "all",
-            microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-            zero: Optional[int] = None) -> DryRunConfig:
+def is_config_path(model: str) -> bool:
+    """Whether ``--model`` names a Hugging Face config.json (or its folder) rather than a named size."""
+    return model.endswith(".json") or os.sep in model or os.path.isdir(model)
+
+
+def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], batch: int, *,
+            grid: Optional[str] = None, machine: str = "frontier", dtype: str = "bf16", recompute: bool = True,
+            overlap: str = "all", microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+            zero: Optional[int] = None, seq: Optional[int] = None) -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
-    fastest that fits). Bad input raises :class:`DryRunError` naming the value
-    and the valid choices (grids, micro-batch counts)."""
+    fastest that fits). ``model``: a named size, a spec, or the path of a Hugging Face config.json (or its folder),
+    trained on ``seq``-token sequences (default :data:`HF_SEQ`). Bad input raises :class:`DryRunError` naming the
+    value and the valid choices (grids, micro-batch counts)."""
+    if isinstance(model, DecoderSpec) or (isinstance(model, str) and is_config_path(model)):
+        return _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
+                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
+                                seq=seq)
+    if seq is not None:
+        raise DryRunError(f"--seq {seq}: a named size has its own sequence length; --seq is for a config.json")
     try:
         spec = pm.get_model(model) if isinstance(model, str) else model
     except pm.PerfModelError as e:
@@ -219,6 +273,69 @@ def resolve(model: str | pm.TransformerSpec, gpus: Optional[int], batch: int, *,
                           f"split over Gz·Gd = {gz * gd} (z splits whole sequences); micro-batch counts that do: "
                           f"{fits or 'none: raise --batch'}")
     return cfg
+
+
+#: the sequence length of a Hugging Face config's dry run unless ``--seq`` says otherwise
+HF_SEQ = 2048
+
+
+def _resolve_decoder(model: str | DecoderSpec, gpus: Optional[int], batch: int, *, grid: Optional[str],
+                     machine: str, dtype: str, recompute: bool, overlap: str, microbatches: Optional[int],
+                     bucket_bytes: int, zero: Optional[int], seq: Optional[int]) -> DryRunConfig:
+    """:func:`resolve` for a Hugging Face config: the grid must be given and divide the model (the plan's rules:
+    hidden over Gx; the heads, key-value heads, intermediate size and vocabulary over Gy), the batch must split
+    over Gz·Gd; micro-batches default to 1, zero to 0."""
+    try:
+        spec = model if isinstance(model, DecoderSpec) else DecoderSpec.from_config(model, seq or HF_SEQ)
+    except pm.PerfModelError as e:
+        raise DryRunError(f"--model {model}: {e}") from None
+    if dtype not in ("bf16", "fp32"):
+        raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
+    parse_overlap(overlap)
+    if zero not in (None, 0, 1, 2):
+        raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
+    if batch is None or batch < 1:
+        raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
+    microbatches = microbatches or 1
+    if microbatches < 1 or batch % microbatches:
+        raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
+    if grid is None:
+        fits = _decoder_grids(spec, gpus, batch // microbatches) if gpus else []
+        listed = f"; grids of {gpus} ranks that it divides: {_list(fits)}" if gpus else ""
+        raise DryRunError(f"--model {spec.path}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
+                          f"sizes only){listed}")
+    try:
+        shape = GridShape.parse(grid).as_tuple()
+    except Exception as e:
+        raise DryRunError(f"--grid {grid!r}: {e}; give four sizes GXxGYxGZxGD, e.g. 4x2x16x8") from None
+    n = shape[0] * shape[1] * shape[2] * shape[3]
+    problems = spec.divisibility(shape)
+    gz, gd = shape[2], shape[3]
+    if (batch // microbatches) % (gz * gd):
+        problems.append(f"a micro-batch of {batch // microbatches} sequences not divisible by Gz*Gd={gz * gd} (z "
+                        f"splits whole sequences)")
+    if (gpus is not None and n != gpus) or problems:
+        size = gpus or n
+        what = f"has {n} ranks, not --gpus {gpus}" if gpus is not None and n != gpus else \
+            f"does not fit {spec.name}: {'; '.join(problems)}"
+        raise DryRunError(f"--grid {grid} {what}; grids of {size} ranks that do: "
+                          f"{_list(_decoder_grids(spec, size, batch // microbatches))}")
+    try:
+        pm.load_machine(machine)
+    except pm.PerfModelError as e:
+        raise DryRunError(f"--machine: {e}") from None
+    zero = zero or 0
+    if zero and gd == 1:
+        raise DryRunError(f"--zero {zero} on grid {grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
+                          f"with Gd > 1")
+    return DryRunConfig(spec, "x".join(map(str, shape)), batch, microbatches, dtype, recompute, overlap, machine,
+                        bucket_bytes, zero)
+
+
+def _decoder_grids(spec: DecoderSpec, gpus: int, sequences: int) -> list[str]:
+    """Grids of ``gpus`` ranks that ``spec`` divides and whose Gz·Gd splits a micro-batch of ``sequences``."""
+    return ["x".join(map(str, t)) for t in enumerate_grids(gpus).tuples()
+            if not spec.divisibility(t) and sequences % (t[2] * t[3]) == 0]
 
 
 def role_ranks(cfg: DryRunConfig) -> list[int]:

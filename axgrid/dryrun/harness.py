@@ -107,6 +107,11 @@ class FakeGpuDevice(Device):
 # ----------------------------------------------------------------------------------------------- fakegpu: autograd
 
 _LOWER_PRECISION = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "scaled_dot_product_attention")
+#: ops that CUDA (and the CPU) run as one kernel but a device without a kernel of its own decomposes into several
+#: (their ``CompositeImplicitAutograd`` form), each result a temporary a GPU never holds: SiLU's backward (SwiGLU's
+#: gate) makes four ``[m', f/Gy]`` tensors that way. A kernel registered for the fakegpu device keeps them whole;
+#: fake tensors answer before it is reached (their meta kernels give the one output).
+_FUSED = ("silu_backward",)
 _REGISTRATION: list = []          # the process's registration (PrivateUse1 cannot be registered twice)
 _CUDA_GUARD: list = []            # the guard object c10's registry points at (kept alive)
 
@@ -156,23 +161,50 @@ def accelerator() -> torch.device:
                 gemms.impl(op, _autocast_to_lower(op), "AutocastPrivateUse1")
         attention = torch.library.Library("aten", "IMPL")                # fused attention, as CUDA picks it
         attention.impl("scaled_dot_product_attention", _fused_attention, "AutogradPrivateUse1")
-        _REGISTRATION.extend([everything, gemms, attention])
+        fused = torch.library.Library("aten", "IMPL")                    # one kernel, as on a GPU
+        for name in _FUSED:
+            fused.impl(name, _unreachable(name), "PrivateUse1")
+        _REGISTRATION.extend([everything, gemms, attention, fused])
     return torch.device(FAKE_ACCELERATOR, 0)
+
+
+def _unreachable(name: str) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"aten::{name} on the fakegpu device with real tensors: the device holds only fake ones")
+    return kernel
 
 
 def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                      dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                      enable_gqa: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` on the fakegpu device as on a GPU: CUDA's flash kernel where it takes the
-    inputs (no mask, no dropout), saving for backward what it saves there (its output and the fp32 log-sum-exp
-    ``[b, H, S]``; q, k, v as given), else the math path. Without this the device would run torch's math
+    inputs (no mask, no dropout; grouped-query attention's fewer k, v heads included, as CUDA's and the CPU's flash
+    kernels take them), saving for backward what it saves there (its output and the fp32 log-sum-exp ``[b, H, S]``;
+    q, k, v as given), else the math path. Without this the device would run torch's math
     decomposition (a PrivateUse1 backend gets no fused kernel), which saves the ``[b, H, S, S]`` probabilities a
     GPU never holds. Registered on the device's autograd key, over the composite; the fused ops' own derivatives
     and fake-tensor kernels do the rest."""
-    if attn_mask is None and dropout_p == 0.0 and not enable_gqa:
+    if attn_mask is None and dropout_p == 0.0:          # grouped-query too: the flash kernel takes fewer k, v heads
         return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[0]
     return aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
                                                    enable_gqa=enable_gqa)[0]
+
+
+#: the attention implementation a Hugging Face model runs with on fake tensors (:func:`hf_attention`)
+HF_ATTENTION = "axgrid_fake_sdpa"
+
+
+def hf_attention() -> str:
+    """Register and return :data:`HF_ATTENTION`: transformers' own ``sdpa`` attention under a name transformers'
+    mask functions do not know, so that it builds no mask and attention runs causal (``is_causal``, no mask: the
+    flash kernel), as it does on real tensors for a batch without padding or packing. On fake tensors transformers
+    cannot read the position ids to rule out packed sequences, so with ``"sdpa"`` it builds a ``[b, 1, S, S]``
+    mask: torch's math attention, the probabilities ``[b, H, S, S]`` saved, which a GPU run never holds. Only for
+    training steps without an ``attention_mask`` (a dry run's)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    AttentionInterface.register(HF_ATTENTION, sdpa_attention_forward)
+    return HF_ATTENTION
 
 
 def _autocast_to_lower(op) -> Callable[..., Any]:
@@ -359,5 +391,5 @@ def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None) 
             g.destroy()
 
 
-__all__ = ["FAKE_ACCELERATOR", "HOST_ELEMENTS", "DryRun", "FakeGpuDevice", "HostWatch",
-           "Violation", "accelerator", "cuda_guard", "dry_run", "fake_world"]
+__all__ = ["FAKE_ACCELERATOR", "HF_ATTENTION", "HOST_ELEMENTS", "DryRun", "FakeGpuDevice", "HostWatch",
+           "Violation", "accelerator", "cuda_guard", "dry_run", "fake_world", "hf_attention"]

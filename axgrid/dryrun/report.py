@@ -2,10 +2,14 @@
 
 JSON: ``{"config": {...}, "ranks": [{"rank", "coord", "peak_bytes", "predicted_peak_bytes", "moment", "memory":
 {category: bytes}, "predicted_memory": {...}, "comm_bytes": {dim: bytes}, "predicted_comm_bytes": {dim: bytes},
-"comm": [{"dim", "op", "calls", "bytes", "predicted_calls", "predicted_bytes"}], "seconds"}], "agree": bool,
-"disagreements": [str], "fits": bool, "machine_memory_bytes"}``.
+"comm": [{"dim", "op", "calls", "bytes", "predicted_calls", "predicted_bytes"}], "seconds", "not_modelled"}],
+"agree": bool, "disagreements": [str], "fits": bool, "machine_memory_bytes"}``. A figure perfmodel does not model
+for the model's family (a Hugging Face config's activations, say) is ``null`` in the JSON and "not modelled" in the
+table, and ``not_modelled`` says which; it is not compared.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from .config import CATEGORIES, DryRunConfig, Prediction, bytes_by_dim
 
@@ -32,7 +36,11 @@ def _diff(got: int, want: int) -> str:
     return f"{'+' if got > want else '-'}{human(abs(got - want))}{rel}"
 
 
-def bucket_bounds(zero: int, p: Prediction) -> tuple[int, int]:
+#: what the table shows in perfmodel's column for a figure perfmodel does not model
+NOT_MODELLED = "not modelled"
+
+
+def bucket_bounds(zero: int, p: Prediction) -> tuple[int, Optional[int]]:
     """What the data-parallel buckets may allocate in the backward, as perfmodel models it (and
     tests/ranks/test_memory_agreement.py checks it): zero=0 nothing (the gradients are the buckets); zero=1 up to a
     backend's copies of the buckets it reduce-scatters (at most the gradients); zero=2 its full buckets, at most
@@ -51,12 +59,12 @@ def disagreements(m, p: Prediction, zero: int = 0) -> list[str]:
             out.append(f"rank {m.rank} {key[0]} {key[1]}: {got[0]} calls {got[1]} B measured, {want[0]} calls "
                        f"{want[1]} B predicted")
     low, high = bucket_bounds(zero, p)
-    if not low <= m.memory["buckets"] <= high:
+    if high is not None and not low <= m.memory["buckets"] <= high:
         out.append(f"rank {m.rank} buckets: {m.memory['buckets']} B measured, {low} to {high} B allowed (zero={zero})")
     for c in EXACT:
-        if m.memory[c] != p.memory[c]:
+        if p.memory[c] is not None and m.memory[c] != p.memory[c]:
             out.append(f"rank {m.rank} {c}: {m.memory[c]} B measured, {p.memory[c]} B predicted")
-    if abs(m.peak / p.peak - 1) > PEAK_TOLERANCE:
+    if p.peak is not None and abs(m.peak / p.peak - 1) > PEAK_TOLERANCE:
         out.append(f"rank {m.rank} peak: {human(m.peak)} measured, {human(p.peak)} predicted "
                    f"({m.peak / p.peak - 1:+.1%}, beyond {PEAK_TOLERANCE:.0%})")
     return out
@@ -68,14 +76,20 @@ def table(cfg: DryRunConfig, m, p: Prediction) -> str:
     lines = [f"rank {m.rank} ({coord}) of {cfg.grid}: one step in {m.seconds:.1f} s",
              f"  {'memory':<14}{'dry run':>14}{'perfmodel':>14}  difference"]
     low, high = bucket_bounds(cfg.zero, p)
+
+    def predicted(n: Optional[int]) -> str:
+        return NOT_MODELLED if n is None else human(n)
     for c in CATEGORIES:
-        diff = _diff(m.memory[c], p.memory[c])
-        if c == "buckets" and cfg.zero:
+        diff = _diff(m.memory[c], p.memory[c]) if p.memory[c] is not None else ""
+        if c == "buckets" and cfg.zero and high is not None:
             diff = f"{'within' if low <= m.memory[c] <= high else 'OUTSIDE'} perfmodel's bound (zero={cfg.zero})"
         elif c == "temporaries":
             diff += " (the rest of the peak)"
-        lines.append(f"  {c:<14}{human(m.memory[c]):>14}{human(p.memory[c]):>14}  {diff}")
-    lines.append(f"  {'peak':<14}{human(m.peak):>14}{human(p.peak):>14}  {_diff(m.peak, p.peak)}")
+        lines.append(f"  {c:<14}{human(m.memory[c]):>14}{predicted(p.memory[c]):>14}  {diff}")
+    lines.append(f"  {'peak':<14}{human(m.peak):>14}{predicted(p.peak):>14}  "
+                 f"{_diff(m.peak, p.peak) if p.peak is not None else ''}")
+    if p.not_modelled:
+        lines.append(f"  perfmodel: {p.not_modelled}")
     lines.append(f"  peak reached at: {m.moment}")
     lines.append(f"  {'collective':<22}{'calls':>8}{'bytes':>18}{'perfmodel':>18}  difference")
     for key in sorted(set(m.comm) | set(p.comm)):
@@ -98,4 +112,4 @@ def rank_json(m, p: Prediction) -> dict:
             "comm": [{"dim": d, "op": o, "calls": m.comm.get((d, o), (0, 0))[0],
                       "bytes": m.comm.get((d, o), (0, 0))[1], "predicted_calls": p.comm.get((d, o), (0, 0))[0],
                       "predicted_bytes": p.comm.get((d, o), (0, 0))[1]} for d, o in keys],
-            "seconds": round(m.seconds, 3), "host_violations": m.host_violations}
+            "seconds": round(m.seconds, 3), "host_violations": m.host_violations, "not_modelled": p.not_modelled}

@@ -1,4 +1,5 @@
-"""One rank's training step of a dry run: the real runtime (``axgrid.models.gpt.GPT``, :func:`axgrid.train.train_step`:
+"""One rank's training step of a dry run: the real runtime (``axgrid.models.gpt.GPT``, or a Hugging Face model of a
+config.json parallelized by its plan, ``axgrid.plans.causal_lm.causal_lm_from_config``; :func:`axgrid.train.train_step`:
 forward, backward, gradient sync, clipping, AdamW) as rank ``r`` of a grid of any size, on the fakegpu device
 (:mod:`.harness`: fake tensors, torch's fake process group), measured by :mod:`axgrid.metrics.memtrack` and the
 grid's ledger.
@@ -66,12 +67,13 @@ class PeakWatch(mt.LiveBytes):
         return out
 
     @contextlib.contextmanager
-    def modules(self, model: torch.nn.Module) -> Iterator[None]:
-        """Keep ``module`` the innermost named module whose forward is running."""
+    def modules(self, model: torch.nn.Module, names: Any = None) -> Iterator[None]:
+        """Keep ``module`` the innermost named module whose forward is running (of ``names``; default: the GPT's
+        ``blocks.3``, ``blocks.3.up``, ``head``, ..., not their insides)."""
         stack: list[str] = []
         handles = []
         for name, mod in model.named_modules():
-            if not name or name.count(".") > 1:       # blocks.3, blocks.3.up, head, ...; not their insides
+            if not name or (name not in names if names is not None else name.count(".") > 1):
                 continue
 
             def pre(m, a, name=name):
@@ -111,28 +113,69 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
         return measure_step(cfg, run.grid, run.autocast, run.host, init=False, start=start)
 
 
+@dataclass
+class _Model:
+    """The model a step trains: ``loss(inputs, targets, normalizer)``; ``tags``: its blocks (in order) and the
+    modules around them, by name, whose saved tensors are the activations; ``watched``: the modules the peak's
+    moment names (None: the GPT's default)."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Any
+    tags: dict[str, torch.nn.Module]
+    watched: Any = None
+
+
+def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
+    """``cfg``'s model on ``grid`` with its fused AdamW (sharded over d as the grid's zero says)."""
+    import axgrid
+    if cfg.hf:
+        from axgrid.plans.causal_lm import causal_lm_from_config, causal_lm_loss
+        from .harness import FakeGpuDevice, hf_attention
+        fake = isinstance(grid.accelerator, FakeGpuDevice)     # a dry run's: no mask built from fake ids
+        model = causal_lm_from_config(cfg.model.path, grid, recompute=cfg.recompute, init=init,
+                                      attention=hf_attention() if fake else "sdpa")
+        groups: Any = model.parameters()
+        decoder = model.get_decoder()
+        tags = {f"model.layers.{i}": b for i, b in enumerate(decoder.layers)}
+        tags.update({"model.norm": decoder.norm, "lm_head": model.lm_head, "model.embed_tokens": decoder.embed_tokens})
+
+        def loss(inputs: torch.Tensor, targets: torch.Tensor, normalizer: float) -> torch.Tensor:
+            return causal_lm_loss(model, inputs, targets, None, normalizer)
+        watched = {n for n, _ in model.named_modules() if n in tags or (n.count(".") == 3 and n.startswith(
+            "model.layers."))}                 # model.layers.3, model.layers.3.mlp, lm_head, ...
+    else:
+        from axgrid.models.gpt import GPT
+        model = GPT(cfg.gpt_config(), grid, init=init)
+        groups = model.optimizer_groups(0.1)
+        tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
+        tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
+
+        def loss(inputs: torch.Tensor, targets: torch.Tensor, normalizer: float) -> torch.Tensor:
+            return model(inputs, targets, normalizer=normalizer)
+        watched = None
+    grid.watch(model)
+    opt = axgrid.shard_optimizer(torch.optim.AdamW(groups, lr=1e-4, fused=True), model, grid)
+    return _Model(model, opt, loss, tags, watched)
+
+
 def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, init: bool = True,
                  start: float | None = None) -> RankMeasure:
-    """One step of ``cfg``'s GPT on ``grid`` (a dry run's, or real ranks' to compare with), measured (module
-    docstring). ``autocast(dtype)``: the device's autocast context; ``host``: a :class:`.harness.HostWatch` active
-    during the measured step (None: none); ``init=False``: weights left uninitialised (fake tensors)."""
-    import axgrid
-    from axgrid.models.gpt import GPT
+    """One step of ``cfg``'s model (the GPT, or a Hugging Face config's) on ``grid`` (a dry run's, or real ranks' to
+    compare with), measured (module docstring). ``autocast(dtype)``: the device's autocast context; ``host``: a
+    :class:`.harness.HostWatch` active during the measured step (and a fresh one during the first: the library's
+    intended host reads answer there), None: none; ``init=False``: weights left uninitialised (fake tensors)."""
     from axgrid.train import train_step
 
     start = time.perf_counter() if start is None else start
     dev = grid.device
-    model = GPT(cfg.gpt_config(), grid, init=init)
-    grid.watch(model)
-    opt = axgrid.shard_optimizer(torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-4, fused=True), model,
-                                 grid)
+    built = _build(cfg, grid, init)
+    model, opt, tags = built.module, built.optimizer, built.tags
     layers = cfg.model.layers
     m = cfg.microbatches
     rows = cfg.sequences_per_microbatch // grid.size("d")          # this data-parallel rank's sequences
     ids = torch.zeros((rows, cfg.model.seq + 1), dtype=torch.long, device=dev)
     normalizer = float(cfg.batch * cfg.model.seq)
-    tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
-    tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
     saved = _Saved(tags, exclude=model.parameters(), inputs_of=list(tags)[:layers] if cfg.recompute else (),
                    inputs=(ids,))
     kept: list = []
@@ -144,7 +187,7 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
             live.phase = f"micro-batch {i + 1}/{m} forward"
         kept.clear()
         with autocast(torch.bfloat16) if cfg.dtype == "bf16" else contextlib.nullcontext(), record:
-            loss = model(ids[:, :-1], ids[:, 1:], normalizer=normalizer)
+            loss = built.loss(ids[:, :-1], ids[:, 1:], normalizer)
         if record is saved:
             saved.exclude(mt.live_keys(kept))      # kept gathered blocks: weight buffers, not activations
         if live is not None:
@@ -154,7 +197,8 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
 
     # a first step: AdamW's state and the prefetched weights (OAG) exist from here on, as in every step of a
     # training run after its first (without it the measured step gathers half the weight bytes OAG holds)
-    train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
+    with type(host)() if host is not None else contextlib.nullcontext():
+        train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
     rt = grid.runtime
     params = list(model.parameters())
     lay = getattr(params[0], "axgrid_buckets", None)          # the data-parallel buckets (Gd > 1)
@@ -165,7 +209,7 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     live.track(itertools.chain(params, (p.grad for p in params), share, mt.optimizer_tensors(opt)))
     opt.register_step_pre_hook(lambda *a: setattr(live, "phase", "optimizer step"))
     grid.ledger.reset()
-    with live, live.modules(model), mt.watch_weight_source(rt, live, kept=kept), \
+    with live, live.modules(model, built.watched), mt.watch_weight_source(rt, live, kept=kept), \
             mt.watch_bucket_allocations(lay, live), \
             host if host is not None else contextlib.nullcontext():
         train_step(model, opt, loss_of, grid, microbatches=m, clip=1.0)

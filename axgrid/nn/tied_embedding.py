@@ -62,7 +62,10 @@ class _TiedLookup(torch.autograd.Function):
         sh = head.sharding
         local, inside = ctx.saved_tensors
         grad = torch.zeros((sh.n_blk, sh.k_blk), dtype=torch.float32, device=dx.device)
-        grad.index_add_(0, local[inside], dx[inside].float())
+        # rows of other ranks add zeros to row 0: no boolean indexing, whose output size the host must read (a
+        # device synchronisation on a GPU; on fake tensors a size that cannot be known)
+        grad.index_add_(0, torch.where(inside, local, torch.zeros_like(local)),
+                        dx.float() * inside.unsqueeze(-1).to(torch.float32))
         pad = layer.padding_idx
         if pad is not None and sh.row0 <= pad < sh.row0 + sh.n_blk:
             grad[pad - sh.row0] = 0          # like nn.Embedding: the lookup never trains the padding row

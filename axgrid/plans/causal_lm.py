@@ -2,6 +2,7 @@
 grid, and its loss over kept targets, for axgrid's GPT and Hugging Face models alike.
 
     model = load_causal_lm("path/to/hf_folder", grid, recompute=True)        # training mode, fp32
+    model = causal_lm_from_config("path/to/config.json", grid, init=False)  # no weights (a dry run)
     loss = causal_lm_loss(model, inputs, targets, mask, normalizer)          # inputs/targets/mask [b, S]
 """
 from __future__ import annotations
@@ -22,11 +23,53 @@ def load_causal_lm(path: str, grid: Grid, recompute: bool = False) -> torch.nn.M
     model = from_pretrained(path, grid, torch_dtype=torch.float32)
     model.config.use_cache = False
     if recompute:
-        kw = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        enable_recompute(model)
+    return model.train()
+
+
+def enable_recompute(model: torch.nn.Module) -> None:
+    """Activation checkpointing of a Hugging Face model's decoder layers (non-reentrant): each layer keeps its input
+    and runs its forward again in the backward."""
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False, init: bool = True,
+                          attention: str = "sdpa") -> torch.nn.Module:
+    """The Hugging Face causal LM of the config.json at ``config_json`` on ``grid``, in fp32 and training mode,
+    without weights from any file: built with its parameters on the meta device and parallelized by its plan, so no
+    dense copy exists (a dry run builds a 405B model this way). ``init``: fill the parts (normal, std 0.02; norms
+    ones), else leave them uninitialised (fake tensors have no values). ``recompute``: as :func:`load_causal_lm`;
+    ``attention``: transformers' attention implementation."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..io.meta import parameters_on_meta
+    from .parallelize import parallelize
+    with open(config_json) as f:
+        fields = json.load(f)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.use_cache = False
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
+    parallelize(model, grid)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise ValueError(f"{config_json}: {left[:4]} stay on the meta device after the plan; the dry run builds "
+                         f"only models whose plan places every parameter")
+    if init:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 1 and "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02)
+    if recompute:
+        enable_recompute(model)
     return model.train()
 
 

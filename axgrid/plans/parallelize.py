@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from ..grid import Grid
 from ..nn.linear import Linear
@@ -146,7 +147,7 @@ def move_to_device(model: nn.Module, device: torch.device) -> nn.Module:
     moved: dict[object, torch.Tensor] = {}
 
     def key(t: torch.Tensor) -> object:
-        if t.numel() == 0:
+        if t.numel() == 0 or is_fake(t):       # a fake tensor (a dry run's) has no memory address: itself
             return id(t)
         try:
             return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)

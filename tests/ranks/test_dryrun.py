@@ -3,7 +3,10 @@ group posts exactly the collectives (bytes and calls per grid dimension and oper
 real gloo ranks, and its peak of live tensor bytes is within 5% of the one ``axgrid.metrics.memtrack`` measures
 there; on 4 and 8 ranks, several grids, with and without recompute and the overlaps. The real side runs in fp32
 (gloo's bf16 sums add fp32 copies a GPU does not make). A dry run of a 4,096-rank grid completes and agrees with
-perfmodel's collectives; bad input is refused in one line before anything is allocated."""
+perfmodel's collectives; bad input is refused in one line before anything is allocated. The same for a Hugging Face
+config.json (a small Llama with grouped-query attention, tied and untied; Qwen2 and Mistral too): the dry run equals
+gloo ranks, and its ledger and parameter, gradient and optimizer bytes equal perfmodel.decoder's; the command line
+says (and its JSON holds as null) what perfmodel does not model for it."""
 from __future__ import annotations
 
 import dataclasses
@@ -142,3 +145,119 @@ def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
     line = [x for x in out.stdout.splitlines() if x.startswith("DOES NOT FIT")]
     assert line and "does not fit small's 2.19 MiB" in line[0], line
     assert "perfmodel's best grid that fits is 1x1x1x2 zero 1 with 2 micro-batch(es)" in line[0], line
+
+
+# ---------------------------------------------------------------------------------- a Hugging Face config.json
+
+def _llama_config(folder, tied: bool, kv_heads: int = 2, heads: int = 4, ffn: int = 64, vocab: int = 64,
+                  model_type: str = "llama") -> str:
+    """A small config.json of the Llama structure (GQA: 4 heads, 2 key-value heads; SwiGLU; rope) in ``folder``."""
+    import json
+    import os
+    os.makedirs(folder, exist_ok=True)
+    fields = {"model_type": model_type, "hidden_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": 64, "hidden_act": "silu",
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False}
+    path = os.path.join(folder, "config.json")
+    with open(path, "w") as f:
+        json.dump(fields, f)
+    return path
+
+
+# (family, grid, batch, microbatches, recompute, overlap, zero, tied)
+HF_CASES = [
+    ("llama", "2x2x1x1", 4, 2, True, "all", 0, True),
+    ("llama", "1x2x2x1", 4, 1, False, "none", 0, False),
+    ("llama", "2x1x1x2", 4, 2, True, "oar,oag", 1, False),
+    ("qwen2", "1x2x2x1", 4, 2, True, "all", 0, False),       # q, k, v biases
+    ("mistral", "2x1x2x1", 4, 2, True, "all", 0, False),
+]
+
+
+@pytest.mark.parametrize("family,grid,batch,mb,recompute,overlap,zero,tied",
+                         slow_where(HF_CASES, lambda c: c[0] != "llama" or c[1] == "2x1x1x2"),
+                         ids=[f"{c[0]}-{c[1]}" for c in HF_CASES])
+def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tmp_path, family, grid, batch, mb,
+                                                                       recompute, overlap, zero, tied):
+    path = _llama_config(tmp_path / family, tied, model_type=family)
+    cfg = resolve(path, None, batch, grid=grid, machine="local-4", dtype="fp32", recompute=recompute,
+                  overlap=overlap, microbatches=mb, zero=zero, seq=16)
+    got = ranks(cfg.gpus, real, cfg)
+    p = predict(cfg)
+    assert p.peak is None and p.memory["activations"] is None and f"not modelled by perfmodel for {family}" in \
+        p.not_modelled
+    for r in sorted({0, cfg.gpus - 1}):
+        d = run_isolated(dry, cfg, r, timeout_s=300)
+        assert d.comm == got[r].comm, f"rank {r}: ledger {d.comm} in the dry run, {got[r].comm} on gloo"
+        assert d.comm == p.comm, f"rank {r}: ledger {d.comm}, perfmodel {p.comm}"
+        assert abs(d.peak / got[r].peak - 1) <= PEAK_TOLERANCE, \
+            f"rank {r}: peak {d.peak} at {d.moment} {d.memory}; gloo {got[r].peak} at {got[r].moment} {got[r].memory}"
+        for k in ("parameters", "gradients", "optimizer", "activations"):
+            assert d.memory[k] == got[r].memory[k], (r, k, d.memory[k], got[r].memory[k])
+        for k in ("parameters", "gradients", "optimizer"):
+            assert d.memory[k] == p.memory[k], (r, k, d.memory[k], p.memory[k])
+
+
+def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):
+    ok = _llama_config(tmp_path / "ok", False)
+    with pytest.raises(DryRunError, match=r"model_type 'gpt2' .* not a family the dry run models; use a config of "
+                                          r"llama, mistral, qwen2"):
+        resolve(_llama_config(tmp_path / "gpt2", False, model_type="gpt2"), None, 4, grid="1x1x1x1")
+    with pytest.raises(DryRunError, match=r"num_key_value_heads 2 not divisible by Gy=4; grids of 4 ranks that do: "
+                                          r"1x1x1x4, 1x1x2x2, 1x1x4x1, 1x2x1x2"):
+        resolve(ok, None, 4, grid="1x4x1x1", machine="local-4")
+    with pytest.raises(DryRunError, match=r"intermediate_size 66 not divisible by Gy=4"):
+        resolve(_llama_config(tmp_path / "f", False, kv_heads=4, ffn=66), None, 4, grid="1x4x1x1")
+    with pytest.raises(DryRunError, match=r"vocab_size 66 not divisible by Gy=4"):
+        resolve(_llama_config(tmp_path / "v", False, kv_heads=4, vocab=66), None, 4, grid="1x4x1x1")
+    with pytest.raises(DryRunError, match=r"hidden_size 32 not divisible by Gx=3"):
+        resolve(ok, None, 3, grid="3x1x1x1")
+    with pytest.raises(DryRunError, match=r"give --grid .*grids of 4 ranks that it divides: 1x1x1x4"):
+        resolve(ok, 4, 4)
+    with pytest.raises(DryRunError, match=r"no such config.json"):
+        resolve(str(tmp_path / "nowhere" / "config.json"), None, 4, grid="1x1x1x1")
+    with pytest.raises(DryRunError, match=r"--seq 16: a named size has its own"):
+        resolve("gpt-tiny", None, 4, grid="1x1x1x1", seq=16)
+
+
+def cli(argv: list) -> tuple:
+    """``python -m axgrid.dryrun argv``: (exit code, stdout, the warnings it gave)."""
+    import contextlib
+    import io
+    import warnings
+
+    from axgrid.dryrun.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(argv)
+    return code, out.getvalue(), [str(w.message) for w in caught]
+
+
+def test_the_command_line_dry_runs_a_config_and_says_what_perfmodel_does_not_model(tmp_path):
+    import json
+    import re
+
+    from axgrid.perfmodel.machines import known_machine_files
+    toml = tmp_path / "small.toml"           # 100 kB per rank: less than the step's peak
+    toml.write_text(re.sub(r"(?m)^memory_bytes = \d+", "memory_bytes = 100000",
+                           known_machine_files()["local-4"].read_text()).replace('"local-4"', '"small"'))
+    path = _llama_config(tmp_path / "llama", False)
+    argv = ["--model", path, "--grid", "1x2x2x1", "--batch", "4", "--seq", "16", "--machine", str(toml), "--json",
+            str(tmp_path / "dry.json")]
+    code, out, warned = run_isolated(cli, argv, timeout_s=300)
+    assert code == 1, out
+    # a fake tensor has no memory address: parallelize's move_to_device does not ask for one (torch warns, and
+    # would merge every fake buffer of one shape into one)
+    assert not [w for w in warned if "data pointer" in w], warned
+    assert "perfmodel: activations, gathered, temporaries and the peak: not modelled by perfmodel for llama" in out
+    assert re.search(r"activations +[\d.]+ KiB +not modelled", out), out
+    line = [x for x in out.splitlines() if x.startswith("DOES NOT FIT")]
+    assert line and "perfmodel ranks grids for the named GPT sizes only" in line[0], out
+    doc = json.loads((tmp_path / "dry.json").read_text())
+    r = doc["ranks"][0]
+    assert doc["config"]["family"] == "llama" and doc["config"]["kv_heads"] == 2 and doc["agree"]
+    assert r["predicted_peak_bytes"] is None and r["predicted_memory"]["activations"] is None
+    assert r["predicted_memory"]["parameters"] == r["memory"]["parameters"] and "not modelled" in r["not_modelled"]
+    assert r["comm_bytes"] == r["predicted_comm_bytes"]
