@@ -1,7 +1,7 @@
 # Two set-up commands that work on a fresh machine (see README):
 #   make demo   -- the main job: 8 local gloo ranks train an MLP stack 3D-parallel on grid 2x2x2x1
 #   make test   -- the test suite
-#   make test-fast -- the quick loop while editing: the tests not marked slow (under 2 minutes here)
+#   make test-fast -- the quick loop while editing: the tests not marked slow (about 2 minutes here)
 #   make calibrate / make validate -- measure this host on $(RANKS) gloo ranks for the performance model (runs/)
 PYTHON ?= python3
 VENV   ?= .venv

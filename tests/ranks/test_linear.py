@@ -54,7 +54,7 @@ def rank_check_all_grids(world: int, a: int, b: int, m: int, bias: bool, seed: i
     return checked
 
 
-@pytest.mark.parametrize("world", slow_where(list(range(1, 9)), lambda w: w not in (1, 2, 4)))
+@pytest.mark.parametrize("world", slow_where(list(range(1, 9)), lambda w: w not in (1, 2)))
 @given(a=st.integers(1, 3), b=st.integers(1, 3), m=st.integers(1, 5), bias=st.booleans(), seed=st.integers(0, 999))
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_grid_matches_serial(ranks, world, a, b, m, bias, seed):

@@ -93,6 +93,7 @@ def rank_load_elsewhere(tmp: str) -> dict:
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_tied_and_fused_models_export_checkpoint_and_reshard(ranks, tmp_path):
     first = ranks(4, rank_train_export_save, str(tmp_path))
     for kind in KINDS:

@@ -229,6 +229,7 @@ def rank_checkpoints(path: str) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_zero_checkpoints_reshard_and_load_onto_zero_0(ranks, tmp_path):
     for out in ranks(4, rank_checkpoints, str(tmp_path / "ck")):
         want = out["saved"]["norms"][STEPS:]
