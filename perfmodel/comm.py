@@ -85,6 +85,23 @@ def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket
     return rs + [("d", "all_gather", nb // gb * PARAM_BYTES) for nb in buckets]
 
 
+def fc_forward_events(v: FCVolumes, dtype_bytes: int) -> list[tuple[str, str, int]]:
+    """One FC layer's forward on one micro-batch, as (dim, op, bytes): the weight block gathered over z, the output
+    all-reduced (over y, or x for the transposed layers). Dimensions of size 1 and empty calls are the caller's to
+    drop (the runtime posts nothing there)."""
+    return [("z", "all_gather", int(v.padded) * dtype_bytes), (v.fwd_ar_dim, "all_reduce", int(v.fwd_ar) * dtype_bytes)]
+
+
+def fc_backward_events(v: FCVolumes, dtype_bytes: int, grad_dtype_bytes: int,
+                       bias: bool = True) -> list[tuple[str, str, int]]:
+    """One FC layer's backward after its weight block is at hand (gathered again unless kept: the caller's), as
+    (dim, op, bytes): the input gradient all-reduced, the weight gradient reduce-scattered over z, the bias gradient
+    (``bias``) all-reduced over z."""
+    ev = [(v.bwd_ar_dim, "all_reduce", int(v.bwd_ar) * dtype_bytes),
+          ("z", "reduce_scatter", int(v.padded) * grad_dtype_bytes)]
+    return ev + ([("z", "all_reduce", int(v.bias_loc) * grad_dtype_bytes)] if bias else [])
+
+
 def clip_events(grid: tuple[int, int, int, int], zero: int) -> list[tuple[str, str, int]]:
     """The collectives of the global gradient-norm clipping (``axgrid.clip_grad_norm_``, ``train_step(clip>0)``;
     the 2-norm) as (group, op, bytes): the fp64 sum of squares all-reduced over the tensor-parallel block "xyz"
@@ -148,23 +165,18 @@ def collective_events(
     vols = [layer_volumes(L, gx, gy, gz, mprime) for L in layers]
     ev: list[tuple[str, str, int]] = []
 
-    def post(dim: str, op: str, elems, nbytes: int) -> None:
-        if size[dim] > 1 and int(elems) > 0:
-            ev.append((dim, op, int(elems) * nbytes))
+    def post(events: list[tuple[str, str, int]]) -> None:
+        ev.extend(e for e in events if size[e[0]] > 1 and e[2] > 0)
 
     for _ in range(n_microbatches):
         for v in vols:
-            post("z", "all_gather", v.padded, b)
-            post(v.fwd_ar_dim, "all_reduce", v.fwd_ar, b)
+            post(fc_forward_events(v, b))
         for L, v in reversed(list(zip(layers, vols))):
             if not keep_gathered:
-                post("z", "all_gather", v.padded, b)
+                post(fc_forward_events(v, b)[:1])
             if recompute and L.recompute:            # the recompute forward gathers the weight again
-                post("z", "all_gather", v.padded, b)
-                post(v.fwd_ar_dim, "all_reduce", v.fwd_ar, b)
-            post(v.bwd_ar_dim, "all_reduce", v.bwd_ar, b)
-            post("z", "reduce_scatter", v.padded, gb)
-            post("z", "all_reduce", v.bias_loc, gb)
+                post(fc_forward_events(v, b))
+            post(fc_backward_events(v, b, gb))
     dp = dp_events(dp_gradient_sizes(layers, grid, gb), gd, gb, bucket_bytes, zero, n_microbatches)
     return ev + step_tail(dp, grid, zero, clip)
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from axgrid.spec import DEFAULT_BUCKET_BYTES, ceil_div
 
-from .comm import PARAM_BYTES, dp_events, layer_volumes, step_tail
+from .comm import PARAM_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .spec import TransformerSpec
 
@@ -89,16 +89,12 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
             ev.append((dim, op, int(nbytes)))
 
     def fc_fwd(v) -> None:
-        post("z", "all_gather", v.padded * b)
-        post(v.fwd_ar_dim, "all_reduce", v.fwd_ar * b)
+        for e in fc_forward_events(v, b):
+            post(*e)
 
     def fc_bwd(v, bias: bool) -> None:
-        if not keep_gathered:
-            post("z", "all_gather", v.padded * b)
-        post(v.bwd_ar_dim, "all_reduce", v.bwd_ar * b)
-        post("z", "reduce_scatter", v.padded * gb)
-        if bias:
-            post("z", "all_reduce", v.bias_loc * gb)
+        for e in (fc_forward_events(v, b)[:0 if keep_gathered else 1] + fc_backward_events(v, b, gb, bias)):
+            post(*e)
 
     def ln_fwd() -> None:
         post("x", "all_reduce", mprime * STAT_BYTES)

@@ -204,6 +204,17 @@ def is_config_path(model: str) -> bool:
     return model.endswith(".json") or os.sep in model or os.path.isdir(model)
 
 
+def _check_options(dtype: str, overlap: str, zero: Optional[int], batch: Optional[int]) -> None:
+    """The options a named size and a config.json share, each refused in one line naming the value and the fix."""
+    if dtype not in ("bf16", "fp32"):
+        raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
+    parse_overlap(overlap)
+    if zero not in (None, 0, 1, 2):
+        raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
+    if batch is None or batch < 1:
+        raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
+
+
 def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], batch: int, *,
             grid: Optional[str] = None, machine: str = "frontier", dtype: str = "bf16", recompute: bool = True,
             overlap: str = "all", microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -222,13 +233,7 @@ def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], 
         spec = pm.get_model(model) if isinstance(model, str) else model
     except pm.PerfModelError as e:
         raise DryRunError(f"--model: {e}") from None
-    if dtype not in ("bf16", "fp32"):
-        raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
-    parse_overlap(overlap)
-    if zero not in (None, 0, 1, 2):
-        raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
-    if batch is None or batch < 1:
-        raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
+    _check_options(dtype, overlap, zero, batch)
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
     if grid is not None:
@@ -289,13 +294,7 @@ def _resolve_decoder(model: str | DecoderSpec, gpus: Optional[int], batch: int, 
         spec = model if isinstance(model, DecoderSpec) else DecoderSpec.from_config(model, seq or HF_SEQ)
     except pm.PerfModelError as e:
         raise DryRunError(f"--model {model}: {e}") from None
-    if dtype not in ("bf16", "fp32"):
-        raise DryRunError(f"--dtype {dtype!r}: choose bf16 (autocast, fp32 weights) or fp32")
-    parse_overlap(overlap)
-    if zero not in (None, 0, 1, 2):
-        raise DryRunError(f"--zero {zero}: choose 0 (no sharding), 1 (optimizer state over d) or 2 (and gradients)")
-    if batch is None or batch < 1:
-        raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
+    _check_options(dtype, overlap, zero, batch)
     microbatches = microbatches or 1
     if microbatches < 1 or batch % microbatches:
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
