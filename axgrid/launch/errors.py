@@ -50,15 +50,8 @@ ERROR_FILE = "error-{rank}"
 #: check, and a loss that stopped being finite (run_step: "lower --lr").
 CHECK_ERRORS = (ValueError, FloatingPointError)
 
-_ROOTS: list[str] = []
-
-
-def _our_roots() -> list[str]:
-    """The real paths of axgrid's code: the package and the folders it links (kernels/, perfmodel/)."""
-    if not _ROOTS:
-        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        _ROOTS.extend(os.path.realpath(os.path.join(pkg, p)) + os.sep for p in ("", "kernels", "perfmodel"))
-    return _ROOTS
+#: The real path of axgrid's code (the tuner and the performance model are inside it).
+_OUR_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 def _raised_by_our_check(exc: BaseException) -> bool:
@@ -69,7 +62,7 @@ def _raised_by_our_check(exc: BaseException) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
     path = os.path.realpath(tb.tb_frame.f_code.co_filename)
-    if not any(path.startswith(root) for root in _our_roots()):
+    if not path.startswith(_OUR_ROOT):
         return False
     return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip().startswith("raise")
 

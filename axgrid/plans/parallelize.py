@@ -189,6 +189,16 @@ def parallel_copy(lin: nn.Linear, grid: Grid, p: LinearPlan) -> Linear:
     return made
 
 
+def use_torch_forwards(model: nn.Module) -> None:
+    """Undo the Hub-kernel swap that ``transformers`` (5.25 on, with Hugging Face's ``kernels`` installed) applies in
+    ``from_pretrained`` and again in every ``train()``/``eval()`` (``kernelize``: layer forwards replaced by kernels
+    fetched from the Hub for the model's device). axgrid's plan owns the forwards of the layers it parallelizes, a
+    compute node may have no network, and on a device the CPU build does not have (the dry run's fake GPU) the swap
+    itself fails. ``model.reset_kernels()`` puts the torch forwards back and stops the re-kernelization."""
+    if getattr(model, "use_kernels", False) and callable(getattr(model, "reset_kernels", None)):
+        model.reset_kernels()
+
+
 def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | TransformerPlan]" = None,
                 auto_pair: bool = True, *, summary: bool = False) -> nn.Module:
     """Parallelize ``model`` in place on ``grid`` and return it.
@@ -209,7 +219,11 @@ def parallelize(model: nn.Module, grid: Grid, plan: "Optional[Plan | Transformer
     ``Conv1D``). ``model.axgrid_summary`` lists what became parallel and what stayed dense and why
     (``summary=True`` also prints it on rank 0). The parallel model's ``save_pretrained`` refuses; use
     :func:`axgrid.export_pretrained` / :func:`axgrid.to_dense`.
+
+    A Hugging Face model that ``transformers`` kernelized (Hub kernels in place of layer forwards, the default of its
+    ``from_pretrained`` from 5.25 on) gets its torch forwards back first (:func:`use_torch_forwards`).
     """
+    use_torch_forwards(model)
     if not isinstance(plan, dict):
         from . import apply_plan, builtin_plan
         whole = plan if plan is not None else builtin_plan(model, grid)

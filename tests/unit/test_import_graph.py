@@ -130,8 +130,7 @@ def test_experiments_import_only_the_library():
 
 def test_nothing_imports_from_tests():
     tests = {p.stem for p in _py_files("tests")} | {"tests"}
-    bad = [f"{p.relative_to(ROOT)}:{line}: {name}" for top in ("axgrid", "kernels", "perfmodel", "experiments",
-                                                               "examples")
+    bad = [f"{p.relative_to(ROOT)}:{line}: {name}" for top in ("axgrid", "experiments", "examples")
            for p in _py_files(top) for line, name in _top_imports(p) if name in tests]
     assert not bad, "\n".join(bad)
 
@@ -158,7 +157,7 @@ def test_no_sys_path_edits_and_no_scripts_loaded_by_path_outside_tests():
     edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*\[|sys\.path\s*=")
     by_path = re.compile(r"spec_from_file_location|runpy\.run_path")
     bad = []
-    for top in ("axgrid", "kernels", "perfmodel", "experiments", "examples", "tests"):
+    for top in ("axgrid", "experiments", "examples", "tests"):
         for p in _py_files(top):
             text = p.read_text(encoding="utf-8")
             bad += [f"{p.relative_to(ROOT)}: sys.path edit" for _ in edits.finditer(text) if p != pathlib.Path(__file__)]

@@ -5,7 +5,7 @@ optimistic). For the shipped machines they are the ``check-published`` points on
 per iteration, or published TFLOP/s per GPU turned into a time with the FLOP count of the prediction, so
 e = ln(predicted / published TFLOP/s)); for a calibrated local machine they are the configurations
 ``validate`` measured there. They are stored next to the machine file, as ``NAME.residuals.json`` beside
-``NAME.toml`` (the shipped ones in ``perfmodel/machines/``); refresh them with
+``NAME.toml`` (the shipped ones in ``axgrid/perfmodel/machines/``); refresh them with
 ``python -m axgrid.perfmodel check-published --write-residuals`` (every shipped machine with published points) or
 ``python -m axgrid.perfmodel validate ... --measured FILE --write-residuals`` (the machine validated; replaces that
 problem's earlier points, keeps the other problems').
@@ -145,7 +145,7 @@ def band_for(machine: Machine) -> Band:
         return Band(machine.name, tuple(own), True, path.name)
     files = sorted(MACHINE_DIR.glob("*" + SUFFIX))
     pooled = [r for f in files for r in read_residuals(f) if not r.problem]
-    return Band(machine.name, tuple(pooled), False, f"{len(files)} files in perfmodel/machines")
+    return Band(machine.name, tuple(pooled), False, f"{len(files)} files in axgrid/perfmodel/machines")
 
 
 def with_band(rows: list[Row], band: Band, best_high: float, gpus: int) -> list[Row]:

@@ -27,8 +27,8 @@ from .machines import CPU_RANK, Machine
 from .rank import Ranking, Row
 from .units import device_word, flops, memory_unit
 
-#: The checkout that holds experiments/slurm/ (perfmodel/ sits at its top level).
-CHECKOUT = Path(__file__).resolve().parents[1]
+#: The checkout that holds experiments/slurm/ (this file is axgrid/perfmodel/slurm.py in it).
+CHECKOUT = Path(__file__).resolve().parents[2]
 SLURM_DIR = CHECKOUT / "experiments" / "slurm"
 #: The machines with a site template of their own; the others build on local.sbatch.
 SITE_TEMPLATES = {"perlmutter": "perlmutter.sbatch", "frontier": "frontier.sbatch", "alps": "alps.sbatch"}

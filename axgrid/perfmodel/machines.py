@@ -1,4 +1,4 @@
-"""Machine descriptions: TOML files under perfmodel/machines/ (or any path), read with tomllib.
+"""Machine descriptions: TOML files under axgrid/perfmodel/machines/ (or any path), read with tomllib.
 
 Schema (units: FLOP/s, bytes, bytes/s, seconds). Required top-level keys are in ``REQUIRED``.
 
@@ -285,7 +285,7 @@ def known_machine_files(extra_dirs: tuple[Path, ...] = ()) -> dict[str, Path]:
 
 
 def load_machine(name_or_path: str | Path) -> Machine:
-    """Load a machine by name (perfmodel/machines/NAME.toml or ./machines/NAME.toml) or by file path."""
+    """Load a machine by name (axgrid/perfmodel/machines/NAME.toml or ./machines/NAME.toml) or by file path."""
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.is_file():
         if not p.is_file():

@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "python -m axgrid.measure collectives")
     c.add_argument("--samples", help="samples JSON, written by `axgrid launch -n 4 -- python "
                                      "python -m axgrid.measure collectives --out FILE.json`")
-    c.add_argument("--out", default="perfmodel/machines/local.toml")
+    c.add_argument("--out", default="runs/local.toml")
     c.add_argument("--name", default="local")
     c.add_argument("--nranks", "--ranks", dest="ranks", type=int,
                    help="ranks per 'node' of the fitted machine (default: the ranks the samples were measured on)")
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(fn=cmd_validate)
     cp = sub.add_parser("check-published", help="predicted vs published throughput for every published point held")
     cp.add_argument("--write-residuals", action="store_true",
-                    help="store each machine's residuals (its error band) as perfmodel/machines/NAME.residuals.json")
+                    help="store each machine's residuals (its error band) as axgrid/perfmodel/machines/NAME.residuals.json")
     cp.set_defaults(fn=cmd_check_published)
     return ap
 
