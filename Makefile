@@ -18,16 +18,18 @@ COMPILE = --python-version 3.11 --generate-hashes --custom-compile-command "make
 # where uv finds torch's CPU wheel (its +cpu build is not on PyPI): the machine's wheel folder when pip has one
 # ($(PIP_FIND_LINKS)), else PyTorch's CPU index
 TORCH_SOURCE ?= $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url https://download.pytorch.org/whl/cpu)
-# uv, at the lock's version, bootstraps each venv (pip installs it; the lock then holds it with its hashes)
-UV_PIN  = $(shell grep -m1 '^uv==' $(LOCK) | cut -d' ' -f1)
+# uv bootstraps each venv: pip installs the lock's uv, its hashes checked (its lines of the lock, up to "# via")
+UV_LOCKED = <(sed -n '/^uv==/,/^ *\# via/p' $(LOCK))
 LATEST ?= .venv-latest
 RANKS  ?= 4
 # the problem `make validate` times and predicts (perfmodel's problem arguments; --gpus is $(RANKS))
 PROBLEM ?= --model gpt-tiny --machine local-4 --batch 8 --dtype fp32
 
-$(BIN)/axgrid: setup.py $(LOCK)
+$(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check "$(UV_PIN)"
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(UV_LOCKED)
+
+$(BIN)/axgrid: setup.py $(LOCK) | $(BIN)/uv
 	$(BIN)/uv pip sync -q --python $(BIN)/python --require-hashes $(TORCH_SOURCE) $(LOCK)
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
 	touch $@
@@ -43,7 +45,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-lock: install
+lock: $(BIN)/uv
 	$(BIN)/uv pip compile -q --upgrade $(TORCH_SOURCE) $(COMPILE) -o $(LOCK)
 
 # the newest versions setup.py's ranges allow (and the newest of everything they pull in), compiled beside the lock:
@@ -51,10 +53,10 @@ lock: install
 # is a CUDA build of several GB)
 test-latest: install
 	$(PYTHON) -m venv $(LATEST)
-	$(LATEST)/bin/pip install -q --disable-pip-version-check "$(UV_PIN)"
+	$(LATEST)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(UV_LOCKED)
 	$(BIN)/uv pip compile -q --upgrade $(TORCH_SOURCE) $(COMPILE) -o $(LATEST)/requirements.latest
 	@echo "versions that moved from $(LOCK) (< lock, > newest allowed):"
-	@diff <(grep -E '^[a-z0-9]' $(LOCK)) <(grep -E '^[a-z0-9]' $(LATEST)/requirements.latest) | grep '^[<>]' \
+	@diff <(grep -oE '^[a-z0-9][^ ]*' $(LOCK)) <(grep -oE '^[a-z0-9][^ ]*' $(LATEST)/requirements.latest) | grep '^[<>]' \
 		|| echo "  none: the lock is the newest"
 	$(LATEST)/bin/uv pip sync -q --python $(LATEST)/bin/python --require-hashes $(TORCH_SOURCE) \
 		$(LATEST)/requirements.latest

@@ -205,7 +205,9 @@ def test_venv_holds_exactly_the_lock():
     import importlib.metadata as md
     if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
         pytest.skip(f"not the checkout's .venv (running in {sys.prefix}): only `make install` installs the lock")
-    installed = {_canonical(d.metadata["Name"]): d.version for d in md.distributions()}
+    import sysconfig
+    site = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})    # not setuptools' vendored copies
+    installed = {_canonical(d.metadata["Name"]): d.version for d in md.distributions(path=site)}
     assert installed.pop("axgrid", None) is not None
     locked = locked_versions(ROOT / "requirements.lock")
     differ = {n: (installed.get(n), locked.get(n)) for n in installed.keys() | locked.keys()
