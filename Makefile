@@ -30,8 +30,8 @@ $(BIN)/uv:
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(UV_LOCKED)
 
 $(BIN)/axgrid: setup.py $(LOCK) | $(BIN)/uv
-	$(BIN)/uv pip sync -q --python $(BIN)/python --require-hashes $(TORCH_SOURCE) $(LOCK)
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
+	$(BIN)/uv pip sync -q --compile-bytecode --python $(BIN)/python --require-hashes $(TORCH_SOURCE) $(LOCK)
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(BIN)/axgrid
@@ -58,9 +58,9 @@ test-latest: install
 	@echo "versions that moved from $(LOCK) (< lock, > newest allowed):"
 	@diff <(grep -oE '^[a-z0-9][^ ]*' $(LOCK)) <(grep -oE '^[a-z0-9][^ ]*' $(LATEST)/requirements.latest) | grep '^[<>]' \
 		|| echo "  none: the lock is the newest"
-	$(LATEST)/bin/uv pip sync -q --python $(LATEST)/bin/python --require-hashes $(TORCH_SOURCE) \
+	$(LATEST)/bin/uv pip sync -q --compile-bytecode --python $(LATEST)/bin/python --require-hashes $(TORCH_SOURCE) \
 		$(LATEST)/requirements.latest
-	$(LATEST)/bin/uv pip install -q --python $(LATEST)/bin/python --no-deps --no-build-isolation -e .
+	$(LATEST)/bin/uv pip install -q --compile-bytecode --python $(LATEST)/bin/python --no-deps --no-build-isolation -e .
 	$(LATEST)/bin/python -m pytest -q -m "not slow" tests
 
 calibrate: install
