@@ -15,9 +15,10 @@ LOCK    = requirements.lock
 EXTRAS  = mpi test plot hf metrics bench data realmodel
 COMPILE = --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
           --override requirements-overrides.txt $(addprefix --extra ,$(EXTRAS)) setup.py requirements.in
-# where uv finds torch's CPU wheel (its +cpu build is not on PyPI): the machine's wheel folder when pip has one
-# ($(PIP_FIND_LINKS)), else PyTorch's CPU index
-TORCH_SOURCE ?= $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url https://download.pytorch.org/whl/cpu)
+# where uv finds torch's CPU wheel (its +cpu build is not on PyPI): the wheel folder pip is configured with, when the
+# machine has one (PIP_FIND_LINKS or pip's global.find-links), else PyTorch's CPU index
+WHEELS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+TORCH_SOURCE ?= $(if $(WHEELS),--find-links $(WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
 # uv bootstraps each venv: pip installs the lock's uv, its hashes checked (its lines of the lock, up to "# via")
 UV_LOCKED = <(sed -n '/^uv==/,/^ *\# via/p' $(LOCK))
 LATEST ?= .venv-latest
