@@ -5,7 +5,7 @@ process group and measures it as the dry run does (``axgrid.metrics.memtrack``, 
 the ledgers are equal, the two peaks and every category that differs, then the dry run's verdict against perfmodel.
 Exit 0 when the ledgers are equal and the peaks within 5%.
 
-    axgrid launch -n 3 -- python experiments/checks/dryrun_check.py --model /work/models/smollm2-135m \\
+    axgrid launch -n 3 -- python experiments/checks/dryrun_check.py --model models/smollm2-135m \\
         --grid 1x3x1x1 --batch 4 --seq 256 --microbatches 2
 
 Runs in fp32 (gloo's bf16 sums add fp32 copies a GPU does not make). ``--model``: a named size or a Hugging Face

@@ -1,4 +1,4 @@
-"""perfmodel's Hugging Face decoder (perfmodel/decoder.py): the tensors a rank trains are the model's (their dense
+"""perfmodel's Hugging Face decoder (axgrid/perfmodel/decoder.py): the tensors a rank trains are the model's (their dense
 total is the published parameter count of LLaMA-3.1-405B and the count of the model transformers builds from
 SmolLM2-135M's config), and a config.json of a family it does not model is refused in one line. That its collectives
 and parameter, gradient and optimizer bytes equal the runtime's is tests/ranks/test_dryrun.py's."""
@@ -14,7 +14,6 @@ from axgrid.perfmodel.errors import PerfModelError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LLAMA_405B = os.path.join(HERE, "..", "..", "experiments", "configs", "llama-3.1-405b", "config.json")
-SMOLLM2 = "/work/models/smollm2-135m"
 
 
 def test_the_405b_config_has_llama_3_1_405bs_published_parameter_count():
@@ -27,14 +26,18 @@ def test_the_405b_config_has_llama_3_1_405bs_published_parameter_count():
     assert params == grads and optimizer == 2 * params + 4 * len(decoder_parameters(spec, (4, 4, 8, 64)))
 
 
-@pytest.mark.skipif(not os.path.isdir(SMOLLM2), reason="the converted SmolLM2-135M is not on this machine")
-def test_a_tied_config_counts_what_transformers_builds():
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_tied_config_counts_what_transformers_builds(smollm2):
+    """The real SmolLM2-135M's config (converted once per session by the ``smollm2`` fixture, shared with the
+    realmodel tests): tied, GQA with 3 KV heads."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    spec = DecoderSpec.from_config(SMOLLM2, 2048)
+    config = os.path.join(smollm2, "config.json")
+    spec = DecoderSpec.from_config(config, 2048)
     assert spec.tied and spec.kv_heads == 3
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(SMOLLM2))
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(smollm2))
     assert sum(p.elems for p in decoder_parameters(spec, (1, 1, 1, 1))) == sum(p.numel() for p in model.parameters())
 
 
