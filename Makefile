@@ -26,13 +26,18 @@ RANKS  ?= 4
 # the problem `make validate` times and predicts (perfmodel's problem arguments; --gpus is $(RANKS))
 PROBLEM ?= --model gpt-tiny --machine local-4 --batch 8 --dtype fp32
 
+# a venv: $(call new_venv,VENV) makes it and installs the lock's uv into it (pip, hashes checked);
+# $(call sync_venv,VENV,LOCKFILE) makes it hold exactly LOCKFILE (uv, hashes required) plus axgrid, editable
+new_venv = $(PYTHON) -m venv $(1) && \
+	$(1)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(UV_LOCKED)
+sync_venv = $(1)/bin/uv pip sync -q --compile-bytecode --python $(1)/bin/python --require-hashes $(TORCH_SOURCE) $(2) && \
+	$(1)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/python --no-deps --no-build-isolation -e .
+
 $(BIN)/uv:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(UV_LOCKED)
+	$(call new_venv,$(VENV))
 
 $(BIN)/axgrid: setup.py $(LOCK) | $(BIN)/uv
-	$(BIN)/uv pip sync -q --compile-bytecode --python $(BIN)/python --require-hashes $(TORCH_SOURCE) $(LOCK)
-	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python --no-deps --no-build-isolation -e .
+	$(call sync_venv,$(VENV),$(LOCK))
 	touch $@
 
 install: $(BIN)/axgrid
@@ -53,15 +58,12 @@ lock: $(BIN)/uv
 # prints what moved, then runs the fast tests on them (torch stays requirements.in's CPU wheel: a newer torch on PyPI
 # is a CUDA build of several GB)
 test-latest: install
-	$(PYTHON) -m venv $(LATEST)
-	$(LATEST)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r $(UV_LOCKED)
+	$(call new_venv,$(LATEST))
 	$(BIN)/uv pip compile -q --upgrade $(TORCH_SOURCE) $(COMPILE) -o $(LATEST)/requirements.latest
 	@echo "versions that moved from $(LOCK) (< lock, > newest allowed):"
 	@diff <(grep -oE '^[a-z0-9][^ ]*' $(LOCK)) <(grep -oE '^[a-z0-9][^ ]*' $(LATEST)/requirements.latest) | grep '^[<>]' \
 		|| echo "  none: the lock is the newest"
-	$(LATEST)/bin/uv pip sync -q --compile-bytecode --python $(LATEST)/bin/python --require-hashes $(TORCH_SOURCE) \
-		$(LATEST)/requirements.latest
-	$(LATEST)/bin/uv pip install -q --compile-bytecode --python $(LATEST)/bin/python --no-deps --no-build-isolation -e .
+	$(call sync_venv,$(LATEST),$(LATEST)/requirements.latest)
 	$(LATEST)/bin/python -m pytest -q -m "not slow" tests
 
 calibrate: install

@@ -134,6 +134,7 @@ def measure(cases: list[tuple]) -> list[dict]:
                 train_step(model, opt, forward, grid, MICROBATCHES)
             got["peak"], got["gathered"] = live.peak, live.category_peak("gathered")
             got["dp_buckets"] = live.category_peak("dp_buckets")
+            got["largest_bucket"] = max((b.padded for b in lay.buckets), default=0) * 4 if lay else 0  # fp32 grads
             by = saved.by_tag
             got["blocks"] = [by.get(f"blocks.{i}", 0) for i in range(layers)]
             got["head"] = by.get("ln_f", 0) + by.get("head", 0) + by.get("other", 0)   # cross entropy: "other"
@@ -181,10 +182,18 @@ def compare(spec: str, case: tuple, got: dict) -> list[str]:
     zero = case[4] if case[4:] else 0
     # one copy of every gradient: zero=0 reduces in place, nothing allocated in the backward; zero=1 only gloo's
     # copies of the buckets it reduce-scatters (at most all of them); zero=2 its full buckets, at most what the
-    # model lets be alive at once
+    # model lets be alive at once. gloo's reduce-scatter works on a copy of the bucket it is given, and its worker
+    # thread drops that copy (the work's output) after the work's future completes -- the same race as the gathered
+    # blocks' above -- so zero=2 may find one earlier bucket's copy still live when it allocates the next full bucket.
+    # Measured at 2f30170 (LiveBytes recording the allocating call of each storage live at the category's peak), on
+    # 1x2x1x2 (none, fp32, zero 2), 65 runs x 4 ranks: 2 measurements at 20,736 B = the next full bucket (8,192) +
+    # gloo's copy of the bucket in flight (8,192) + gloo's copy of the one before (4,352, its reduce-scatter complete);
+    # the rest at the model's 17,536. Allowed above the model: at most one bucket's copy (the largest, fp32).
     low, high = {0: (0.0, 0.0), 1: (0.0, float(m.grads)), 2: (1.0, float(m.dp_buckets))}[zero]
-    if not low <= got["dp_buckets"] <= high:
-        bad.append(f"dp_buckets: runtime peak {got['dp_buckets']}, allowed {low:.0f} to {high:.0f}")
+    late_copy = got["largest_bucket"] if zero == 2 else 0
+    if not low <= got["dp_buckets"] <= high + late_copy:
+        bad.append(f"dp_buckets: runtime peak {got['dp_buckets']}, allowed {low:.0f} to {high:.0f} "
+                   f"(+ {late_copy} for one bucket copy gloo has not dropped yet)")
     if zero and got["d"] > 0:       # a later d-rank's shares may end in padding: up to Gd - 1 elements per bucket
         model = pm.TransformerSpec("test", *SIZES[:3], seq=SIZES[3], vocab=SIZES[4])
         buckets = pm.collective_calls(model, (gx, gy, gz, gd), SIZES[3] * gd * gz, 1, 4, bucket_bytes=ZERO_BUCKET,
