@@ -1,4 +1,5 @@
-"""Data parallelism over d (the buckets and their collectives are :mod:`axgrid.grad_buckets`'), and a global
+"""Data parallelism over d: :class:`DataParallel`, the runtime's part that owns the models' data-parallel buckets
+(:mod:`axgrid.grad_buckets`: the buckets and their collectives), the user's functions around them, and a global
 gradient norm that counts every parameter element once.
 
 Each parameter may carry ``axgrid_replicated``: the grid letters it is replicated over (``"d"`` for a
@@ -8,12 +9,95 @@ parallelized model) are replicated over the whole grid: ``"xyzd"``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable
+import weakref
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from .comm import Communicator
+from .grad_buckets import GradBuckets
+
 if TYPE_CHECKING:
     from .grid import Grid
+
+
+class DataParallel:
+    """The runtime's data parallelism over d (``grid.runtime.dp``): the buckets of the models it syncs (one
+    :class:`~axgrid.grad_buckets.GradBuckets` per list of trainable parameters, built on first use), ``no_sync``,
+    and the steps it takes at the beginning and end of every backward pass (:mod:`axgrid.backward`).
+
+    ``delivered(param)``: whether the gradient sink writes ``param.grad`` itself (ORS); ``arm()``: the runtime's
+    end of the backward."""
+
+    def __init__(self, comm: Communicator, zero: int, bucket_bytes: int, odp: bool, *,
+                 delivered: Callable[[torch.nn.Parameter], bool], arm: Callable[[], None],
+                 reduce_dtype: Optional[torch.dtype] = torch.float32) -> None:
+        self.comm, self.zero, self.bucket_bytes, self.odp = comm, zero, bucket_bytes, odp
+        self.delivered, self.arm, self.reduce_dtype = delivered, arm, reduce_dtype
+        self.sync_enabled = True
+        self.all: list[weakref.ref[GradBuckets]] = []   # in the order built: every rank walks them alike
+
+    def buckets_for(self, params: Sequence[torch.nn.Parameter]) -> Optional[GradBuckets]:
+        """The buckets of ``params`` (trainable, in this order), built on first use; None when Gd = 1."""
+        if self.comm.size("d") == 1 or not params:
+            return None
+        key = tuple(id(p) for p in params)
+        have = getattr(params[0], "axgrid_buckets", None)
+        if have is not None and have.key == key:
+            return have
+        for p in params:
+            old = getattr(p, "axgrid_buckets", None)
+            if old is not None and old.zero >= 1:
+                raise ValueError(f"these {len(params)} parameters overlap the {len(old.params)} whose optimizer "
+                                 f"state is sharded over d (zero={old.zero}): synchronise the same parameters "
+                                 f"the sharded optimizer holds (the whole model)")
+        b = GradBuckets(params, self.comm, self.zero, self.bucket_bytes, self.odp, delivered=self.delivered,
+                        arm=self.arm, syncing=lambda: self.sync_enabled, reduce_dtype=self.reduce_dtype)
+        self.all = [r for r in self.all if r() is not None] + [weakref.ref(b)]
+        return b
+
+    def _live(self) -> list[GradBuckets]:
+        return [b for b in (r() for r in self.all) if b is not None]
+
+    def grad_ready(self, param: torch.nn.Parameter) -> None:
+        """The gradient sink handed on ``param``'s final gradient of this backward (ORS)."""
+        b = getattr(param, "axgrid_buckets", None)
+        if b is not None:
+            b.grad_ready(param)
+
+    def before_use(self, param: torch.nn.Parameter) -> None:
+        """``param`` is about to be read (e.g. a layer's weight prefetched): its all-gather over d completes."""
+        b = getattr(param, "axgrid_buckets", None)
+        if b is not None and b.gathers:
+            b.wait_params([param])
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients without reducing them (except with ``zero=2``)."""
+        old, self.sync_enabled = self.sync_enabled, False
+        try:
+            yield
+        finally:
+            self.sync_enabled = old
+
+    def begin_backward(self) -> None:
+        """The runtime's beginning of a backward pass (see :meth:`GradBuckets.begin_backward`)."""
+        for b in self._live():
+            b.begin_backward()
+
+    def end_of_backward(self) -> None:
+        """The runtime's end of a backward pass: every set of buckets completes its reductions."""
+        for b in self._live():
+            b.end_of_backward()
+
+    def finish(self) -> None:
+        """Complete every data-parallel collective in flight (gradient buckets, parameter all-gathers)."""
+        for b in self._live():
+            b.finish()
+
+    def empty(self) -> bool:
+        return all(b.empty() for b in self._live())
 
 
 def local_batch(batch: torch.Tensor, grid: Grid, dim: int = 0) -> torch.Tensor:
@@ -42,8 +126,8 @@ def replicated_over(p: torch.Tensor) -> str:
 
 
 def trainable_params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tensor]:
-    """The trainable parameters, each once, in order: the list the data-parallel buckets are laid out for (every
-    caller of ``grid.runtime.dp.layout_for`` passes this, so they find the same layout)."""
+    """The trainable parameters, each once, in order: the list the data-parallel buckets are packed for (every
+    caller of ``grid.runtime.dp.buckets_for`` passes this, so they find the same buckets)."""
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
     return list({id(p): p for p in params if p.requires_grad}.values())
@@ -70,26 +154,26 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     """
     rt = grid.runtime
     rt.grads.finish()
-    layout = rt.dp.layout_for(trainable_params(params))
-    if layout is not None:
-        layout.reduce()
+    buckets = rt.dp.buckets_for(trainable_params(params))
+    if buckets is not None:
+        buckets.reduce()
 
 
 def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> bool:
     """Zero the gradients of ``params`` in place in their data-parallel buckets (building them on first use), as
     a step begins; False when there are none (Gd = 1: zero them as you like, e.g. ``optimizer.zero_grad()``)."""
-    layout = grid.runtime.dp.layout_for(trainable_params(params))
-    if layout is None:
+    buckets = grid.runtime.dp.buckets_for(trainable_params(params))
+    if buckets is None:
         return False
-    layout.zero_grad()
+    buckets.zero_grad()
     return True
 
 
-def _sharded(ps: list[torch.Tensor], grid: Grid):
+def _sharded(ps: list[torch.Tensor], grid: Grid) -> Optional[GradBuckets]:
     """The buckets of ``ps`` when their optimizer state is sharded over d (``zero`` >= 1, Gd > 1), else None."""
     if grid.runtime.config.zero == 0 or grid.size("d") == 1:
         return None
-    return grid.runtime.dp.layout_for(ps)
+    return grid.runtime.dp.buckets_for(ps)
 
 
 def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm_type: float = 2.0) -> torch.Tensor:
@@ -107,9 +191,9 @@ def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid, norm
 def _gradients(ps: list[torch.Tensor], grid: Grid) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], bool]:
     """``(param, gradient)`` of every gradient this rank holds (``zero`` >= 1: its pieces), and whether they are
     sharded over d."""
-    layout = _sharded(ps, grid)
-    if layout is not None:
-        return [(pc.param, pc.grad) for pc in layout.pieces()], True
+    buckets = _sharded(ps, grid)
+    if buckets is not None:
+        return [(pc.param, pc.grad) for pc in buckets.pieces()], True
     return [(p, p.grad) for p in ps if p.grad is not None], False
 
 

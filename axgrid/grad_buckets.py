@@ -1,7 +1,7 @@
 """The data-parallel buckets of a model: flat buffers that *are* its gradients' storage (and with ``zero`` >= 1 its
 parameters'), and the collectives over d that reduce and rebuild them.
 
-The layout is :mod:`axgrid.spec.buckets`' (reverse ``model.parameters()`` order, ``RuntimeConfig.bucket_bytes``
+The packing is :mod:`axgrid.spec.buckets`' (reverse ``model.parameters()`` order, ``RuntimeConfig.bucket_bytes``
 per bucket, with ``zero`` >= 1 each bucket padded to a multiple of Gd and cut into Gd equal shares). Per bucket
 ``b`` of ``padded_b`` elements (``s_b = padded_b / Gd``), the buffers each mode keeps -- the whole data-parallel
 memory, which ``perfmodel.memory`` prices:
@@ -29,36 +29,40 @@ The reductions over d (mean, through ``grid.comm``) run in ``RuntimeConfig.grad_
 a bucket of bf16 gradients goes through an fp32 copy, written back; ``zero=2``'s full buckets are kept in it):
 ``zero=0`` all-reduces each bucket, ``zero`` >= 1 reduce-scatters it (this rank's share of the bucket then holds the
 mean; with ``zero=1`` the rest of the buffer holds this rank's own sums until the next
-``zero_grad``). When: with ODP (``OverlapConfig.odp``) a bucket is posted as soon as every member's gradient is
-final in the backward (autograd's post-accumulate hook, or the ORS pipeline's delivery), except under
-``grid.no_sync()``; all complete at the end of the backward. Without ODP they run in :func:`axgrid.sync_gradients`.
-``zero=2`` reduce-scatters in **every** micro-batch's backward (``no_sync`` does not apply: that is what lets it
-keep only the share), overlapped with ODP, else each bucket at once. After the optimizer's step the parameters
-are all-gathered over d in place (:meth:`GradBuckets.gather_params`); with ODP they stay in flight into the next
-forward: a module's forward pre-hook waits for the buckets of its own parameters (a layer's z-prefetch for its
-weight's), and ``state_dict``, :func:`axgrid.finish_gradients` and the next step wait for all.
+``zero_grad``). When (the semantics of DDP, docs/training.md): the gradients are reduced by the end of every backward pass outside
+``grid.no_sync()``. With ODP (``OverlapConfig.odp``) a bucket is posted during the backward as soon as every member's
+gradient is final (autograd's post-accumulate hook, or the ORS pipeline's hand-over) *and* every bucket before it has
+been posted -- so every rank posts the same buckets in the same order, whichever parameters its data used; without
+ODP, or for buckets with a member that got no gradient here, at the end of the backward (:mod:`axgrid.backward`),
+where members without a gradient contribute zeros. A second reduction in one step (several backwards without
+``no_sync``) adds to the first, as DDP's does: with ``zero=1`` a buffer whose share holds a mean is first turned back
+into this rank's contribution (the share times Gd, the rest zero) when the next backward begins. ``zero=2``
+reduce-scatters in **every** micro-batch's backward (``no_sync`` does not apply: that is what lets it keep only the
+share), overlapped with ODP, else each bucket at once; the optimizer's step consumes the shares (the next backward's
+reduction overwrites them instead of adding, as DeepSpeed's ZeRO-2 does), so no ``zero_grad`` is needed between
+steps and ``model.zero_grad()`` -- which cannot see them -- loses nothing. A parameter that no d-rank gave a
+gradient since the gradients were last cleared (or, ``zero=2``, since the last step) is *unused*: with ``zero=0``
+its ``.grad`` is None after the reduction, with ``zero`` >= 1 the sharded optimizer skips its pieces -- as torch's
+optimizers skip a parameter without a gradient (one all-reduce over d of a flag per parameter tells the ranks,
+:meth:`GradBuckets.used_params`). After the optimizer's step the parameters are all-gathered over d in place
+(:meth:`GradBuckets.gather_params`); with ODP they stay in flight into the next forward: a module's forward pre-hook
+waits for the buckets of its own parameters (a layer's z-prefetch for its weight's), and ``state_dict``,
+:func:`axgrid.finish_gradients` and the next step wait for all.
 """
 from __future__ import annotations
 
 import functools
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+from typing import Callable, ContextManager, Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from .comm import Communicator, Pending, same_memory
+from .device import host_read
 from .spec import GRADIENT_WINDOW
 from .spec.buckets import Bucket, pack_buckets
-
-if TYPE_CHECKING:
-    from .overlap import GradientSink
-
-
-def in_backward() -> bool:
-    """True while the autograd engine runs a backward pass on this thread."""
-    return torch._C._current_graph_task_id() != -1
 
 
 @dataclass
@@ -73,31 +77,41 @@ class Piece:
     grad: torch.Tensor
 
 
-def _accumulated(layout: "weakref.ref[GradBuckets]", param: torch.nn.Parameter) -> None:
+def _accumulated(buckets: "weakref.ref[GradBuckets]", param: torch.nn.Parameter) -> None:
     """Autograd accumulated ``param``'s gradient (a parameter the ORS pipeline delivers comes later)."""
-    lay = layout()
-    if lay is not None and param.grad is not None and not lay.sink.delivers(param):
-        lay.grad_ready(param)
+    b = buckets()
+    if b is not None and param.grad is not None and not b.delivered(param):
+        b.grad_ready(param)
+
+
+def _arriving(arm: Callable[[], None], grad: torch.Tensor) -> None:
+    """A gradient is about to be accumulated into a bucket view (``zero=1``): the backward's begin steps first."""
+    arm()
 
 
 class GradBuckets:
     """The data-parallel buckets of one list of parameters (a model's trainable parameters, in
-    ``model.parameters()`` order); see the module docstring. Built by :class:`DataParallel`."""
+    ``model.parameters()`` order); see the module docstring. Built by :class:`axgrid.data_parallel.DataParallel`.
+
+    ``delivered(param)``: whether a gradient sink writes ``param.grad`` and hands it on itself (ORS), rather than
+    autograd; ``arm()``: the runtime's end of the backward (:class:`axgrid.backward.BackwardPass`), which calls
+    :meth:`begin_backward` and :meth:`end_of_backward`; ``syncing()``: False under ``no_sync``."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], comm: Communicator, zero: int, bucket_bytes: int,
-                 odp: bool, sink: "GradientSink", dp: "DataParallel",
-                 reduce_dtype: Optional[torch.dtype] = torch.float32) -> None:
+                 odp: bool, *, delivered: Callable[[torch.nn.Parameter], bool], arm: Callable[[], None],
+                 syncing: Callable[[], bool], reduce_dtype: Optional[torch.dtype] = torch.float32) -> None:
         self.params = list(params)
         self.reduce_dtype = reduce_dtype                       # the collectives' dtype (None: the gradients')
         self.key = tuple(id(p) for p in self.params)
-        self.comm, self.zero, self.odp, self.sink = comm, zero, odp, sink
-        self._dp = weakref.ref(dp)
+        self.comm, self.zero, self.odp = comm, zero, odp
+        self.delivered, self.arm, self.syncing = delivered, arm, syncing
         self.gd, self.d = comm.size("d"), comm.indices["d"]
-        self.order = self.params[::-1]                         # the layout order
+        self.order = self.params[::-1]                         # the packing order
         self.buckets: list[Bucket] = pack_buckets(
             [p.numel() for p in self.order], [p.element_size() for p in self.order],
             [(p.dtype, p.device) for p in self.order], bucket_bytes, self.gd if zero else 1)
         self.where: dict[int, tuple[int, int]] = {}            # id(param) -> (bucket, member position)
+        self.touched: set[int] = {id(p) for p in self.params if p.grad is not None}   # with a gradient here
         self.param_data: list[Optional[torch.Tensor]] = []     # zero >= 1: [padded_b]
         self.grad_data: list[torch.Tensor] = []                # zero 0/1: [padded_b]; zero 2: [s_b]
         self.full: list[Optional[torch.Tensor]] = []           # zero 2, during a backward: [padded_b]
@@ -130,15 +144,20 @@ class GradBuckets:
         # a weak reference: autograd holds the hook from C++, where a cycle back to the parameter is never freed
         me = weakref.ref(self)
         self.hooks = [p.register_post_accumulate_grad_hook(functools.partial(_accumulated, me)) for p in self.params]
+        if zero == 1:      # a buffer holding a mean is turned back into a contribution before autograd adds to it
+            self.hooks += [p.register_hook(functools.partial(_arriving, arm)) for p in self.params]
         self.module_hooks: list = []
-        self.ready: list[set[int]] = []                        # per bucket: members whose gradient arrived
-        self.posted: list[bool] = []                           # per bucket: its reduction posted this cycle
+        self.scope: Optional[Callable[[], ContextManager]] = None   # an observer (:meth:`observed`)
+        # the reduction cycle: gradients arrive, buckets are posted in order, everything completes
+        self.arrived: list[set[int]] = []                      # per bucket: members whose gradient arrived
+        self.next_post = 0                                     # buckets [0, next_post) are posted this cycle
         self._reset_cycle()
         self.inflight: list[tuple[int, Pending]] = []
         self.gathers: dict[int, Pending] = {}                  # zero >= 1: parameter all-gathers in flight
         self.cycle_open = False                                # gradients arrived since the last reduction
-        self.callback_queued = False
         self.reduced = False                                   # zero 0/1: the buffers hold this step's mean
+        self.mean_in_share = [False] * len(self.buckets)       # zero 1: the share holds a mean, the rest sums
+        self.consumed = [False] * len(self.buckets)            # zero 2: the step used the share; overwrite it
 
     # -- what exists (memory accounting) -----------------------------------------------------------------
     def buffers(self) -> dict[str, list[torch.Tensor]]:
@@ -161,27 +180,44 @@ class GradBuckets:
             out.append(Piece(p, lo, hi, self.param_data[bi][a:a + hi - lo], self.grad_data[bi][g:g + hi - lo]))
         return out
 
+    @contextmanager
+    def observed(self, scope: Callable[[], ContextManager]) -> Iterator[None]:
+        """Inside: whatever the buckets do while gradients arrive and at the end of a backward runs inside
+        ``scope()`` (e.g. :mod:`axgrid.metrics.memtrack` counting what they allocate)."""
+        old, self.scope = self.scope, scope
+        try:
+            yield
+        finally:
+            self.scope = old
+
+    def _observing(self) -> ContextManager:
+        return self.scope() if self.scope is not None else nullcontext()
+
     # -- gradients arrive --------------------------------------------------------------------------------
-    def _reduce_in_backward(self) -> bool:
-        dp = self._dp()
-        return self.zero == 2 or (self.odp and dp is not None and dp.sync_enabled)
+    def _posting_in_backward(self) -> bool:
+        return self.zero == 2 or (self.odp and self.syncing())
 
     def grad_ready(self, param: torch.nn.Parameter) -> None:
-        """``param.grad`` holds its gradient of this backward: into the bucket; post the bucket once complete."""
-        self._begin()
-        bi, k = self.where[id(param)]
-        b = self.buckets[bi]
-        if self.zero == 2:
-            if self.full[bi] is None:
-                self.full[bi] = torch.zeros(b.padded, dtype=self._wire(param.dtype), device=param.device)
-            self.full[bi][b.offsets[k]:b.offsets[k] + b.sizes[k]].add_(param.grad.detach().reshape(-1))
-            param.grad = None
-        else:
-            self._attach(param)
-        if self._reduce_in_backward() and not self.posted[bi]:
-            self.ready[bi].add(k)
-            if len(self.ready[bi]) == len(b.members):
-                self._post(bi)
+        """``param.grad`` holds its gradient of this backward: into the bucket; post the buckets now complete."""
+        with self._observing():
+            self.arm()
+            self.cycle_open = True
+            self.reduced = False
+            self.touched.add(id(param))
+            bi, k = self.where[id(param)]
+            b = self.buckets[bi]
+            if self.zero == 2:
+                if self.full[bi] is None:
+                    self.full[bi] = torch.zeros(b.padded, dtype=self._wire(param.dtype), device=param.device)
+                self.full[bi][b.offsets[k]:b.offsets[k] + b.sizes[k]].add_(param.grad.detach().reshape(-1))
+                param.grad = None
+            else:
+                self._attach(param)
+            if self._posting_in_backward() and bi >= self.next_post:
+                self.arrived[bi].add(k)
+                while self.next_post < len(self.buckets) and \
+                        len(self.arrived[self.next_post]) == len(self.buckets[self.next_post].members):
+                    self._post(self.next_post)
 
     def _view(self, param: torch.nn.Parameter) -> torch.Tensor:
         bi, k = self.where[id(param)]
@@ -204,24 +240,35 @@ class GradBuckets:
                 view.copy_(g)
         param.grad = view
 
-    def _begin(self) -> None:
-        """The first gradient since the last reduction opens a cycle; in a backward, queue its end."""
-        if not self.cycle_open:
-            self.cycle_open = True
-            self.reduced = False
-        if not self.callback_queued and in_backward():
-            self.callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+    # -- the runtime's backward steps (axgrid.backward) ----------------------------------------------------
+    def begin_backward(self) -> None:
+        """A backward begins (before any gradient is written): ``zero=1`` buffers whose share holds a mean of an
+        earlier reduction of this step become this rank's contribution again -- the share times Gd, the rest
+        zero -- so that the next reduction adds this backward's gradients to that mean (as DDP does)."""
+        if not any(self.mean_in_share):
+            return
+        with torch.no_grad():
+            for bi, b in enumerate(self.buckets):
+                if self.mean_in_share[bi]:
+                    lo, hi = b.share(self.d)
+                    g = self.grad_data[bi]
+                    g[lo:hi].mul_(self.gd)
+                    g[:lo].zero_()
+                    g[hi:].zero_()
+        self.mean_in_share = [False] * len(self.buckets)
+        self.cycle_open = True
+        self.reduced = False
 
-    def _end_of_backward(self) -> None:
-        try:
-            self.sink.finish()                 # ORS: the pipeline's last gradients arrive first
-            if self._reduce_in_backward():
+    def end_of_backward(self) -> None:
+        """A backward has ended (the ORS pipeline has handed on its gradients): outside ``no_sync`` (or with
+        ``zero=2``) post what is left and complete the reductions."""
+        if not self.cycle_open:
+            return
+        with self._observing():
+            if self.zero == 2 or self.syncing():
                 self._finish_cycle()
             else:
-                self.ready = [set() for _ in self.buckets]
-        finally:
-            self.callback_queued = False
+                self._reset_cycle()
 
     # -- the collectives over d --------------------------------------------------------------------------
     def _wire(self, dtype: torch.dtype) -> torch.dtype:
@@ -229,7 +276,9 @@ class GradBuckets:
         return self.reduce_dtype or dtype
 
     def _post(self, bi: int) -> None:
-        self.posted[bi] = True
+        """Post bucket ``bi``'s reduction, the next in order (every rank posts the buckets in the same order)."""
+        assert bi == self.next_post, (bi, self.next_post)
+        self.next_post += 1
         g = self.grad_data[bi]
         src = g if self._wire(g.dtype) == g.dtype else g.to(self._wire(g.dtype))   # written back on completion
         if self.zero == 0:
@@ -249,47 +298,80 @@ class GradBuckets:
     def _complete(self, bi: int, pend: Pending) -> None:
         res = pend.wait()
         if self.zero == 2:
-            self.grad_data[bi].add_(res)       # this micro-batch's mean over d, accumulated into the share
+            if self.consumed[bi]:              # the first reduction since the optimizer's step
+                self.grad_data[bi].copy_(res)
+                self.consumed[bi] = False
+            else:                              # this micro-batch's mean over d, accumulated into the share
+                self.grad_data[bi].add_(res)
             self.full[bi] = None
         else:                                  # the buffer (zero 0) or its share (zero 1) holds the mean
             lo, hi = (0, self.buckets[bi].padded) if self.zero == 0 else self.buckets[bi].share(self.d)
             dst = self.grad_data[bi][lo:hi]
             if not same_memory(res, dst):
                 dst.copy_(res)                 # reduced in another dtype (grad_reduce_dtype, reduce_in_fp32)
+            self.mean_in_share[bi] = self.zero == 1
 
     def _finish_cycle(self) -> None:
-        """Post every bucket not posted in this cycle (zero 0/1: members without a gradient contribute zeros),
-        complete everything in flight; the buffers then hold the reduced gradients."""
-        for bi in range(len(self.buckets)):
-            if not self.posted[bi]:
-                if self.zero < 2:
-                    for m in self.buckets[bi].members:
-                        self._attach(self.order[m], missing_is_zero=True)
-                self._post(bi)
+        """Post every bucket not posted in this cycle, in order (zero 0/1: members without a gradient contribute
+        zeros), complete everything in flight; the buffers then hold the reduced gradients. With ``zero=0`` the
+        parameters no d-rank has a gradient for get ``.grad`` None (one all-reduce over d)."""
+        if self.zero < 2:                      # which parameters hold a gradient here, before zeros fill in
+            self.touched = {id(p) for p in self.params if id(p) in self.touched and p.grad is not None}
+        for bi in range(self.next_post, len(self.buckets)):
+            if self.zero < 2:
+                for m in self.buckets[bi].members:
+                    self._attach(self.order[m], missing_is_zero=True)
+            self._post(bi)
         self.complete_inflight()
         self._reset_cycle()
         self.cycle_open = False
         self.reduced = self.zero < 2
+        if self.zero == 0:
+            used = self.used_params()
+            for p in self.params:
+                if id(p) not in used:
+                    p.grad = None              # as torch leaves it: the optimizer skips the parameter
 
     def _reset_cycle(self) -> None:
         """No bucket has gradients or is posted: a new cycle of reductions starts."""
-        self.ready = [set() for _ in self.buckets]
-        self.posted = [False] * len(self.buckets)
+        self.arrived = [set() for _ in self.buckets]
+        self.next_post = 0
 
     def complete_inflight(self) -> None:
         while self.inflight:
             self._complete(*self.inflight.pop(0))
 
+    def used_params(self) -> set[int]:
+        """The ids of the parameters some d-rank holds a gradient for (collective over d: one all-reduce of an
+        int32 flag per parameter). A rank that holds a gradient for every parameter knows the answer and does not
+        wait for the reduction's value; the others read it (:func:`axgrid.device.host_read`: on a GPU the host waits
+        for the reduction, as DDP's ``find_unused_parameters`` does)."""
+        local = [id(p) in self.touched for p in self.params]
+        dev = self.grad_data[0].device
+        mine = torch.ones(len(local), dtype=torch.int32, device=dev) if all(local) else \
+            torch.tensor(local, dtype=torch.int32).to(dev)
+        counts = self.comm.all_reduce(mine, "d")
+        if all(local):
+            return {id(p) for p in self.params}
+        return {id(p) for p, c in zip(self.params, host_read(counts)) if c > 0}
+
     def reduce(self) -> None:
         """Make the buffers hold this step's reduced gradients (``sync_gradients``): a no-op when the backward
-        did it already (ODP, ``zero=2``)."""
-        if self.zero < 2 and not self.reduced:
+        did it already."""
+        if (self.zero < 2 and not self.reduced) or (self.zero == 2 and self.cycle_open):
             self._finish_cycle()
-        elif self.zero == 2 and self.cycle_open:
-            self._finish_cycle()               # gradients delivered outside a backward (e.g. ORS finishing here)
 
-    def zero_grad(self) -> None:
-        """All gradients to zero, in place in the buckets (zero 2: the shares; ``.grad`` None)."""
+    def stepped(self) -> None:
+        """The optimizer has stepped on the shares (``zero=2``: the next reduction overwrites them, and a
+        parameter is used again only once a gradient for it arrives)."""
+        if self.zero == 2:
+            self.consumed = [True] * len(self.buckets)
+            self.touched = set()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """All gradients to zero, in place in the buckets (zero 2: the shares; ``.grad`` None). ``set_to_none``:
+        the parameters count as having no gradient until one arrives (the optimizer skips the unused ones), as
+        torch's ``zero_grad``; else as having a zero gradient."""
         self.complete_inflight()
         with torch.no_grad():
             for g in self.grad_data:
@@ -302,6 +384,9 @@ class GradBuckets:
         self.full = [None] * len(self.buckets)
         self._reset_cycle()
         self.cycle_open = self.reduced = False
+        self.mean_in_share = [False] * len(self.buckets)
+        self.consumed = [False] * len(self.buckets)
+        self.touched = set() if set_to_none else {id(p) for p in self.params}
 
     # -- parameters (zero >= 1) --------------------------------------------------------------------------
     def gather_params(self, async_op: bool) -> None:
@@ -350,7 +435,7 @@ class GradBuckets:
         self.settle()
 
     def release(self) -> None:
-        """Give the parameters back their own storage (another layout takes them over)."""
+        """Give the parameters back their own storage (another set of buckets takes them over)."""
         self.finish()
         with torch.no_grad():
             for p in self.params:
@@ -370,64 +455,4 @@ class GradBuckets:
         return not (self.inflight or self.gathers)
 
 
-class DataParallel:
-    """The runtime's data parallelism over d (``grid.runtime.dp``): the bucket layouts of the models it syncs
-    (one :class:`GradBuckets` per list of parameters), ``no_sync``, and what is in flight."""
-
-    def __init__(self, comm: Communicator, zero: int, bucket_bytes: int, odp: bool, sink: "GradientSink",
-                 reduce_dtype: Optional[torch.dtype] = torch.float32) -> None:
-        self.comm, self.zero, self.bucket_bytes, self.odp, self.sink = comm, zero, bucket_bytes, odp, sink
-        self.reduce_dtype = reduce_dtype
-        self.sync_enabled = True
-        self.layouts: "weakref.WeakSet[GradBuckets]" = weakref.WeakSet()
-
-    def layout_for(self, params: Sequence[torch.nn.Parameter]) -> Optional[GradBuckets]:
-        """The buckets of ``params`` (trainable, in this order), built on first use; None when Gd = 1."""
-        if self.comm.size("d") == 1 or not params:
-            return None
-        key = tuple(id(p) for p in params)
-        have = getattr(params[0], "axgrid_buckets", None)
-        if have is not None and have.key == key:
-            return have
-        for p in params:
-            old = getattr(p, "axgrid_buckets", None)
-            if old is not None and old.zero >= 1:
-                raise ValueError(f"these {len(params)} parameters overlap the {len(old.params)} whose optimizer "
-                                 f"state is sharded over d (zero={old.zero}): synchronise the same parameters "
-                                 f"the sharded optimizer holds (the whole model)")
-        lay = GradBuckets(params, self.comm, self.zero, self.bucket_bytes, self.odp, self.sink, self,
-                          self.reduce_dtype)
-        self.layouts.add(lay)
-        return lay
-
-    def grad_ready(self, param: torch.nn.Parameter) -> None:
-        """The ORS pipeline wrote ``param``'s final gradient of this backward."""
-        lay = getattr(param, "axgrid_buckets", None)
-        if lay is not None:
-            lay.grad_ready(param)
-
-    def before_use(self, param: torch.nn.Parameter) -> None:
-        """``param`` is about to be read (e.g. a layer's weight prefetched): its all-gather over d completes."""
-        lay = getattr(param, "axgrid_buckets", None)
-        if lay is not None and lay.gathers:
-            lay.wait_params([param])
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate gradients without reducing them (except with ``zero=2``)."""
-        old, self.sync_enabled = self.sync_enabled, False
-        try:
-            yield
-        finally:
-            self.sync_enabled = old
-
-    def finish(self) -> None:
-        """Complete every data-parallel collective in flight (gradient buckets, parameter all-gathers)."""
-        for lay in list(self.layouts):
-            lay.finish()
-
-    def empty(self) -> bool:
-        return all(lay.empty() for lay in list(self.layouts))
-
-
-__all__ = ["GradBuckets", "DataParallel", "Piece"]
+__all__ = ["GradBuckets", "Piece"]

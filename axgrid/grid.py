@@ -76,19 +76,19 @@ class Grid:
                                  recorder=recorder)
 
     def no_sync(self) -> ContextManager[None]:
-        """Context manager for all but the last micro-batch of a step: the overlapped data-parallel
-        reduction (ODP) is skipped, gradients just accumulate. A no-op without ODP, and with ``zero=2`` (which
-        reduces every micro-batch's gradients to keep only its share)."""
+        """Context manager for all but the last micro-batch of a step, as DDP's: backward passes inside do not
+        reduce over d, gradients just accumulate; the next backward outside reduces them all. A no-op with
+        ``zero=2`` (which reduces every micro-batch's gradients to keep only its share)."""
         return self.runtime.dp.no_sync()
 
     def watch(self, model: "torch.nn.Module") -> None:
         """Build ``model``'s data-parallel buckets now (:mod:`axgrid.grad_buckets`; otherwise the first
-        :func:`axgrid.sync_gradients` does), so that with ODP the first step's backward reduces over d too. The
+        :func:`axgrid.sync_gradients` does), so that the first step's backward reduces over d too. The
         parameters must hold their data (not on meta): they become views of the buckets with ``zero`` >= 1."""
         params = [p for p in model.parameters() if p.requires_grad]
         if any(p.device.type == "meta" for p in params):
             raise ValueError("grid.watch(model): some parameters are on the meta device; load them first")
-        self.runtime.dp.layout_for(params)
+        self.runtime.dp.buckets_for(params)
 
     # -- queries --------------------------------------------------------------------------------------
     @property

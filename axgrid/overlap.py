@@ -3,59 +3,104 @@
 A :class:`~axgrid.runtime.Runtime` always holds one weight source and one gradient sink, so layers call them
 unconditionally; ``OverlapConfig`` only chooses which class is built.
 
-- :class:`WeightGather` (OAG off): a layer all-gathers its weight block over z when it runs.
+- :class:`WeightGather` (OAG off): a layer all-gathers its weight block over z when it runs (the layer is a
+  :class:`ShardedWeight`: its 1-D shard and its sharding, nothing else is asked of it).
   :class:`WeightPrefetcher` (OAG): records the order in which parallel layers run forward -- once for the
   forward pass and once for the recompute forwards inside backward -- and from then on, when a layer starts,
   posts the all-gather of the layer that ran after it last time. A prefetch that does not match the layer that
   actually runs is waited for and dropped (all ranks run the same sequence, so collectives stay in step).
 - :class:`GradientSink` (ORS off): gradient collectives run at once and their results go back to autograd.
   :class:`GradientPipeline` (ORS): weight-gradient reduce-scatters over z (and the bias all-reduces over z) are
-  posted asynchronously and completed one layer later, under the backward of earlier layers, and each finished
-  gradient is handed on (``on_ready``: the data-parallel buckets, :mod:`axgrid.grad_buckets`, which with ODP
-  reduce over d during the backward). A parameter two layers read (``axgrid_shared``: tied embeddings) is reduced
-  at once and handed back to autograd, which must add its uses. Everything still in flight is completed by a
-  callback at the end of the backward pass, so ``.grad`` is complete whenever ``loss.backward()`` returns:
-  nothing to forget before the optimizer step.
+  posted asynchronously and completed one layer later, under the backward of earlier layers; the results are
+  added into ``.grad``. A parameter's gradient is handed on (``on_ready``: the data-parallel buckets, which with
+  ODP reduce over d during the backward) once it is final: its collectives completed *and* autograd has run the
+  backward of every use of the layer in this pass -- a layer called twice posts two reduce-scatters, and the
+  layer's *uses token* (a 0-d leaf each use's backward returns a zero gradient for) tells when the last one ran,
+  because autograd sums a leaf's gradients from all uses before accumulating it once. A parameter two layers read
+  (``axgrid_shared``: tied embeddings) is reduced at once and handed back to autograd, which adds its uses. What is
+  still in flight is completed by the runtime's end of the backward (:mod:`axgrid.backward`), so ``.grad`` is
+  complete whenever ``loss.backward()`` returns.
 - Both sinks post the input-gradient all-reduce: with OAR it stays in flight under the weight-gradient GEMM.
 """
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
+from .backward import in_backward
 from .comm import Communicator, Pending, ready
-from .grad_buckets import in_backward
-from .spec import GRADIENT_WINDOW
+from .spec import GRADIENT_WINDOW, LinearSharding
 
-if TYPE_CHECKING:
-    from .nn.linear import Linear
+
+class ShardedWeight(Protocol):
+    """What the weight source needs of a layer (``axgrid.nn.Linear`` is one): its weight shard
+    ``[ceil(n·k/(Gx·Gy·Gz))]`` (1-D, a block ``[n_blk, k_blk]`` flattened, padded and split over z) and its
+    sharding."""
+
+    weight: torch.nn.Parameter
+    sharding: LinearSharding
 
 
 class WeightGather:
     """OAG off: each layer all-gathers its weight block over z when it runs. With ``keep`` (the config's
     ``keep_gathered_weights``) the forward's block is saved for backward instead of the shard (one all-gather
-    fewer, more memory)."""
+    fewer, more memory). ``before_use(param)``: called before a shard is read outside the layer's forward (a
+    prefetch: with ``zero`` >= 1 and ODP the shard's own all-gather over d completes first)."""
 
     pending: Optional[tuple[int, int, Pending]] = None   # never a prefetch in flight
     hits = misses = 0
 
-    def __init__(self, keep: bool) -> None:
-        self.keep = keep
+    def __init__(self, comm: Communicator, keep: bool,
+                 before_use: Callable[[torch.nn.Parameter], None] = lambda p: None) -> None:
+        self.comm, self.keep, self.before_use = comm, keep, before_use
 
-    def forward(self, layer: "Linear", shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # -- the all-gather over z --------------------------------------------------------------------------
+    @staticmethod
+    def compute_dtype(shard: torch.Tensor) -> Optional[torch.dtype]:
+        """The dtype the GEMMs compute in when it is not the shard's: under autocast, its dtype. The weights are
+        then gathered over z in it (bf16: half the bytes of the fp32 parameters) and the GEMMs cast nothing;
+        casting before the gather equals casting after it, element for element."""
+        dev = shard.device.type
+        if torch.is_autocast_enabled(dev) and shard.is_floating_point():
+            dt = torch.get_autocast_dtype(dev)
+            return dt if dt != shard.dtype else None
+        return None
+
+    @staticmethod
+    def _as_block(layer: ShardedWeight, gathered: torch.Tensor) -> torch.Tensor:
+        """The block ``[n_blk, k_blk]`` from the all-gathered shards ``[Gz, shard]`` (padding dropped)."""
+        sh = layer.sharding
+        return gathered.reshape(-1)[: sh.block_numel].view(sh.n_blk, sh.k_blk)
+
+    def gather(self, layer: ShardedWeight, shard: torch.Tensor) -> torch.Tensor:
+        """``AG_z(shard)`` -> ``layer``'s block ``[n_blk, k_blk]``, in the compute dtype (:meth:`compute_dtype`)."""
+        return self._as_block(layer, self.comm.all_gather(shard, "z", dtype=self.compute_dtype(shard)))
+
+    def gather_async(self, layer: ShardedWeight) -> Pending:
+        """``AG_z`` of ``layer``'s current weight shard, in flight; ``.wait()`` gives the block in the compute dtype."""
+        self.before_use(layer.weight)
+        shard = layer.weight.detach()
+        pending = self.comm.all_gather(shard, "z", async_op=True, dtype=self.compute_dtype(shard))
+        return Pending(None, lambda: self._as_block(layer, pending.wait()))
+
+    # -- what a layer calls ---------------------------------------------------------------------------
+    def forward(self, layer: ShardedWeight, shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``layer``'s block ``[n_blk, k_blk]`` for its forward, and what the forward saves for backward: the
         block (``keep``) or the shard."""
-        block = layer.gather_weight(shard)
+        block = self.gather(layer, shard)
         return block, (block if self.keep else shard)
 
-    def backward(self, layer: "Linear", saved: torch.Tensor, need_block: bool) -> Optional[torch.Tensor]:
+    def backward(self, layer: ShardedWeight, saved: torch.Tensor, need_block: bool) -> Optional[torch.Tensor]:
         """Called once per layer backward: the block for the input gradient (None unless ``need_block``), from
         what :meth:`forward` saved."""
         if not need_block:
             return None
-        return saved if self.keep else layer.gather_weight(saved)
+        return saved if self.keep else self.gather(layer, saved)
+
+    def end_of_backward(self) -> None:
+        """The runtime's end of a backward pass (nothing to do here)."""
 
     def drop(self) -> None:
         """Complete and forget an outstanding prefetch (none here)."""
@@ -64,8 +109,11 @@ class WeightGather:
 class WeightPrefetcher(WeightGather):
     """OAG: prefetch the next layer's weight all-gather over z in execution order."""
 
-    def __init__(self, keep: bool) -> None:
-        super().__init__(keep)
+    def __init__(self, comm: Communicator, keep: bool,
+                 before_use: Callable[[torch.nn.Parameter], None] = lambda p: None,
+                 arm: Callable[[], None] = lambda: None) -> None:
+        super().__init__(comm, keep, before_use)
+        self.arm = arm                            # the runtime's end of the backward (axgrid.backward)
         # layer id -> the layer that ran after it (weak: a deleted model is not kept alive)
         self.next_of: dict[str, dict[int, weakref.ref]] = {"fwd": {}, "bwd": {}}
         self.seen: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
@@ -73,20 +121,19 @@ class WeightPrefetcher(WeightGather):
         self.last: dict[str, Optional[int]] = {"fwd": None, "bwd": None}
         self.pending = None   # (layer id, weight version, gather)
         self.hits = self.misses = 0
-        self.callback_queued = False
 
     def _mode(self) -> str:
         return "bwd" if in_backward() else "fwd"
 
-    def forward(self, layer: "Linear", shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, layer: ShardedWeight, shard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         block = self._block(layer, shard)
         return block, (block if self.keep else shard)
 
-    def backward(self, layer: "Linear", saved: torch.Tensor, need_block: bool) -> Optional[torch.Tensor]:
+    def backward(self, layer: ShardedWeight, saved: torch.Tensor, need_block: bool) -> Optional[torch.Tensor]:
         self.note_backward()
         return super().backward(layer, saved, need_block)
 
-    def _block(self, layer: "Linear", shard: torch.Tensor) -> torch.Tensor:
+    def _block(self, layer: ShardedWeight, shard: torch.Tensor) -> torch.Tensor:
         """The gathered block for ``layer`` (prefetched when it was), and the next layer's gather posted."""
         mode = self._mode()
         if mode == "bwd":
@@ -116,22 +163,20 @@ class WeightPrefetcher(WeightGather):
             else:
                 self.misses += 1
         if block is None:
-            block = layer.gather_weight(shard)
+            block = self.gather(layer, shard)
         ref = None if self.recording[mode] else self.next_of[mode].get(key)
         nxt = ref() if ref is not None else None
-        if nxt is not None and nxt.grid.size("z") > 1:
-            self.pending = (id(nxt), nxt.weight._version, nxt.gather_weight_async())
+        if nxt is not None and self.comm.size("z") > 1:
+            self.pending = (id(nxt), nxt.weight._version, self.gather_async(nxt))
         return block
 
     def note_backward(self) -> None:
         """Called from inside a backward pass: the forward order is complete; reset at the pass's end."""
         self.recording["fwd"] = False
-        if not self.callback_queued:
-            self.callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.end_of_backward)
+        self.arm()
 
     def end_of_backward(self) -> None:
-        self.callback_queued = False
+        """The runtime's end of a backward pass: both orders are recorded; an unused prefetch is dropped."""
         self.recording["bwd"] = False
         self.recording["fwd"] = False
         self.last = {"fwd": None, "bwd": None}
@@ -149,8 +194,8 @@ class GradientSink:
     """ORS off: every gradient collective runs at once and its result goes back to autograd.
 
     The interface every sink has: layers call :meth:`reduce_input_grad`, :meth:`reduce_scatter` and
-    :meth:`all_reduce` from their backward; :meth:`delivers` and :meth:`finish` serve the data-parallel buckets
-    and :func:`axgrid.sync_gradients`.
+    :meth:`all_reduce` from their backward, and pass :meth:`uses_token` to their autograd function; the buckets ask
+    :meth:`delivers`; the runtime's end of the backward calls :meth:`finish`.
     """
 
     def __init__(self, comm: Communicator, oar: bool) -> None:
@@ -178,9 +223,14 @@ class GradientSink:
             off += g.numel()
         return out
 
+    def uses_token(self, params: Sequence[torch.nn.Parameter]) -> Optional[torch.Tensor]:
+        """A 0-d leaf that a layer owning ``params`` passes to its autograd function, which returns a zero
+        gradient for it from each use's backward (None: no token needed -- autograd sums the uses itself)."""
+        return None
+
     def delivers(self, param: torch.nn.Parameter) -> bool:
         """Whether this sink writes ``param.grad`` itself (then autograd's accumulation is not its final
-        gradient: the sink hands it on when its collective completes)."""
+        gradient: the sink hands it on when it is final)."""
         return False
 
     def finish(self) -> None:
@@ -192,21 +242,55 @@ class GradientSink:
 
 class GradientPipeline(GradientSink):
     """ORS: weight-gradient reduce-scatters and bias all-reduces over z in flight during the backward, completed
-    :data:`~axgrid.spec.GRADIENT_WINDOW` posts later or at the end of the backward; each completed gradient is
-    written to ``.grad`` and handed to ``on_ready(param)`` (the data-parallel buckets)."""
+    :data:`~axgrid.spec.GRADIENT_WINDOW` posts later or at the end of the backward; each result is added into
+    ``.grad``, and a parameter is handed to ``on_ready(param)`` (the data-parallel buckets) once its collectives
+    have completed and its layer's uses token has fired (see the module docstring). ``arm``: the runtime's end of
+    the backward (:class:`axgrid.backward.BackwardPass`), which calls :meth:`finish`."""
 
     def __init__(self, comm: Communicator, oar: bool,
-                 on_ready: Callable[[torch.nn.Parameter], None] = lambda p: None) -> None:
+                 on_ready: Callable[[torch.nn.Parameter], None] = lambda p: None,
+                 arm: Callable[[], None] = lambda: None) -> None:
         super().__init__(comm, oar)
-        self.on_ready = on_ready
+        self.on_ready, self.arm = on_ready, arm
         self.inflight: list[tuple[list[torch.nn.Parameter], Pending]] = []
-        self.callback_queued = False
-        self.delivered: set[int] = set()  # ids of parameters whose gradients this pipeline writes
+        self.delivered: set[int] = set()              # ids of parameters whose gradients this pipeline writes
+        self.outstanding: dict[int, int] = {}         # id(param) -> its collectives not yet completed
+        self.written: dict[int, torch.nn.Parameter] = {}   # written this pass, not yet handed on
+        self.uses_done: set[int] = set()              # ids whose layer ran the backward of its last use
+        self.tokened: set[int] = set()                # ids whose layer passes a uses token (else: one use)
+        self.tokens: dict[int, tuple[weakref.ref, torch.Tensor]] = {}   # id(first param) -> (it, its token)
 
-    def _queue_callback(self) -> None:
-        if not self.callback_queued and in_backward():   # the first gradient event of a new backward pass
-            self.callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+    def uses_token(self, params: Sequence[torch.nn.Parameter]) -> Optional[torch.Tensor]:
+        first = params[0]
+        ref, token = self.tokens.get(id(first), (None, None))
+        if ref is None or ref() is not first:
+            token = torch.zeros((), device=first.device, requires_grad=True)
+            refs = [weakref.ref(p) for p in params]
+            me = weakref.ref(self)
+
+            def last_use_ran(t: torch.Tensor) -> None:
+                t.grad = None
+                pipe = me()
+                if pipe is not None:
+                    pipe._uses_ran([p for p in (r() for r in refs) if p is not None])
+
+            token.register_post_accumulate_grad_hook(last_use_ran)
+            self.tokened.update(id(p) for p in params)
+            self.tokens = {k: v for k, v in self.tokens.items() if v[0]() is not None}
+            self.tokens[id(first)] = (weakref.ref(first), token)
+        return token
+
+    def _uses_ran(self, params: list[torch.nn.Parameter]) -> None:
+        for p in params:
+            self.uses_done.add(id(p))
+            self._hand_on(p)
+
+    def _hand_on(self, param: torch.nn.Parameter) -> None:
+        """Hand ``param`` on when its gradient of this pass is final."""
+        k = id(param)
+        if (k in self.uses_done or k not in self.tokened) and not self.outstanding.get(k) and k in self.written:
+            del self.written[k]
+            self.on_ready(param)
 
     def delivers(self, param: torch.nn.Parameter) -> bool:
         return id(param) in self.delivered
@@ -218,21 +302,22 @@ class GradientPipeline(GradientSink):
         before ``.grad`` (and before the data-parallel buckets see it)."""
         if getattr(param, "axgrid_shared", False):
             return super().reduce_scatter(param, flat)
-        self._queue_callback()
-        self.delivered.add(id(param))
+        self.arm()
         self._post([param], self.comm.reduce_scatter(flat, "z", async_op=True))
         return None
 
     def all_reduce(self, params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor],
                    dim: str) -> list[Optional[torch.Tensor]]:
         """Post one ``AR_dim`` of the concatenated ``grads`` (partial gradients of ``params``); Nones."""
-        self._queue_callback()
-        self.delivered.update(id(p) for p in params)
+        self.arm()
         flat = grads[0].reshape(-1) if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
         self._post(list(params), self.comm.all_reduce(flat, dim, async_op=True))
         return [None] * len(grads)
 
     def _post(self, params: list[torch.nn.Parameter], pending: Pending) -> None:
+        for p in params:
+            self.delivered.add(id(p))
+            self.outstanding[id(p)] = self.outstanding.get(id(p), 0) + 1
         self.inflight.append((params, pending))
         while len(self.inflight) > GRADIENT_WINDOW:   # a window of gradient collectives in flight
             self._complete(*self.inflight.pop(0))
@@ -247,13 +332,19 @@ class GradientPipeline(GradientSink):
                 param.grad = g      # a slice of the collective's own fresh result: no copy needed
             else:
                 param.grad.add_(g)
-            self.on_ready(param)
+            self.outstanding[id(param)] -= 1
+            self.written[id(param)] = param
+            self._hand_on(param)
 
     def finish(self) -> None:
-        """Complete every collective in flight and write the results to ``.grad``. Idempotent."""
+        """Complete every collective in flight, write the results to ``.grad`` and hand every gradient of the
+        pass on (every use has run by now). Idempotent."""
         while self.inflight:
             self._complete(*self.inflight.pop(0))
-        self.callback_queued = False
+        for k, p in list(self.written.items()):
+            self.uses_done.add(k)
+            self._hand_on(p)
+        self.uses_done.clear()
 
     def empty(self) -> bool:
         return not self.inflight

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .data_parallel import replicated_over
+from .data_parallel import finish_gradients, replicated_over
 from .device import host_read
 
 if TYPE_CHECKING:
@@ -49,7 +49,10 @@ def _tp_letters(p: torch.Tensor, grid: "Grid") -> str:
 
 def check_replicas(model: torch.nn.Module, grid: "Grid", repair: bool = True) -> list[str]:
     """Names of the parameters of ``model`` whose tensor-parallel replicas differ on this grid (the same list on
-    every rank); with ``repair`` they are made equal to their first replica's values. Collective over the grid."""
+    every rank); with ``repair`` they are made equal to their first replica's values. Collective over the grid.
+    Every collective still writing into parameters or gradients completes first (ODP's all-gathers over d of
+    ``zero`` >= 1, the ORS pipeline): a replica is read, and repaired, only when nothing else writes into it."""
+    finish_gradients(grid)
     named = [(n, p) for n, p in model.named_parameters() if _tp_letters(p, grid)]
     if not named or grid.size("xyz") == 1:
         return []

@@ -2,8 +2,10 @@
 
 A :class:`Runtime` is the one visible object holding the runtime machinery: the configuration, the GEMM, the
 tracer, the weight source (:class:`~axgrid.overlap.WeightGather` or, with OAG, the prefetcher), the gradient
-sink (:class:`~axgrid.overlap.GradientSink` or, with ORS, the pipeline), the data parallelism over d (the
-bucket layouts of :mod:`axgrid.grad_buckets`) and the stream of per-layer seeds. Every piece is always present,
+sink (:class:`~axgrid.overlap.GradientSink` or, with ORS, the pipeline), the data parallelism over d
+(:class:`~axgrid.data_parallel.DataParallel`: the buckets of :mod:`axgrid.grad_buckets`), the one end of every
+backward pass that runs their steps in order (:class:`~axgrid.backward.BackwardPass`) and the stream of per-layer
+seeds. Every piece is always present,
 so layers call them without asking which overlap switches are on. Layers take it from their grid
 (``layer.runtime = grid.runtime``).
 """
@@ -21,7 +23,8 @@ import torch.distributed as dist
 from .launch import teardown
 from .config import GemmFn, RuntimeConfig
 from .device import Device, choose_device, default_backend, of
-from .grad_buckets import DataParallel
+from .backward import BackwardPass
+from .data_parallel import DataParallel
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
 from .launch.env import LaunchEnv, detect_launch, grid_shape_for, init_distributed
 from .spec.layout import GridError, GridShape, RankLayout, check_order
@@ -71,7 +74,8 @@ class Runtime:
     ``gemm``: the GEMM layers call, ``(a, b, role) -> a @ b`` (:func:`matmul` unless configured or traced).
     ``gemm_fn``: ``config.gemm`` or the ``kernels.GemmTuner`` built for ``config.gemm_tuning`` (None: matmul).
     ``weights``: how a layer gets its weight block. ``grads``: where its gradient collectives go. ``dp``: the
-    data-parallel buckets and their collectives over d (``zero`` and ODP as configured).
+    data-parallel buckets and their collectives over d (``zero`` and ODP as configured). ``backward``: the steps
+    at the beginning and end of every backward pass.
     """
 
     def __init__(self, grid: Grid, config: RuntimeConfig, seed: int) -> None:
@@ -84,11 +88,18 @@ class Runtime:
         self.gemm_is_matmul = self.gemm is matmul    # then a bias can ride in the GEMM (torch.addmm)
         ov = config.overlap
         keep = ov.keep_gathered_weights
-        self.weights = WeightPrefetcher(keep) if ov.oag and grid.size("z") > 1 else WeightGather(keep)
-        self.grads = GradientPipeline(grid.comm, ov.oar, lambda p: self.dp.grad_ready(p)) \
+        # one end of the backward: the prefetcher forgets the pass, the ORS pipeline hands its last gradients on,
+        # then the data-parallel buckets post what is left and complete (the order matters: each feeds the next)
+        self.backward = BackwardPass()
+        arm = self.backward.arm
+        self.grads = GradientPipeline(grid.comm, ov.oar, lambda p: self.dp.grad_ready(p), arm) \
             if ov.ors else GradientSink(grid.comm, ov.oar)
-        self.dp = DataParallel(grid.comm, config.zero, config.bucket_bytes, ov.odp, self.grads,
-                               config.grad_reduce_dtype)
+        self.dp = DataParallel(grid.comm, config.zero, config.bucket_bytes, ov.odp, delivered=self.grads.delivers,
+                               arm=arm, reduce_dtype=config.grad_reduce_dtype)
+        self.weights = WeightPrefetcher(grid.comm, keep, self.dp.before_use, arm) if ov.oag and grid.size("z") > 1 \
+            else WeightGather(grid.comm, keep, self.dp.before_use)
+        self.backward.begin = [self.dp.begin_backward]
+        self.backward.end = [self.weights.end_of_backward, self.grads.finish, self.dp.end_of_backward]
         self.seeds = LayerSeeds(seed)
 
     def grad_dtype(self, param: torch.Tensor) -> torch.dtype:

@@ -72,11 +72,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{type(optimizer).__name__} has state already: shard it before its first step (and "
                              f"load checkpoints into the sharded optimizer)")
         params = trainable_params(model)
-        layout = grid.runtime.dp.layout_for(params)
-        assert layout is not None          # zero >= 1 needs Gd > 1, checked by axgrid.init
-        self.layout: GradBuckets = layout
+        buckets = grid.runtime.dp.buckets_for(params)
+        assert buckets is not None         # zero >= 1 needs Gd > 1, checked by axgrid.init
+        self.buckets: GradBuckets = buckets
         self.grid = grid
-        by_id = {id(pc.param): pc for pc in layout.pieces()}
+        by_id = {id(pc.param): pc for pc in buckets.pieces()}
         self.model_groups: list[list[torch.nn.Parameter]] = []
         self._pieces: dict[int, Piece] = {}           # id(piece tensor) -> its Piece
         groups = []
@@ -100,8 +100,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.inner = cls(self.param_groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
         self.state = self.inner.state                # one state, one list of groups: the inner optimizer's
         self.param_groups = self.inner.param_groups
-        if self.layout.odp:
-            layout.hook_modules(model)
+        if self.buckets.odp:
+            buckets.hook_modules(model)
 
     def piece_of(self, tensor: torch.Tensor) -> Piece:
         """The :class:`~axgrid.grad_buckets.Piece` a tensor of ``param_groups`` is."""
@@ -125,19 +125,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return out
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
+        """Reduce the gradients if the backward (or :func:`axgrid.sync_gradients`) has not, step the pieces of
+        every parameter some d-rank has a gradient for (the others are skipped, as torch skips a parameter whose
+        ``.grad`` is None), and all-gather the parameters over d."""
         if closure is not None:
             raise ValueError("ShardedOptimizer.step takes no closure: run the forward and backward first")
-        self.layout.settle()                # a gather still in flight (two steps without a forward)
+        self.buckets.settle()               # a gather still in flight (two steps without a forward)
         self.grid.runtime.grads.finish()    # ORS: the last gradients arrive
-        self.layout.reduce()                # a no-op when sync_gradients (or the backward) did it
-        self.inner.step()
-        self.layout.gather_params(async_op=self.layout.odp)
+        self.buckets.reduce()               # a no-op when the backward (or sync_gradients) did it
+        used = self.buckets.used_params()
+        skipped = [q for g in self.param_groups for q in g["params"] if id(self._pieces[id(q)].param) not in used]
+        for q in skipped:
+            q.grad = None
+        try:
+            self.inner.step()
+        finally:
+            for q in skipped:
+                q.grad = self._pieces[id(q)].grad
+        self.buckets.stepped()
+        self.buckets.gather_params(async_op=self.buckets.odp)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradients in place in their buckets (``set_to_none`` cannot apply: the buckets are the
-        gradients' storage)."""
-        self.layout.zero_grad()
+        """Zero the gradients in place in their buckets (the buckets are the gradients' storage); with
+        ``set_to_none`` the parameters count as having no gradient until one arrives, as torch's."""
+        self.buckets.zero_grad(set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's pieces' state (per rank; :mod:`axgrid.checkpoint` saves a reshardable form)."""

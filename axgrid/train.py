@@ -1,7 +1,7 @@
 """One training step: the ritual every trainer in the project runs (demo, train_gpt, benchmarks).
 
     for i in micro-batches:  loss_i = loss_of(i); (loss_i / M).backward()   (all but the last under grid.no_sync())
-    axgrid.sync_gradients(model, grid)      # completes overlapped collectives, averages over d
+    axgrid.sync_gradients(model, grid)      # the last backward reduced over d already: builds the buckets on first use
     optional global-norm clip; optimizer.step()
 
 Micro-batches are averaged: with ``loss_of(i)`` the mean loss of micro-batch i's rows on this rank, the step

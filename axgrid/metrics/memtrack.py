@@ -250,25 +250,12 @@ def watch_weight_source(runtime: Any, live: Optional[LiveBytes] = None, name: st
 def watch_bucket_allocations(buckets: Any, live: LiveBytes, name: str = "buckets") -> Iterator[None]:
     """Inside: what the data-parallel buckets (a :class:`axgrid.grad_buckets.GradBuckets`, or None: nothing to
     watch) allocate in the backward while gradients arrive and are reduced -- zero=2's full buckets, a backend's
-    copies -- is counted in ``live``'s category ``name``."""
+    copies -- is counted in ``live``'s category ``name`` (through :meth:`GradBuckets.observed`)."""
     if buckets is None:
         yield
         return
-    plain = {m: getattr(buckets, m) for m in ("grad_ready", "_end_of_backward")}
-
-    def wrap(fn):
-        def inner(*a, **k):
-            with live.category(name):
-                return fn(*a, **k)
-        return inner
-
-    for m, fn in plain.items():
-        setattr(buckets, m, wrap(fn))
-    try:
+    with buckets.observed(lambda: live.category(name)):
         yield
-    finally:
-        for m in plain:
-            delattr(buckets, m)
 
 
 __all__ = ["storage_key", "storage_bytes", "live_keys", "optimizer_tensors", "SavedBytes", "LiveBytes",

@@ -28,14 +28,15 @@ from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
 from . import init as _init
-from .replicated_grad import reduce_over_z
+from .replicated_grad import reduce_over_z, token_grad, uses_token
 
 EMBEDDING_STREAM = 3
 
 
 class _ShardedLookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: "Embedding") -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: "Embedding",  # type: ignore[override]
+                uses: Optional[torch.Tensor] = None) -> torch.Tensor:
         ctx.layer, ctx.num = layer, weight.shape[0]
         ctx.save_for_backward(ids)
         return weight.index_select(0, ids)
@@ -50,7 +51,7 @@ class _ShardedLookup(torch.autograd.Function):
         if layer.padding_idx is not None:
             grad[layer.padding_idx] = 0          # like nn.Embedding: the padding row never learns
         (grad,) = reduce_over_z(layer.grid, [w], [grad])
-        return None, (grad.to(w.dtype) if grad is not None else None), None
+        return None, (grad.to(w.dtype) if grad is not None else None), None, token_grad(ctx, 3, dout)
 
 
 class Embedding(nn.Module):
@@ -118,7 +119,8 @@ class Embedding(nn.Module):
         if self.grid is None:
             out = F.embedding(ids, self.weight, self.padding_idx)
         else:
-            out = _ShardedLookup.apply(ids.reshape(-1).long(), self.weight, self).reshape(*ids.shape, self.local)
+            out = _ShardedLookup.apply(ids.reshape(-1).long(), self.weight, self,
+                                       uses_token(self.grid, [self.weight])).reshape(*ids.shape, self.local)
         if self.scale is not None:
             out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
         return out

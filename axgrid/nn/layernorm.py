@@ -26,13 +26,13 @@ from ..grid import Grid
 from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
-from .replicated_grad import reduce_over_z
+from .replicated_grad import reduce_over_z, token_grad, uses_token
 
 
 class _ShardedLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
-                layer: "LayerNorm") -> torch.Tensor:
+                layer: "LayerNorm", uses: Optional[torch.Tensor] = None) -> torch.Tensor:
         grid, dim, h = layer.grid, layer.feature_dim, layer.hidden
         xf = x.float()
         mean = grid.comm.all_reduce(xf.sum(-1), dim) / h                       # [m']
@@ -65,7 +65,7 @@ class _ShardedLayerNorm(torch.autograd.Function):
             (dw,) = reduce_over_z(grid, [layer.weight], [dw])
         dw = dw.to(weight.dtype) if dw is not None else None
         db = db.to(weight.dtype) if db is not None else None
-        return dx.to(ctx.x_dtype), dw, db, None
+        return dx.to(ctx.x_dtype), dw, db, None, token_grad(ctx, 4, dy)
 
 
 class LayerNorm(nn.Module):
@@ -103,7 +103,8 @@ class LayerNorm(nn.Module):
             return F.layer_norm(x.float(), (self.hidden,), self.weight.float(),
                                 None if self.bias is None else self.bias.float(), self.eps)
         lead = x.shape[:-1]
-        y = _ShardedLayerNorm.apply(x.reshape(-1, self.local), self.weight, self.bias, self)
+        y = _ShardedLayerNorm.apply(x.reshape(-1, self.local), self.weight, self.bias, self,
+                                    uses_token(self.grid, [self.weight, self.bias]))
         return y.reshape(*lead, self.local)
 
     def extra_repr(self) -> str:

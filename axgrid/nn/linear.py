@@ -23,7 +23,6 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from ..comm import Pending
 from ..grid import Grid, current_grid
 from ..spec.tiles import Box
 from ..io.part_copy import copy_part_, read_part
@@ -42,7 +41,8 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
-                layer: "Linear") -> torch.Tensor:
+                layer: "Linear", uses: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``uses``: the gradient sink's uses token for this layer (ORS; see :mod:`axgrid.overlap`), or None."""
         grid, rt, sh = layer.grid, layer.runtime, layer.sharding
         dev = x_loc.device.type
         if torch.is_autocast_enabled(dev) and x_loc.is_floating_point():
@@ -94,7 +94,9 @@ class _LinearFunction(torch.autograd.Function):
             (db,) = rt.grads.all_reduce([bias], [dy.sum(0).to(rt.grad_dtype(bias))], "z")
         if dx_pending is not None:
             dx = dx_pending.wait()
-        return dx, dw_shard, db, None
+        # the uses token: autograd sums it over this pass's uses and fires its hook after the last one ran
+        uses = torch.zeros((), device=dy.device) if ctx.needs_input_grad[4] else None
+        return dx, dw_shard, db, None, uses
 
 
 class Linear(nn.Module):
@@ -206,7 +208,7 @@ class Linear(nn.Module):
         for p in self.parameters():
             self.runtime.dp.before_use(p)          # zero >= 1 with ODP: the last step's all-gather over d first
         with torch.no_grad():
-            blk = self.gather_weight(self.weight.detach())                  # [n_blk, k_blk]
+            blk = self.runtime.weights.gather(self, self.weight.detach())    # [n_blk, k_blk]
             cols = comm.all_gather(blk, sh.in_dim)                           # [G_in, n_blk, k_blk]
             rows = torch.cat(list(cols.unbind(0)), dim=1)                    # [n_blk, k]
             full = torch.cat(list(comm.all_gather(rows, sh.out_dim).unbind(0)), dim=0)  # [n, k] (layout order)
@@ -223,35 +225,6 @@ class Linear(nn.Module):
             if bias is not None:
                 dense.bias.copy_(bias)
         return dense
-
-    # -- weight gathering (the runtime's weight source calls these) --------------------------------------
-    def _block(self, gathered: torch.Tensor) -> torch.Tensor:
-        """The block ``[n_blk, k_blk]`` from the all-gathered shards ``[Gz, shard]`` (padding dropped)."""
-        sh = self.sharding
-        return gathered.reshape(-1)[: sh.block_numel].view(sh.n_blk, sh.k_blk)
-
-    @staticmethod
-    def _compute_dtype(shard: torch.Tensor) -> Optional[torch.dtype]:
-        """The dtype the GEMMs compute in when it is not the shard's: under autocast, its dtype. The weights are
-        then gathered over z in it (bf16: half the bytes of the fp32 parameters) and the GEMMs cast nothing;
-        casting before the gather equals casting after it, element for element."""
-        dev = shard.device.type
-        if torch.is_autocast_enabled(dev) and shard.is_floating_point():
-            dt = torch.get_autocast_dtype(dev)
-            return dt if dt != shard.dtype else None
-        return None
-
-    def gather_weight(self, shard: torch.Tensor) -> torch.Tensor:
-        """``AG_z(shard)`` -> the block ``[n_blk, k_blk]``, in the compute dtype (:meth:`_compute_dtype`)."""
-        return self._block(self.grid.comm.all_gather(shard, "z", dtype=self._compute_dtype(shard)))
-
-    def gather_weight_async(self) -> "Pending":
-        """``AG_z`` of this layer's current weight shard, in flight; ``.wait()`` gives the block in the compute dtype
-        (a prefetch: first the shard's own all-gather over d completes, with ``zero`` >= 1 and ODP)."""
-        self.runtime.dp.before_use(self.weight)
-        shard = self.weight.detach()
-        pending = self.grid.comm.all_gather(shard, "z", async_op=True, dtype=self._compute_dtype(shard))
-        return Pending(None, lambda: self._block(pending.wait()))
 
     # -- forward ---------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -273,7 +246,9 @@ class Linear(nn.Module):
                 raise ValueError(f"sharded input has {x.shape[-1]} features, this rank's part is "
                                  f"in_features/G{sh.in_dim} = {sh.k_blk}")
             x_loc = x.reshape(-1, sh.k_blk)
-        y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self)
+        trained = [p for p in (self.weight, self.bias) if p is not None and p.requires_grad]
+        token = self.runtime.grads.uses_token(trained) if trained and torch.is_grad_enabled() else None
+        y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self, token)
         if self.output_layout == "sharded":
             return y_loc.reshape(*lead, sh.n_blk) if self.input_layout == "sharded" else y_loc
         if self.input_layout == "replicated":

@@ -24,3 +24,19 @@ def reduce_over_z(grid: Grid, params: Sequence[torch.nn.Parameter],
     if grid.size("z") == 1:
         return list(grads)
     return grid.runtime.grads.all_reduce(params, grads, "z")
+
+
+def uses_token(grid: Grid, params: Sequence[Optional[torch.nn.Parameter]]) -> Optional[torch.Tensor]:
+    """The gradient sink's uses token for a layer owning ``params`` whose gradients go through
+    :func:`reduce_over_z` (:mod:`axgrid.overlap`: with ORS it tells when the backward of the layer's last use in
+    this pass has run), or None when none is needed. Pass it to the layer's autograd function as an input; its
+    backward returns :func:`token_grad` for it."""
+    trained = [p for p in params if p is not None and p.requires_grad]
+    if not trained or grid.size("z") == 1 or not torch.is_grad_enabled():
+        return None
+    return grid.runtime.grads.uses_token(trained)
+
+
+def token_grad(ctx, index: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """What an autograd function's backward returns for the uses token at input ``index`` (a 0-d zero)."""
+    return torch.zeros((), device=like.device) if ctx.needs_input_grad[index] else None

@@ -31,7 +31,7 @@ from ..io.part_copy import copy_part_
 from ..redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
-from .replicated_grad import reduce_over_z
+from .replicated_grad import reduce_over_z, token_grad, uses_token
 
 
 def _scaled(xhat: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, unit_offset: bool) -> torch.Tensor:
@@ -46,7 +46,8 @@ class _ShardedRMSNorm(torch.autograd.Function):
     gradient summed over ``layer.grad_dims`` (z last, through the gradient sink)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, layer: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, layer: Any,  # type: ignore[override]
+                uses: Optional[torch.Tensor] = None) -> torch.Tensor:
         grid, dim, h = layer.grid, layer.stat_dim, layer.hidden
         xf = x.float()
         sq = (xf * xf).sum(-1)
@@ -73,7 +74,7 @@ class _ShardedRMSNorm(torch.autograd.Function):
             if "y" in layer.grad_dims and grid.size("y") > 1:
                 dw = grid.comm.all_reduce(dw, "y")
             (dw,) = reduce_over_z(grid, [layer.weight], [dw])
-        return dx.to(ctx.x_dtype), (dw.to(weight.dtype) if dw is not None else None), None
+        return dx.to(ctx.x_dtype), (dw.to(weight.dtype) if dw is not None else None), None, token_grad(ctx, 3, dy)
 
 
 class RMSNorm(nn.Module):
@@ -128,7 +129,7 @@ class RMSNorm(nn.Module):
             xhat = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + self.eps)
             return _scaled(xhat, self.weight, x.dtype, self.unit_offset)
         lead = x.shape[:-1]
-        y = _ShardedRMSNorm.apply(x.reshape(-1, self.local), self.weight, self)
+        y = _ShardedRMSNorm.apply(x.reshape(-1, self.local), self.weight, self, uses_token(self.grid, [self.weight]))
         return y.reshape(*lead, self.local)
 
     def extra_repr(self) -> str:
@@ -173,7 +174,8 @@ class HeadRMSNorm(nn.Module):
         if x.shape[-1] != self.hidden:
             raise ValueError(f"HeadRMSNorm input has {x.shape[-1]} features, expected head_dim={self.hidden}")
         lead = x.shape[:-1]
-        return _ShardedRMSNorm.apply(x.reshape(-1, self.hidden), self.weight, self).reshape(*lead, self.hidden)
+        y = _ShardedRMSNorm.apply(x.reshape(-1, self.hidden), self.weight, self, uses_token(self.grid, [self.weight]))
+        return y.reshape(*lead, self.hidden)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.hidden}, eps={self.eps}, per local head, grid {self.grid.shape}"

@@ -46,7 +46,7 @@ class _TiedLookup(torch.autograd.Function):
     def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: Any) -> torch.Tensor:  # type: ignore[override]
         head = layer.head
         grid, sh = head.grid, head.sharding
-        block = head.gather_weight(weight)                                     # [V/Gy, h/Gx]
+        block = head.runtime.weights.gather(head, weight)                      # [V/Gy, h/Gx]
         local = ids - sh.row0
         inside = (local >= 0) & (local < sh.n_blk)
         part = block.index_select(0, torch.where(inside, local, torch.zeros_like(local)))

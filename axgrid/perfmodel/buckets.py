@@ -1,8 +1,8 @@
-"""The data-parallel buckets of the GPT on N grids at once (numpy arrays [N]): the runtime's layout
+"""The data-parallel buckets of the GPT on N grids at once (numpy arrays [N]): the runtime's packing
 (``axgrid.spec.buckets``), vectorised.
 
 Every trainable parameter's gradient (token and position tables, layer norms, FC weight shards and biases) in the
-layout order -- reverse ``model.parameters()`` order -- packed into buckets of ``Options.bucket_bytes``: a tensor
+packing order -- reverse ``model.parameters()`` order -- packed into buckets of ``Options.bucket_bytes``: a tensor
 joins the open bucket, which is closed once it holds the limit or more; with ``zero`` >= 1 each bucket is padded
 to a multiple of Gd elements. The element counts feed
 the memory of each ``zero`` mode (``perfmodel.memory``), the bytes the collectives over d (``perfmodel.model``,
@@ -23,7 +23,7 @@ from .spec import TransformerSpec
 class BucketTotals(NamedTuple):
     """Per grid [N]: ``count`` buckets; ``numel`` real gradient elements; ``padded`` elements with each bucket
     padded to a multiple of ``parts``; ``largest`` / ``first`` / ``second`` / ``last`` padded elements of the
-    largest bucket, of the first two in the layout (the last parameters: the head's, reduced first) and of the
+    largest bucket, of the first two in the packing (the last parameters: the head's, reduced first) and of the
     last (the first parameters: the embeddings, reduced last in the backward and gathered first for the
     forward)."""
 
@@ -37,7 +37,7 @@ class BucketTotals(NamedTuple):
 
 
 def gradient_elements(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, n: int) -> list[np.ndarray]:
-    """Elements of every gradient on one rank, in the buckets' layout order (reverse ``model.parameters()``),
+    """Elements of every gradient on one rank, in the buckets' packing order (reverse ``model.parameters()``),
     each an int64 array [n]; ``vols``: the volumes of the block's FC layers and the head by layer name (per grid),
     ``hx``: h/Gx [n]."""
     out = []
@@ -55,7 +55,7 @@ def gradient_elements(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, n: 
 
 
 def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) -> BucketTotals:
-    """:class:`BucketTotals` of gradients of ``elems`` (layout order, arrays [N]) of ``element_bytes`` each, in
+    """:class:`BucketTotals` of gradients of ``elems`` (packing order, arrays [N]) of ``element_bytes`` each, in
     buckets of ``bucket_bytes``, padded to multiples of ``parts`` [N] (1: no padding)."""
     n = len(elems[0])
     parts = np.broadcast_to(np.asarray(parts, dtype=np.int64), (n,))

@@ -43,10 +43,14 @@ def layer_volumes(layer: FCLayer | tuple, gx, gy, gz, mprime) -> FCVolumes:
     return fc_volumes(as_layer(layer), gx, gy, gz, mprime)
 
 
+#: Bytes per parameter of the data-parallel "used" flags (an int32 count of the d-ranks with a gradient).
+USED_FLAG_BYTES = 4
+
+
 def dp_buckets(sizes_bytes: Iterable[int], bucket_bytes: int = DEFAULT_BUCKET_BYTES, parts: int = 1,
                element_bytes: int = 1) -> list[int]:
     """Bytes of each data-parallel bucket the runtime builds for gradients of ``sizes_bytes`` (one dtype of
-    ``element_bytes``) given in the buckets' layout order (:func:`dp_gradient_sizes`): ``axgrid.spec.buckets``'
+    ``element_bytes``) given in the buckets' packing order (:func:`dp_gradient_sizes`): ``axgrid.spec.buckets``'
     rule -- a tensor joins the open bucket, which is closed once it holds ``bucket_bytes`` or more -- each bucket
     padded to a multiple of ``parts`` elements (``zero`` >= 1: Gd). Tensors of 0 bytes add nothing."""
     if bucket_bytes <= 0:
@@ -59,7 +63,7 @@ def dp_buckets(sizes_bytes: Iterable[int], bucket_bytes: int = DEFAULT_BUCKET_BY
 
 def dp_gradient_sizes(layers: Iterable[FCLayer | tuple], grid: tuple[int, int, int, int],
                       grad_dtype_bytes: int) -> list[int]:
-    """Bytes of each gradient of a stack of FC layers in the data-parallel buckets' layout order: reverse
+    """Bytes of each gradient of a stack of FC layers in the data-parallel buckets' packing order: reverse
     ``model.parameters()`` (last layer first, its bias before its weight shard), whatever the overlap switches."""
     gx, gy, gz, _ = (int(v) for v in grid)
     sizes: list[int] = []
@@ -71,18 +75,23 @@ def dp_gradient_sizes(layers: Iterable[FCLayer | tuple], grid: tuple[int, int, i
 
 def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket_bytes: int, zero: int,
               n_microbatches: int) -> list[tuple[str, str, int]]:
-    """The data-parallel collectives of one step as (dim, op, bytes), for gradients of ``sizes_bytes`` (layout
+    """The data-parallel collectives of one step as (dim, op, bytes), for gradients of ``sizes_bytes`` (packing
     order) on ``gd`` data-parallel ranks: ``zero=0`` an all-reduce per bucket; ``zero`` >= 1 a reduce-scatter per
     bucket padded to a multiple of Gd (in each of the ``n_microbatches`` backwards with ``zero=2``), then an
-    all-gather of the parameters (fp32, :data:`PARAM_BYTES`) per bucket. None when Gd = 1."""
+    all-gather of the parameters (fp32, :data:`PARAM_BYTES`) per bucket. Each mode also all-reduces one int32 flag
+    per parameter (which parameters some d-rank has a gradient for: the optimizer skips the others,
+    :meth:`axgrid.grad_buckets.GradBuckets.used_params`): ``zero=0`` after the buckets, ``zero`` >= 1 at the
+    optimizer's step, before the all-gathers. None when Gd = 1."""
     if gd == 1:
         return []
     gb = grad_dtype_bytes
-    buckets = dp_buckets(sizes_bytes, bucket_bytes, gd if zero else 1, gb)
+    sizes = [int(s) for s in sizes_bytes]
+    used = ("d", "all_reduce", USED_FLAG_BYTES * sum(1 for s in sizes if s > 0))
+    buckets = dp_buckets(sizes, bucket_bytes, gd if zero else 1, gb)
     if zero == 0:
-        return [("d", "all_reduce", nb) for nb in buckets]
+        return [("d", "all_reduce", nb) for nb in buckets] + [used]
     rs = [("d", "reduce_scatter", nb) for nb in buckets] * (n_microbatches if zero == 2 else 1)
-    return rs + [("d", "all_gather", nb // gb * PARAM_BYTES) for nb in buckets]
+    return rs + [used] + [("d", "all_gather", nb // gb * PARAM_BYTES) for nb in buckets]
 
 
 def fc_forward_events(v: FCVolumes, dtype_bytes: int) -> list[tuple[str, str, int]]:
@@ -117,8 +126,9 @@ def step_tail(dp: list[tuple[str, str, int]], grid: tuple[int, int, int, int], z
     """The end of a step after the backward: the data-parallel collectives ``dp`` (:func:`dp_events`) and, with
     ``clip``, the clipping's (:func:`clip_events`) after the gradients' reduction, before the parameters'
     all-gather (``zero`` >= 1)."""
-    grads = [e for e in dp if e[1] != "all_gather"]
-    return grads + (clip_events(grid, zero) if clip else []) + [e for e in dp if e[1] == "all_gather"]
+    late = ("all_reduce", "all_gather") if zero else ("all_gather",)    # zero >= 1: posted by the optimizer's step
+    grads = [e for e in dp if e[1] not in late]
+    return grads + (clip_events(grid, zero) if clip else []) + [e for e in dp if e[1] in late]
 
 
 def collective_events(

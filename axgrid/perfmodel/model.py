@@ -35,7 +35,7 @@ import numpy as np
 from axgrid.spec import ceil_div
 
 from .buckets import BucketTotals, gradient_elements, pack
-from .comm import CLIP_NORM_BYTES, DIMS, PARAM_BYTES, ring_alpha_beta, ring_time
+from .comm import CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, ring_alpha_beta, ring_time
 from .compute import elementwise_bytes, memory_time
 from .gpt import STAT_BYTES
 from .machines import Machine
@@ -131,10 +131,17 @@ def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray
       all-gather of the parameters per bucket after the optimizer step: with ODP under the next step's first
       forward (``fwd_window``, its compute) except the first bucket it needs (the embeddings'), else exposed;
     - zero 2: the reduce-scatters in every micro-batch's backward (``mb`` of them, each hidden under its own
-      backward's slack with ODP), the all-gather as zero 1."""
+      backward's slack with ODP), the all-gather as zero 1;
+    - every mode: one all-reduce of an int32 flag per parameter (:data:`perfmodel.comm.USED_FLAG_BYTES`), blocking."""
     vols = {c.layer.name: c.vol for c in costs}
     zero, gb = opt.zero, grad_bytes
-    bt = pack(gradient_elements(spec, vols, hx, len(g)), gb, opt.bucket_bytes, g.gd if zero else 1)
+    elems = gradient_elements(spec, vols, hx, len(g))
+    bt = pack(elems, gb, opt.bucket_bytes, g.gd if zero else 1)
+    # which parameters some d-rank has a gradient for: one int32 per parameter, all-reduced (blocking) after the
+    # buckets (zero 0) or at the optimizer's step (zero >= 1)
+    flags = USED_FLAG_BYTES * sum((e > 0).astype(np.int64) for e in elems)
+    t_flags = np.where(g.gd > 1, rings.time("all_reduce", "d", flags), 0.0)
+    comm.add("d", t_flags, t_flags)
     a_d, be_d, _ = rings.ab["d"]
     p = rings.geo["d"][0].astype(float)
 
@@ -145,7 +152,7 @@ def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray
     if zero == 0:
         ard = ring(2.0, bt.numel * gb, bt.count)
         comm.add("d", np.maximum(ring(2.0, bt.last * gb, 1), ard - slack) if opt.overlap_dp else ard, ard)
-        return bt, bt.numel * float(gb)
+        return bt, bt.numel * float(gb) + flags
     rs = ring(1.0, bt.padded * gb, bt.count)
     ag = ring(1.0, bt.padded * PARAM_BYTES, bt.count)
     n_rs = mb if zero == 2 else 1
@@ -155,7 +162,7 @@ def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray
     else:
         rs_exposed, ag_exposed = n_rs * rs, ag
     comm.add("d", rs_exposed + ag_exposed, n_rs * rs + ag)
-    return bt, n_rs * bt.padded * float(gb) + bt.padded * float(PARAM_BYTES)
+    return bt, n_rs * bt.padded * float(gb) + bt.padded * float(PARAM_BYTES) + flags
 
 
 def _clipping(g: Grids, opt: Options, machine: Machine, rings: Rings, comm: CommTally) -> dict[str, np.ndarray]:

@@ -1,8 +1,8 @@
-"""How a model's parameters are laid out in the flat data-parallel buckets, and which share of each bucket a d-rank
+"""How a model's parameters are packed into the flat data-parallel buckets, and which share of each bucket a d-rank
 owns: the one place that knows it (pure arithmetic, no torch), read by the runtime (:mod:`axgrid.grad_buckets`) and
 by perfmodel (its bucket counts, bytes and the memory of each ``zero`` mode).
 
-The layout: the trainable parameters in **reverse** ``model.parameters()`` order (roughly the order their gradients
+The packing: the trainable parameters in **reverse** ``model.parameters()`` order (roughly the order their gradients
 become final in the backward, as DDP and Megatron lay out theirs), packed one after another; a parameter joins the
 open bucket if it shares the bucket's kind (dtype, device), and a bucket is closed as soon as it holds ``limit``
 bytes or more (Megatron's rule: every bucket but the last holds at least the limit). With ``parts`` = Gd > 1
@@ -65,7 +65,7 @@ class Bucket:
 def pack_buckets(numels: Sequence[int], element_bytes: Sequence[int], kinds: Sequence[Hashable], limit: int,
                  parts: int = 1) -> list[Bucket]:
     """The buckets of parameters with ``numels`` elements of ``element_bytes`` each and ``kinds`` (a dtype and
-    device: a bucket holds one kind), in the order given (the layout order: see the module docstring)."""
+    device: a bucket holds one kind), in the order given (the packing order: see the module docstring)."""
     if limit <= 0:
         raise ValueError(f"bucket limit must be a positive number of bytes, got {limit}")
     if parts < 1:

@@ -38,8 +38,8 @@ def rank_bench(n: int, mb: float, bucket_mb: float, rounds: int, steps: int, war
         gen = torch.Generator().manual_seed(grid.coord.d)
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen)
-        layout = grid.runtime.dp.layout_for(params)        # the gradients are now views of its buckets
-        groups = [[layout.order[m] for m in b.members] for b in layout.buckets]
+        buckets = grid.runtime.dp.buckets_for(params)      # the gradients are now views of its buckets
+        groups = [[buckets.order[m] for m in b.members] for b in buckets.buckets]
         buffers = [torch.empty(sum(p.numel() for p in g)) for g in groups]
 
         def copy() -> None:                    # a bucket buffer of its own: gradients copied in and out
@@ -52,7 +52,7 @@ def rank_bench(n: int, mb: float, bucket_mb: float, rounds: int, steps: int, war
                     off += p.numel()
 
         def views() -> None:
-            layout.reduced = False             # the same gradients again: reduce them as a new step would
+            buckets.reduced = False            # the same gradients again: reduce them as a new step would
             axgrid.sync_gradients(params, grid)
 
         res = harness.measure({"copy": copy, "views": views}, rounds=rounds, steps_per_round=steps, warmup=warmup,

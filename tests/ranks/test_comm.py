@@ -87,6 +87,7 @@ def expected_layer_ledger(shape, n, k, m_loc, transposed, bias, keep=False):
     if bias:
         add("z", "all_reduce", n // gout, gz)          # bias gradient over z
     add("d", "all_reduce", padded // gz + (n // gout if bias else 0), gd)   # data-parallel mean, one bucket
+    add("d", "all_reduce", 1 + bias, gd)               # which parameters a d-rank has a gradient for (int32 each)
     return e
 
 

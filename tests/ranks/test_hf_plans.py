@@ -98,7 +98,8 @@ def rank_equal_serial(spec: str, kinds: list[str], overlap: bool = False) -> dic
             out.loss.backward()
             axgrid.sync_gradients(par, grid)
             reduced = grid.ledger.entries.get(("d", "all_reduce"))       # each parameter's gradient once over d
-            assert gd == 1 or reduced.bytes == sum(p.numel() * 4 for p in par.parameters()), (kind, reduced)
+            # and one int32 "used" flag per parameter
+            assert gd == 1 or reduced.bytes == sum(p.numel() * 4 + 4 for p in par.parameters()), (kind, reduced)
             with torch.no_grad():
                 own = serial(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b]).loss
             errs = [abs(float(out.loss) - float(own))]

@@ -85,3 +85,31 @@ def test_the_embedding_backward_accumulates_deterministically(ranks):
     ``accumulate=True`` sorts the rows and adds in order."""
     for ops in ranks(2, rank_embedding_backward_ops):
         assert "aten.index_put_" in ops and "aten.index_add_" not in ops, ops
+
+
+def rank_check_beside_gathers() -> list[list[str]]:
+    """zero=1 with ODP on 2x1x1x2: the parameters' all-gathers over d are in flight after each step; a replica
+    check right then must see (and repair) nothing. It once read half-gathered values: ``0.bias`` flagged at step 0,
+    every parameter by step 5, and its repair broadcast them into memory the all-gather was still writing."""
+    from axgrid.models.gpt import GPT, GPTConfig
+    from axgrid.train import train_step
+    grid = axgrid.init("2x1x1x2", config=axgrid.RuntimeConfig(timeout_s=60, seed=0, zero=1, bucket_bytes=4096,
+                                                               overlap=axgrid.OverlapConfig.parse("odp")))
+    try:
+        model = GPT(GPTConfig(2, 16, 2, 8, 32, name="race"), grid)
+        grid.watch(model)
+        opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=0.1), model, grid)
+        gen = torch.Generator().manual_seed(grid.index("d"))
+        flagged = []
+        for _ in range(6):
+            ids = torch.randint(0, 32, (2, 9), generator=gen)
+            train_step(model, opt, lambda i: model(ids[:, :-1], ids[:, 1:]), grid)
+            flagged.append(check_replicas(model, grid, repair=False))
+        return flagged
+    finally:
+        grid.destroy()
+
+
+def test_replicas_are_checked_only_when_no_collective_writes_them(ranks):
+    for flagged in ranks(4, rank_check_beside_gathers):
+        assert flagged == [[]] * 6, flagged

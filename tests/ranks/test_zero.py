@@ -67,7 +67,7 @@ def _sharded(spec: str, zero: int, overlap: str, micro: int) -> dict:
                 rows = ids[(i * gd + d) * per:(i * gd + d + 1) * per]
                 return model(rows[:, :-1], rows[:, 1:], normalizer=float(ids[:, 1:].numel()) / gd)
             norms.append(axgrid.train_step(model, opt, loss_of, grid, micro, clip=0.5).grad_norm)
-        lay = opt.layout
+        lay = opt.buckets
         gathering = len(lay.gathers)                     # ODP: the parameter all-gathers stay in flight ...
         with torch.no_grad():
             model(ids[:per, :-1])                        # ... until the modules that use them run

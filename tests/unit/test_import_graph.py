@@ -164,3 +164,38 @@ def test_no_sys_path_edits_and_no_scripts_loaded_by_path_outside_tests():
             if top != "tests":
                 bad += [f"{p.relative_to(ROOT)}: loads a file by path" for _ in by_path.finditer(text)]
     assert not bad, "\n".join(bad)
+
+
+MACHINERY = ("axgrid.backward", "axgrid.overlap", "axgrid.grad_buckets", "axgrid.data_parallel", "axgrid.runtime",
+             "axgrid.nn.linear", "axgrid.sharded_optimizer")
+
+
+def _type_checking_imports(name: str) -> set[str]:
+    """The axgrid modules ``name`` imports only under ``if TYPE_CHECKING:`` (a dependency the code hides)."""
+    f = _module_file(name)
+    package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(f.read_text())):
+        if not _is_type_checking(node):
+            continue
+        for imp in ast.walk(node):
+            if isinstance(imp, ast.ImportFrom):
+                base = imp.module or ""
+                if imp.level:
+                    parts = package.split(".")[: len(package.split(".")) - imp.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                found |= {t for t in [base] + [f"{base}.{a.name}" for a in imp.names] if _module_file(t)}
+            elif isinstance(imp, ast.Import):
+                found |= {a.name for a in imp.names if _module_file(a.name)}
+    return found
+
+
+def test_the_backward_machinery_calls_down_only():
+    """One end of the backward (axgrid.backward) at the bottom; the weight source and gradient sink (overlap) and the
+    data-parallel buckets (grad_buckets) know neither each other nor the layers: they are handed callables. No
+    module of the machinery hides an import of another under TYPE_CHECKING (there were four such arrows)."""
+    hidden = {(m, t) for m in MACHINERY for t in _type_checking_imports(m) if t in MACHINERY}
+    assert not hidden, sorted(hidden)
+    assert not {m for m in closure("axgrid.backward", packages=False) if m.startswith("axgrid.")}
+    assert not {m for m in closure("axgrid.overlap") if m in MACHINERY[2:] or m.startswith("axgrid.nn")}
+    assert not {m for m in closure("axgrid.grad_buckets") if m in MACHINERY[1:] and m != "axgrid.grad_buckets"}

@@ -51,12 +51,13 @@ def test_padding_to_multiple_of_gz_and_data_parallel():
     assert b[("x", "all_reduce")] == 3 * 4 * 1 * 4      # AR_x(m'·n/Gy = 4)
     assert b[("y", "all_reduce")] == 3 * 4 * 1 * 4      # AR_y(m'·k/Gx = 4)
     assert b[("z", "all_reduce")] == 3 * 1 * 4          # bias n/Gy = 1
-    assert b[("d", "all_reduce")] == (1 + 1) * 4        # weight shard 1 + bias 1, once per step
+    # weight shard 1 + bias 1, once per step; then an int32 "used" flag per parameter (2)
+    assert b[("d", "all_reduce")] == (1 + 1) * 4 + 2 * 4
     # One call, not two: the runtime packs the weight shard's and the bias's gradients into one 25 MiB bucket
-    # and posts one all-reduce per bucket (perfmodel used to count one call per tensor).
-    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4)[("d", "all_reduce")] == 1
-    # with 4-byte buckets each tensor fills one: two calls of 4 B
-    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4, bucket_bytes=4)[("d", "all_reduce")] == 2
+    # and posts one all-reduce per bucket (perfmodel used to count one call per tensor); one more: the flags.
+    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4)[("d", "all_reduce")] == 1 + 1
+    # with 4-byte buckets each tensor fills one: two calls of 4 B (and the flags)
+    assert pm.collective_calls(layers, (2, 3, 2, 2), 16, 3, 4, bucket_bytes=4)[("d", "all_reduce")] == 2 + 1
 
 
 def test_dp_buckets_pack_like_the_runtime():
@@ -83,9 +84,9 @@ def test_dp_term_priced_per_bucket_by_hand():
     two = [FCLayer(8, 8, False, True), FCLayer(4, 8, True, False)]     # second: shard 32 floats, no bias
     assert dp_gradient_sizes(two, (1, 1, 1, 4), 4) == [0, 128, 32, 256]
     calls = pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=32)
-    assert calls == {("d", "all_reduce"): 2}
+    assert calls == {("d", "all_reduce"): 2 + 1}         # two buckets, then the parameters' "used" flags
     assert pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=256) == \
-        {("d", "all_reduce"): 1}                           # the bias' 32 B is below the limit: the weight joins
+        {("d", "all_reduce"): 1 + 1}                       # the bias' 32 B is below the limit: the weight joins
     # the whole model: time of AR_d = 2(p−1)/p·D/β + buckets·2(p−1)·α
     spec = pm.TransformerSpec("t", 1, 8, 2, seq=4, vocab=8)
     m = pm.load_machine("dgx-h100")
@@ -100,14 +101,17 @@ def test_dp_term_priced_per_bucket_by_hand():
         sz = gpt_dp_gradient_sizes(spec, (1, 1, 1, 4), 4)     # every parameter: embeddings, norms, FC
         assert sum(sz) == spec.params * 4
         nb = len(dp_buckets(sz, bucket))
-        want = 2 * 3 / 4 * sum(sz) / be + nb * 2 * 3 * a
+        flags = 4 * sum(1 for v in sz if v > 0)               # the parameters' "used" flags: one more all-reduce
+        want = 2 * 3 / 4 * (sum(sz) + flags) / be + (nb + 1) * 2 * 3 * a
         assert int(ev.extra["dp_buckets"][0]) == nb
         assert ev.raw["d"][0] == pytest.approx(want, rel=1e-12)
         if not odp:
             assert ev.exposed["d"][0] == pytest.approx(want, rel=1e-12)     # no ODP: all exposed
         else:   # ODP: at least the last bucket (posted at the end of the backward) is exposed, at most all
             last = dp_buckets(sz, bucket)[-1]
-            assert 2 * 3 / 4 * last / be + 2 * 3 * a <= ev.exposed["d"][0] * (1 + 1e-12) <= want * (1 + 1e-12)
+            flags_t = 2 * 3 / 4 * flags / be + 2 * 3 * a
+            assert 2 * 3 / 4 * last / be + 2 * 3 * a + flags_t <= ev.exposed["d"][0] * (1 + 1e-12) <= \
+                want * (1 + 1e-12)
     # the head 8·8 (64 floats = 256 B) alone exceeds 64 B: several buckets in the 64-byte case
     assert nb > 1
 
@@ -247,8 +251,9 @@ def test_clipping_is_its_norm_all_reduces():
             ev = pm.collective_events(spec, grid, 16 * spec.seq, 1, 2, zero=zero, clip=True)
             plain = pm.collective_events(spec, grid, 16 * spec.seq, 1, 2, zero=zero)
             clip = [("xyz", "all_reduce", 8)] * (grid[:3] != (1, 1, 1)) + [("d", "all_reduce", 8)] * zero
-            gathers = [e for e in plain if e[:2] == ("d", "all_gather")]
-            assert ev == plain[:len(plain) - len(gathers)] + clip + gathers, (grid, zero)
+            # zero >= 1: the optimizer's step posts the "used" flags and the all-gathers, after the clipping
+            late = [e for e in plain if e[:2] == ("d", "all_gather") or (zero and e[:2] == ("d", "all_reduce"))]
+            assert ev == plain[:len(plain) - len(late)] + clip + late, (grid, zero)
 
 
 def test_time_is_compute_plus_exposed_and_no_overlap_exposes_all():
@@ -281,7 +286,11 @@ def test_zero_modes_price_the_same_ring_bytes_with_another_overlap():
                      bucket_bytes=2**18, clip=False)         # several buckets: ODP can hide all but one
     ev = {z: pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=z)), m, g) for z in (0, 1, 2)}
     assert np.allclose(ev[1].raw["d"], ev[0].raw["d"], rtol=1e-3) and np.all(ev[1].exposed["d"] == ev[1].raw["d"])
-    rs = ev[1].raw["d"] / 2                                  # half of it: the reduce-scatter (fp32: AG = RS)
+    from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
+    from axgrid.perfmodel.microbatch import Rings
+    n_params = sum(1 for v in gpt_dp_gradient_sizes(spec, (1, 1, 1, 2), 4) if v > 0)
+    flags = Rings.of(g, off.order, m).time("all_reduce", "d", 4 * n_params)     # every mode: the "used" flags
+    rs = (ev[1].raw["d"] - flags) / 2                        # half of the rest: the reduce-scatter (fp32: AG = RS)
     assert np.allclose(ev[2].raw["d"], ev[1].raw["d"] + rs, rtol=1e-3)      # one more reduce-scatter (2 mb)
     assert np.all(ev[1].step_bytes["d"] >= ev[0].step_bytes["d"])           # padding: at most Gd-1 per bucket
     odp = pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=1, overlap_dp=True)), m, g)

@@ -73,7 +73,8 @@ def test_gate_adds_exactly_its_bytes_and_parameters(recompute, keep):
         gate = {"x": L * MB * n_fwd * v.fwd_ar * b * (gx > 1),        # forward AR over x (a normal layer)
                 "y": L * MB * v.bwd_ar * b * (gy > 1),                # input-gradient AR over y
                 "z": L * MB * (n_ag * v.padded * b + (v.padded + v.bias_loc) * gb) * (gz > 1),  # AG_z; RS_z, AR_z
-                "d": L * (v.shard + v.bias_loc) * gb * (gd > 1)}     # its gradients in the d buckets
+                "d": L * (v.shard + v.bias_loc) * gb * (gd > 1)      # its gradients in the d buckets,
+                + L * 2 * 4 * (gd > 1)}                               # and a "used" flag (int32) per parameter
         ledger = pm.collective_bytes(GATED, grid, BATCH // MB * SIZES["seq"], MB, b, keep_gathered=keep,
                                      recompute=recompute, grad_dtype_bytes=gb)
         for d in "xyzd":
