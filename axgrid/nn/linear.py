@@ -30,6 +30,7 @@ from ..redistribute import gather_tokens_features, shard_tokens_features
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import LinearSharding
 from . import init as _init
+from .replicated_grad import token_grad, uses_token
 
 ActivationLayout = Literal["replicated", "sharded"]
 
@@ -95,8 +96,7 @@ class _LinearFunction(torch.autograd.Function):
         if dx_pending is not None:
             dx = dx_pending.wait()
         # the uses token: autograd sums it over this pass's uses and fires its hook after the last one ran
-        uses = torch.zeros((), device=dy.device) if ctx.needs_input_grad[4] else None
-        return dx, dw_shard, db, None, uses
+        return dx, dw_shard, db, None, token_grad(ctx, 4, dy)
 
 
 class Linear(nn.Module):
@@ -246,9 +246,8 @@ class Linear(nn.Module):
                 raise ValueError(f"sharded input has {x.shape[-1]} features, this rank's part is "
                                  f"in_features/G{sh.in_dim} = {sh.k_blk}")
             x_loc = x.reshape(-1, sh.k_blk)
-        trained = [p for p in (self.weight, self.bias) if p is not None and p.requires_grad]
-        token = self.runtime.grads.uses_token(trained) if trained and torch.is_grad_enabled() else None
-        y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self, token)
+        y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self,
+                                      uses_token(self.grid, [self.weight, self.bias]))
         if self.output_layout == "sharded":
             return y_loc.reshape(*lead, sh.n_blk) if self.input_layout == "sharded" else y_loc
         if self.input_layout == "replicated":
