@@ -322,12 +322,14 @@ class GradBuckets:
                 for m in self.buckets[bi].members:
                     self._attach(self.order[m], missing_is_zero=True)
             self._post(bi)
+        # zero 0: the flags go out behind the last bucket, so their latency hides behind the buckets in flight
+        flags = self._post_used_flags() if self.zero == 0 else None
         self.complete_inflight()
         self._reset_cycle()
         self.cycle_open = False
         self.reduced = self.zero < 2
-        if self.zero == 0:
-            used = self.used_params()
+        if flags is not None:
+            used = self._used_from(flags)
             for p in self.params:
                 if id(p) not in used:
                     p.grad = None              # as torch leaves it: the optimizer skips the parameter
@@ -346,12 +348,21 @@ class GradBuckets:
         int32 flag per parameter). A rank that holds a gradient for every parameter knows the answer and does not
         wait for the reduction's value; the others read it (:func:`axgrid.device.host_read`: on a GPU the host waits
         for the reduction, as DDP's ``find_unused_parameters`` does)."""
+        return self._used_from(self._post_used_flags())
+
+    def _post_used_flags(self) -> tuple[bool, Pending]:
+        """Post the flags' all-reduce over d (every rank, at the same place in its sequence of collectives):
+        ``(whether this rank holds a gradient for every parameter, the reduction in flight)``."""
         local = [id(p) in self.touched for p in self.params]
         dev = self.grad_data[0].device
         mine = torch.ones(len(local), dtype=torch.int32, device=dev) if all(local) else \
             torch.tensor(local, dtype=torch.int32).to(dev)
-        counts = self.comm.all_reduce(mine, "d")
-        if all(local):
+        return all(local), self.comm.all_reduce(mine, "d", async_op=True)
+
+    def _used_from(self, flags: tuple[bool, Pending]) -> set[int]:
+        have_all, pend = flags
+        counts = pend.wait()
+        if have_all:
             return {id(p) for p in self.params}
         return {id(p) for p, c in zip(self.params, host_read(counts)) if c > 0}
 

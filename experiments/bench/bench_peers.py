@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 import axgrid
-from axgrid.models.gpt import GPTConfig
 from axgrid.testing import RankPool
 from axgrid.measure import harness
 
@@ -153,14 +152,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=["mlp", "gpt", "both"], default="both")
     ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--hidden", type=int, default=512, help="MLP and GPT width")
-    ap.add_argument("--depth", type=int, default=1, help="MLP blocks")
-    ap.add_argument("--tokens", type=int, default=2048, help="MLP tokens per step (global)")
-    ap.add_argument("--layers", type=int, default=2, help="GPT layers")
-    ap.add_argument("--heads", type=int, default=8, help="GPT heads")
-    ap.add_argument("--seq", type=int, default=256, help="GPT sequence length")
-    ap.add_argument("--vocab", type=int, default=512, help="GPT vocabulary")
-    ap.add_argument("--batch", type=int, default=8, help="GPT sequences per step (global)")
+    peers.add_workload_args(ap)
     ap.add_argument("--grid", default=None, help="axgrid grid (default: the best of an interleaved quick sweep)")
     ap.add_argument("--overlap", default="none", help="axgrid overlap switches, e.g. 'none', 'all', 'oar,odp'")
     ap.add_argument("--rounds", type=int, default=8)
@@ -169,20 +161,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--sweep-rounds", type=int, default=2)
     ap.add_argument("--finalists", type=int, default=2, help="fastest grids of the sweep timed in the main run")
     ap.add_argument("--skip", nargs="*", default=[], choices=["dtensor1d", "dtensor2d", "ddp", "fsdp2"])
-    ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0)
     return ap.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parse_args(argv)
-    loads = []
-    if a.workload in ("mlp", "both"):
-        loads.append(peers.Workload("mlp", a.hidden, a.depth, a.tokens, lr=a.lr, seed=a.seed))
-    if a.workload in ("gpt", "both"):
-        cfg = GPTConfig(a.layers, a.hidden, a.heads, a.seq, a.vocab, seed=a.seed, name="bench")
-        loads.append(peers.Workload("gpt", a.hidden, gpt=cfg, batch=a.batch, lr=a.lr, seed=a.seed))
+    loads = [peers.workload_from_args(k, a) for k in ("mlp", "gpt") if a.workload in (k, "both")]
     print(f"bench_peers: torch {torch.__version__}, gloo, 1 thread per rank, {os.cpu_count()} CPUs", flush=True)
     for n in a.ranks:
         with RankPool(n, timeout_s=a.timeout) as pool:

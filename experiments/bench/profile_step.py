@@ -3,6 +3,7 @@
 
     python experiments/bench/profile_step.py --ranks 4 --grid 1x2x1x2            # the MLP workload of bench_peers
     python experiments/bench/profile_step.py --ranks 4 --peer ddp --rows 25
+    python experiments/bench/profile_step.py --workload gpt --ranks 8 --grid 1x1x1x8   # bench_peers' GPT
 
 Prints the wall time per step, the time per category (self CPU time of the operators in it, per step) and the
 top operators. "collectives" is the time rank 0 spends inside collective calls and waits (blocked, not the
@@ -77,14 +78,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--grid", default="1x2x1x2")
     ap.add_argument("--tp", type=int, default=2, help="TP size of dtensor2d")
     ap.add_argument("--overlap", default="none")
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--depth", type=int, default=1)
-    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--workload", choices=["mlp", "gpt"], default="mlp")
+    peers.add_workload_args(ap)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rows", type=int, default=15)
     a = ap.parse_args(argv)
-    w = peers.Workload("mlp", a.hidden, a.depth, a.tokens)
+    w = peers.workload_from_args(a.workload, a)
     with RankPool(a.ranks, timeout_s=300) as pool:
         r = pool.run(rank_profile, w, a, deadline_s=1800)[0]
     by_cat: dict[str, float] = defaultdict(float)

@@ -21,7 +21,8 @@ built with :func:`side_grid` rather than ``axgrid.init``, which allows one grid 
 """
 from .comm_bytes import byte_comm_mode
 from .contenders import (AxgridContender, Contender, DDPContender, DTensorContender, FSDP2Contender, build_peers)
-from .workload import Workload, candidate_grids, mlp_loss, side_grid
+from .workload import Workload, add_workload_args, candidate_grids, mlp_loss, side_grid, workload_from_args
 
 __all__ = ["byte_comm_mode", "AxgridContender", "Contender", "DDPContender", "DTensorContender", "FSDP2Contender",
-           "build_peers", "Workload", "candidate_grids", "mlp_loss", "side_grid"]
+           "build_peers", "Workload", "add_workload_args", "candidate_grids", "mlp_loss", "side_grid",
+           "workload_from_args"]

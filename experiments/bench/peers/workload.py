@@ -2,6 +2,7 @@
 grids that run side by side in one process."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -90,3 +91,25 @@ def side_grid(spec: str, overlap: axgrid.OverlapConfig, timeout_s: float, record
 
 def candidate_grids(w: Workload, world: int) -> list[str]:
     return [str(s) for s in all_shapes(world) if w.grid_fits(s)]
+
+
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The options that size the workloads (the same in every script that trains them)."""
+    ap.add_argument("--hidden", type=int, default=512, help="MLP and GPT width")
+    ap.add_argument("--depth", type=int, default=1, help="MLP blocks")
+    ap.add_argument("--tokens", type=int, default=2048, help="MLP tokens per step (global)")
+    ap.add_argument("--layers", type=int, default=2, help="GPT layers")
+    ap.add_argument("--heads", type=int, default=8, help="GPT heads")
+    ap.add_argument("--seq", type=int, default=256, help="GPT sequence length")
+    ap.add_argument("--vocab", type=int, default=512, help="GPT vocabulary")
+    ap.add_argument("--batch", type=int, default=8, help="GPT sequences per step (global)")
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def workload_from_args(kind: str, a: argparse.Namespace) -> Workload:
+    """The ``kind`` ("mlp" or "gpt") workload sized by :func:`add_workload_args`'s options."""
+    if kind == "mlp":
+        return Workload("mlp", a.hidden, a.depth, a.tokens, lr=a.lr, seed=a.seed)
+    cfg = GPTConfig(a.layers, a.hidden, a.heads, a.seq, a.vocab, seed=a.seed, name="bench")
+    return Workload("gpt", a.hidden, gpt=cfg, batch=a.batch, lr=a.lr, seed=a.seed)
