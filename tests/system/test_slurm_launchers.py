@@ -1,5 +1,5 @@
 """The launchers of tests/unit/test_launch_table.py's rows that run here, for real, on the private Slurm cluster:
-``srun --mpi=pmix``, torchrun inside it, and the mpich wheel's Hydra ``mpiexec`` inside an ``sbatch`` script (with
+``srun --mpi=pmix``, torchrun inside it, ``srun --mpi=cray_shasta``, and the mpich wheel's Hydra ``mpiexec`` inside an ``sbatch`` script (with
 ``-launcher fork``, whose ranks see the batch step's ``SLURM_PROCID=0`` and ``SLURM_NTASKS=2`` as Open MPI's mpirun
 ranks on one node do, and with Hydra's default, which starts its proxy with srun). Each job runs the demo on 2 ranks
 (it all-reduces on the grid and compares with a serial run: MATCH) after printing who each rank found it is.
@@ -29,8 +29,8 @@ PMIX_HINT = ("srun --mpi=pmix needs libpmix-dev (Debian's Slurm pmix plugin load
 RANK_JOB = """import os, runpy, sys
 from axgrid.launch.env import detect_launch
 e = detect_launch(use_mpi=False)
-print("PLACED", e.launcher, e.rank, e.world_size, e.local_rank, "SLURM_PROCID=" + os.environ.get("SLURM_PROCID", "-"),
-      flush=True)
+line = f"PLACED {e.launcher} {e.rank} {e.world_size} {e.local_rank} SLURM_PROCID={os.environ.get('SLURM_PROCID', '-')}"
+os.write(1, (line + chr(10)).encode())      # one write: whole, when ranks share a pipe (torchrun's workers)
 sys.argv = ["axgrid.demo", "--grid", "2x1x1x1", "--steps", "2"]
 runpy.run_module("axgrid.demo", run_name="__main__")
 """
@@ -68,7 +68,7 @@ def need_pmix(missing: Optional[str]) -> None:
 
 @pytest.fixture(scope="module")
 def jobs(slurm, pmix_missing, tmp_path_factory):
-    """The three launches, side by side (the srun --mpi=pmix ones where it can start): their output (for sbatch,
+    """The four launches, side by side (the srun --mpi=pmix ones where it can start): their output (for sbatch,
     Slurm's record and the job's .out file)."""
     tmp = tmp_path_factory.mktemp("launchers")
     script = tmp / "rank_job.py"
@@ -90,8 +90,9 @@ def jobs(slurm, pmix_missing, tmp_path_factory):
         rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
         return f"{rec.state} {rec.exit_code}\n{(tmp / f'mpiexec-{job}.out').read_text()}"
 
-    with ThreadPoolExecutor(3) as ex:
-        futures = {"sbatch": ex.submit(sbatch)}
+    with ThreadPoolExecutor(4) as ex:
+        futures = {"sbatch": ex.submit(sbatch),
+                   "cray_shasta": ex.submit(srun, "--mpi=cray_shasta", "-n", "2", "-J", "shasta", "python", str(script))}
         if pmix_missing is None:
             futures["pmix"] = ex.submit(srun, "--mpi=pmix", "-n", "2", "-J", "pmix", "python", str(script))
             futures["torchrun"] = ex.submit(srun, "--mpi=pmix", "-n", "1", "-J", "torchrun-pmix", "torchrun",
@@ -104,6 +105,14 @@ def test_srun_mpi_pmix_runs_an_axgrid_job(jobs, pmix_missing):
     size". Now the srun task's SLURM_* decide, and the ranks meet on the step's first node."""
     need_pmix(pmix_missing)
     out = jobs["pmix"]
+    assert out.startswith("exit 0"), out
+    assert _placed(out) == [("slurm", 0, 2, 0, "0"), ("slurm", 1, 2, 1, "1")], out
+    assert ": MATCH" in out, out
+
+
+def test_srun_mpi_cray_shasta_runs_an_axgrid_job(jobs):
+    """HPE's plugin, as Debian builds it, adds PALS_RANKID, PALS_NODEID and PALS_APID (no size) beside SLURM_*."""
+    out = jobs["cray_shasta"]
     assert out.startswith("exit 0"), out
     assert _placed(out) == [("slurm", 0, 2, 0, "0"), ("slurm", 1, 2, 1, "1")], out
     assert ": MATCH" in out, out
