@@ -26,7 +26,7 @@ from .device import Device, choose_device, default_backend, of
 from .backward import BackwardPass
 from .data_parallel import DataParallel
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
-from .launch.env import LaunchEnv, detect_launch, grid_shape_for, init_distributed
+from .launch.env import MPI_LAUNCHERS, LaunchEnv, detect_launch, grid_shape_for, init_distributed
 from .spec.layout import GridError, GridShape, RankLayout, check_order
 from .overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
 from .metrics.trace import Tracer
@@ -170,7 +170,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         raise GridError(f"RuntimeConfig(zero={config.zero}) on grid {shape}: Gd = 1, so there is nothing to shard "
                         f"over d; use zero=0, or a grid with Gd > 1")
     if owns_world:
-        if launch.launcher in ("mpich", "openmpi"):
+        if launch.launcher in MPI_LAUNCHERS:
             launch = detect_launch()            # now agree on the rendezvous address through mpi4py
         used = backend or default_backend()
         dev = device if isinstance(device, Device) else of(choose_device(launch, used, device))

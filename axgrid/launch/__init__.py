@@ -1,8 +1,9 @@
 """Starting and ending a job's processes: who a rank is, how ranks are started here, and how they end.
 
 =================  ===================================================================================
-:mod:`.env`        :func:`detect_launch` reads rank, world size, local rank and the rendezvous from mpirun,
-                   srun or torchrun (the only place that reads launcher variables); :func:`init_distributed`
+:mod:`.env`        :func:`read_placement` reads rank, world size and local rank from torchrun, mpirun/mpiexec,
+                   srun (a table, innermost launcher first: the only place that reads launcher variables);
+                   :func:`detect_launch` adds the rendezvous; :func:`init_distributed`
 :mod:`.local`      ``axgrid launch -n N -- CMD``: N ranks on this machine (mpiexec or a plain launcher)
 :mod:`.proctree`   a launched job's processes, found and ended however deep they are
 :mod:`.teardown`   how a rank leaves: at once when it fails, with its groups released when it succeeds

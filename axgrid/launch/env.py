@@ -1,17 +1,23 @@
-"""Who am I, how many are we, and where do we meet: read from mpirun/mpiexec, srun or torchrun.
+"""Who am I, how many are we, and where do we meet: read from torchrun, mpirun/mpiexec, srun, or nothing.
 
-``detect_launch()`` is the only place that reads launcher variables. ``init_distributed()`` turns its answer
-into a torch.distributed default process group with a timeout on every collective. torch is imported only by
-``init_distributed``, so the launcher and the scripts' argument checks read this module without loading it.
+:func:`read_placement` is the only place that reads launcher variables: a table, :data:`LAUNCHERS`, innermost
+launcher first (torchrun; Open MPI, Hydra, Cray PALS; an srun task; another PMI process manager), where the first
+row whose variables are all set decides. A launcher started inside another sets its own variables beside the outer
+one's, so it comes first: torchrun inside ``srun --mpi=pmix``, mpiexec inside a batch script (whose own step's
+``SLURM_PROCID=0`` and ``SLURM_NTASKS`` reach every rank). Each row is chosen by which variable *names* are set,
+never by their values, so every rank of a job takes the same row.
 
-Under ``srun`` the Slurm variables describe the task, whatever MPI plugin also ran: ``--mpi=pmi2``, ``pmix`` or
-Cray's ``cray_shasta`` add ``PMI_*`` (or ``PMIX_*``) variables that agree with them, and the ranks meet on the first
+Under ``srun`` the Slurm variables describe the task, whatever MPI plugin also ran: ``--mpi=pmi2``, ``pmix`` and
+``cray_shasta`` add ``PMI_*``, ``PMIX_*`` or ``PALS_*`` variables that agree with them, and the ranks meet on the first
 node of the step without MPI (the pip ``mpich`` wheel cannot talk to Cray's PMI, and an MPI that cannot reach its
-launcher makes every rank a world of its own, or waits forever). ``PMI_*`` that disagree with ``SLURM_PROCID`` come
-from an MPI launcher running inside a Slurm job (Hydra's ``mpiexec`` in an allocation), and win.
+launcher makes every rank a world of its own, or waits forever). :func:`detect_launch` adds the rendezvous address;
+``init_distributed()`` turns its answer into a torch.distributed default process group with a timeout on every
+collective. torch is imported only by ``init_distributed``, so the launcher and the scripts' argument checks read
+this module without loading it.
 
-A launch that cannot work is refused in one line naming the variables seen (:class:`LaunchError`): ranks on
-several nodes with no rendezvous address, an MPI whose world is not the launcher's, an MPI that does not start.
+A launch that cannot work is refused in one line naming the variables seen and the fix (:class:`LaunchError`): a
+rank with no world size, ranks on several nodes with no rendezvous address, an MPI whose world is not the
+launcher's, an MPI that does not start.
 """
 from __future__ import annotations
 
@@ -40,7 +46,12 @@ MPI_START_LIMIT_S = 120.0
 
 
 class LaunchError(RuntimeError):
-    """The environment does not describe a usable launch."""
+    """The environment does not describe a usable launch. ``rank``: this process's rank where the launcher's
+    variables gave one (so that only rank 0 prints the error: :mod:`axgrid.launch.errors`)."""
+
+    def __init__(self, message: str, rank: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 @dataclass(frozen=True)
@@ -111,8 +122,8 @@ def _port_from_job(env: Mapping[str, str]) -> int:
 
 #: The variables an error about the launch names (prefixes).
 _LAUNCH_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "PMI_", "PMIX_RANK",
-                "OMPI_COMM_WORLD_", "MPI_LOCAL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT")
+                "PALS_RANKID", "PALS_LOCAL_RANKID", "ALPS_APP_PE", "OMPI_COMM_WORLD_", "MPI_LOCAL", "RANK", "WORLD_SIZE",
+                "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _seen(env: Mapping[str, str], prefixes: tuple[str, ...] = _LAUNCH_VARS) -> str:
@@ -152,7 +163,7 @@ class _StartWatch:
             self._proc.kill()
 
 
-def _mpi_rendezvous(env: Mapping[str, str], size: int) -> Optional[tuple[str, int]]:
+def _mpi_rendezvous(env: Mapping[str, str], size: int, rank: int) -> Optional[tuple[str, int]]:
     """Use mpi4py (when installed) so rank 0 chooses the address and a free port and tells the others.
 
     Refused (:class:`LaunchError`) when MPI's world is not the launcher's ``size`` (an MPI that cannot talk to the
@@ -180,7 +191,7 @@ def _mpi_rendezvous(env: Mapping[str, str], size: int) -> Optional[tuple[str, in
     if comm.Get_size() != size:
         raise LaunchError(f"mpi4py's MPI sees a world of {comm.Get_size()} process(es) but the launcher started "
                           f"{size} ({_seen(env)}): this MPI cannot talk to the launcher's process manager; set "
-                          f"MASTER_ADDR and MASTER_PORT (or launch with srun / axgrid launch)")
+                          f"MASTER_ADDR and MASTER_PORT (or launch with srun / axgrid launch)", rank=rank)
     answer = None
     if comm.Get_rank() == 0:
         answer = (env.get("MASTER_ADDR") or socket.gethostname(), free_port())
@@ -190,94 +201,168 @@ def _mpi_rendezvous(env: Mapping[str, str], size: int) -> Optional[tuple[str, in
     return answer
 
 
-def _slurm_task(env: Mapping[str, str]) -> Optional[tuple[int, int]]:
-    """(rank, size) of an srun task, or None outside one. ``SLURM_STEP_NUM_TASKS`` (srun's step) wins over
-    ``SLURM_NTASKS`` (also set in a batch script, where mpirun's ranks inherit it)."""
-    if "SLURM_PROCID" not in env or not ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env):
-        return None
-    return _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")  # type: ignore[return-value]
+@dataclass(frozen=True)
+class Launcher:
+    """One row of :data:`LAUNCHERS`: a launcher, the variables it sets in every process it starts (``sign``: all of
+    them present, on every rank alike, means this launcher started this process), and the variables its rank, world
+    size, local rank and local size are read from (the first one set wins)."""
+
+    name: str
+    sign: tuple[str, ...]
+    rank: tuple[str, ...]
+    size: tuple[str, ...]
+    local_rank: tuple[str, ...]
+    local_size: tuple[str, ...]
+    meet: str   # how the ranks find rank 0: "MASTER_ADDR" (torchrun), "nodelist" (srun), "mpi4py" (an MPI launcher)
 
 
-def _mpi_task(env: Mapping[str, str]) -> Optional[tuple[int, int]]:
-    """(rank, size) an MPI process manager set (Open MPI, Hydra/PMI-1/PMI-2, PMIx), or None."""
-    rank = _int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-    size = _int(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    if rank is None:
-        return None
-    if size is None:
-        raise LaunchError(f"an MPI rank variable is set but no world size ({_seen(env)}): launch with a complete "
-                          f"launcher (srun, mpiexec, torchrun)")
-    return rank, size
+#: Who started this process, innermost launcher first: the first row whose ``sign`` is all present decides. A launcher
+#: started inside another (torchrun under srun, mpiexec inside a batch script or inside srun's one task per node)
+#: sets its own variables beside the outer one's, so the inner one is tried first. Every sign is a set of variable
+#: *names* a launcher gives every process it starts, so every rank of a job takes the same row.
+LAUNCHERS = (
+    # torchrun, and `axgrid launch` without mpiexec (axgrid.launch.local sets the same variables)
+    Launcher("torchrun", ("RANK", "WORLD_SIZE"), ("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",),
+             "MASTER_ADDR"),
+    # Open MPI's mpirun/mpiexec/prterun (also sets PMIX_RANK); srun never sets OMPI_COMM_WORLD_* before MPI_Init
+    Launcher("openmpi", ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",),
+             ("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",), "mpi4py"),
+    # Hydra: MPICH's and Intel MPI's mpiexec, and `axgrid launch` with mpiexec; MPI_LOCAL* are Hydra's own
+    Launcher("mpich", ("MPI_LOCALNRANKS",), ("PMI_RANK",), ("PMI_SIZE",), ("MPI_LOCALRANKID",), ("MPI_LOCALNRANKS",),
+             "mpi4py"),
+    # HPE Cray PALS's mpiexec (PBS systems); srun's cray_shasta plugin sets PALS_RANKID but no PALS_LOCAL_RANKID
+    Launcher("pals", ("PALS_LOCAL_RANKID",), ("PALS_RANKID", "PMI_RANK"), ("PMI_SIZE",),
+             ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"), ("PMI_LOCAL_SIZE",), "mpi4py"),
+    # an srun task, whatever --mpi plugin also ran (pmi2, pmix, cray_shasta add PMI_*, PMIX_*, PALS_* that agree);
+    # a batch script's own step has SLURM_PROCID=0 and SLURM_NTASKS but no SLURM_STEP_NUM_TASKS: it is no launch
+    Launcher("slurm", ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"), ("SLURM_PROCID",), ("SLURM_STEP_NUM_TASKS",),
+             ("SLURM_LOCALID",), (), "nodelist"),
+    # another PMI-1/PMI-2 process manager (MPICH's gforker, MVAPICH's mpirun_rsh), outside an srun task
+    Launcher("mpich", ("PMI_RANK", "PMI_SIZE"), ("PMI_RANK",), ("PMI_SIZE",), ("PMI_LOCAL_RANK",), ("PMI_LOCAL_SIZE",),
+             "mpi4py"),
+)
+#: Launchers whose ranks agree on the rendezvous through mpi4py (when ``MASTER_ADDR``/``MASTER_PORT`` are not set).
+MPI_LAUNCHERS = tuple(sorted({row.name for row in LAUNCHERS if row.meet == "mpi4py"}))
+#: Rank variables a launcher sets without a world size; seen with no row above, the launch cannot be read.
+RANK_ONLY = ("PMIX_RANK", "PALS_RANKID", "ALPS_APP_PE", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+#: Rank and size variables an srun MPI plugin adds beside SLURM_*: they must agree with the task.
+SRUN_PLUGIN_RANK, SRUN_PLUGIN_SIZE = ("PMI_RANK", "PMIX_RANK", "PALS_RANKID"), ("PMI_SIZE",)
+#: The fix a launch that cannot be read is told.
+HOW_TO_LAUNCH = ("start the ranks with srun, mpiexec, torchrun or axgrid launch, or set RANK, WORLD_SIZE, LOCAL_RANK, "
+                 "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every rank")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process is in the job, as its launcher's variables say: :func:`read_placement`'s answer."""
+
+    launcher: str          # a name in LAUNCHERS, or "single"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    meet_at: str           # "MASTER_ADDR" | "SLURM_STEP_NODELIST" (its first node) | "mpi4py" | "127.0.0.1"
+
+
+def _tasks_on_node(per_node: str, node: int) -> Optional[int]:
+    """Tasks on node ``node`` of a Slurm ``2(x3),1`` list (None when it does not parse)."""
+    counts: list[int] = []
+    for part in per_node.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def _claimed_by(row: Launcher, env: Mapping[str, str]) -> bool:
+    """Whether ``row``'s launcher started this process: its sign is set, and (srun) no MPI launcher's world of
+    another size runs inside the task (PMI_SIZE differing from the step's size, alike on every rank)."""
+    if not all(env.get(v, "") != "" for v in row.sign):
+        return False
+    if row.name == "slurm":
+        plugin_size = _int(env, *SRUN_PLUGIN_SIZE)
+        return plugin_size is None or plugin_size == _int(env, "SLURM_STEP_NUM_TASKS")
+    return True
+
+
+def read_placement(env: Mapping[str, str]) -> Placement:
+    """Who this process is, from the launcher's variables in ``env`` alone: the first row of :data:`LAUNCHERS` that
+    claims it (innermost launcher first), else one process on its own. Reads nothing else and starts nothing (no MPI),
+    so every rank decides the same way from the same variable names.
+
+    Refused in one line naming the variables seen and the fix (:class:`LaunchError`): a rank variable with no world
+    size (``PMIX_RANK``, ``ALPS_APP_PE`` ... outside an srun task), a launcher's rank outside its world, an srun MPI
+    plugin's rank that is not the task's, and (torchrun) ranks on several nodes without ``MASTER_ADDR``.
+    """
+    row = next((r for r in LAUNCHERS if _claimed_by(r, env)), None)
+    if row is None:
+        partial = [v for v in RANK_ONLY if env.get(v, "") != ""]
+        if partial:
+            rank = _int(env, partial[0])
+            raise LaunchError(f"this process has a rank from a launcher ({partial[0]}={env[partial[0]]}) but no world "
+                              f"size ({_seen(env)}): {HOW_TO_LAUNCH}", rank=rank)
+        return Placement("single", 0, 1, 0, 1, "MASTER_ADDR" if "MASTER_ADDR" in env else "127.0.0.1")
+    rank, size = _int(env, *row.rank), _int(env, *row.size)
+    if rank is None or size is None:
+        raise LaunchError(f"{row.name} started this process but set no {'rank' if rank is None else 'world size'} "
+                          f"({_seen(env)}): {HOW_TO_LAUNCH}", rank=rank)
+    if size < 1 or not 0 <= rank < size:
+        raise LaunchError(f"launcher {row.name} gave rank {rank} of world size {size}; expected 0 <= rank < size "
+                          f"({_seen(env)})", rank=rank)
+    local = _int(env, *row.local_rank, default=0)
+    local_size = _int(env, *row.local_size, default=None)
+    if row.name == "slurm":
+        plugin_rank = _int(env, *SRUN_PLUGIN_RANK)
+        if plugin_rank is not None and plugin_rank != rank:
+            raise LaunchError(f"srun's task says rank {rank} of {size} but the MPI plugin's variables say rank "
+                              f"{plugin_rank} of {_int(env, *SRUN_PLUGIN_SIZE) or size} ({_seen(env)}): start the "
+                              f"ranks with one launcher", rank=rank)
+        local_size = _tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE", ""), _int(env, "SLURM_NODEID", default=0))
+    local_size = size if local_size is None else local_size
+    assert local is not None
+    if "MASTER_ADDR" in env and (row.meet != "mpi4py" or "MASTER_PORT" in env):
+        meet = "MASTER_ADDR"
+    elif row.meet == "nodelist" and (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")):
+        meet = "SLURM_STEP_NODELIST"
+    elif row.meet == "mpi4py":
+        meet = "mpi4py"
+    elif size > local_size:
+        raise LaunchError(f"{size} ranks on several nodes ({local_size} on this one) but no MASTER_ADDR "
+                          f"({_seen(env)}): set MASTER_ADDR to the first node's address", rank=rank)
+    else:
+        meet = "127.0.0.1"
+    return Placement(row.name, rank, size, local, local_size, meet)
 
 
 def detect_launch(env: Optional[Mapping[str, str]] = None, use_mpi: bool = True) -> LaunchEnv:
-    """Read rank, world size, local rank and the rendezvous address from the launcher's variables.
+    """This process's :class:`LaunchEnv`: :func:`read_placement`, then the rendezvous address and port.
 
-    Checked in this order: torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``); an srun task (``SLURM_PROCID``,
-    ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``, ``SLURM_LOCALID``; master = first host of the step's node list),
-    also when an MPI plugin set ``PMI_*``/``PMIX_RANK`` that agree with it; Open MPI (``OMPI_COMM_WORLD_*``),
-    MPICH/Hydra (``PMI_RANK``/``PMI_SIZE``/``MPI_LOCALRANKID``); with none of them, a single process. Under MPI,
-    mpi4py (when present) agrees on address and port; without it, ranks on several nodes need ``MASTER_ADDR``.
-    ``MASTER_ADDR``/``MASTER_PORT`` always win. ``AXGRID_RUN_DIR`` becomes ``run_dir``.
+    ``MASTER_ADDR``/``MASTER_PORT`` always win. Under srun the ranks meet on the first node of the step, on a port
+    derived from the job id. Under an MPI launcher (``use_mpi``), mpi4py (when present) lets rank 0 choose the
+    address and a free port; without it, ranks on several nodes need ``MASTER_ADDR``. ``AXGRID_RUN_DIR`` becomes
+    ``run_dir``.
     """
     env = os.environ if env is None else env
-    slurm, mpi = _slurm_task(env), _mpi_task(env)
-    if slurm is not None and mpi is not None and mpi != slurm and not ("OMPI_COMM_WORLD_RANK" in env
-                                                                     or "MPI_LOCALRANKID" in env):
-        raise LaunchError(f"srun's task says rank {slurm[0]} of {slurm[1]} but the MPI plugin's variables say rank "
-                          f"{mpi[0]} of {mpi[1]} ({_seen(env)}): start the ranks with one launcher")
-    if "RANK" in env and "WORLD_SIZE" in env:
-        launcher = "torchrun"
-        rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-        local = _int(env, "LOCAL_RANK", default=0)
-        local_size = _int(env, "LOCAL_WORLD_SIZE", default=size)
-        addr, port = env.get("MASTER_ADDR"), _port_from_job(env)
-        if addr is None:
-            if size > local_size:
-                raise LaunchError(f"{size} ranks on several nodes ({local_size} on this one) but no MASTER_ADDR "
-                                  f"({_seen(env)}): set MASTER_ADDR to the first node's address")
-            addr = "127.0.0.1"
-    elif slurm is not None and (mpi is None or mpi == slurm):
-        launcher = "slurm"
-        rank, size = slurm
-        local = _int(env, "SLURM_LOCALID", "PMI_LOCAL_RANK", default=0)
-        local_size = _int(env, "SLURM_NTASKS_PER_NODE", "PMI_LOCAL_SIZE", default=None)
-        if local_size is None:
-            per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
-            local_size = int(re.match(r"\d+", per_node).group()) if re.match(r"\d+", per_node) else size
-        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-                                or env.get("SLURM_NODELIST", ""))
-        addr = env.get("MASTER_ADDR") or (nodes[0] if nodes else None)
-        if addr is None:
-            if size > local_size:
-                raise LaunchError(f"srun task {rank} of {size}: no node list and no MASTER_ADDR ({_seen(env)}): "
-                                  f"set MASTER_ADDR to the first node's address")
-            addr = "127.0.0.1"
-        port = _port_from_job(env)
-    elif mpi is not None:
-        launcher = "openmpi" if "OMPI_COMM_WORLD_RANK" in env else "mpich"
-        rank, size = mpi
-        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", default=0)
-        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", default=None)
-        met = _mpi_rendezvous(env, size) if use_mpi and size > 1 else None
+    p = read_placement(env)
+    if p.launcher == "single":
+        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 0)) or free_port()
+    elif p.meet_at == "mpi4py":
+        met = _mpi_rendezvous(env, p.world_size, p.rank) if use_mpi and p.world_size > 1 else None
         if met is not None:
             addr, port = met
-        elif "MASTER_ADDR" in env or local_size is None or local_size >= size or not use_mpi:
+        elif p.local_world_size >= p.world_size or not use_mpi:
             addr, port = env.get("MASTER_ADDR", "127.0.0.1"), _port_from_job(env)
         else:
-            raise LaunchError(f"{size} MPI ranks on several nodes ({local_size} on this one), no mpi4py to agree on "
-                              f"a rendezvous and no MASTER_ADDR ({_seen(env)}): pip install 'axgrid[mpi]' or set "
-                              f"MASTER_ADDR and MASTER_PORT")
-        if local_size is None:
-            local_size = size
+            raise LaunchError(f"{p.world_size} MPI ranks on several nodes ({p.local_world_size} on this one), no "
+                              f"mpi4py to agree on a rendezvous and no MASTER_ADDR ({_seen(env)}): pip install "
+                              f"'axgrid[mpi]' or set MASTER_ADDR and MASTER_PORT", rank=p.rank)
     else:
-        launcher = "single"
-        rank, size, local, local_size = 0, 1, 0, 1
-        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 0)) or free_port()
-    assert rank is not None and size is not None and local is not None and local_size is not None
-    if size < 1 or not 0 <= rank < size:
-        raise LaunchError(f"launcher {launcher} gave rank {rank} of world size {size}; expected 0 <= rank < size")
-    return LaunchEnv(rank, size, local, local_size, addr, port, launcher, env.get(RUN_DIR_VAR) or None)
+        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
+        addr = {"MASTER_ADDR": env.get("MASTER_ADDR"), "127.0.0.1": "127.0.0.1"}.get(p.meet_at) or nodes[0]
+        port = _port_from_job(env)
+    return LaunchEnv(p.rank, p.world_size, p.local_rank, p.local_world_size, addr, port, p.launcher,
+                     env.get(RUN_DIR_VAR) or None)
 
 
 def default_backend() -> str:

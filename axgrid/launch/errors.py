@@ -115,11 +115,12 @@ def one_line(exc: BaseException, prog: str) -> str:
 
 
 def _position() -> tuple[int, int]:
-    """(rank, world size) from the launcher's variables (no MPI, no collective); (0, 1) when they make no sense."""
+    """(rank, world size) from the launcher's variables (no MPI, no collective). When they describe no usable launch,
+    the rank they gave (a world of at least rank + 1), so that rank 0 alone says the error; else (0, 1)."""
     try:
         launch = detect_launch(use_mpi=False)
-    except LaunchError:
-        return 0, 1
+    except LaunchError as e:
+        return (0, 1) if e.rank is None else (e.rank, e.rank + 1)
     return launch.rank, launch.world_size
 
 

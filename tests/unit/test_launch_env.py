@@ -1,8 +1,9 @@
 """Who a rank is under srun with an MPI plugin, and launches that cannot work refused in one line.
 
 The environments are those the launchers set (checked on this machine's Slurm for ``--mpi=pmi2``: PMI_RANK,
-PMI_SIZE, PMI_FD, PMI_JOBID beside SLURM_*; Cray's cray_shasta plugin sets PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK).
-A real 4-task ``srun --mpi=pmi2`` job is in tests/system/test_slurm.py."""
+PMI_SIZE, PMI_FD, PMI_JOBID beside SLURM_*; on HPE systems Cray PMI adds PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK under the
+cray_shasta plugin, which as Debian builds it sets only PALS_*). A real 4-task ``srun --mpi=pmi2`` job is in
+tests/system/test_slurm.py; every launcher's row is in tests/unit/test_launch_table.py."""
 from __future__ import annotations
 
 import os

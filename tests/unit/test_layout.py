@@ -102,8 +102,9 @@ def test_detect_openmpi_and_mpich_without_mpi4py_rendezvous():
 
 
 def test_detect_slurm_master_is_first_node():
-    e = detect_launch({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
-                       "SLURM_TASKS_PER_NODE": "4(x4)", "SLURM_JOB_NODELIST": "nid[0040-0043]",
+    # an srun task sets SLURM_STEP_NUM_TASKS (a batch script's own step does not: tests/unit/test_launch_table.py)
+    e = detect_launch({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "16", "SLURM_LOCALID": "1",
+                       "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x4)", "SLURM_JOB_NODELIST": "nid[0040-0043]",
                        "SLURM_JOB_ID": "123456"})
     assert (e.rank, e.world_size, e.local_rank, e.local_world_size, e.master_addr, e.launcher) == \
         (9, 16, 1, 4, "nid0040", "slurm")
