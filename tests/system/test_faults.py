@@ -45,6 +45,11 @@ def test_a_raising_rank_ends_the_job_with_its_exit_code(launcher, tmp_path):
     assert job.code == 1, job.output
     assert "rank 1 exited with code 1; the other ranks were ended" in job.output
     assert "RuntimeError: rank 1 fails on purpose" in job.output     # its traceback was printed before it left
+    # ... once, and nothing of the other rank's teardown: its "Connection closed" traceback and flight records
+    # are consequences (axgrid.launch.report); before, they followed the cause, 89 lines of them on 4 ranks
+    assert job.output.count("Traceback") == 1, job.output
+    others = [line for line in job.output.splitlines() if line.startswith("[0] ") and "READY" not in line]
+    assert not others and "flight recorder" not in job.output, job.output
     assert job.teardown_s < RAISE_BOUND_S, job.output
     check_clean(job)
 
