@@ -7,8 +7,9 @@ non-zero exit; a traceback only for a bug, or when asked for with ``--debug`` / 
 The project's own errors are bad input, not bugs: ``SystemExit("message")`` from an argument check, an exception
 whose class axgrid defines (``GridError``, ``LaunchError``, ``PretrainedError``, ``CheckpointError``,
 ``PerfModelError``, ...), and a ``ValueError`` (or ``FloatingPointError``) raised by a ``raise`` statement in
-axgrid's own code (a check naming the value and the fix). Everything else -- a ``ValueError`` from inside torch or
-from a builtin, any other exception -- is a bug and keeps its traceback.
+axgrid's own code or the project's scripts in experiments/ and examples/ (a check naming the value and the fix).
+Everything else -- a ``ValueError`` from inside torch or from a builtin, any other exception, a user's own script's
+exception -- is a bug and keeps its traceback.
 
 Once per job, whoever started it, by the first rank to fail:
 
@@ -35,12 +36,13 @@ here imports torch, so the launcher and perfmodel use it too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import linecache
 import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, NoReturn, Optional, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence
 
 from . import report, teardown
 from .env import LaunchError, detect_launch, launch_dir
@@ -56,19 +58,22 @@ ERROR_FILE = "error-{rank}"
 #: check, and a loss that stopped being finite (run_step: "lower --lr").
 CHECK_ERRORS = (ValueError, FloatingPointError)
 
-#: The real path of axgrid's code (the tuner and the performance model are inside it).
-_OUR_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+#: The real paths of axgrid's code (the tuner and the performance model are inside it) and, in a checkout, of the
+#: project's scripts (experiments/, examples/: their argument checks are the project's too).
+_OUR_PACKAGE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_OUR_ROOTS = tuple(os.path.join(folder, "") for folder in
+                   (_OUR_PACKAGE, *(os.path.join(os.path.dirname(_OUR_PACKAGE), s) for s in ("experiments", "examples"))))
 
 
 def _raised_by_our_check(exc: BaseException) -> bool:
-    """Whether the innermost frame of ``exc``'s traceback is a ``raise`` statement in axgrid's code."""
+    """Whether the innermost frame of ``exc``'s traceback is a ``raise`` statement in axgrid's code or scripts."""
     tb = exc.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
     path = os.path.realpath(tb.tb_frame.f_code.co_filename)
-    if not path.startswith(_OUR_ROOT):
+    if not path.startswith(_OUR_ROOTS):
         return False
     return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip().startswith("raise")
 
@@ -231,15 +236,39 @@ def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
     return head + argv[end:], len(head) < end
 
 
+@contextlib.contextmanager
+def usage_errors_raise_in_every_parser() -> Iterator[None]:
+    """While it is open, every ``argparse`` parser raises :class:`UsageError` on a bad command line (as
+    :func:`usage_errors_raise` makes one parser do), so that an entry point's usage error is said once, by
+    :func:`run`, without each script wiring its parsers (a new script is covered as it is written)."""
+    previous = argparse.ArgumentParser.error
+
+    def error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+        raise UsageError(f"error: {message} (see {parser.prog} --help)")
+
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = previous  # type: ignore[method-assign]
+
+
 def run(main: Callable[[list[str]], Any], prog: str, argv: Optional[Sequence[str]] = None) -> NoReturn:
     """Run an entry point's ``main(argv)`` and exit: 0 (or the int ``main`` returns) on success; on one of the
-    project's errors, its line said once and exit code 1 (or the ``SystemExit`` code); a bug raises on, with its
-    traceback. ``--debug`` (removed from ``argv``) sets ``AXGRID_DEBUG=1`` for this process and what it starts."""
+    project's errors (a bad command line included: :func:`usage_errors_raise_in_every_parser`), its line said once
+    and exit code 1 (or the ``SystemExit`` code: 2 for a bad command line); a bug raises on, with its traceback (said
+    by the first rank to fail only: :func:`say_bug`, through the hook of :mod:`axgrid.launch.teardown`). ``--debug``
+    (removed from ``argv``) sets ``AXGRID_DEBUG=1`` for this process and what it starts.
+
+    Every entry point of the project ends its ``if __name__ == "__main__":`` block with it (scripts in
+    ``experiments/`` and ``examples/``, ``python -m`` modules, the ``axgrid`` command);
+    tests/scripts/test_entry_points.py finds them all and holds each to it."""
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     if debug:
         os.environ[DEBUG_VAR] = "1"
     try:
-        result = main(argv)
+        with usage_errors_raise_in_every_parser():
+            result = main(argv)
     except (SystemExit, Exception) as e:
         if not is_user_error(e):
             raise

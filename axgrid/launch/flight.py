@@ -324,14 +324,13 @@ def summarize(docs: list[dict], world_size: Optional[int] = None) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m axgrid.launch.flight RUN_DIR|JOB_DIR   (prints which ranks of the latest job stopped "
-              "at which collective)", file=sys.stderr)
-        return 2
+    if len(args) != 1 or args[0].startswith("-"):
+        from .errors import UsageError
+        raise UsageError("usage: python -m axgrid.launch.flight RUN_DIR|JOB_DIR (prints which ranks of the latest "
+                         "job stopped at which collective)")
     folder = args[0] if read_dumps(args[0]) else job_folder(args[0])
     if folder is None:
-        print(f"{args[0]}: no flight records (no {FOLDER}/ folder of a job in it)", file=sys.stderr)
-        return 1
+        raise SystemExit(f"{args[0]}: no flight records (no {FOLDER}/ folder of a job in it)")
     print(f"job {os.path.basename(folder)} ({folder}):")
     docs = read_dumps(folder)
     for line in summarize(docs):
@@ -340,4 +339,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "python -m axgrid.launch.flight")     # errors said once, as one line (axgrid.launch.errors)

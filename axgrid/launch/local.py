@@ -346,7 +346,13 @@ def _write_once(path: str, text: str) -> None:
         os.unlink(part)
 
 
+def main(argv: list[str]) -> int:
+    """``python -m axgrid.launch.local --wrap DIR -- CMD ...``: one rank's wrapper under mpiexec (internal)."""
+    if len(argv) >= 3 and argv[0] == "--wrap" and argv[2] == "--":
+        return _wrap(argv[1], argv[3:])
+    raise errors.UsageError("usage: python -m axgrid.launch.local --wrap DIR -- CMD ... (internal; use `axgrid "
+                            "launch`)")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] == "--wrap" and sys.argv[3] == "--":
-        sys.exit(_wrap(sys.argv[2], sys.argv[4:]))
-    sys.exit("usage: python -m axgrid.launch.local --wrap DIR -- CMD ... (internal; use `axgrid launch`)")
+    errors.run(main, "python -m axgrid.launch.local")
