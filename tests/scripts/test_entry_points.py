@@ -83,7 +83,8 @@ def test_the_walk_finds_the_entry_points():
 @pytest.mark.parametrize("path", entry_points(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_entry_point_says_a_bad_argument_in_one_line(path, monkeypatch, capsys):
     for name in LAUNCHER_VARS:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")   # then removed: restored at the end even if the test sets it (--debug)
+        monkeypatch.delenv(name)
     main_name, prog = _run_call(path)
     main = getattr(_load(path, main_name, monkeypatch), main_name)
     with pytest.raises(SystemExit) as e:
