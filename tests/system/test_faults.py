@@ -17,6 +17,7 @@ import signal
 import pytest
 import torch
 
+from axgrid.launch.flight import main as flight_main
 from axgrid.testing.faults import MPIEXEC, Job, JobHung, run_job
 
 LAUNCHERS = ["plain"] + (["mpiexec"] if MPIEXEC else [])
@@ -79,7 +80,7 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_pat
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS[:1])
-def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_says_its_own(launcher, tmp_path):
+def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_says_its_own(launcher, tmp_path, capsys):
     """Rank 1 skips one all-reduce, so it posts the next collective (an all-gather) while rank 0 posts the
     all-reduce: both wait until the collective timeout. Each rank prints its last collectives and writes them to
     the job's folder of the run's directory; the launcher says both stopped at collective #7, with different
@@ -111,6 +112,9 @@ def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_sa
             (7, "d", "all_reduce" if r == 0 else "all_gather", "failed")
         assert [x["op"] for x in doc["records"][:6]] == ["all_reduce", "all_gather"] * 3
     assert [x["op"] for x in json.loads((second / "rank-00001.json").read_text())["records"]] == ["all_reduce"] * 3
+    assert flight_main([str(run)]) == 0                  # python -m axgrid.launch.flight RUN_DIR: the latest job
+    said = capsys.readouterr().out
+    assert said.startswith(f"job {second.name} (") and "rank 0: stopped in collective #4" in said, said
     check_clean(job)
     check_clean(again)
 
