@@ -10,17 +10,21 @@ skips its flight-recorder dump (:mod:`axgrid.launch.flight`), which would only s
 
 Before the ranks have met there is no store: :mod:`axgrid.launch.errors` falls back to its rule for errors raised
 identically on every rank (rank 0, or ``axgrid launch`` from the ranks' records, says it). A store that does not
-answer within ``STORE_WAIT_S`` (rank 0's process is gone, taking the server with it) counts as no store.
+answer within ``STORE_WAIT_S`` (rank 0's process is gone, taking the server with it) counts as no store, and so does
+a dry run's fake group (:mod:`axgrid.dryrun`).
 
 The store is reached through ``torch.distributed.distributed_c10d._get_default_store``, torch's own accessor of the
-default group's store (private by name, used by torch's elastic agent and DTensor; a torch without it counts as
-no store). Nothing here imports torch: a process that has not loaded ``torch.distributed`` has no store.
+store ``init_process_group`` made (private by name: a torch without it counts as no store). It is the one place all
+ranks already reach under every launcher, so nothing new is opened (a file in a shared folder would need one; a
+second ``TCPStore`` would need the rendezvous address, which under mpiexec only mpi4py knew). Nothing here imports
+torch: a process that has not loaded ``torch.distributed`` has no store.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 #: Store key counting the ranks that failed (the first reads 1).
 FAILED_KEY = "axgrid/failed"
@@ -33,16 +37,28 @@ IN_COLLECTIVE = "axgrid_in_collective"
 
 
 def _store() -> Optional[Any]:
-    """The default process group's store, with a short timeout, or None (no group, or no such accessor)."""
+    """The default process group's store, or None (no group, or no such accessor)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
-        return store
+        if dist.get_backend() == "fake":     # a dry run: one rank of a job that is not running
+            return None
+        return dist.distributed_c10d._get_default_store()
     except Exception:
         return None
+
+
+@contextlib.contextmanager
+def _briefly(store: Any) -> Iterator[Any]:
+    """``store`` with its timeout lowered to ``STORE_WAIT_S`` while open (restored after: a program that catches
+    the error goes on with the group's own timeout)."""
+    before = store.timeout
+    store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
+    try:
+        yield store
+    finally:
+        store.set_timeout(before)
 
 
 def in_collective(exc: BaseException) -> bool:
@@ -65,9 +81,10 @@ def claim(rank: int, exc: BaseException) -> Optional[bool]:
     if store is None:
         return None
     try:
-        first = store.add(FAILED_KEY, 1) == 1
-        if first and not in_collective(exc):
-            store.set(CAUSE_KEY, str(rank))
+        with _briefly(store):
+            first = store.add(FAILED_KEY, 1) == 1
+            if first and not in_collective(exc):
+                store.set(CAUSE_KEY, str(rank))
         return first
     except Exception:
         return None
@@ -79,6 +96,7 @@ def cause_elsewhere() -> bool:
     if store is None:
         return False
     try:
-        return store.check([CAUSE_KEY])
+        with _briefly(store):
+            return store.check([CAUSE_KEY])
     except Exception:
         return False
