@@ -82,4 +82,5 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    from .launch.errors import run
+    run(_main, "axgrid")

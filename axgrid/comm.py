@@ -28,6 +28,7 @@ import torch.distributed as dist
 from .device.base import Event
 from .device.clocks import HostClock
 from .device.select import backend_device_type
+from .launch.report import mark_in_collective
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -150,6 +151,7 @@ class Pending:
                 try:
                     self._work.wait()
                 except Exception as e:
+                    mark_in_collective(e)         # a consequence, not the job's cause (axgrid.launch.report)
                     if self._comm is not None and self._comm.recorder is not None:
                         self._comm.recorder.failed(self._record, e)
                     raise
@@ -284,6 +286,8 @@ class Communicator:
         try:
             pending._work = launch()
         except Exception as e:
+            if isinstance(e, dist.DistError):     # the backend's, not a bad argument of this rank's
+                mark_in_collective(e)
             if self.recorder is not None:
                 self.recorder.failed(record, e)
             raise

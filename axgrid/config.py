@@ -25,7 +25,7 @@ class RuntimeConfig:
     write, fsync and hash whole files on a parallel file system (default 30 minutes).
     ``flight_records``: collectives the flight recorder keeps per rank (:mod:`axgrid.launch.flight`; 0: off); it dumps
     them when a collective fails or makes no progress for ``hang_s`` (None: 0.8 × ``timeout_s``, before the
-    backend's own timeout ends the process) or when ``axgrid launch`` asks, to ``run_dir``/flight/ (None: the
+    backend's own timeout ends the process) or when ``axgrid launch`` asks, to ``run_dir``/flight/JOB/ (None: the
     launcher's ``AXGRID_RUN_DIR``, else printed only).
     ``reduce_in_fp32``: sum bf16/fp16 tensors in fp32 (None: True on gloo, which otherwise sums in bf16,
     False on NCCL/RCCL).

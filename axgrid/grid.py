@@ -16,6 +16,7 @@ from .config import RuntimeConfig
 from .device import Device
 from .device.clocks import clock_for
 from .launch.flight import FlightRecorder
+from .launch.report import cause_elsewhere
 from .launch.env import LaunchEnv
 from .spec.layout import Coord, GridError, RankLayout
 from .metrics.trace import Tracer
@@ -33,13 +34,14 @@ class Grid:
     ``config`` sets the groups' timeout and the communicator's options (``reduce_in_fp32``, ``record_timing``,
     ``trace``, the flight recorder); it is not kept. ``runtime`` is attached by :func:`axgrid.init`.
     ``device``: the :class:`axgrid.device.Device` this rank computes on (``grid.accelerator``; ``grid.device`` is
-    its ``torch.device``).
+    its ``torch.device``). ``job``: the job's name, the same on every rank (the flight recorder's folder,
+    :mod:`axgrid.launch.flight`; None: one chosen by this rank).
     """
 
     runtime: "Runtime"
 
     def __init__(self, layout: RankLayout, launch: LaunchEnv, backend: str, config: RuntimeConfig,
-                 owns_world: bool, hosts: Sequence[str], device: Device) -> None:
+                 owns_world: bool, hosts: Sequence[str], device: Device, job: Optional[str] = None) -> None:
         self.layout, self.shape, self.order = layout, layout.shape, layout.order
         self.launch, self.backend = launch, backend
         self.rank, self.world_size = launch.rank, launch.world_size
@@ -67,7 +69,8 @@ class Grid:
         clock = clock_for(backend, device) if (config.record_timing or config.trace) else None
         run_dir = config.run_dir or launch.run_dir
         recorder = FlightRecorder(self.rank, config.flight_records, run_dir, config.hang_seconds(),
-                                  world_size=self.world_size) if config.flight_records > 0 else None
+                                  world_size=self.world_size, job=job,
+                                  cause_elsewhere=cause_elsewhere) if config.flight_records > 0 else None
         self.comm = Communicator(self._groups, {d: self.shape.extent(d) for d in GROUP_DIMS},
                                  {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS},
                                  backend,

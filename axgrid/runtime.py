@@ -20,13 +20,13 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from .launch import teardown
+from .launch import flight, teardown
 from .config import GemmFn, RuntimeConfig
 from .device import Device, choose_device, default_backend, of
 from .backward import BackwardPass
 from .data_parallel import DataParallel
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
-from .launch.env import MPI_LAUNCHERS, LaunchEnv, detect_launch, grid_shape_for, init_distributed
+from .launch.env import MPI_LAUNCHERS, LaunchEnv, detect_launch, grid_shape_for, init_distributed, launch_dir
 from .spec.layout import GridError, GridShape, RankLayout, check_order
 from .overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
 from .metrics.trace import Tracer
@@ -125,9 +125,10 @@ def _gemm_tuner(grid: Grid, config: RuntimeConfig) -> GemmFn:
 
 
 def build_grid(layout: RankLayout, launch: LaunchEnv, backend: str, config: RuntimeConfig, owns_world: bool,
-               hosts: Sequence[str], seed: int, device: Device) -> Grid:
-    """A grid over an initialised default group, with its runtime attached (collective over the world)."""
-    grid = Grid(layout, launch, backend, config, owns_world, hosts, device)
+               hosts: Sequence[str], seed: int, device: Device, job: Optional[str] = None) -> Grid:
+    """A grid over an initialised default group, with its runtime attached (collective over the world).
+    ``job``: the job's name, agreed by every rank (:func:`axgrid.launch.flight.job_name`; None: this rank's own)."""
+    grid = Grid(layout, launch, backend, config, owns_world, hosts, device, job)
     grid.runtime = Runtime(grid, config, seed)
     return grid
 
@@ -180,17 +181,20 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
         used = dist.get_backend()
         dev = device if isinstance(device, Device) else of(choose_device(launch, used, device, joining=True))
     seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    folder = launch_dir()   # under axgrid launch its name tags the job's flight records, for the launcher to find
+    job = flight.job_name(os.path.basename(folder) if folder else None)
     if used == "fake":      # a dry run (torch's fake process group): collectives move no data, nothing to agree
         hosts: list[Optional[str]] = [socket.gethostname()] * launch.world_size
         seed = config.seed if config.seed is not None else 0
     else:
         hosts = [None] * launch.world_size
         dist.all_gather_object(hosts, socket.gethostname())
-        # rank 0's choice wins; drawn from the OS so the user's torch RNG stream is left untouched
-        seeds = [seed]
-        dist.broadcast_object_list(seeds, src=0)
-        seed = seeds[0]
-    grid = build_grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seed, dev)
+        # rank 0's choices win: the seed, drawn from the OS so the user's torch RNG stream is left untouched, and
+        # the job's name (a reused run folder holds one folder of flight records per job)
+        agreed = [seed, job]
+        dist.broadcast_object_list(agreed, src=0)
+        seed, job = agreed
+    grid = build_grid(layout, launch, used, config, owns_world, [h or "?" for h in hosts], seed, dev, job)
     make_current(grid)
     return grid
 

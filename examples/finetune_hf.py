@@ -78,4 +78,5 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "finetune_hf")     # errors said once, as one line (axgrid.launch.errors)

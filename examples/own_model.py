@@ -89,4 +89,5 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "own_model")     # errors said once, as one line (axgrid.launch.errors)

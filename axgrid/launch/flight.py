@@ -4,18 +4,28 @@ so a stuck job says who is stuck where.
 Every collective the communicator posts (:mod:`axgrid.comm`) gets a :class:`Record`: its sequence number (per
 grid dimension, and overall), dimension, operation, bytes and state -- ``posted``, ``waited`` (the rank called
 ``wait()``; on a GPU the compute stream now waits for it), ``completed``, or ``failed``. The last ``capacity`` are
-kept in a ring. The ranks dump them -- printed to stderr and written to ``<run dir>/flight/rank-RRRRR.json`` --
+kept in a ring. The ranks dump them -- printed to stderr and written to ``<run dir>/flight/JOB/rank-RRRRR.json`` --
 
-- when a collective raises (a timeout on gloo, a broken connection), right before the error propagates;
+- when a collective raises (a timeout on gloo, a broken connection), right before the error propagates -- unless
+  another rank has already failed in its own code (:func:`axgrid.launch.report.cause_elsewhere`): the collective
+  failed because that rank left, and its error is the one to read;
 - from a watchdog thread, when the oldest unfinished collective has been in flight for ``hang_s`` (by default
   0.8 × the collective timeout, so before NCCL's own watchdog aborts the process, which Python cannot catch);
 - from the same thread, when another rank or ``axgrid launch`` asks: a rank whose collective failed creates
-  ``<run dir>/flight/stop`` and waits up to ``peer_wait_s`` for the others' dumps before its error ends it (a
+  ``<run dir>/flight/JOB/stop`` and waits up to ``peer_wait_s`` for the others' dumps before its error ends it (a
   launcher such as Hydra's mpiexec stops passing on the others' output once one rank exited); ``axgrid launch``
   does the same when a rank fails, and waits a moment for the dumps before it ends the others.
 
 :func:`summarize` reads the dumps and says which ranks stopped at which collective; ``axgrid launch`` prints it,
-and ``python -m axgrid.launch.flight DIR`` prints it for a job started by srun or mpirun. The watchdog reads a GPU
+and ``python -m axgrid.launch.flight RUN_DIR`` prints it (for the latest job) for a job started by srun or mpirun.
+
+A run folder is often reused (a rerun, a resumed run with the same ``--run-dir``), so each job writes into a folder
+of its own, ``JOB`` = ``YYYYMMDD-HHMMSS-TAG`` (UTC; TAG: ``axgrid launch``'s job folder name, else random), which rank
+0 chooses and :func:`axgrid.init` gives every rank with the seed it already broadcasts. An earlier job's stop file
+and dumps are then never read: they would make every rank dump at start (switching the hang watchdog off), end
+``ask_everyone`` at once, and put the old job in the summary. Clearing the folder at start instead would need every
+rank to wait for rank 0's clear (and, on NFS, for other nodes' caches to see it), and would delete the last
+failure's records; names that sort by time keep them, and the launcher finds its own job's folder by its TAG. The watchdog reads a GPU
 collective's state with ``Work.is_completed()``, which only queries its event: the same code serves gloo and NCCL.
 
 This module imports no torch (the launcher reads the dumps).
@@ -25,18 +35,39 @@ from __future__ import annotations
 import collections
 import json
 import os
+import secrets
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 #: Collectives each rank keeps (and prints) by default.
 CAPACITY = 32
 #: The file the launcher creates to ask every rank for its dump.
 STOP_FILE = "stop"
 FAILED = "a collective failed"
+#: The folder, under a run's directory, that holds one folder of records per job.
+FOLDER = "flight"
+
+
+def job_name(tag: Optional[str] = None) -> str:
+    """A job's folder name: ``YYYYMMDD-HHMMSS-TAG`` (UTC now; TAG random when None), sorting by start time."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{tag or secrets.token_hex(4)}"
+
+
+def job_folders(run_dir: str) -> list[str]:
+    """The job folders under ``<run_dir>/flight/``, oldest first."""
+    folder = os.path.join(run_dir, FOLDER)
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    return [os.path.join(folder, n) for n in names if os.path.isdir(os.path.join(folder, n))]
+
+
+def job_folder(run_dir: str, tag: Optional[str] = None) -> Optional[str]:
+    """The folder of the latest job under ``run_dir`` (with ``tag``: of the job named ``*-TAG``), or None."""
+    found = [f for f in job_folders(run_dir) if tag is None or os.path.basename(f).endswith(f"-{tag}")]
+    return found[-1] if found else None
 
 
 @dataclass
@@ -80,15 +111,25 @@ class Record:
 
 class FlightRecorder:
     """The ring of one rank's last ``capacity`` collectives, and the watchdog that dumps it (see the module
-    docstring). ``run_dir``: where dumps go (``<run_dir>/flight/``) and where the launcher's stop file appears;
-    None: printed only. ``hang_s``: dump when a collective has been unfinished this long (None: never)."""
+    docstring). ``run_dir``: where dumps go (``<run_dir>/flight/<job>/``, created now) and where the launcher's stop
+    file appears; None: printed only. ``job``: the job's folder name, the same on every rank (None: a fresh
+    :func:`job_name`, for a recorder of one rank). ``hang_s``: dump when a collective has been unfinished this long
+    (None: never). ``cause_elsewhere``: asked when a collective fails; True skips the dump (another rank's own
+    error ended the job: :func:`axgrid.launch.report.cause_elsewhere`)."""
 
     def __init__(self, rank: int, capacity: int = CAPACITY, run_dir: Optional[str] = None,
                  hang_s: Optional[float] = None, poll_s: float = 0.2, out=None, world_size: int = 1,
-                 peer_wait_s: float = 1.0) -> None:
+                 peer_wait_s: float = 1.0, job: Optional[str] = None,
+                 cause_elsewhere: Optional[Callable[[], bool]] = None) -> None:
         self.rank, self.capacity, self.hang_s, self.poll_s = rank, capacity, hang_s, poll_s
         self.world_size, self.peer_wait_s = world_size, peer_wait_s
-        self.dir = os.path.join(run_dir, "flight") if run_dir else None
+        self.cause_elsewhere = cause_elsewhere
+        self.dir = os.path.join(run_dir, "flight", job or job_name()) if run_dir else None
+        if self.dir is not None:
+            try:
+                os.makedirs(self.dir, exist_ok=True)     # where the launcher looks for this job's records
+            except OSError:
+                pass
         self.records: "collections.deque[Record]" = collections.deque(maxlen=capacity)
         self.stuck: Optional[Record] = None      # the first unfinished collective pushed out of the ring
         self.count = 0
@@ -128,6 +169,8 @@ class FlightRecorder:
         what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
         if rec is not None:
             rec.state, rec.error, rec.done_at, rec.work = "failed", what, time.time(), None
+        if self.cause_elsewhere is not None and self.cause_elsewhere():
+            return                               # a peer's own error ended the job: nothing to add to it
         if not (self.dumped or "").startswith(FAILED):
             self.dump(f"{FAILED} ({what})", force=True)
             self.ask_everyone()
@@ -224,9 +267,8 @@ class FlightRecorder:
 
 # ------------------------------------------------------------------------------- reading the dumps (the launcher)
 
-def read_dumps(run_dir: str) -> list[dict]:
-    """Every rank's dump under ``<run_dir>/flight/``, by rank."""
-    folder = os.path.join(run_dir, "flight")
+def read_dumps(folder: str) -> list[dict]:
+    """Every rank's dump in a job's folder (``<run_dir>/flight/JOB``), by rank."""
     docs = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if name.startswith("rank-") and name.endswith(".json"):
@@ -282,15 +324,20 @@ def summarize(docs: list[dict], world_size: Optional[int] = None) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m axgrid.launch.flight RUN_DIR   (prints which ranks stopped at which collective)",
-              file=sys.stderr)
-        return 2
-    docs = read_dumps(args[0])
+    if len(args) != 1 or args[0].startswith("-"):
+        from .errors import UsageError
+        raise UsageError("usage: python -m axgrid.launch.flight RUN_DIR|JOB_DIR (prints which ranks of the latest "
+                         "job stopped at which collective)")
+    folder = args[0] if read_dumps(args[0]) else job_folder(args[0])
+    if folder is None:
+        raise SystemExit(f"{args[0]}: no flight records (no {FOLDER}/ folder of a job in it)")
+    print(f"job {os.path.basename(folder)} ({folder}):")
+    docs = read_dumps(folder)
     for line in summarize(docs):
         print(line)
     return 0 if docs else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "python -m axgrid.launch.flight")     # errors said once, as one line (axgrid.launch.errors)

@@ -15,17 +15,19 @@ How the job ends, under both:
   ``grace_s`` are SIGKILLed, and the exit code is 128 + the signal (143, 129, 130); a second signal kills at once.
 
 A rank that stops on one of the project's own errors records its one-line message in the job's folder
-(:mod:`axgrid.launch.errors`); when that rank is the first to fail, the launcher prints that line once (prefixed by
-the rank) instead of its "rank R exited" line. :func:`preflight` refuses, before any rank starts, what it can
+(:mod:`axgrid.launch.errors`); the launcher prints the line of the first rank to fail once (prefixed by the rank)
+instead of its "rank R exited" line. A rank whose own code raised first (a bug: it printed its traceback) leaves a
+record too, so the launcher does not ask for flight records: the other ranks' failures are its consequences, and they
+stay quiet (:mod:`axgrid.launch.report`). :func:`preflight` refuses, before any rank starts, what it can
 check from the command line: a missing script, and a ``--grid`` that does not parse or does not have N ranks.
 
 Afterwards no process of the job is left (every one carries ``AXGRID_LAUNCH_JOB`` in its environment; see
 :mod:`axgrid.launch.proctree`) and the job's ``/tmp/axgrid-launch-*`` folder is gone.
 
 Who is stuck where: the ranks see the run's directory as ``AXGRID_RUN_DIR`` (``run_dir``, default a folder inside
-the job's temporary one). When the job fails, the launcher asks every rank for its flight record (it creates
-``<run_dir>/flight/stop``; see :mod:`axgrid.launch.flight`), waits up to ``FLIGHT_WAIT_S`` for the dumps, then ends the
-ranks and prints which ranks stopped at which collective.
+the job's temporary one). When the job fails with no rank's error to say, the launcher asks every rank for its
+flight record (it creates ``stop`` in this job's folder of ``<run_dir>/flight/``; see :mod:`axgrid.launch.flight`),
+waits up to ``FLIGHT_WAIT_S`` for the dumps, then ends the ranks and prints which ranks stopped at which collective.
 """
 from __future__ import annotations
 
@@ -177,10 +179,12 @@ def _end(job: _Job, sig: int, grace_s: float, signals: _Signals) -> None:
 
 
 def _collect_flight(run_dir: str, n: int, job: "_Job", out: IO[str], lock: threading.Lock) -> None:
-    """Ask the ranks for their flight records (the stop file), wait for them, print who stopped where."""
-    folder = os.path.join(run_dir, "flight")
+    """Ask the ranks for their flight records (the stop file in this job's folder of ``run_dir``), wait for them,
+    print who stopped where. No folder of this job: no rank got as far as its grid, nothing to ask."""
+    folder = flight.job_folder(run_dir, os.path.basename(job.tmp))
+    if folder is None:
+        return
     try:
-        os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, flight.STOP_FILE), "w"):
             pass
     except OSError:
@@ -188,11 +192,11 @@ def _collect_flight(run_dir: str, n: int, job: "_Job", out: IO[str], lock: threa
     deadline = time.monotonic() + FLIGHT_WAIT_S
     while time.monotonic() < deadline:
         alive = sum(proctree.alive(p) for p in job.rank_pids())
-        dumps = len(flight.read_dumps(run_dir))
+        dumps = len(flight.read_dumps(folder))
         if dumps >= n or (alive == 0 and dumps > 0) or (dumps == 0 and time.monotonic() > deadline - 2.0):
             break
         time.sleep(0.05)
-    docs = flight.read_dumps(run_dir)
+    docs = flight.read_dumps(folder)
     if not docs:
         return
     time.sleep(0.5)             # the ranks' own printed records pass through the output pumps (and mpiexec) first
@@ -246,11 +250,11 @@ def launch(n: int, cmd: Sequence[str], *, use_mpi: Optional[bool] = None, thread
             failed = job.failure()
             if failed:
                 code, why = failed[1], f"rank {failed[0]} exited with code {failed[1]}; the other ranks were ended"
-                said = errors.recorded(tmp, failed[0]) if failed[0].isdigit() else None
-                if said:        # one of the project's errors: its line, once, is all there is to say
-                    why = f"[{failed[0]}] {said}"
-                else:           # a crash or a lost rank: who is stuck where
-                    stuck = True
+                first = errors.first_recorded(tmp, n, failed[0])
+                if first is not None and first[1]:   # one of the project's errors: its line, once, is all there is
+                    why = f"[{first[0]}] {first[1]}"
+                elif first is None:     # a crash, a lost rank or a failed collective: who is stuck where
+                    stuck = True        # (else a rank's own exception, its traceback printed: that is the cause)
                 break
             if job.done():
                 break
@@ -342,7 +346,13 @@ def _write_once(path: str, text: str) -> None:
         os.unlink(part)
 
 
+def main(argv: list[str]) -> int:
+    """``python -m axgrid.launch.local --wrap DIR -- CMD ...``: one rank's wrapper under mpiexec (internal)."""
+    if len(argv) >= 3 and argv[0] == "--wrap" and argv[2] == "--":
+        return _wrap(argv[1], argv[3:])
+    raise errors.UsageError("usage: python -m axgrid.launch.local --wrap DIR -- CMD ... (internal; use `axgrid "
+                            "launch`)")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] == "--wrap" and sys.argv[3] == "--":
-        sys.exit(_wrap(sys.argv[2], sys.argv[4:]))
-    sys.exit("usage: python -m axgrid.launch.local --wrap DIR -- CMD ... (internal; use `axgrid launch`)")
+    errors.run(main, "python -m axgrid.launch.local")

@@ -3,7 +3,8 @@ whole when it succeeds.
 
 Failure. From the start of ``axgrid.init`` (not in an interactive session), an uncaught exception that is one of
 the project's own errors is said as one line, once per job (:func:`axgrid.launch.errors.say`; its traceback only
-with ``AXGRID_DEBUG=1``); any other prints its traceback. In a job of several ranks the process then flushes open
+with ``AXGRID_DEBUG=1``); any other prints its traceback -- on the first rank to fail only, once the ranks have met
+(:func:`axgrid.launch.errors.say_bug`): the others' "Connection closed" errors are its consequences. In a job of several ranks the process then flushes open
 files and ends at once with ``os._exit`` (exit code 1; 130 for KeyboardInterrupt): no atexit handlers, no
 interpreter teardown. Otherwise mpi4py's atexit ``MPI_Finalize`` waits for every other rank -- which are blocked in a
 collective with this one -- and the job sat until the collective timeout; and interpreter teardown with live
@@ -62,8 +63,8 @@ def _fail_fast(previous: Callable[..., object], running: list[bool], world_size:
             if errors.is_user_error(value) and not errors.debugging():
                 code = errors.say(value, errors.program_name())
                 at_once = errors.leaves_at_once()
-            else:
-                previous(kind, value, tb)
+            else:               # a bug: its traceback, from the first rank to fail only (axgrid.launch.report)
+                errors.say_bug(value, lambda: previous(kind, value, tb))
         finally:
             flush_all()
             if at_once:

@@ -1,4 +1,5 @@
-"""Run one fault-injection job (:mod:`axgrid.testing.fault_rank` on 2 ranks) under a launcher and time its teardown.
+"""Run one fault-injection job (:mod:`axgrid.testing.fault_rank`, on 2 ranks unless told) under a launcher and time its
+teardown.
 
 Used by the fault and Slurm tests and experiments/bench/bench_teardown.py. Launchers: ``mpiexec``
 (``axgrid launch``, the default), ``plain`` (``axgrid launch --no-mpi``), ``bare-mpiexec`` (mpiexec without axgrid's
@@ -59,16 +60,18 @@ def tagged(tag: str) -> list[str]:
     return found
 
 
-def command(launcher: str, rank_cmd: list[str], tag: str = "", launch_args: tuple[str, ...] = ()) -> list[str]:
+def command(launcher: str, rank_cmd: list[str], tag: str = "", launch_args: tuple[str, ...] = (),
+            ranks: int = 2) -> list[str]:
+    n = str(ranks)
     if launcher in ("srun", "srun-kill"):
         kill = ["--kill-on-bad-exit=1"] if launcher == "srun-kill" else ["--kill-on-bad-exit=0"]
-        return ["srun", "-n", "2", f"--job-name={tag}", *kill, *rank_cmd]
+        return ["srun", "-n", n, f"--job-name={tag}", *kill, *rank_cmd]
     if launcher == "bare-mpiexec":
-        return [MPIEXEC, "-n", "2", *rank_cmd]
+        return [MPIEXEC, "-n", n, *rank_cmd]
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *rank_cmd[1:]]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, *rank_cmd[1:]]
     plain = ["--no-mpi"] if launcher == "plain" else []
-    return [sys.executable, "-m", "axgrid.cli", "launch", "-n", "2", *plain, *launch_args, "--", *rank_cmd]
+    return [sys.executable, "-m", "axgrid.cli", "launch", "-n", n, *plain, *launch_args, "--", *rank_cmd]
 
 
 #: What to do to a job once both ranks are up: a signal for the launcher, or a call (the launcher's process,
@@ -79,8 +82,8 @@ Send = Union[int, Callable[[subprocess.Popen, str], None]]
 def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, send: Optional[Send] = None,
             env: Optional[dict[str, str]] = None, tag: Optional[str] = None, rescue_after_s: Optional[float] = None,
             rescue: Optional[Callable[[subprocess.Popen, str], None]] = None,
-            launch_args: tuple[str, ...] = ()) -> Job:
-    """Run fault_rank MODE on 2 ranks (rank 1 misbehaves) under ``launcher``; with ``send``, send that signal
+            launch_args: tuple[str, ...] = (), ranks: int = 2, bad: int = 1) -> Job:
+    """Run fault_rank MODE on ``ranks`` ranks (rank ``bad`` misbehaves) under ``launcher``; with ``send``, send that signal
     to the launcher (or make that call) once both ranks are up. ``env``: the launcher's environment (default:
     this process's). A job still running ``rescue_after_s`` seconds after the fault is ended by ``rescue(proc,
     tag)`` (a hung rank under a launcher that waits for it), and the Job says ``rescued``. ``launch_args``: more
@@ -90,7 +93,8 @@ def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, sen
                OMP_NUM_THREADS="1")
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "AXGRID_RUN_DIR"):
         env.pop(k, None)
-    proc = subprocess.Popen(command(launcher, [*RANK_CMD, mode, "1", str(timeout_s), tag], tag, launch_args),
+    proc = subprocess.Popen(command(launcher, [*RANK_CMD, mode, str(bad), str(timeout_s), tag], tag, launch_args,
+                                    ranks),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(lambda: proc.stdout.readline().decode(), "")))
@@ -99,7 +103,7 @@ def run_job(launcher: str, mode: str, tmpdir: Path, timeout_s: float = 60.0, sen
     deadline = time.monotonic() + JOB_LIMIT_S
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            if send is not None and fault_at is None and sum("READY" in s for s in list(lines)) == 2:
+            if send is not None and fault_at is None and sum("READY" in s for s in list(lines)) == ranks:
                 fault_at = time.time()
                 send(proc, tag) if callable(send) else proc.send_signal(send)
             failed = _fault_time(lines)

@@ -316,4 +316,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_data")     # errors said once, as one line (axgrid.launch.errors)

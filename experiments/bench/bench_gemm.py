@@ -28,7 +28,7 @@ from axgrid.kernels.tuner import synthetic_operands
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "MI250X": 191.5, "MI300X": 1307.0}
 
 
-def _parse() -> argparse.Namespace:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     gpu = device_cuda.count() > 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if gpu else "cpu")
@@ -44,7 +44,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="default 20 GPU, 7 CPU")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--cache", default=None, help="cache file (default: a fresh temporary file)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     cpu = torch.device(a.device).type == "cpu"
     for name, on_cpu, on_gpu in (("dtype", "fp32", "bf16"), ("tokens", 256, 4096), ("scale", 4, 1),
                                  ("max_tune_seconds", 1.0, 5.0), ("warmup", 2, 5), ("repeats", 7, 20)):
@@ -64,8 +64,8 @@ def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-def main() -> None:
-    args = _parse()
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     cache = args.cache or os.path.join(tempfile.mkdtemp(prefix="bench_gemm."), "gemm.json")
@@ -130,4 +130,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_gemm")     # errors said once, as one line (axgrid.launch.errors)

@@ -21,7 +21,7 @@ import axgrid
 from axgrid.models import GPT, GPTConfig
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", default="1x2x2x1")
     ap.add_argument("--size", default="gpt-mini")
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     grid = axgrid.init(args.grid)
     try:
@@ -69,4 +69,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_generate")     # errors said once, as one line (axgrid.launch.errors)

@@ -141,4 +141,5 @@ def report(results: dict, args: argparse.Namespace, grid: axgrid.Grid) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_hf_plans")     # errors said once, as one line (axgrid.launch.errors)

@@ -430,4 +430,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_load")     # errors said once, as one line (axgrid.launch.errors)

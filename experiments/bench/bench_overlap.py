@@ -124,4 +124,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "bench_overlap")     # errors said once, as one line (axgrid.launch.errors)

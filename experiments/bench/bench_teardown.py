@@ -28,7 +28,7 @@ CASES = ("raise", "exit", "kill", "hang", "sigterm", "scancel")
 SRUN = ("srun", "srun-kill")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     launchers = ["mpiexec", "plain", "bare-mpiexec", "torchrun"] if MPIEXEC else ["plain", "torchrun"]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--launchers", default=",".join(launchers))
@@ -37,7 +37,7 @@ def main() -> None:
     p.add_argument("--hang-timeout", type=float, default=5.0, help="collective timeout (s) of the hang jobs")
     p.add_argument("--rescue-after", type=float, default=10.0, help="srun: cancel a job still running this long "
                    "after its fault")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as root:
         cluster = None
         if any(name in SRUN for name in args.launchers.split(",")):
@@ -77,4 +77,5 @@ def _run(args: argparse.Namespace, cluster) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_teardown")     # errors said once, as one line (axgrid.launch.errors)

@@ -104,4 +104,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "profile_step")     # errors said once, as one line (axgrid.launch.errors)

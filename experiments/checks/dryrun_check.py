@@ -26,7 +26,7 @@ import torch.distributed as dist
 PEAK_TOLERANCE = 0.05
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--grid", required=True)
@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--overlap", default="all")
     ap.add_argument("--zero", type=int, default=0)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     import axgrid
     from axgrid.dryrun import resolve
     from axgrid.dryrun.step import measure_step, runtime_config
@@ -81,4 +81,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "dryrun_check")     # errors said once, as one line (axgrid.launch.errors)

@@ -297,4 +297,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "gpu_check")     # errors said once, as one line (axgrid.launch.errors)

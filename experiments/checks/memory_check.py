@@ -143,4 +143,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from axgrid.launch.errors import run
+    run(main, "memory_check")     # errors said once, as one line (axgrid.launch.errors)

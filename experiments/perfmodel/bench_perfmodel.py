@@ -12,14 +12,14 @@ import time
 from axgrid import perfmodel as pm
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-1t")
     ap.add_argument("--gpus", type=int, default=65536)
     ap.add_argument("--machine", default="frontier")
     ap.add_argument("--batch", type=int, default=16384)
     ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     prob = pm.Problem(pm.get_model(a.model), a.batch, a.gpus)
     machine = pm.load_machine(a.machine)
     times = []
@@ -36,4 +36,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "bench_perfmodel")     # errors said once, as one line (axgrid.launch.errors)

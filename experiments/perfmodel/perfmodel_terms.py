@@ -10,6 +10,8 @@ attention softmax over [mbs, heads/TP, S, S]); the other points the defaults (no
 """
 from __future__ import annotations
 
+import argparse
+
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.band import band_for
 from axgrid.perfmodel.published import POINTS, check, check_all
@@ -23,7 +25,8 @@ def terms(r) -> str:
     return "  ".join(f"{k} {v / t:4.0%}" for k, v in parts.items())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)     # no options: --help only
     print("TP×PP×DP published points: predicted time by term (share of the predicted time), published − predicted")
     for c in check_all():
         if c.point.layout != "TPxPPxDP":
@@ -53,4 +56,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "perfmodel_terms")     # errors said once, as one line (axgrid.launch.errors)

@@ -16,7 +16,7 @@ from axgrid.perfmodel.comm import dim_strides, ring_alpha_beta
 from axgrid.perfmodel.validate import metrics
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--model", required=True)
@@ -27,7 +27,7 @@ def main() -> None:
     for name in ("oar", "ors", "oag", "odp", "recompute"):
         ap.add_argument(f"--no-{name}", action="store_true")
     ap.add_argument("--keep-gathered", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     opt = pm.Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                      overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered)
     spec = pm.get_model(a.model)
@@ -57,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "validate_dp_buckets")     # errors said once, as one line (axgrid.launch.errors)

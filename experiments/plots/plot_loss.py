@@ -54,4 +54,5 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "plot_loss")     # errors said once, as one line (axgrid.launch.errors)

@@ -17,6 +17,7 @@ import signal
 import pytest
 import torch
 
+from axgrid.launch.flight import main as flight_main
 from axgrid.testing.faults import MPIEXEC, Job, JobHung, run_job
 
 LAUNCHERS = ["plain"] + (["mpiexec"] if MPIEXEC else [])
@@ -45,6 +46,11 @@ def test_a_raising_rank_ends_the_job_with_its_exit_code(launcher, tmp_path):
     assert job.code == 1, job.output
     assert "rank 1 exited with code 1; the other ranks were ended" in job.output
     assert "RuntimeError: rank 1 fails on purpose" in job.output     # its traceback was printed before it left
+    # ... once, and nothing of the other rank's teardown: its "Connection closed" traceback and flight records
+    # are consequences (axgrid.launch.report); before, they followed the cause, 89 lines of them on 4 ranks
+    assert job.output.count("Traceback") == 1, job.output
+    others = [line for line in job.output.splitlines() if line.startswith("[0] ") and "READY" not in line]
+    assert not others and "flight recorder" not in job.output, job.output
     assert job.teardown_s < RAISE_BOUND_S, job.output
     check_clean(job)
 
@@ -74,24 +80,43 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_pat
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS[:1])
-def test_the_flight_recorder_says_which_rank_skipped_a_collective(launcher, tmp_path):
+def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_says_its_own(launcher, tmp_path, capsys):
     """Rank 1 skips one all-reduce, so it posts the next collective (an all-gather) while rank 0 posts the
     all-reduce: both wait until the collective timeout. Each rank prints its last collectives and writes them to
-    the run's directory; the launcher says both stopped at collective #7, with different operations."""
+    the job's folder of the run's directory; the launcher says both stopped at collective #7, with different
+    operations. Then a rerun into the same run directory, where rank 1 hangs instead: the first job's stop file and
+    dumps are its own, so the rerun is diagnosed for what it did (before, every rank dumped at start on the old stop
+    file, which switched the hang watchdog off, and the summary could report the old job's dumps)."""
     run = tmp_path / "run"
     job = job_of(launcher, "skip", tmp_path, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
     assert job.code == 1, job.output
     assert "rank 0: stopped in collective #7: all_reduce over d (its #7), 16 B, failed" in job.output, job.output
     assert "rank 1: stopped in collective #7: all_gather over d (its #7), 64 B, failed" in job.output, job.output
+    again = job_of(launcher, "hang", tmp_path, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
+    assert again.code == 1 and "rank 0 exited with code 1" in again.output, again.output
+    assert "rank 0: stopped in collective #4: all_reduce over d (its #4), 16 B, failed" in again.output, again.output
+    assert "rank 1: completed collective #3 (all_reduce over d, its #3, 16 B) and posted nothing after it" \
+        in again.output, again.output
+    assert "posted no collective" not in again.output and "collective #7" not in again.output, again.output
+    # rank 0 fails first, so nobody asks it for a dump: an earlier job's stop file did (at start, with the hang
+    # watchdog then off for the whole run)
+    assert not [line for line in again.output.splitlines()
+                if line.startswith("[0] axgrid flight recorder") and "asked for it" in line], again.output
+    first, second = sorted((run / "flight").iterdir())   # a folder per job, the first job's kept
     for r in (0, 1):
         assert f"axgrid flight recorder, rank {r}" in job.output
-        doc = json.loads((run / "flight" / f"rank-{r:05d}.json").read_text())
+        doc = json.loads((first / f"rank-{r:05d}.json").read_text())
         assert doc["rank"] == r and doc["reason"].startswith("a collective failed")
         last = doc["records"][-1]
         assert (last["seq"], last["dim"], last["op"], last["state"]) == \
             (7, "d", "all_reduce" if r == 0 else "all_gather", "failed")
         assert [x["op"] for x in doc["records"][:6]] == ["all_reduce", "all_gather"] * 3
+    assert [x["op"] for x in json.loads((second / "rank-00001.json").read_text())["records"]] == ["all_reduce"] * 3
+    assert flight_main([str(run)]) == 0                  # python -m axgrid.launch.flight RUN_DIR: the latest job
+    said = capsys.readouterr().out
+    assert said.startswith(f"job {second.name} (") and "rank 0: stopped in collective #4" in said, said
     check_clean(job)
+    check_clean(again)
 
 
 @pytest.mark.parametrize("launcher,sig", [("plain", signal.SIGHUP)] + ([("mpiexec", signal.SIGTERM)] if MPIEXEC else []))

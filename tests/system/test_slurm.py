@@ -3,7 +3,8 @@
 - ``srun`` launches: the demo and train_gpt on 4 ranks; every rank finds its place from ``SLURM_*``; the demo again
   under ``srun --mpi=pmi2`` (which adds ``PMI_*`` as Cray's plugin does) with no ``MASTER_ADDR``, matching serial.
 - The reliability table under srun (axgrid/testing/faults.py, 2 ranks, run side by side as separate jobs): a rank raises,
-  is SIGKILLed, hangs (collective timeout 5 s), or the job is ``scancel``-ed; with and without
+  stops on one of the project's errors (said once, by it), is SIGKILLed, hangs (collective timeout 5 s), or the job is
+  ``scancel``-ed; with and without
   ``--kill-on-bad-exit=1``; exit codes, what Slurm recorded, and that no process of the job is left.
 - experiments/slurm/local.sbatch: SIGUSR1 before a 1-minute time limit saves through SaveOnSignal and exits 0;
   with CHAIN=1 the follow-up (``--dependency=afterany``) resumes from ``latest`` on another grid; the losses of
@@ -121,6 +122,7 @@ RAISED = (1, "FAILED", "1:0", r"tasks? (0-)?1: Exited with exit code 1")
 KILLED = (137, "FAILED", "0:9", r"task 1: Killed")
 EXPECTED = {
     ("srun-kill", "raise"): [(143, "FAILED", "0:15", r"task 1: Exited with exit code 1"), RAISED],
+    ("srun-kill", "refuse"): [(143, "FAILED", "0:15", r"task 1: Exited with exit code 1"), RAISED],
     ("srun-kill", "kill"): [(143, "FAILED", "0:15", r"task 1: Killed"), KILLED],
     ("srun-kill", "hang"): [(143, "FAILED", "0:15", r"task 0: Exited with exit code 1")],
     ("srun-kill", "scancel"): [(143, "CANCELLED", "0:0", r"CANCELLED AT")],
@@ -162,6 +164,10 @@ def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
     assert re.search(allowed[0][3], job.output), job.output
     if case == "raise":
         assert "RuntimeError: rank 1 fails on purpose" in job.output      # the traceback came through srun
+    if case == "refuse":        # one of the project's errors on rank 1 only: said once, by rank 1 (axgrid.launch.report)
+        said = [line for line in job.output.splitlines() if "shard-00007.bin: bad magic on rank 1" in line]
+        assert len(said) == 1 and said[0].startswith("[1] "), job.output
+        assert "Traceback" not in job.output and "Connection closed" not in job.output, job.output
     if (launcher, case) == ("srun", "hang"):
         # no --kill-on-bad-exit: rank 0 timed out and left, the hung rank kept the step until scancel
         assert job.rescued and job.teardown_s > STILL_HUNG_S, job.output

@@ -20,7 +20,8 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "OM
 def alone(monkeypatch):
     """A process with no launcher variables (world size 1)."""
     for name in LAUNCHER_VARS:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")   # then removed: restored at the end even if the test sets it (--debug)
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
