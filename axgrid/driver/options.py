@@ -5,7 +5,10 @@
     add_run_arguments(p)                # grid, order, timeout, --zero, checkpoints
     add_data_arguments(p)               # --data-path, --split, --data-cache, --eval-interval, --eval-iters
     args = parse_step_args(p, argv)     # --min-lr defaults to --lr/10
+    check_step_arguments(args, steps)   # the schedule and AdamW's options: SystemExit with one line on every rank
     check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
+    check_output_paths({"--export": args.export})   # (--save, --log, --tensorboard: check_run_arguments) written
+                                                    # to before step 0
     check_zero(args.zero, shape)        # --zero > 0 needs Gd > 1
     check_data_arguments(args)          # the same for the data options
 """
@@ -14,7 +17,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Optional, Sequence
+import socket
+from typing import Mapping, Optional, Sequence
 
 from ..config import RuntimeConfig
 from ..launch.errors import usage_errors_raise
@@ -113,6 +117,51 @@ def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -
     return args
 
 
+def check_step_arguments(args: argparse.Namespace, steps: int) -> None:
+    """:func:`add_step_arguments`' schedule and optimizer options (a run of ``steps`` optimizer steps): SystemExit
+    with one line naming the value and the fix, identically on every rank before any collective (torch's own
+    checks come only at the optimizer's construction, as a traceback per rank)."""
+    lr, min_lr = args.lr, args.min_lr
+
+    def bad(v: float) -> bool:
+        return not math.isfinite(v)
+    if bad(lr) or lr <= 0:
+        raise SystemExit(f"--lr {lr}: the peak learning rate must be a number > 0, e.g. --lr 3e-4")
+    if bad(min_lr) or not 0 <= min_lr <= lr:
+        raise SystemExit(f"--min-lr {min_lr}: the end of the cosine decay must be in [0, --lr {lr}]; leave it out "
+                         f"for --lr/10")
+    if bad(args.weight_decay) or args.weight_decay < 0:
+        raise SystemExit(f"--weight-decay {args.weight_decay}: AdamW's decoupled weight decay must be >= 0, e.g. "
+                         f"0.1 (0: none)")
+    if bad(args.beta2) or not 0 <= args.beta2 < 1:
+        raise SystemExit(f"--beta2 {args.beta2}: AdamW's second-moment decay must be in [0, 1), e.g. 0.95")
+    if bad(args.clip) or args.clip < 0:
+        raise SystemExit(f"--clip {args.clip}: the global gradient-norm limit must be > 0, or 0 for no clipping")
+    if args.warmup < 0 or args.warmup > steps:
+        raise SystemExit(f"--warmup {args.warmup} with {steps} steps: the warm-up must be 0 to {steps} steps (the "
+                         f"learning rate reaches --lr at its end), e.g. --warmup {max(steps // 10, 0)}")
+
+
+def check_output_paths(paths: Mapping[str, Optional[str]], files: Sequence[str] = ("--log",)) -> None:
+    """Create each output folder (``{"--save": DIR, ...}``; for the options in ``files``, the file's folder) and
+    write and remove a file in it, so that a path that cannot be written is said before step 0, not at the first
+    save: SystemExit with one line naming the option, the path and the reason. Every rank does it (each may write
+    there, and each must say the same)."""
+    for flag, path in paths.items():
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path)) if flag in files else path
+        probe = os.path.join(folder, f".axgrid-write-test-{socket.gethostname()}-{os.getpid()}")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise SystemExit(f"{flag} {path}: cannot write there ({e.strerror or type(e).__name__}: "
+                             f"{e.filename or folder}); pass a path in a folder you can write") from None
+
+
 def check_run_arguments(args: argparse.Namespace) -> None:
     """Problems with :func:`add_run_arguments`' options, raised identically on every rank before any collective."""
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -125,6 +174,8 @@ def check_run_arguments(args: argparse.Namespace) -> None:
                          f"directory of an earlier run, or leave --resume out to start fresh")
     if args.keep < 0:
         raise SystemExit(f"--keep {args.keep}: the number of checkpoints to keep must be >= 1, or 0 to keep all")
+    check_output_paths({"--save": args.save, "--log": getattr(args, "log", None),
+                        "--tensorboard": getattr(args, "tensorboard", None)})
 
 
 def check_zero(zero: int, shape: GridShape) -> None:

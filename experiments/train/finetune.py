@@ -67,8 +67,9 @@ from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
 from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
 from axgrid.data.sources import ChatSource, TextSource
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_data_arguments, check_run_arguments, check_zero,
-                           compute_dtype, data_settings, parse_step_args, run_step)
+                           add_step_arguments, check_data_arguments, check_output_paths, check_run_arguments,
+                           check_step_arguments, check_zero, compute_dtype, data_settings, parse_step_args,
+                           run_step)
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
@@ -140,7 +141,11 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.heldout_frac < 1 or args.heldout_rows < 1 or args.sample_tokens < 1:
         raise SystemExit(f"--heldout-frac {args.heldout_frac}, --heldout-rows {args.heldout_rows}, --sample-tokens "
                          f"{args.sample_tokens}: the fraction must be in [0, 1), the counts >= 1")
+    if args.steps < 1:
+        raise SystemExit(f"--steps {args.steps}: must be >= 1")
+    check_step_arguments(args, args.steps)
     check_run_arguments(args)
+    check_output_paths({"--export": args.export})
     check_data_arguments(args)
     if args.data_path and args.chat_file:
         raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")

@@ -45,8 +45,9 @@ import torch
 
 import axgrid
 from axgrid.data import DEFAULT_TEXT, DataError, TokenWindows, encode, load_tokenizer, split_tokens
-from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments, compute_dtype,
-                           data_settings, parse_step_args, run_step)
+from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments,
+                           check_output_paths, check_step_arguments, compute_dtype, data_settings, parse_step_args,
+                           run_step)
 from axgrid.launch.errors import run, usage_errors_raise
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
@@ -255,6 +256,9 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.data_path and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file")
     check_data_arguments(args)
+    if not args.eval_only:
+        check_step_arguments(args, args.epochs * (args.passages // (args.batch - args.other)))
+    check_output_paths({"--out": args.out})
     for flag, path in (("--checkpoint", args.checkpoint), ("--eval-only", args.eval_only)):
         if path and not os.path.isdir(path):
             raise SystemExit(f"{flag} {path} is not a folder")

@@ -57,7 +57,8 @@ import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_batch_split, check_data_arguments, check_run_arguments,
-                           check_zero, compute_dtype, data_settings, parse_step_args, run_step)
+                           check_step_arguments, check_zero, compute_dtype, data_settings, parse_step_args,
+                           run_step)
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -116,6 +117,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
     if args.steps < 1 or args.batch < 1 or args.microbatches < 1:
         raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
                          f"all must be >= 1")
+    check_step_arguments(args, args.steps)
     if shape is not None:
         check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
         check_zero(args.zero, shape)
