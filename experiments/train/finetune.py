@@ -227,7 +227,7 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
     grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
     mcfg = model.config
-    opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    opt = axgrid.adamw(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
     opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
@@ -237,7 +237,7 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, "data": "corpus" if data.corpus is not None else None, **own,
+              "tokenizer": tok_name, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})", "data": "corpus" if data.corpus is not None else None, **own,
               "text_file": None if (args.chat_file or data.corpus) else args.text_file, "chat_file": args.chat_file,
               "chat_layout": args.chat_layout if args.chat_file else None, "corpus": data.describe() or None,
               "seq": args.seq, "batch": args.batch,

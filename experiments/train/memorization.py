@@ -341,7 +341,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
         t0 = time.perf_counter()
         settings = StepSettings.from_args(args, steps, dtype, goldfish=loss == "goldfish")
         model = build_model(args, grid, length - 1)
-        opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+        opt = axgrid.adamw(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
         flops = (model.flops_per_iteration(args.batch) if isinstance(model, GPT)
                  else llama_flops(model.config, args.batch, length - 1, args.recompute))
         os.makedirs(args.out, exist_ok=True)

@@ -18,7 +18,7 @@ in axgrid/data/text/) as bytes -- the tokenizer is byte-level, vocabulary 256 --
 ``--data synthetic`` (the default) draws uniform random token ids (loss stays near ln V: use it for speed, not
 learning).
 
-Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW, linear warm-up then cosine
+Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW (``axgrid.adamw``: fused where the device has the kernel, as the dry run prices it), linear warm-up then cosine
 decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
 [--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
 
@@ -166,8 +166,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     rank0 = grid.rank == 0
     model = GPT(cfg, grid)
     grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
-    opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
-                            eps=1e-8)
+    opt = axgrid.adamw(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
     opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     settings = StepSettings.from_args(args, args.steps, dtype)
     ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
@@ -188,7 +187,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
               "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
               "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
               "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
-              "goldfish_k": args.goldfish_k,
+              "goldfish_k": args.goldfish_k, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
     metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),
                                 tokens_per_step=args.batch * cfg.seq, dtype=dtype, config=config,
