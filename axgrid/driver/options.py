@@ -69,6 +69,8 @@ def add_data_arguments(p: argparse.ArgumentParser, evaluation: bool = True) -> N
     g.add_argument("--data-path", nargs="+", default=None, metavar="[WEIGHT] PREFIX",
                    help="indexed dataset(s) PREFIX.bin/.idx; a blend as weight-prefix pairs: 0.7 A 0.3 B")
     g.add_argument("--split", default="949,50,1", help="train,validation,test shares of each dataset's documents")
+    g.add_argument("--allow-tokenizer-mismatch", action="store_true",
+                   help="train on a corpus whose recorded tokenizer (PREFIX.tokenizer.json) is not the model's")
     g.add_argument("--data-cache", default=None, metavar="DIR",
                    help="where the sample index is cached (default: axgrid_cache/ next to each dataset); every "
                         "rank must see it")
@@ -105,6 +107,46 @@ def check_data_arguments(args: argparse.Namespace) -> None:
     if interval and settings is None:
         raise SystemExit(f"--eval-interval {interval} needs --data-path: the validation loss is measured on the "
                          f"corpus' validation split (--split)")
+
+
+def check_corpus_tokenizer(args: argparse.Namespace, vocab: int, want: Optional[dict] = None,
+                           whose: str = "") -> list[str]:
+    """The ``--data-path`` corpora against the model: each one's recorded tokenizer (:mod:`axgrid.data.
+    tokenizer_record`) must be ``want`` (the tokenizer of ``whose``, e.g. ``--checkpoint DIR``; None: a model
+    without one, of which only the ``vocab`` size is known) and hold at most ``vocab`` ids, unless
+    ``--allow-tokenizer-mismatch``: SystemExit with one line, identically on every rank before any collective.
+    Returns the prefixes without a record (their token ids are still checked against ``vocab`` by the corpus)."""
+    from ..data.tokenizer_record import mismatch, read_record
+    settings = data_settings(args)
+    if settings is None:
+        return []
+    unrecorded = []
+    for _, prefix in settings.blend():
+        try:
+            record = read_record(prefix)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        if record is None:
+            unrecorded.append(prefix)
+            continue
+        if getattr(args, "allow_tokenizer_mismatch", False):
+            continue
+        line = mismatch(prefix, record, want, whose) if want is not None else None
+        if line is None and record["vocab_size"] > vocab:
+            line = (f"--data-path {prefix} was preprocessed with tokenizer {record['name']} of "
+                    f"{record['vocab_size']:,} ids, more than the model's vocabulary {vocab:,}; preprocess it with "
+                    f"the model's tokenizer, use a model with a vocabulary >= {record['vocab_size']:,}, or pass "
+                    f"--allow-tokenizer-mismatch")
+        if line is not None:
+            raise SystemExit(line)
+    return unrecorded
+
+
+def unrecorded_note(prefixes: Sequence[str]) -> str:
+    """What a driver says (once, rank 0) of corpora without a tokenizer record."""
+    return (f"{', '.join(prefixes)}: no tokenizer record (PREFIX.tokenizer.json: preprocessed by an older axgrid or "
+            f"by Megatron), so its tokenizer is not checked, only its token ids against the vocabulary; preprocess "
+            f"again with python -m axgrid.data preprocess to record it")
 
 
 def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:

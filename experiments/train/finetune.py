@@ -54,6 +54,7 @@ writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
@@ -66,10 +67,11 @@ from axgrid.checkpoint import list_checkpoints
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
 from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
 from axgrid.data.sources import ChatSource, TextSource
+from axgrid.data.tokenizer_record import record_of
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_data_arguments, check_output_paths, check_run_arguments,
-                           check_step_arguments, check_zero, compute_dtype, data_settings, parse_step_args,
-                           run_step)
+                           add_step_arguments, check_corpus_tokenizer, check_data_arguments, check_output_paths,
+                           check_run_arguments, check_step_arguments, check_zero, compute_dtype, data_settings,
+                           parse_step_args, run_step, unrecorded_note)
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
@@ -149,6 +151,18 @@ def check_args(args: argparse.Namespace) -> None:
     check_data_arguments(args)
     if args.data_path and args.chat_file:
         raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")
+    args.unrecorded = []
+    if args.data_path:                # the corpus' tokenizer is the checkpoint's (PREFIX.tokenizer.json)
+        tokenizer = load_tokenizer(args.checkpoint)
+        try:
+            with open(os.path.join(args.checkpoint, "config.json"), encoding="utf-8") as f:
+                vocab = int(json.load(f).get("vocab_size") or 0) or len(tokenizer or ())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--checkpoint {args.checkpoint}: no readable config.json ({e}); pass a folder written "
+                             f"by save_pretrained") from None
+        args.unrecorded = check_corpus_tokenizer(
+            args, vocab, record_of(tokenizer, os.path.abspath(args.checkpoint)) if tokenizer is not None else None,
+            f"--checkpoint {args.checkpoint}")
     try:
         shape = grid_shape_for(args.grid or "1x1x1", detect_launch(use_mpi=False))
     except (GridError, LaunchError) as e:
@@ -252,6 +266,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
               f"ranks, {dtype}); tokenizer: {tok_name}; "
               f"{data.describe() if data.corpus else data.batches.describe}; batch {args.batch} x "
               f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
+    if rank0 and args.unrecorded:
+        print(f"finetune: {unrecorded_note(args.unrecorded)}", flush=True)
     extra: dict[str, Any] = {}
 
     def evaluate(when: str, steps_done: int) -> None:

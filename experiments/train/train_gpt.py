@@ -56,9 +56,9 @@ import torch
 import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_batch_split, check_data_arguments, check_run_arguments,
-                           check_step_arguments, check_zero, compute_dtype, data_settings, parse_step_args,
-                           run_step)
+                           add_step_arguments, check_batch_split, check_corpus_tokenizer, check_data_arguments,
+                           check_run_arguments, check_step_arguments, check_zero, compute_dtype, data_settings,
+                           parse_step_args, run_step, unrecorded_note)
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -127,6 +127,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
                          f"corpus")
     check_data_arguments(args)
+    args.unrecorded = check_corpus_tokenizer(args, cfg.vocab)     # a corpus of more ids than the model has
     if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
         raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
     try:
@@ -198,6 +199,8 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
               f"ranks, {grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
               f"micro-batch(es), data {args.data}{': ' + data.describe() if data.corpus else ''}; energy: "
               f"{metrics.meter.energy_source}", flush=True)
+    if rank0 and args.unrecorded:
+        print(f"train_gpt: {unrecorded_note(args.unrecorded)}", flush=True)
     for step in range(start, args.steps):
         inputs, targets, _ = data.batch(step)      # the global batch (of a corpus, only this rank's rows are read)
         run_step(model, opt, grid, settings, step, inputs, targets, metrics)

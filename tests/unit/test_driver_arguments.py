@@ -93,3 +93,53 @@ def test_memorization_checks_its_schedule_and_out(tmp_path):
     assert msg.startswith("--warmup 5 with 4 steps")
     msg = _line(lambda: MEMORIZATION.check_args(MEMORIZATION.parse_args([*base, "--beta2", "1.5"])))
     assert msg.startswith("--beta2 1.5")
+
+
+def _preprocess(out, tokenizer: str) -> str:
+    from axgrid.data import DEFAULT_TEXT
+    from axgrid.data.preprocess import PreprocessSettings, Progress, preprocess
+    import io
+    preprocess(PreprocessSettings(inputs=[str(DEFAULT_TEXT)], out=str(out), tokenizer=tokenizer),
+               progress=Progress(io.StringIO(), bar=False, every_s=0))
+    return str(out)
+
+
+def test_a_corpus_of_another_tokenizer_is_refused_before_step_0(hf_folder, tmp_path):
+    """A corpus preprocessed with --tokenizer bytes, fine-tuned from a checkpoint with its own tokenizer (the same
+    256 ids here, so no token id check could tell): refused in one line, unless --allow-tokenizer-mismatch."""
+    corpus = _preprocess(tmp_path / "kjv-bytes", "bytes")
+    msg = finetune_check(hf_folder, ["--data-path", corpus])
+    assert msg.startswith(f"--data-path {corpus} was preprocessed with tokenizer bytes (vocabulary 256), not the "
+                          f"tokenizer of --checkpoint {hf_folder}")
+    assert "--allow-tokenizer-mismatch" in msg and f"--tokenizer {os.path.abspath(hf_folder)}" in msg
+    args = FINETUNE.parse_args(["--checkpoint", hf_folder, "--data-path", corpus, "--allow-tokenizer-mismatch"])
+    FINETUNE.check_args(args)
+
+
+def test_a_corpus_of_the_checkpoints_tokenizer_or_without_a_record_is_accepted(hf_folder, tmp_path):
+    import shutil
+    from axgrid.data import load_tokenizer
+    from axgrid.data.tokenizer_record import read_record, record_of, record_path
+    copy = tmp_path / "copy"                      # the same tokenizer in another folder (an export, a download)
+    copy.mkdir()
+    for f in os.listdir(hf_folder):
+        if f.startswith("tokenizer") or f.endswith(".json") and f != "config.json":
+            shutil.copy(os.path.join(hf_folder, f), copy / f)
+    corpus = _preprocess(tmp_path / "kjv", str(copy))
+    assert read_record(corpus)["vocab_sha256"] == record_of(load_tokenizer(hf_folder))["vocab_sha256"]
+    args = FINETUNE.parse_args(["--checkpoint", hf_folder, "--data-path", corpus])
+    FINETUNE.check_args(args)
+    assert args.unrecorded == []
+    os.remove(record_path(corpus))                # an older corpus, or Megatron's: said, not refused
+    args = FINETUNE.parse_args(["--checkpoint", hf_folder, "--data-path", corpus])
+    FINETUNE.check_args(args)
+    assert args.unrecorded == [corpus]
+
+
+def test_train_gpt_refuses_a_corpus_of_more_ids_than_its_vocabulary(tmp_path):
+    from axgrid.data.tokenizer_record import write_record
+    corpus = _preprocess(tmp_path / "kjv", "bytes")
+    write_record(corpus, {"name": "big", "vocab_size": 70000, "vocab_sha256": "x"})
+    msg = train_gpt_check(["--data-path", corpus, "--vocab", "512"])
+    assert msg.startswith(f"--data-path {corpus} was preprocessed with tokenizer big of 70,000 ids, more than the "
+                          f"model's vocabulary 512")
