@@ -20,10 +20,12 @@ from .data import RunData
 from .evaluate import evaluate
 from .options import (add_data_arguments, add_run_arguments, add_step_arguments, check_corpus_tokenizer,
                       check_data_arguments, check_output_paths, check_run_arguments, check_step_arguments,
-                      check_zero, compute_dtype, data_settings, parse_step_args, unrecorded_note)
+                      check_zero, compute_dtype, data_settings, parse_step_args, run_outputs,
+                      unrecorded_note)
 from .step import StepSettings, check_batch_split, run_step, share_rows
 
 __all__ = ["RunCheckpoints", "RunData", "evaluate", "add_data_arguments", "add_run_arguments", "add_step_arguments",
            "check_corpus_tokenizer", "check_data_arguments", "check_output_paths", "check_run_arguments",
-           "check_step_arguments", "check_zero", "compute_dtype", "data_settings", "parse_step_args", "unrecorded_note",
+           "check_step_arguments", "check_zero", "compute_dtype", "data_settings", "parse_step_args", "run_outputs",
+           "unrecorded_note",
            "StepSettings", "check_batch_split", "run_step", "share_rows"]

@@ -7,10 +7,9 @@
     args = parse_step_args(p, argv)     # --min-lr defaults to --lr/10
     check_step_arguments(args, steps)   # the schedule and AdamW's options: SystemExit with one line on every rank
     check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
-    check_output_paths({"--export": args.export})   # (--save, --log, --tensorboard: check_run_arguments) written
-                                                    # to before step 0
     check_zero(args.zero, shape)        # --zero > 0 needs Gd > 1
     check_data_arguments(args)          # the same for the data options
+    check_output_paths({**run_outputs(args), "--export": args.export})   # last: created and written to
 """
 from __future__ import annotations
 
@@ -184,11 +183,17 @@ def check_step_arguments(args: argparse.Namespace, steps: int) -> None:
                          f"learning rate reaches --lr at its end), e.g. --warmup {max(steps // 10, 0)}")
 
 
+def run_outputs(args: argparse.Namespace) -> dict[str, Optional[str]]:
+    """The output paths of :func:`add_run_arguments` and the metrics options, for :func:`check_output_paths`."""
+    return {"--save": args.save, "--log": getattr(args, "log", None),
+            "--tensorboard": getattr(args, "tensorboard", None)}
+
+
 def check_output_paths(paths: Mapping[str, Optional[str]], files: Sequence[str] = ("--log",)) -> None:
     """Create each output folder (``{"--save": DIR, ...}``; for the options in ``files``, the file's folder) and
     write and remove a file in it, so that a path that cannot be written is said before step 0, not at the first
     save: SystemExit with one line naming the option, the path and the reason. Every rank does it (each may write
-    there, and each must say the same)."""
+    there, and each must say the same); a driver calls it after its other checks, so bad input creates nothing."""
     for flag, path in paths.items():
         if not path:
             continue
@@ -216,8 +221,6 @@ def check_run_arguments(args: argparse.Namespace) -> None:
                          f"directory of an earlier run, or leave --resume out to start fresh")
     if args.keep < 0:
         raise SystemExit(f"--keep {args.keep}: the number of checkpoints to keep must be >= 1, or 0 to keep all")
-    check_output_paths({"--save": args.save, "--log": getattr(args, "log", None),
-                        "--tensorboard": getattr(args, "tensorboard", None)})
 
 
 def check_zero(zero: int, shape: GridShape) -> None:

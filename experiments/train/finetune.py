@@ -71,7 +71,7 @@ from axgrid.data.tokenizer_record import record_of
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_corpus_tokenizer, check_data_arguments, check_output_paths,
                            check_run_arguments, check_step_arguments, check_zero, compute_dtype, data_settings,
-                           parse_step_args, run_step, unrecorded_note)
+                           parse_step_args, run_outputs, run_step, unrecorded_note)
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
@@ -147,7 +147,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--steps {args.steps}: must be >= 1")
     check_step_arguments(args, args.steps)
     check_run_arguments(args)
-    check_output_paths({"--export": args.export})
     check_data_arguments(args)
     if args.data_path and args.chat_file:
         raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")
@@ -174,6 +173,7 @@ def check_args(args: argparse.Namespace) -> None:
             args.conversations = read_chat_file(args.chat_file)
         except ChatFormatError as e:
             raise SystemExit(f"--chat-file {e}") from None
+    check_output_paths({**run_outputs(args), "--export": args.export})   # last: bad input creates no folder
 
 
 def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TextSource | ChatSource:

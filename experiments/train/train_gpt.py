@@ -57,8 +57,8 @@ import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
                            add_step_arguments, check_batch_split, check_corpus_tokenizer, check_data_arguments,
-                           check_run_arguments, check_step_arguments, check_zero, compute_dtype, data_settings,
-                           parse_step_args, run_step, unrecorded_note)
+                           check_output_paths, check_run_arguments, check_step_arguments, check_zero, compute_dtype,
+                           data_settings, parse_step_args, run_outputs, run_step, unrecorded_note)
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -140,6 +140,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
                          f"file, or use --data synthetic")
     if args.goldfish_k == 1 or args.goldfish_k < 0:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
+    check_output_paths(run_outputs(args))      # last: bad input creates no folder
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
