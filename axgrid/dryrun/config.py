@@ -257,8 +257,9 @@ def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], 
         mach = pm.load_machine(machine)
     except pm.PerfModelError as e:
         raise DryRunError(f"--machine: {e}") from None
-    base = DryRunConfig(spec, "x".join(map(str, shape)) if grid is not None else "1x1x1x1", batch, microbatches or 1, dtype, recompute, overlap, machine,
-                        bucket_bytes, zero or 0)
+    named = "x".join(map(str, shape)) if grid is not None else "1x1x1x1"     # a three-size grid: Gd from --gpus
+    base = DryRunConfig(spec, named, batch, microbatches or 1, dtype, recompute, overlap, machine, bucket_bytes,
+                        zero or 0)
     prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches, zero=zero))
     if grid is None:
         try:

@@ -18,8 +18,9 @@ in axgrid/data/text/) as bytes -- the tokenizer is byte-level, vocabulary 256 --
 ``--data synthetic`` (the default) draws uniform random token ids (loss stays near ln V: use it for speed, not
 learning).
 
-Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW (``axgrid.adamw``: fused where the device has the kernel, as the dry run prices it), linear warm-up then cosine
-decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
+Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW (``axgrid.adamw``: fused where
+the device has the kernel, as the dry run prices it), linear warm-up then cosine decay to ``--min-lr``, global
+gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
 [--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
 
 FLOPs per step (axgrid.spec.flops; V = vocabulary, L layers, h hidden, B·S tokens):
