@@ -24,6 +24,7 @@ _SOURCES = {
     "clip_grad_norm_": "data_parallel", "finish_gradients": "data_parallel", "grad_norm": "data_parallel",
     "sync_gradients": "data_parallel", "local_batch": "data_parallel", "zero_gradients": "data_parallel",
     "ShardedOptimizer": "sharded_optimizer", "shard_optimizer": "sharded_optimizer",
+    "adamw": "optimizer", "adamw_kind": "optimizer",
     "Grid": "grid", "current_grid": "grid", "Runtime": "runtime", "init": "runtime",
     "LaunchEnv": "launch.env", "detect_launch": "launch.env",
     "GridError": "spec.layout", "GridShape": "spec.layout", "RankLayout": "spec.layout",

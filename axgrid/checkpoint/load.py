@@ -21,6 +21,9 @@ from .store import _alternatives, _check_files, _read_manifest, resolve_checkpoi
 #: in this process's RSS until the mapping goes, so it is dropped (and reopened on demand) every ~this many
 #: bytes; each reopening costs one ``torch.load`` of the file's index (tens of ms).
 _MAPPED_BAND = 16 * 2**20
+#: Optimizer-group settings that say how the step is computed, not what it computes: this run's own are kept on
+#: loading (a checkpoint of a fused AdamW resumes with the for-loop one on a device without the kernel, and back).
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
 
 
 class _Reader:
@@ -243,7 +246,8 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
         if pnames != sg["params"]:
             raise CheckpointError(f"optimizer parameter group {gi}: the checkpoint {ckdir} holds parameters "
                                   f"{sg['params'][:6]}..., this optimizer {pnames[:6]}...: build it the same way")
-        groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items() if k != "params" and k in cg}})
+        groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items()
+                                if k != "params" and k in cg and k not in IMPLEMENTATION}})
         for (p, q, tile, rep), pname, idx in zip(row, pnames, cg["params"]):
             st: dict[str, Any] = {}
             for key in desc["state_keys"].get(pname, []):

@@ -9,6 +9,8 @@
 :mod:`.indexed`    Megatron's ``.bin``/``.idx`` format: :class:`IndexedWriter`, :class:`IndexedTokens`,
                    :func:`token_dtype`, :class:`DataError` (torch-free)
 :mod:`.preprocess` ``python -m axgrid.data preprocess``: JSONL / text to ``.bin``/``.idx`` in worker processes
+:mod:`.tokenizer_record` ``PREFIX.tokenizer.json``: which tokenizer made a corpus (name, size, vocabulary hash),
+                   written by preprocessing, compared with the model's by the drivers (torch-free)
 :mod:`.samples`    :class:`GPTSamples`: seq+1-token samples of one split of one dataset, shuffled per epoch,
                    their index cached next to the data; :func:`parse_split`
 :mod:`.blend`      :func:`parse_blend` (``--data-path 0.7 A 0.3 B``), :class:`Blend`: samples of several datasets

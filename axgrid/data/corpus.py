@@ -18,6 +18,10 @@ Opening, in this order:
 2. rank 0 builds what is not cached yet (the sample index of the epochs the run needs, and each dataset's largest
    token id, read once in chunks), while the other ranks wait for its marker file (a line every minute says so);
    the cache folder (``--data-cache``, default ``axgrid_cache/`` next to each dataset) must be seen by every rank.
+   Rank 0 first writes a marker there: a folder it cannot write (read-only data) stops every rank at once, in one
+   line. The wait is bounded by ``0.8 ×`` the runtime's ``io_timeout_s`` (RuntimeConfig; 30 minutes by default): a
+   rank that does not see rank 0's marker by then (the folder not shared, rank 0 gone) stops with one line naming
+   the marker, rank 0 and ``--data-cache``, and so, through the agreement that follows, does every other rank.
 3. every rank maps the index and checks the largest token id against the model's vocabulary.
 
 Batch ``step`` of ``size`` holds blended train samples ``[base + step·size, base + (step+1)·size)``, ``base`` 0
@@ -28,6 +32,7 @@ does not grow with the dataset. The validation set is the first ``valid_samples`
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -48,6 +53,9 @@ from .samples import SPLITS, GPTSamples, parse_split, split_documents
 
 #: How often a rank waiting for rank 0's index build says so.
 WAIT_NOTICE_S = 60.0
+#: The share of the runtime's ``io_timeout_s`` a rank waits for rank 0's index before it gives up (less than all of
+#: it: rank 0 then waits for the others in an agreement bounded by ``io_timeout_s``, and must hear them first)
+WAIT_SHARE = 0.8
 #: Samples read between two releases of the mapped pages (each sample maps at most a few 64 KiB fault-around
 #: windows, so RSS holds at most a few tens of MiB of them)
 RELEASE_EVERY = 64
@@ -177,37 +185,55 @@ class Corpus:
                 self._build()
             return
         rank0 = grid.rank == 0
-        nonce, missing = agree(grid, [random.randrange(1, 2**31) if rank0 else 0,
-                                      int(self._missing()) if rank0 else 0])
+        cache = self.caches[0]
+        nonce, missing, unwritable = 0, 0, 0
+        cannot = ""
+        if rank0 and self._missing():
+            nonce, missing = random.randrange(1, 2**31), 1
+            try:            # the marker rank 0 starts with: proves it can write the cache before anyone waits
+                cache.mkdir(parents=True, exist_ok=True)
+                (cache / f".build-{nonce}").write_text("")
+            except OSError as e:
+                unwritable, cannot = 1, f"{type(e).__name__}: {e.strerror or e}"
+        nonce, missing, unwritable = agree(grid, [nonce, missing, unwritable])
+        if unwritable:
+            raise SystemExit(f"rank 0 cannot write the sample index to {cache}{' (' + cannot + ')' if cannot else ''}"
+                             f": pass --data-cache a folder rank 0 can write and every rank sees")
+        marker = cache / f".build-{nonce}"
+        err: Optional[BaseException] = None
         if missing:
-            marker = self.caches[0] / f".build-{nonce}"
             if rank0:
                 try:
                     self._build()
                 except Exception as e:        # every rank leaves with this line (the others read it)
-                    msg = f"building the sample index in {self.caches[0]} failed on rank 0: {type(e).__name__}: {e}"
-                    self.caches[0].mkdir(parents=True, exist_ok=True)
-                    Path(str(marker) + ".failed").write_text(msg)
+                    msg = f"building the sample index in {cache} failed on rank 0: {type(e).__name__}: {e}"
+                    with contextlib.suppress(OSError):
+                        Path(str(marker) + ".failed").write_text(msg)
+                        marker.unlink()
                     raise SystemExit(msg) from None
                 Path(str(marker) + ".done").write_text("")
             else:
-                self._wait_for(marker)
-        err: Optional[BaseException] = None
+                err = self._wait_for(marker, grid.runtime.config.io_timeout_s)
         try:
             for part, epochs in self._epochs.items():
-                if part.missing(epochs):
+                if err is None and part.missing(epochs):
                     part.open(epochs)        # raises the DataError naming the file
         except DataError as e:
             err = SystemExit(str(e))
         try:
             raise_on_any_rank(grid, err, lambda n: SystemExit(
-                f"{n} rank(s) cannot see the sample index in {self.caches[0]}: pass --data-cache a folder every "
+                f"{n} rank(s) cannot see the sample index in {cache}: pass --data-cache a folder every "
                 f"rank shares"))
         finally:
             if missing and rank0:
-                Path(str(marker) + ".done").unlink(missing_ok=True)
+                for end in ("", ".done"):
+                    Path(str(marker) + end).unlink(missing_ok=True)
 
-    def _wait_for(self, marker: Path) -> None:
+    def _wait_for(self, marker: Path, limit_s: float) -> Optional[SystemExit]:
+        """Wait for rank 0's ``marker.done`` (a line every WAIT_NOTICE_S on rank 1); the error this rank leaves
+        with: rank 0's ``.failed`` line, or, after ``WAIT_SHARE`` of ``limit_s`` (the runtime's ``io_timeout_s``,
+        so that rank 0, waiting in the next agreement for the others, hears this rank's error before its own
+        limit), one line naming the marker, rank 0 and ``--data-cache``."""
         t0 = last = time.monotonic()
         done, failed = Path(str(marker) + ".done"), Path(str(marker) + ".failed")
         delay = 0.01
@@ -215,6 +241,11 @@ class Corpus:
             if failed.exists():
                 raise SystemExit(failed.read_text())
             now = time.monotonic()
+            if now - t0 >= WAIT_SHARE * limit_s:
+                return SystemExit(f"rank {self.grid.rank}: {done} did not appear in {now - t0:.0f} s: rank 0 writes "
+                                  f"it when it has built the sample index, so rank 0 failed or stalled, or this rank "
+                                  f"does not see the folder; pass --data-cache a folder every rank shares and rank 0 "
+                                  f"can write")
             if now - last >= WAIT_NOTICE_S:
                 last = now
                 if self.grid.rank == 1:
@@ -223,6 +254,7 @@ class Corpus:
                           f"every rank)", file=sys.stderr, flush=True)
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+        return None
 
     # -- step 3 ---------------------------------------------------------------------------------------------
     def _check_vocab(self) -> None:

@@ -12,6 +12,9 @@ worker); the main process writes the results in input order. At most ``2 * worke
 plain-text file travels in chunks of lines and :class:`~.indexed.IndexedWriter` spills its lengths to disk, so
 memory stays bounded whatever the input size.
 
+The tokenizer's identity (name, vocabulary size, SHA-256 of its vocabulary) is written beside them as
+``OUT.tokenizer.json`` (:mod:`.tokenizer_record`), which the drivers compare with the model's tokenizer.
+
 Tokenizer: ``bytes`` (UTF-8 bytes are the ids, vocabulary 256, uint8; no end-of-document token) or a Hugging Face
 folder (its fast tokenizer; ``len(tokenizer)`` ids, so uint16 below 65,536 and int32 above; ``append_eod`` adds
 its ``eos_token_id`` after every document). No special tokens are added otherwise.
@@ -38,6 +41,7 @@ from typing import Any, Iterator, Optional, Sequence, TextIO
 import numpy as np
 
 from .indexed import IndexedWriter, token_dtype
+from .tokenizer_record import BYTES_RECORD, record_of, write_record
 
 #: Documents per batch sent to a worker, and the most bytes of text in one batch.
 BATCH_DOCS = 256
@@ -102,7 +106,7 @@ class PreprocessReport:
                 f"({docs_s:,.0f} docs/s, {self.tokens_per_s:,.0f} tokens/s, "
                 f"{self.tokens_per_s / self.workers:,.0f} tokens/s per worker, {self.workers} worker(s)); "
                 f"{self.skipped} corrupt line(s) skipped; wrote {self.out}.bin and {self.out}.idx "
-                f"({self.dtype}, vocabulary {self.vocab_size:,})")
+                f"({self.dtype}, vocabulary {self.vocab_size:,}) and {self.out}.tokenizer.json")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,12 +119,13 @@ class TokenizerSpec:
     vocab_size: int
     eod: Optional[int]
     name: str
+    record: Optional[dict] = None       # its identity (:mod:`.tokenizer_record`), written beside the corpus
 
 
 def tokenizer_spec(name: str) -> TokenizerSpec:
     """``bytes`` or a Hugging Face folder's fast tokenizer (PreprocessError when it has none)."""
     if name == "bytes":
-        return TokenizerSpec(None, 256, None, "bytes")
+        return TokenizerSpec(None, 256, None, "bytes", dict(BYTES_RECORD))
     if not os.path.isdir(name):
         raise PreprocessError(f"--tokenizer {name}: neither 'bytes' nor a folder holding a Hugging Face tokenizer")
     from .tokenizers import TOKENIZER_FILES
@@ -131,7 +136,8 @@ def tokenizer_spec(name: str) -> TokenizerSpec:
     if not getattr(tok, "is_fast", False):
         raise PreprocessError(f"--tokenizer {name}: transformers found no fast (Rust) tokenizer for it; save one "
                               f"with tokenizer.save_pretrained() from a PreTrainedTokenizerFast")
-    return TokenizerSpec(tok.backend_tokenizer.to_str(), len(tok), tok.eos_token_id, name)
+    return TokenizerSpec(tok.backend_tokenizer.to_str(), len(tok), tok.eos_token_id, name,
+                         record_of(tok, os.path.abspath(name)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,6 +400,7 @@ def preprocess(s: PreprocessSettings, progress: Optional[Progress] = None,
         progress.close()
         raise
     writer.close()
+    write_record(s.out, spec.record or record_of(None))
     progress.close()
     report.tokens = writer.tokens
     report.seconds = time.perf_counter() - t0

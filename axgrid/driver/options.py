@@ -5,16 +5,19 @@
     add_run_arguments(p)                # grid, order, timeout, --zero, checkpoints
     add_data_arguments(p)               # --data-path, --split, --data-cache, --eval-interval, --eval-iters
     args = parse_step_args(p, argv)     # --min-lr defaults to --lr/10
+    check_step_arguments(args, steps)   # the schedule and AdamW's options: SystemExit with one line on every rank
     check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
     check_zero(args.zero, shape)        # --zero > 0 needs Gd > 1
     check_data_arguments(args)          # the same for the data options
+    check_output_paths({**run_outputs(args), "--export": args.export})   # last: created and written to
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
-from typing import Optional, Sequence
+import socket
+from typing import Mapping, Optional, Sequence
 
 from ..config import RuntimeConfig
 from ..launch.errors import usage_errors_raise
@@ -65,6 +68,8 @@ def add_data_arguments(p: argparse.ArgumentParser, evaluation: bool = True) -> N
     g.add_argument("--data-path", nargs="+", default=None, metavar="[WEIGHT] PREFIX",
                    help="indexed dataset(s) PREFIX.bin/.idx; a blend as weight-prefix pairs: 0.7 A 0.3 B")
     g.add_argument("--split", default="949,50,1", help="train,validation,test shares of each dataset's documents")
+    g.add_argument("--allow-tokenizer-mismatch", action="store_true",
+                   help="train on a corpus whose recorded tokenizer (PREFIX.tokenizer.json) is not the model's")
     g.add_argument("--data-cache", default=None, metavar="DIR",
                    help="where the sample index is cached (default: axgrid_cache/ next to each dataset); every "
                         "rank must see it")
@@ -103,6 +108,46 @@ def check_data_arguments(args: argparse.Namespace) -> None:
                          f"corpus' validation split (--split)")
 
 
+def check_corpus_tokenizer(args: argparse.Namespace, vocab: int, want: Optional[dict] = None,
+                           whose: str = "") -> list[str]:
+    """The ``--data-path`` corpora against the model: each one's recorded tokenizer (:mod:`axgrid.data.
+    tokenizer_record`) must be ``want`` (the tokenizer of ``whose``, e.g. ``--checkpoint DIR``; None: a model
+    without one, of which only the ``vocab`` size is known) and hold at most ``vocab`` ids, unless
+    ``--allow-tokenizer-mismatch``: SystemExit with one line, identically on every rank before any collective.
+    Returns the prefixes without a record (their token ids are still checked against ``vocab`` by the corpus)."""
+    from ..data.tokenizer_record import mismatch, read_record
+    settings = data_settings(args)
+    if settings is None:
+        return []
+    unrecorded = []
+    for _, prefix in settings.blend():
+        try:
+            record = read_record(prefix)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        if record is None:
+            unrecorded.append(prefix)
+            continue
+        if getattr(args, "allow_tokenizer_mismatch", False):
+            continue
+        line = mismatch(prefix, record, want, whose) if want is not None else None
+        if line is None and record["vocab_size"] > vocab:
+            line = (f"--data-path {prefix} was preprocessed with tokenizer {record['name']} of "
+                    f"{record['vocab_size']:,} ids, more than the model's vocabulary {vocab:,}; preprocess it with "
+                    f"the model's tokenizer, use a model with a vocabulary >= {record['vocab_size']:,}, or pass "
+                    f"--allow-tokenizer-mismatch")
+        if line is not None:
+            raise SystemExit(line)
+    return unrecorded
+
+
+def unrecorded_note(prefixes: Sequence[str]) -> str:
+    """What a driver says (once, rank 0) of corpora without a tokenizer record."""
+    return (f"{', '.join(prefixes)}: no tokenizer record (PREFIX.tokenizer.json: preprocessed by an older axgrid or "
+            f"by Megatron), so its tokenizer is not checked, only its token ids against the vocabulary; preprocess "
+            f"again with python -m axgrid.data preprocess to record it")
+
+
 def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
     """Parse ``argv`` with a parser holding :func:`add_step_arguments`; ``--min-lr`` then defaults to ``--lr``/10
     (a default that depends on another option, which argparse cannot express)."""
@@ -111,6 +156,57 @@ def parse_step_args(p: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -
     if args.min_lr is None:
         args.min_lr = args.lr / 10
     return args
+
+
+def check_step_arguments(args: argparse.Namespace, steps: int) -> None:
+    """:func:`add_step_arguments`' schedule and optimizer options (a run of ``steps`` optimizer steps): SystemExit
+    with one line naming the value and the fix, identically on every rank before any collective (torch's own
+    checks come only at the optimizer's construction, as a traceback per rank)."""
+    lr, min_lr = args.lr, args.min_lr
+
+    def bad(v: float) -> bool:
+        return not math.isfinite(v)
+    if bad(lr) or lr <= 0:
+        raise SystemExit(f"--lr {lr}: the peak learning rate must be a number > 0, e.g. --lr 3e-4")
+    if bad(min_lr) or not 0 <= min_lr <= lr:
+        raise SystemExit(f"--min-lr {min_lr}: the end of the cosine decay must be in [0, --lr {lr}]; leave it out "
+                         f"for --lr/10")
+    if bad(args.weight_decay) or args.weight_decay < 0:
+        raise SystemExit(f"--weight-decay {args.weight_decay}: AdamW's decoupled weight decay must be >= 0, e.g. "
+                         f"0.1 (0: none)")
+    if bad(args.beta2) or not 0 <= args.beta2 < 1:
+        raise SystemExit(f"--beta2 {args.beta2}: AdamW's second-moment decay must be in [0, 1), e.g. 0.95")
+    if bad(args.clip) or args.clip < 0:
+        raise SystemExit(f"--clip {args.clip}: the global gradient-norm limit must be > 0, or 0 for no clipping")
+    if args.warmup < 0 or args.warmup > steps:
+        raise SystemExit(f"--warmup {args.warmup} with {steps} steps: the warm-up must be 0 to {steps} steps (the "
+                         f"learning rate reaches --lr at its end), e.g. --warmup {max(steps // 10, 0)}")
+
+
+def run_outputs(args: argparse.Namespace) -> dict[str, Optional[str]]:
+    """The output paths of :func:`add_run_arguments` and the metrics options, for :func:`check_output_paths`."""
+    return {"--save": args.save, "--log": getattr(args, "log", None),
+            "--tensorboard": getattr(args, "tensorboard", None)}
+
+
+def check_output_paths(paths: Mapping[str, Optional[str]], files: Sequence[str] = ("--log",)) -> None:
+    """Create each output folder (``{"--save": DIR, ...}``; for the options in ``files``, the file's folder) and
+    write and remove a file in it, so that a path that cannot be written is said before step 0, not at the first
+    save: SystemExit with one line naming the option, the path and the reason. Every rank does it (each may write
+    there, and each must say the same); a driver calls it after its other checks, so bad input creates nothing."""
+    for flag, path in paths.items():
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path)) if flag in files else path
+        probe = os.path.join(folder, f".axgrid-write-test-{socket.gethostname()}-{os.getpid()}")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise SystemExit(f"{flag} {path}: cannot write there ({e.strerror or type(e).__name__}: "
+                             f"{e.filename or folder}); pass a path in a folder you can write") from None
 
 
 def check_run_arguments(args: argparse.Namespace) -> None:

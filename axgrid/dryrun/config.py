@@ -23,7 +23,8 @@ from axgrid.perfmodel.decoder import NOT_MODELLED, DecoderSpec, decoder_collecti
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.spec import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape, OverlapConfig
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GridError, GridShape, OverlapConfig
+from axgrid.spec.layout import grid_sizes
 
 
 class DryRunError(ValueError):
@@ -238,9 +239,9 @@ def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], 
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
     if grid is not None:
         try:
-            shape = GridShape.parse(grid).as_tuple()
-        except Exception as e:
-            raise DryRunError(f"--grid {grid!r}: {e}; give four sizes GXxGYxGZxGD, e.g. 4x2x16x8") from None
+            shape = GridShape.parse(grid, gpus if len(grid_sizes(grid)) == 3 else None).as_tuple()
+        except GridError as e:
+            raise DryRunError(f"--grid {grid}: {e}") from None
         n = shape[0] * shape[1] * shape[2] * shape[3]
         if gpus is not None and n != gpus:
             raise DryRunError(f"--grid {grid} has {n} ranks, not --gpus {gpus}; grids of {gpus} ranks that this "
@@ -256,8 +257,9 @@ def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], 
         mach = pm.load_machine(machine)
     except pm.PerfModelError as e:
         raise DryRunError(f"--machine: {e}") from None
-    base = DryRunConfig(spec, grid or "1x1x1x1", batch, microbatches or 1, dtype, recompute, overlap, machine,
-                        bucket_bytes, zero or 0)
+    named = "x".join(map(str, shape)) if grid is not None else "1x1x1x1"     # a three-size grid: Gd from --gpus
+    base = DryRunConfig(spec, named, batch, microbatches or 1, dtype, recompute, overlap, machine, bucket_bytes,
+                        zero or 0)
     prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches, zero=zero))
     if grid is None:
         try:
@@ -304,9 +306,9 @@ def _resolve_decoder(model: str | DecoderSpec, gpus: Optional[int], batch: int, 
         raise DryRunError(f"--model {spec.path}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
                           f"sizes only){listed}")
     try:
-        shape = GridShape.parse(grid).as_tuple()
-    except Exception as e:
-        raise DryRunError(f"--grid {grid!r}: {e}; give four sizes GXxGYxGZxGD, e.g. 4x2x16x8") from None
+        shape = GridShape.parse(grid, gpus if len(grid_sizes(grid)) == 3 else None).as_tuple()
+    except GridError as e:
+        raise DryRunError(f"--grid {grid}: {e}") from None
     n = shape[0] * shape[1] * shape[2] * shape[3]
     problems = spec.divisibility(shape)
     gz, gd = shape[2], shape[3]

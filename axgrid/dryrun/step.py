@@ -46,6 +46,7 @@ class RankMeasure:
     comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
     seconds: float
     host_violations: list[str] = field(default_factory=list)
+    optimizer: str = ""            # the AdamW implementation stepped (axgrid.adamw_kind): the drivers' too
 
 
 class PeakWatch(mt.LiveBytes):
@@ -127,7 +128,8 @@ class _Model:
 
 
 def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
-    """``cfg``'s model on ``grid`` with its fused AdamW (sharded over d as the grid's zero says)."""
+    """``cfg``'s model on ``grid`` with the drivers' AdamW (:func:`axgrid.adamw`: fused on the fakegpu device, as on a
+    GPU; sharded over d as the grid's zero says)."""
     import axgrid
     if cfg.hf:
         from axgrid.plans.causal_lm import causal_lm_from_config, causal_lm_loss
@@ -155,7 +157,7 @@ def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
             return model(inputs, targets, normalizer=normalizer)
         watched = None
     grid.watch(model)
-    opt = axgrid.shard_optimizer(torch.optim.AdamW(groups, lr=1e-4, fused=True), model, grid)
+    opt = axgrid.shard_optimizer(axgrid.adamw(groups, lr=1e-4, weight_decay=0.01), model, grid)   # the drivers' AdamW
     return _Model(model, opt, loss, tags, watched)
 
 
@@ -165,6 +167,7 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     compare with), measured (module docstring). ``autocast(dtype)``: the device's autocast context; ``host``: a
     :class:`.harness.HostWatch` active during the measured step (and a fresh one during the first: the library's
     intended host reads answer there), None: none; ``init=False``: weights left uninitialised (fake tensors)."""
+    import axgrid
     from axgrid.train import train_step
 
     start = time.perf_counter() if start is None else start
@@ -220,7 +223,8 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
     memory["temporaries"] = live.peak - sum(memory.values())
     comm = {k: (e.calls, e.bytes) for k, e in grid.ledger.snapshot().items()}
     return RankMeasure(grid.rank, {c: grid.coord[c] for c in "xyzd"}, live.peak, live.moment, memory, comm,
-                       time.perf_counter() - start, [str(v) for v in host.violations] if host else [])
+                       time.perf_counter() - start, [str(v) for v in host.violations] if host else [],
+                       axgrid.adamw_kind(opt))
 
 
 class _Saved(mt.SavedBytes):

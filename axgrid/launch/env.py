@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
-from ..spec.layout import GridError, GridShape
+from ..spec.layout import GridError, GridShape, grid_sizes
 
 
 #: Set by ``axgrid launch`` in every process of a job (see axgrid.launch.proctree).
@@ -421,8 +421,7 @@ def _ranks_named(spec: Union[str, Sequence[int], GridShape]) -> int:
     """The ranks a grid spec names at least (Gx*Gy*Gz when Gdata is left out); 1 when it does not parse."""
     if isinstance(spec, GridShape):
         return spec.size
-    parts = spec.lower().replace("×", "x").split("x") if isinstance(spec, str) else list(spec)
     try:
-        return math.prod(int(p) for p in parts) if len(parts) in (3, 4) else 1
-    except (TypeError, ValueError):
+        return math.prod(grid_sizes(spec))
+    except GridError:
         return 1

@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 from axgrid.spec import GridError, GridShape
+from axgrid.spec.layout import grid_sizes
 
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
@@ -162,12 +163,13 @@ def _output(what: str, path: str, write) -> None:
         raise PerfModelError(f"cannot write {what} to {path!r}: {e.strerror or e}; choose a writable path") from None
 
 
-def parse_grid(text: str) -> tuple[int, int, int, int]:
-    """"2x4x8x16" → (2, 4, 8, 16), read by ``axgrid.spec.GridShape.parse``."""
+def parse_grid(text: str, gpus: int | None = None) -> tuple[int, int, int, int]:
+    """"2x4x8x16" → (2, 4, 8, 16) (``"2x4x8"`` with ``gpus``: Gd inferred), read by ``axgrid.spec.GridShape.parse``,
+    the one grammar of a grid."""
     try:
-        return GridShape.parse(text).as_tuple()
+        return GridShape.parse(text, gpus if len(grid_sizes(text)) == 3 else None).as_tuple()
     except GridError as e:
-        raise PerfModelError(f"--grid must be four positive integers GXxGYxGZxGD (e.g. 2x4x8x16): {e}") from None
+        raise PerfModelError(f"--grid {text}: {e}") from None
 
 
 def cmd_rank(a: argparse.Namespace) -> int:
@@ -192,7 +194,7 @@ def cmd_rank(a: argparse.Namespace) -> int:
         raise PerfModelError(f"{' and '.join(single)} describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp "
                              f"with it (the ranking already tries VPP 1/2/4, micro-batch sizes 1/2/4/8 and SP)")
     if a.grid:
-        print(explain(prob, machine, price_grid(prob, machine, parse_grid(a.grid))))
+        print(explain(prob, machine, price_grid(prob, machine, parse_grid(a.grid, prob.gpus))))
         return 0
     if named:
         from .pipeline import price_named

@@ -40,6 +40,11 @@ activations, saved for backward, per block per token (recompute off):
          Head: final LN ``4·hx + 4`` and its output ``c·hx``; cross entropy: Gy = 1 torch's log-softmax
          ``4·V`` + targets 8 (+ one 4-byte scalar per micro-batch); Gy > 1 the softmax slice ``4·Vy`` + targets 8 +
          mask 1. Embeddings: the token and position ids, 16.
+optimizer step: no temporaries. The drivers and the dry run build AdamW with :func:`axgrid.adamw`, the fused
+         kernel on every device axgrid runs on (CPU, CUDA, the dry run's fakegpu), which updates in place; torch's
+         default for-each AdamW would hold a 4 B fp32 temporary per parameter element at the step (its
+         ``exp_avg_sq.sqrt()`` list; ``tests/ranks/test_optimizer_choice.py`` measures both), which this model
+         does not price.
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
          which is in backward: static + the gathered blocks live in backward + all stored activations + the
          largest transient: the loss gradient at the start of backward (Gy > 1: two fp32 ``[m', Vy]`` and

@@ -21,6 +21,28 @@ class GridError(ValueError):
     """A grid that cannot be built: bad shape, order, or a world size it does not divide."""
 
 
+def _name(spec: Union[str, Sequence[int]]) -> str:
+    """A spec as the user wrote it."""
+    return spec if isinstance(spec, str) else "x".join(map(str, spec))
+
+
+def grid_sizes(spec: Union[str, Sequence[int]]) -> list[int]:
+    """The 3 or 4 sizes a grid spec names (``"2x2x2"`` -> ``[2, 2, 2]``; a sequence as it is), not checked further
+    (:class:`GridShape` checks each size); GridError, one line, when it does not have that form."""
+    if not isinstance(spec, str):
+        sizes = list(spec)
+    else:
+        try:
+            sizes = [int(p) for p in spec.lower().replace("×", "x").split("x")]
+        except ValueError:
+            sizes = []
+    if not sizes:
+        raise GridError(f"grid {_name(spec)!r} is not of the form GXxGYxGZxGD, e.g. '2x2x2x1'")
+    if len(sizes) not in (3, 4):
+        raise GridError(f"grid {_name(spec)!r} must name 3 or 4 sizes (GXxGYxGZ[xGD]), got {len(sizes)}")
+    return sizes
+
+
 @dataclass(frozen=True)
 class GridShape:
     """The four extents of the grid: Gx, Gy, Gz (tensor parallel) and Gd (data parallel)."""
@@ -37,33 +59,27 @@ class GridShape:
 
     @staticmethod
     def parse(spec: Union[str, Sequence[int], "GridShape"], world_size: int | None = None) -> "GridShape":
-        """Read a grid from ``"2x2x2x1"``, ``"2x2x2"`` (Gd inferred), a tuple, or a GridShape.
+        """Read a grid from ``"2x2x2x1"``, ``"2x2x2"`` (Gd inferred), a tuple, or a GridShape: THE grammar of a grid
+        (sizes joined by ``x`` or ``×``: Gx, Gy, Gz and Gd; with three, Gd is the ranks' number divided by
+        Gx·Gy·Gz, where that number is known: a launched job, ``--gpus``), which every command (the launcher, the
+        drivers, the dry run, perfmodel) reads with this function and no other, so a spec means the same, and fails
+        with the same line, everywhere.
 
-        With three sizes Gd is ``world_size // (Gx*Gy*Gz)``; ``world_size`` is then required.
+        With three sizes Gd is ``world_size // (Gx*Gy*Gz)``; ``world_size`` (the ranks) is then required.
         """
         if isinstance(spec, GridShape):
             shape = spec
         else:
-            if isinstance(spec, str):
-                parts = spec.lower().replace("×", "x").split("x")
-                try:
-                    sizes = [int(p) for p in parts]
-                except ValueError:
-                    raise GridError(f"grid {spec!r} is not of the form GXxGYxGZxGD, e.g. '2x2x2x1'") from None
-            else:
-                sizes = list(spec)
+            sizes: list = grid_sizes(spec)
             if len(sizes) == 3:
-                sizes.append(None)  # type: ignore[arg-type]
-            if len(sizes) != 4:
-                raise GridError(f"grid {spec!r} must name 3 or 4 sizes (GXxGYxGZ[xGD]), got {len(sizes)}")
-            if sizes[3] is None:
                 if world_size is None:
-                    raise GridError(f"grid {spec!r} leaves Gdata out, so the world size is needed to infer it")
+                    raise GridError(f"grid {_name(spec)!r} leaves Gdata out, so the world size is needed to infer it: "
+                                    f"give four sizes GXxGYxGZxGD here, e.g. {_name(spec)}x1")
                 tp = sizes[0] * sizes[1] * sizes[2]
                 if tp < 1 or world_size % tp:
-                    raise GridError(f"grid {spec!r}: Gx*Gy*Gz={tp} does not divide the world size {world_size}; "
-                                    f"choose sizes whose product divides {world_size}")
-                sizes[3] = world_size // tp
+                    raise GridError(f"grid {_name(spec)!r}: Gx*Gy*Gz={tp} does not divide the world size "
+                                    f"{world_size}; choose sizes whose product divides {world_size}")
+                sizes.append(world_size // tp)
             shape = GridShape(*sizes)
         if world_size is not None and shape.size != world_size:
             raise GridError(f"grid {shape} has {shape.size} ranks but the world size is {world_size}; "

@@ -54,6 +54,7 @@ writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
@@ -66,9 +67,11 @@ from axgrid.checkpoint import list_checkpoints
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
 from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
 from axgrid.data.sources import ChatSource, TextSource
+from axgrid.data.tokenizer_record import record_of
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_data_arguments, check_run_arguments, check_zero,
-                           compute_dtype, data_settings, parse_step_args, run_step)
+                           add_step_arguments, check_corpus_tokenizer, check_data_arguments, check_output_paths,
+                           check_run_arguments, check_step_arguments, check_zero, compute_dtype, data_settings,
+                           parse_step_args, run_outputs, run_step, unrecorded_note)
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
@@ -140,10 +143,25 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.heldout_frac < 1 or args.heldout_rows < 1 or args.sample_tokens < 1:
         raise SystemExit(f"--heldout-frac {args.heldout_frac}, --heldout-rows {args.heldout_rows}, --sample-tokens "
                          f"{args.sample_tokens}: the fraction must be in [0, 1), the counts >= 1")
+    if args.steps < 1:
+        raise SystemExit(f"--steps {args.steps}: must be >= 1")
+    check_step_arguments(args, args.steps)
     check_run_arguments(args)
     check_data_arguments(args)
     if args.data_path and args.chat_file:
         raise SystemExit(f"--data-path and --chat-file {args.chat_file}: pass one of them")
+    args.unrecorded = []
+    if args.data_path:                # the corpus' tokenizer is the checkpoint's (PREFIX.tokenizer.json)
+        tokenizer = load_tokenizer(args.checkpoint)
+        try:
+            with open(os.path.join(args.checkpoint, "config.json"), encoding="utf-8") as f:
+                vocab = int(json.load(f).get("vocab_size") or 0) or len(tokenizer or ())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--checkpoint {args.checkpoint}: no readable config.json ({e}); pass a folder written "
+                             f"by save_pretrained") from None
+        args.unrecorded = check_corpus_tokenizer(
+            args, vocab, record_of(tokenizer, os.path.abspath(args.checkpoint)) if tokenizer is not None else None,
+            f"--checkpoint {args.checkpoint}")
     try:
         shape = grid_shape_for(args.grid or "1x1x1", detect_launch(use_mpi=False))
     except (GridError, LaunchError) as e:
@@ -155,6 +173,7 @@ def check_args(args: argparse.Namespace) -> None:
             args.conversations = read_chat_file(args.chat_file)
         except ChatFormatError as e:
             raise SystemExit(f"--chat-file {e}") from None
+    check_output_paths({**run_outputs(args), "--export": args.export})   # last: bad input creates no folder
 
 
 def data_of(args: argparse.Namespace, tokenizer: Optional[Any], vocab: int) -> TextSource | ChatSource:
@@ -222,7 +241,7 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
     grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
     mcfg = model.config
-    opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    opt = axgrid.adamw(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
     opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     ckpt = RunCheckpoints(args, grid, run_config(args), "finetune")
     start = ckpt.resume(model, opt)
@@ -232,7 +251,7 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, "data": "corpus" if data.corpus is not None else None, **own,
+              "tokenizer": tok_name, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})", "data": "corpus" if data.corpus is not None else None, **own,
               "text_file": None if (args.chat_file or data.corpus) else args.text_file, "chat_file": args.chat_file,
               "chat_layout": args.chat_layout if args.chat_file else None, "corpus": data.describe() or None,
               "seq": args.seq, "batch": args.batch,
@@ -247,6 +266,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
               f"ranks, {dtype}); tokenizer: {tok_name}; "
               f"{data.describe() if data.corpus else data.batches.describe}; batch {args.batch} x "
               f"{args.seq} in {args.microbatches} micro-batch(es)", flush=True)
+    if rank0 and args.unrecorded:
+        print(f"finetune: {unrecorded_note(args.unrecorded)}", flush=True)
     extra: dict[str, Any] = {}
 
     def evaluate(when: str, steps_done: int) -> None:

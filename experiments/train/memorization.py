@@ -45,8 +45,9 @@ import torch
 
 import axgrid
 from axgrid.data import DEFAULT_TEXT, DataError, TokenWindows, encode, load_tokenizer, split_tokens
-from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments, compute_dtype,
-                           data_settings, parse_step_args, run_step)
+from axgrid.driver import (StepSettings, add_data_arguments, add_step_arguments, check_data_arguments,
+                           check_output_paths, check_step_arguments, compute_dtype, data_settings, parse_step_args,
+                           run_step)
 from axgrid.launch.errors import run, usage_errors_raise
 from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
@@ -255,6 +256,9 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.data_path and not os.path.isfile(args.text_file):
         raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file")
     check_data_arguments(args)
+    if not args.eval_only:
+        check_step_arguments(args, args.epochs * (args.passages // (args.batch - args.other)))
+    check_output_paths({"--out": args.out})
     for flag, path in (("--checkpoint", args.checkpoint), ("--eval-only", args.eval_only)):
         if path and not os.path.isdir(path):
             raise SystemExit(f"{flag} {path} is not a folder")
@@ -337,7 +341,7 @@ def _study(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[str,
         t0 = time.perf_counter()
         settings = StepSettings.from_args(args, steps, dtype, goldfish=loss == "goldfish")
         model = build_model(args, grid, length - 1)
-        opt = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+        opt = axgrid.adamw(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
         flops = (model.flops_per_iteration(args.batch) if isinstance(model, GPT)
                  else llama_flops(model.config, args.batch, length - 1, args.recompute))
         os.makedirs(args.out, exist_ok=True)

@@ -18,8 +18,9 @@ in axgrid/data/text/) as bytes -- the tokenizer is byte-level, vocabulary 256 --
 ``--data synthetic`` (the default) draws uniform random token ids (loss stays near ln V: use it for speed, not
 learning).
 
-Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW, linear warm-up then cosine
-decay to ``--min-lr``, global gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
+Precision: bf16 autocast on GPU (default), fp32 on CPU (default). Optimiser: AdamW (``axgrid.adamw``: fused where
+the device has the kernel, as the dry run prices it), linear warm-up then cosine decay to ``--min-lr``, global
+gradient-norm clipping. Goldfish loss: ``--goldfish-k K [--goldfish-h 13]
 [--goldfish-mode hash|static]`` (the loss is averaged over the kept targets of the whole step).
 
 FLOPs per step (axgrid.spec.flops; V = vocabulary, L layers, h hidden, B·S tokens):
@@ -56,8 +57,9 @@ import torch
 import axgrid
 from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_batch_split, check_data_arguments, check_run_arguments,
-                           check_zero, compute_dtype, data_settings, parse_step_args, run_step)
+                           add_step_arguments, check_batch_split, check_corpus_tokenizer, check_data_arguments,
+                           check_output_paths, check_run_arguments, check_step_arguments, check_zero, compute_dtype,
+                           data_settings, parse_step_args, run_outputs, run_step, unrecorded_note)
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -116,6 +118,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
     if args.steps < 1 or args.batch < 1 or args.microbatches < 1:
         raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
                          f"all must be >= 1")
+    check_step_arguments(args, args.steps)
     if shape is not None:
         check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
         check_zero(args.zero, shape)
@@ -125,6 +128,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
                          f"corpus")
     check_data_arguments(args)
+    args.unrecorded = check_corpus_tokenizer(args, cfg.vocab)     # a corpus of more ids than the model has
     if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
         raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
     try:
@@ -137,6 +141,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
                          f"file, or use --data synthetic")
     if args.goldfish_k == 1 or args.goldfish_k < 0:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
+    check_output_paths(run_outputs(args))      # last: bad input creates no folder
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -164,8 +169,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     rank0 = grid.rank == 0
     model = GPT(cfg, grid)
     grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
-    opt = torch.optim.AdamW(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2),
-                            eps=1e-8)
+    opt = axgrid.adamw(model.optimizer_groups(args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
     opt = axgrid.shard_optimizer(opt, model, grid)   # --zero 1|2: this d-rank's share of the state
     settings = StepSettings.from_args(args, args.steps, dtype)
     ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
@@ -186,7 +190,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
               "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
               "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
               "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
-              "goldfish_k": args.goldfish_k,
+              "goldfish_k": args.goldfish_k, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
     metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),
                                 tokens_per_step=args.batch * cfg.seq, dtype=dtype, config=config,
@@ -197,6 +201,8 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
               f"ranks, {grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
               f"micro-batch(es), data {args.data}{': ' + data.describe() if data.corpus else ''}; energy: "
               f"{metrics.meter.energy_source}", flush=True)
+    if rank0 and args.unrecorded:
+        print(f"train_gpt: {unrecorded_note(args.unrecorded)}", flush=True)
     for step in range(start, args.steps):
         inputs, targets, _ = data.batch(step)      # the global batch (of a corpus, only this rank's rows are read)
         run_step(model, opt, grid, settings, step, inputs, targets, metrics)

@@ -106,11 +106,11 @@ def test_finetune_on_a_corpus_with_validation(ranks, tmp_path):
     assert len(out[0]["losses"]) == 2
 
 
-def test_memorization_holds_out_the_validation_split(kjv):
+def test_memorization_holds_out_the_validation_split(kjv, tmp_path):
     from axgrid.data import DataSettings, split_tokens
     mod = load_script("train/memorization.py")
-    args = mod.parse_args(["--out", "x", "--data-path", kjv, "--split", "90,10,0", "--passages", "8", "--batch",
-                           "6", "--other", "2", "--heldout", "4", "--epochs", "2"])
+    args = mod.parse_args(["--out", str(tmp_path / "x"), "--data-path", kjv, "--split", "90,10,0", "--passages", "8", "--batch",
+                           "6", "--other", "2", "--heldout", "4", "--epochs", "2", "--warmup", "2"])
     mod.check_args(args)
     text = mod._text(args, None)
     length = args.prompt + args.continuation

@@ -138,7 +138,9 @@ def test_cli_prices_one_named_configuration(capsys):
     assert "TP4xPP4xDP2" in out and "bubble" in out and "TFLOP/s/GPU" in out
     assert main([*args, "--tp", "4", "--pp", "4", "--dp", "4"]) == 2
     assert "is not --gpus 32" in capsys.readouterr().err
-    assert main([*args, "--grid", "2x2x2"]) == 2
+    assert main([*args, "--grid", "2x2x2"]) == 0                  # the one grid grammar: Gd = 32 / 8 inferred
+    assert "4D 2x2x2x4" in capsys.readouterr().out
+    assert main([*args, "--grid", "2x2xz"]) == 2
     assert "GXxGYxGZxGD" in capsys.readouterr().err
     assert main([*args, "--grid", "2x2x2x2"]) == 2
     assert "not --gpus 32" in capsys.readouterr().err
