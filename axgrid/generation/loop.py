@@ -73,7 +73,8 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
 
     Every rank passes the same prompts ``input_ids [B, S]`` (integer ids, equal length, no padding) and gets the
     same ``[B, S + n]`` back (prompts, then the new tokens): ``n = max_new_tokens``, or fewer when every sequence
-    has stopped at an EOS sooner (the longest sequence's count, as transformers' ``generate`` returns). The work splits as training does:
+    has stopped at an EOS sooner (the longest sequence's count, as transformers' ``generate`` returns). The work
+    splits as training does:
     data-parallel rank d decodes sequences ``[d·B/Gd, (d+1)·B/Gd)`` and, inside it, z-rank z its ``1/Gz`` of them
     (``B`` divisible by ``Gd·Gz``); each rank caches its sequences' keys and values of its ``H/Gy`` heads; one
     ``all_gather`` over d at the end gives everyone the whole batch.

