@@ -10,6 +10,7 @@ from torch import nn
 import axgrid
 
 from helpers import load_example
+from helpers.fabric_serial import serial_fabric_losses
 
 TOUR_STEPS = 3
 
@@ -83,25 +84,6 @@ def test_fine_tune_a_tiny_hugging_face_checkpoint(ranks, tmp_path):
 FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ = 4, 8, 16
 
 
-def fabric_serial(accum: int) -> list[float]:
-    """The example's model and data trained in one process on each step's whole batch (torch alone)."""
-    mod = load_example("fabric_train.py")
-    model = mod.make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    windows = mod.byte_windows(FABRIC_STEPS * FABRIC_BATCH, FABRIC_SEQ)
-    losses = []
-    for step in range(FABRIC_STEPS):
-        w = windows[step * FABRIC_BATCH:(step + 1) * FABRIC_BATCH]
-        x, y = w[:, :-1], w[:, 1:].contiguous()
-        loss = model(input_ids=x, labels=y, shift_labels=y).loss
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def rank_axgrid_loop(spec: str, zero: int, accum: int) -> list[float]:
     """The same training with axgrid's own loop: parallelize, shard_optimizer, train_step on local_batch."""
     mod = load_example("fabric_train.py")
@@ -134,7 +116,7 @@ def test_fabric_loop_trains_as_axgrid_loop_and_serially(ranks):
     sampler gives the ranks of one d-group the same rows, each d-group its own half of every step's batch."""
     pytest.importorskip("lightning_fabric")
     spec, zero, accum = "1x1x2x2", 1, 2
-    want = fabric_serial(accum)
+    want = serial_fabric_losses(FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ)
     plain = ranks(4, rank_axgrid_loop, spec, zero, accum)
     outs = ranks(4, rank_example, "fabric_train.py", fabric_argv(spec, zero, accum))
     for got, mine in zip(outs, plain):
