@@ -314,8 +314,9 @@ class AxgridStrategy(ParallelStrategy):
         step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
         save_checkpoint(str(path), model, opt, self.grid, step=step, extra=extra, generators=gens, keep=None)
 
-    def load_checkpoint(self, path: Union[str, Path], state: Optional[Union[nn.Module, Optimizer, dict[str, Any]]] = None,
-                        strict: bool = True, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: Union[str, Path],
+                        state: Optional[Union[nn.Module, Optimizer, dict[str, Any]]] = None, strict: bool = True,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
         """Restore ``state``'s model, optimizer and generators from the axgrid checkpoint at ``path`` (a root or a
         ``step-N`` folder) on this grid (any grid it was saved on), and its other entries from the saved ``extra``;
         returns the saved entries ``state`` did not ask for. Collective."""
