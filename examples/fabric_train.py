@@ -3,7 +3,8 @@
 
     python examples/fabric_train.py --grid 2x1x1x2                    # Fabric's launcher starts the 4 processes
     python -m torch.distributed.run --nproc-per-node 4 examples/fabric_train.py --grid 2x1x1x2      # torchrun
-    srun -n 4 python examples/fabric_train.py --grid 2x1x1x2          # Slurm (per node: --devices, --num-nodes)
+    srun -N 1 --ntasks-per-node 4 python examples/fabric_train.py --grid 2x1x1x2     # Slurm (Fabric wants
+                                                                      # --ntasks-per-node; more nodes: --num-nodes)
     python examples/fabric_train.py --grid 1x1x2x2 --accum 2 --save runs/fabric --save-at 3
     python examples/fabric_train.py --grid 2x1x1x2 --resume runs/fabric          # resumes step 3 on another grid
 
