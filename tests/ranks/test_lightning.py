@@ -3,6 +3,8 @@ test_examples.py): a plain torch model set up drop-in, ``fabric.no_backward_sync
 d that the next backward posts, and bad input refused in one line on every rank before any collective."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -15,6 +17,15 @@ def d_calls(grid) -> int:
 
 
 def rank_fabric_seams(spec: str, root: str) -> dict:
+    saved = dict(os.environ)          # Fabric's teardown removes WORLD_SIZE, which later tests on this rank read
+    try:
+        return fabric_seams(spec, root)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def fabric_seams(spec: str, root: str) -> dict:
     from lightning_fabric import Fabric
 
     from axgrid.integrations.lightning import AxgridStrategy

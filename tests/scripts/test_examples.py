@@ -3,6 +3,8 @@ model trained serially on the whole batch (micro-batches averaged, data-parallel
 Face example loads a tiny local save_pretrained checkpoint, trains, generates from one prompt and exports; the
 Lightning Fabric example (AxgridStrategy) trains as serial training and as axgrid's own loop, reads every step's
 batch over d only, and resumes from fabric.save on another grid."""
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -105,6 +107,17 @@ def rank_axgrid_loop(spec: str, zero: int, accum: int) -> list[float]:
         grid.destroy()
 
 
+def rank_fabric_example(argv: list) -> dict:
+    """The example on this rank, the rank's environment restored after it (Fabric's teardown removes WORLD_SIZE,
+    which the next test on this pool rank reads)."""
+    saved = dict(os.environ)
+    try:
+        return load_example("fabric_train.py").main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def fabric_argv(spec: str, zero: int, accum: int, *more: str) -> list[str]:
     return ["--grid", spec, "--zero", str(zero), "--accum", str(accum), "--steps", str(FABRIC_STEPS),
             "--batch", str(FABRIC_BATCH), "--seq", str(FABRIC_SEQ), *more]
@@ -118,7 +131,7 @@ def test_fabric_loop_trains_as_axgrid_loop_and_serially(ranks):
     spec, zero, accum = "1x1x2x2", 1, 2
     want = serial_fabric_losses(FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ)
     plain = ranks(4, rank_axgrid_loop, spec, zero, accum)
-    outs = ranks(4, rank_example, "fabric_train.py", fabric_argv(spec, zero, accum))
+    outs = ranks(4, rank_fabric_example, fabric_argv(spec, zero, accum))
     for got, mine in zip(outs, plain):
         assert got["losses"] == pytest.approx(want, rel=1e-4) and mine == pytest.approx(want, rel=1e-4)
         assert got["losses"] == pytest.approx(mine, rel=1e-5)
@@ -138,7 +151,7 @@ def test_fabric_save_and_load_resume_to_the_same_losses_on_another_grid(ranks, t
     what the unbroken run lost (the checkpoint reshards: another grid, another zero mode)."""
     pytest.importorskip("lightning_fabric")
     ck = str(tmp_path / "ck")
-    whole = ranks(4, rank_example, "fabric_train.py", fabric_argv("2x1x1x2", 1, 1, "--save", ck, "--save-at", "2"))
-    resumed = ranks(4, rank_example, "fabric_train.py", fabric_argv("1x2x1x2", 2, 1, "--resume", ck))
+    whole = ranks(4, rank_fabric_example, fabric_argv("2x1x1x2", 1, 1, "--save", ck, "--save-at", "2"))
+    resumed = ranks(4, rank_fabric_example, fabric_argv("1x2x1x2", 2, 1, "--resume", ck))
     for got in resumed:
         assert got["start"] == 2 and got["losses"] == pytest.approx(whole[0]["losses"][2:], rel=1e-4), got
