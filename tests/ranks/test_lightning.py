@@ -47,13 +47,16 @@ def fabric_seams(spec: str, root: str) -> dict:
         fabric.backward(model(x).square().mean())
         out["d calls after"] = d_calls(grid)
         errors = []
+        other = nn.Linear(8, 8)
+        other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
         before = grid.ledger.snapshot()
         for call in (lambda: fabric.save(root, {"model": model, "x": torch.ones(1)}),
                      lambda: fabric.save(root, {"model": model, "other": model}),
                      lambda: fabric.load(root),
                      lambda: AxgridStrategy(spec, zero=3),
                      lambda: AxgridStrategy(spec, overlap="fast"),
-                     lambda: fabric.setup(nn.Linear(8, 8), torch.optim.SGD(nn.Linear(8, 8).parameters(), lr=0.1))):
+                     lambda: fabric.setup(nn.Linear(8, 8), torch.optim.SGD(nn.Linear(8, 8).parameters(), lr=0.1)),
+                     lambda: fabric.setup(other, other_opt, scheduler=torch.optim.lr_scheduler.StepLR(other_opt, 1))):
             try:
                 call()
                 errors.append("no error")
@@ -76,7 +79,8 @@ def fabric_seams(spec: str, root: str) -> dict:
 def test_drop_in_setup_no_backward_sync_and_bad_input(ranks, tmp_path):
     want = ["state['x'] (Tensor) is not JSON-serialisable", "one model and at most one optimizer",
             "needs state={'model': model, ...}", "zero=3: choose 0", "unknown overlap switch(es) ['fast']",
-            "holds a tensor that is not a parameter of the model", "holds no 'epoch'"]
+            "holds a tensor that is not a parameter of the model", "build the scheduler on the optimizer fabric.setup",
+            "holds no 'epoch'"]
     for got in ranks(4, rank_fabric_seams, "1x1x2x2", str(tmp_path / "ck")):
         assert got["drop-in"] == "axgrid.nn.linear"
         assert got["d calls under no_backward_sync"] == 0 and got["d calls after"] > 0, got
