@@ -66,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
     model.eval()
     prompt = torch.tensor([list(b"In the beginning")])                   # one prompt: generate pads the batch
-    tokens = axgrid.generate(model, prompt, grid, max_new_tokens=16)      # [1, 16 + 16] on every rank
+    tokens = axgrid.generate(model, prompt, grid, max_new_tokens=16)      # [1, 16 + n], n <= 16 (the EOS), every rank
     if grid.rank == 0:
         print("generated:", bytes(tokens[0].tolist()).decode("utf-8", errors="replace"))
     if args.export:

@@ -73,7 +73,8 @@ from .manager import CheckpointManager
 from .runconfig import ConfigMismatch
 from .save import save_checkpoint
 from .signals import SaveOnSignal
-from .store import latest_checkpoint, list_checkpoints, resolve_checkpoint, verify_checkpoint
+from .store import latest_checkpoint, list_checkpoints, read_manifest, resolve_checkpoint, verify_checkpoint
 
 __all__ = ["CheckpointError", "CheckpointWarning", "ConfigMismatch", "LoadInfo", "save_checkpoint", "load_checkpoint",
-           "latest_checkpoint", "list_checkpoints", "resolve_checkpoint", "verify_checkpoint", "CheckpointManager", "SaveOnSignal"]
+           "latest_checkpoint", "list_checkpoints", "read_manifest", "resolve_checkpoint", "verify_checkpoint",
+           "CheckpointManager", "SaveOnSignal"]

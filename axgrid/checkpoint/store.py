@@ -112,6 +112,13 @@ def _read_manifest(ckdir: str) -> dict[str, Any]:
     return man
 
 
+def read_manifest(path: str) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (a checkpoint directory, or a root resolved as
+    :func:`load_checkpoint` resolves it), every field type-checked; no file is hashed (:func:`verify_checkpoint`
+    hashes them). What a caller reads before loading, e.g. the ``extra`` a resume expects."""
+    return _read_manifest(resolve_checkpoint(path))
+
+
 def _check_files(ckdir: str, man: Mapping[str, Any]) -> None:
     """Every file of the manifest exists with its recorded size (cheap; the same answer on every rank)."""
     for fname, meta in man["files"].items():

@@ -11,6 +11,7 @@ from ..device import host_read
 from ..grid import Grid
 from .decoders import decoder_for, vocab_size
 from .select import gumbel_noise, vocab_parallel_argmax, vocab_parallel_top_k_floor
+from .special import special_tokens
 
 
 def _int(name: str, value, low: int) -> int:
@@ -71,7 +72,9 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
     """Continue ``input_ids`` by up to ``max_new_tokens`` tokens on the parallel ``model``.
 
     Every rank passes the same prompts ``input_ids [B, S]`` (integer ids, equal length, no padding) and gets the
-    same ``[B, S + max_new_tokens]`` back (prompts, then the new tokens). The work splits as training does:
+    same ``[B, S + n]`` back (prompts, then the new tokens): ``n = max_new_tokens``, or fewer when every sequence
+    has stopped at an EOS sooner (the longest sequence's count, as transformers' ``generate`` returns). The work
+    splits as training does:
     data-parallel rank d decodes sequences ``[d·B/Gd, (d+1)·B/Gd)`` and, inside it, z-rank z its ``1/Gz`` of them
     (``B`` divisible by ``Gd·Gz``); each rank caches its sequences' keys and values of its ``H/Gy`` heads; one
     ``all_gather`` over d at the end gives everyone the whole batch.
@@ -84,8 +87,10 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
     the dense model's greedy decoding. ``temperature > 0``: a draw from ``softmax(logits / temperature)`` over
     the ``top_k`` largest logits (all when None) by the Gumbel-max trick, with noise from a generator seeded by
     ``seed`` on every rank alike: the same tokens on every rank, and for the same seed on any grid.
-    ``eos_token_id`` (an id or several): a sequence stops after it, the rest of its row is ``pad_token_id``
-    (default: the first EOS id); decoding stops when every sequence of a data-parallel rank has stopped.
+    ``eos_token_id`` (an id or several): a sequence stops after it, the rest of its row is ``pad_token_id``;
+    decoding stops when every sequence of a data-parallel rank has stopped. Either id, when not given, is the
+    model's as transformers' ``generate`` takes it: its ``generation_config``, then its ``config``; pad's last
+    default is the first EOS id (see :mod:`axgrid.generation.special`). ``eos_token_id=[]``: never stop early.
     ``use_cache=False`` runs the whole sequence each step (the reference for the cached path).
     Per step: the model's own collectives on ``[B_d/Gz, 1]`` tokens, one all-gather over z of the new tokens.
     Before the first step, a fingerprint of ``input_ids`` is compared across all ranks (raises when they differ).
@@ -93,6 +98,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
     _int("max_new_tokens", max_new_tokens, 0)
     length = (input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0) + max_new_tokens - 1
     vocab = vocab_size(model, grid, length)                  # the tokens the model sees: all but the last new one
+    eos_token_id, pad_token_id = special_tokens(model, eos_token_id, pad_token_id)
     eos_ids = _check(input_ids, grid, temperature, top_k, eos_token_id, pad_token_id, vocab)
     _same_prompts_everywhere(input_ids, grid)
     pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
@@ -129,7 +135,16 @@ def generate(model: nn.Module, input_ids: torch.Tensor, grid: Grid, max_new_toke
             if host_read(done.all()):     # a stopping test: the one read of the device per step
                 break
         fresh = new.unsqueeze(1) if use_cache else out[:, :s + t + 1]
-    return grid.comm.all_gather(out, "d").reshape(batch, s + max_new_tokens)
+    whole = grid.comm.all_gather(out, "d").reshape(batch, s + max_new_tokens)
+    return whole[:, :s + _longest(whole[:, s:], eos)] if len(eos_ids) else whole
+
+
+def _longest(new: torch.Tensor, eos: torch.Tensor) -> int:
+    """The new tokens of the sequence that ran longest, ``new [B, n]`` (each row up to its first EOS, all ``n``
+    without one): the length transformers' ``generate`` stops at, the same on every rank."""
+    hit = torch.isin(new, eos)
+    steps = torch.where(hit.any(dim=1), hit.int().argmax(dim=1) + 1, new.shape[1])   # [B]
+    return int(host_read(steps.max())) if new.shape[1] else 0
 
 
 __all__ = ["generate"]

