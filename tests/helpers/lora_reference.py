@@ -1,0 +1,133 @@
+"""LoRA on a parallelized Hugging Face model against PEFT on the serial one -- a reference we did not write.
+
+On each rank: a tiny random transformers model twice, one wrapped by ``peft.get_peft_model`` (random A and B:
+``init_lora_weights=False``, so every gradient is non-zero), one parallelized by axgrid with ``axgrid.lora`` and the
+same adapter tensors loaded through PEFT's names (:func:`axgrid.adapters.peft_format.load_adapter_tensors`). Both
+take two SGD steps on the same global batch (the serial loss is the mean over the d slices, as axgrid's mean over d);
+:func:`lora_differences` returns the worst relative differences of the loss, the logits and each step's update of
+every adapter parameter (lr · its gradient), plus what the ledger saw."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SEQ, VOCAB, LR, STEPS, R, ALPHA = 8, 128, 0.5, 2, 4, 8.0
+
+#: Tiny random-init configurations (hidden 32, 2 layers): untied and tied Llama, Qwen3 (q/k norms), Phi-3 (fused)
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_attention_heads=4, num_key_value_heads=4)),
+    "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4,
+                                                             tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, head_dim=4)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_attention_heads=8, num_key_value_heads=4, pad_token_id=0,
+                                                   bos_token_id=1, eos_token_id=2)),
+}
+#: every projection of the blocks (Phi-3's fused ones: one adapter over the whole fused output, as PEFT's)
+TARGETS = {"phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    grid: str
+    overlap: str = "none"
+    zero: int = 0
+    seed: int = 0
+
+
+def tiny(kind: str, seed: int = 0) -> torch.nn.Module:
+    import transformers
+    cfg_name, cls_name, extra = MODELS[kind]
+    cfg = getattr(transformers, cfg_name)(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, max_position_embeddings=64, **extra)
+    torch.manual_seed(seed)
+    return getattr(transformers, cls_name)(cfg)
+
+
+def peft_model(kind: str, seed: int = 0, r: int = R, alpha: float = ALPHA):
+    """The serial model with PEFT's LoRA on every projection, A and B random."""
+    import peft
+    torch.manual_seed(seed + 1)
+    cfg = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(targets(kind)),
+                          init_lora_weights=False, bias="none")
+    return peft.get_peft_model(tiny(kind, seed), cfg)
+
+
+def targets(kind: str) -> tuple[str, ...]:
+    return TARGETS.get(kind, LLAMA_TARGETS)
+
+
+def peft_adapter_tensors(model) -> dict[str, torch.Tensor]:
+    """PEFT's adapter tensors under the names of its saved file."""
+    from peft import get_peft_model_state_dict
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def batch(gd: int, b_per_d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + 7)
+    ids = torch.randint(0, VOCAB, (gd * b_per_d, SEQ), generator=g)
+    labels = ids.clone()
+    labels[:, :2] = -100
+    return ids, labels
+
+
+def lora_differences(case: Case) -> dict:
+    """On one rank: train ``case`` under PEFT (serial) and under axgrid; the worst differences and ledger facts."""
+    import axgrid
+    from axgrid.adapters.peft_format import load_adapter_tensors
+    from axgrid.io.part_copy import part_of_dense
+    torch.set_num_threads(1)
+    config = axgrid.RuntimeConfig(timeout_s=60, overlap=axgrid.OverlapConfig.parse(case.overlap), zero=case.zero,
+                                  bucket_bytes=2048, seed=0)
+    grid = axgrid.init(case.grid, config=config)
+    try:
+        gd, gz, d = grid.size("d"), grid.size("z"), grid.index("d")
+        ref = peft_model(case.kind, case.seed)
+        dense = peft_adapter_tensors(ref)
+        par = axgrid.parallelize(tiny(case.kind, case.seed), grid)
+        axgrid.lora(par, grid, r=R, alpha=ALPHA, targets=targets(case.kind))
+        load_adapter_tensors(par, {k: tuple(v.shape) for k, v in dense.items()}, "PEFT", lambda k, box: dense[k][box.slices()])
+        trained = {n: p for n, p in par.named_parameters() if p.requires_grad}
+        assert trained and all(".lora." in n for n in trained), sorted(trained)
+        peft_of = {n: "base_model.model." + n.replace(".lora.A", ".lora_A.default.weight")
+                   .replace(".lora.B", ".lora_B.default.weight") for n in trained}
+        ref_params = dict(ref.named_parameters())
+        grid.watch(par)
+        opt_s = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=LR)
+        opt_p = axgrid.shard_optimizer(torch.optim.SGD(list(trained.values()), lr=LR), par, grid)
+        worst = {"loss": 0.0, "logits": 0.0, "update": 0.0, "param": 0.0}
+        facts = {"rs_z": 0, "frozen_grads": 0, "d_bytes": 0}
+        for step in range(STEPS):
+            ids, labels = batch(gd, 2 * gz, case.seed * 100 + step)
+            b = ids.shape[0] // gd
+            before_s = {n: ref_params[peft_of[n]].detach().clone() for n in trained}
+            before_p = {n: p.detach().clone() for n, p in trained.items()}
+            opt_s.zero_grad()
+            outs = [ref(input_ids=ids[i * b:(i + 1) * b], labels=labels[i * b:(i + 1) * b]) for i in range(gd)]
+            (sum(o.loss for o in outs) / gd).backward()
+            opt_s.step()
+            opt_p.zero_grad()
+            grid.ledger.reset()
+            out = par(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b])
+            out.loss.backward()
+            opt_p.step()
+            axgrid.finish_gradients(grid)
+            led = grid.ledger.entries
+            facts["rs_z"] += led[("z", "reduce_scatter")].count if ("z", "reduce_scatter") in led else 0
+            facts["d_bytes"] = max(facts["d_bytes"], sum(e.bytes for (dim, _), e in led.items() if dim == "d"))
+            facts["frozen_grads"] += sum(p.grad is not None for p in par.parameters() if not p.requires_grad)
+            full = axgrid.plans.gather_logits(out.logits.detach(), grid)
+            worst["loss"] = max(worst["loss"], abs(float(out.loss.detach()) - float(outs[d].loss.detach())))
+            worst["logits"] = max(worst["logits"], float((full - outs[d].logits.detach()).abs().max()))
+            for n, p in trained.items():
+                want = part_of_dense(p.axgrid_tile, before_s[n] - ref_params[peft_of[n]].detach())
+                got = before_p[n] - p.detach()
+                worst["update"] = max(worst["update"], float((got - want).abs().max() / (want.abs().max() + 1e-6)))
+                now = part_of_dense(p.axgrid_tile, ref_params[peft_of[n]].detach())
+                worst["param"] = max(worst["param"], float((p.detach() - now).abs().max()))
+        facts["trained_bytes"] = sum(p.numel() * 4 for p in trained.values())
+        return {"worst": worst, **facts}
+    finally:
+        grid.destroy()

@@ -1,0 +1,64 @@
+"""LoRA on the 3D Linear against PEFT on the serial transformers model: loss, logits and two SGD updates of every
+adapter parameter (lr · its gradient) agree on every grid of 4 ranks and on 2x2x2x1, for Llama (untied and tied),
+Qwen3 and Phi-3's fused projections, under every overlap and zero 0/1/2 (hypothesis picks the cases: a bounded
+number by default, many more with ``AXGRID_DEEP=1``; :mod:`helpers.lora_reference`). The frozen base posts no
+reduce-scatter over z and holds no gradient; the reduction over d carries the adapters only."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+from axgrid.spec.layout import all_shapes
+from helpers.lora_reference import MODELS, Case, lora_differences
+
+pytest.importorskip("peft")
+
+DEEP = bool(os.environ.get("AXGRID_DEEP"))
+GRIDS4 = [str(s) for s in all_shapes(4)]
+OVERLAPS = ("none", "oar", "ors", "oag", "odp", "keep", "all")
+TOL = 1e-4
+
+
+def _check(ranks, case: Case) -> None:
+    world = 8 if case.grid == "2x2x2x1" else 4
+    for r, out in enumerate(ranks(world, lora_differences, case)):
+        assert all(v < TOL for v in out["worst"].values()), (case, r, out)
+        assert out["rs_z"] == 0 and out["frozen_grads"] == 0, (case, r, out)   # the base: no gradient at all
+        if case.grid.endswith("x1"):
+            continue
+        # over d: the adapters' gradients (fp32) and, with zero >= 1, their all-gather -- nothing of the base
+        assert out["d_bytes"] <= 3 * out["trained_bytes"] + 4096, (case, r, out)
+
+
+@st.composite
+def cases(draw, grids):
+    grid = draw(st.sampled_from(grids))
+    zero = draw(st.sampled_from([0, 1, 2])) if not grid.endswith("x1") else 0
+    return Case(draw(st.sampled_from(sorted(MODELS))), grid, draw(st.sampled_from(OVERLAPS)), zero,
+                draw(st.integers(0, 2 ** 10)))
+
+
+def test_lora_equals_peft_on_4_rank_grids(ranks):
+    @settings(max_examples=300 if DEEP else 6, deadline=None, derandomize=not DEEP, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=cases(GRIDS4))
+    def run(case):
+        _check(ranks, case)
+    run()
+
+
+@pytest.mark.parametrize("case", [
+    Case("phi3", "1x2x2x1", "all"),          # fused rows over y, adapters' gradients through the ORS pipeline
+    Case("llama-tied", "2x1x1x2", "odp", 2),  # A over x, B replicated over x; zero=2 buckets of the adapters only
+    Case("qwen3", "1x1x2x2", "all", 1),      # tokens over z and d: both reductions of the adapters' gradients
+], ids=str)
+def test_lora_equals_peft_named(ranks, case):
+    _check(ranks, case)
+
+
+@pytest.mark.slow
+def test_lora_equals_peft_on_2x2x2x1(ranks):
+    for kind in sorted(MODELS):
+        _check(ranks, Case(kind, "2x2x2x1", "all"))
