@@ -131,3 +131,79 @@ def lora_differences(case: Case) -> dict:
         return {"worst": worst, **facts}
     finally:
         grid.destroy()
+
+
+def peft_format_round_trip(spec: str, root: str, kind: str = "phi3") -> dict:
+    """PEFT's format both ways and the merge: the worst logit difference from PEFT's serial model of (a) the PEFT
+    adapter loaded by axgrid, (b) axgrid's saved adapter loaded by ``PeftModel.from_pretrained`` (every rank
+    checks), (c) the merged parallel model, (d) its ``export_pretrained`` loaded by transformers."""
+    import os
+    import peft
+    import transformers
+    import axgrid
+    torch.set_num_threads(1)
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60))   # Gd = 1: every rank sees the batch
+    try:
+        ids = batch(1, 2 * grid.size("z"), 3)[0]
+        ref = peft_model(kind).eval()
+        with torch.no_grad():
+            want = ref(input_ids=ids).logits
+        src, ours, merged = (os.path.join(root, n) for n in ("peft", "axgrid", "merged"))
+        if grid.rank == 0:
+            ref.save_pretrained(src)
+        axgrid.io.agree(grid, [0])                     # (a barrier) the files are written
+        par = axgrid.parallelize(tiny(kind), grid).eval()
+        axgrid.load_adapter(par, src, grid)
+
+        def logits() -> float:
+            with torch.no_grad():
+                got = axgrid.plans.gather_logits(par(input_ids=ids).logits, grid)
+            return float((got - want).abs().max())
+
+        out = {"loaded": logits()}
+        axgrid.save_adapter(par, ours, grid)
+        back = peft.PeftModel.from_pretrained(tiny(kind), ours).eval()
+        with torch.no_grad():
+            out["peft_loads_ours"] = float((back(input_ids=ids).logits - want).abs().max())
+        out["files"] = sorted(os.listdir(ours))
+        axgrid.merge_lora(par)
+        out["merged"] = logits()
+        out["trainable_after_merge"] = sum(p.requires_grad for p in par.parameters())
+        axgrid.export_pretrained(par, merged, grid)
+        dense = getattr(transformers, MODELS[kind][1]).from_pretrained(merged).eval()
+        with torch.no_grad():
+            out["exported"] = float((dense(input_ids=ids).logits - want).abs().max())
+        return out
+    finally:
+        grid.destroy()
+
+
+def bad_inputs(spec: str, root: str) -> list[str]:
+    """The one-line errors of bad LoRA input, as each rank raised them (none posts a collective first)."""
+    import os
+    import axgrid
+    torch.set_num_threads(1)
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60))
+    msgs = []
+    try:
+        calls = [lambda m: axgrid.lora(m, grid, r=4, targets=["q_proj", "qq_proj"]),
+                 lambda m: axgrid.lora(m, grid, r=0, targets=["q_proj"]),
+                 lambda m: axgrid.load_adapter(m, os.path.join(root, "llama"), grid),      # k_proj B is [32, 4]
+                 lambda m: axgrid.load_adapter(m, os.path.join(root, "phi3"), grid)]       # qkv_proj: not here
+        if grid.rank == 0:
+            for kind in ("llama", "phi3"):
+                peft_model(kind).save_pretrained(os.path.join(root, kind))
+        axgrid.io.agree(grid, [0])
+        for call in calls:
+            m = axgrid.parallelize(tiny("llama-tied"), grid)
+            before = grid.ledger.snapshot()
+            try:
+                call(m)
+                msgs.append("no error")
+            except ValueError as e:
+                msgs.append(str(e))
+            assert grid.ledger.snapshot() == before, "a collective was posted before the error"
+            assert all(p.requires_grad for p in m.parameters()) and getattr(m, "axgrid_lora", None) is None
+        return msgs
+    finally:
+        grid.destroy()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from axgrid.spec.layout import all_shapes
-from helpers.lora_reference import MODELS, Case, lora_differences
+from helpers.lora_reference import MODELS, Case, bad_inputs, lora_differences, peft_format_round_trip
 
 pytest.importorskip("peft")
 
@@ -62,3 +62,22 @@ def test_lora_equals_peft_named(ranks, case):
 def test_lora_equals_peft_on_2x2x2x1(ranks):
     for kind in sorted(MODELS):
         _check(ranks, Case(kind, "2x2x2x1", "all"))
+
+
+def test_peft_format_both_ways_and_merge(ranks, tmp_path):
+    """A PEFT-saved adapter loads into axgrid, axgrid's saved adapter loads into PEFT, and the merged model and its
+    export give PEFT's logits (Phi-3: the fused B's rows through the row map, over y)."""
+    for out in ranks(4, peft_format_round_trip, "1x2x2x1", str(tmp_path)):
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= set(out["files"]), out
+        assert out["trainable_after_merge"] == 0, out
+        assert all(out[k] < 1e-5 for k in ("loaded", "peft_loads_ours", "merged", "exported")), out
+
+
+def test_bad_lora_input_names_the_value_on_every_rank(ranks, tmp_path):
+    for msgs in ranks(2, bad_inputs, "1x2x1x1", str(tmp_path)):
+        assert all("\n" not in m for m in msgs), msgs
+        target, r, shape, base = msgs
+        assert "'qq_proj'" in target and "matches no module" in target, target
+        assert "r=0" in r, r
+        assert "k_proj.lora_B.weight" in shape and "(32, 4)" in shape and "(16, 4)" in shape, shape
+        assert "gate_up_proj" in base and "another base model" in base, base
