@@ -207,3 +207,40 @@ def bad_inputs(spec: str, root: str) -> list[str]:
         return msgs
     finally:
         grid.destroy()
+
+
+def checkpoint_adapters(spec: str, root: str, save: bool) -> dict:
+    """Save (``save``) or load a checkpoint of a LoRA model with AdamW state: the adapters are trained a step with
+    a fixed seed, so the loading grid can rebuild what the saving one held and compare (its dense adapters)."""
+    import os
+    import axgrid
+    torch.set_num_threads(1)
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, zero=1 if grid_d(spec) > 1 else 0))
+    try:
+        par = axgrid.parallelize(tiny("llama"), grid)
+        axgrid.lora(par, grid, r=R, alpha=ALPHA, targets=["q_proj", "down_proj"])
+        trained = [p for p in par.parameters() if p.requires_grad]
+        grid.watch(par)
+        opt = axgrid.shard_optimizer(torch.optim.AdamW(trained, lr=1e-2), par, grid)
+        names = [n for n, p in par.named_parameters() if p.requires_grad]
+        if save:
+            ids, labels = batch(grid.size("d"), 2 * grid.size("z"), 5)
+            b = ids.shape[0] // grid.size("d")
+            d = grid.index("d")
+            par(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b]).loss.backward()
+            opt.step()
+            axgrid.checkpoint.save_checkpoint(root, par, opt, grid, step=1)
+        else:
+            axgrid.checkpoint.load_checkpoint(root, par, opt, grid)
+        axgrid.finish_gradients(grid)
+        dense = axgrid.dense_state_dict(par, grid)
+        import json
+        with open(os.path.join(root, "step-00000001", "manifest.json"), encoding="utf-8") as f:
+            held = sorted(json.load(f)["tensors"])
+        return {"adapters": {n: dense[n] for n in names}, "held": held}
+    finally:
+        grid.destroy()
+
+
+def grid_d(spec: str) -> int:
+    return int(spec.split("x")[3])

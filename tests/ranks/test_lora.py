@@ -11,7 +11,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from axgrid.spec.layout import all_shapes
-from helpers.lora_reference import MODELS, Case, bad_inputs, lora_differences, peft_format_round_trip
+import torch
+
+from helpers.lora_reference import (MODELS, Case, bad_inputs, checkpoint_adapters, lora_differences,
+                                    peft_format_round_trip)
 
 pytest.importorskip("peft")
 
@@ -81,3 +84,16 @@ def test_bad_lora_input_names_the_value_on_every_rank(ranks, tmp_path):
         assert "r=0" in r, r
         assert "k_proj.lora_B.weight" in shape and "(32, 4)" in shape and "(16, 4)" in shape, shape
         assert "gate_up_proj" in base and "another base model" in base, base
+
+
+def test_checkpoint_holds_the_adapters_only_and_reshards(ranks, tmp_path):
+    """Saved on 1x2x1x2 (zero=1: AdamW state in pieces over d), loaded on 2x1x2x1: the same dense adapters, and
+    the checkpoint holds the adapters and their optimizer state, nothing of the frozen base."""
+    saved = ranks(4, checkpoint_adapters, "1x2x1x2", str(tmp_path), True)[0]
+    loaded = ranks(4, checkpoint_adapters, "2x1x2x1", str(tmp_path), False)[0]
+    assert sorted(saved["adapters"]) == sorted(loaded["adapters"])
+    for n, t in saved["adapters"].items():
+        assert torch.equal(t, loaded["adapters"][n]), n
+    model = sorted(n for n in saved["held"] if n.startswith("model/"))
+    assert model == sorted("model/" + n for n in saved["adapters"]), model        # no frozen base tensor
+    assert all(".lora." in n.split("/")[1] for n in saved["held"] if n.startswith("optim/")), saved["held"]
