@@ -95,7 +95,8 @@ class LoraAdapter(nn.Module):
 
     ``forward(x_loc [m', k/G_in]) -> [m', n/G_out]``, added to the base layer's ``y_loc`` by ``Linear.forward``.
     ``A`` starts as the hashed uniform init with PEFT's bound ``1/sqrt(k)`` (kaiming-uniform with ``a=sqrt(5)``), ``B``
-    at zero, so a fresh adapter leaves the model's output unchanged. The tiles tell checkpoints and exports the dense
+    at zero, so a fresh adapter leaves the model's output unchanged. A bf16/fp16 base gets fp32 adapters (PEFT's
+    ``autocast_adapter_dtype``); the adapter path computes in the input's (or autocast's) dtype. The tiles tell checkpoints and exports the dense
     ``[r, k]`` and ``[n, r]`` (a fused layer's B rows carry its row map)."""
 
     def __init__(self, base: "Linear", r: int, alpha: float, dropout: float = 0.0,
@@ -107,6 +108,8 @@ class LoraAdapter(nn.Module):
         self.scale = alpha / r
         self.seed = base.runtime.seeds.next() if seed is None else seed
         dtype, device = base.weight.dtype, base.weight.device
+        if dtype in (torch.bfloat16, torch.float16):    # as PEFT's autocast_adapter_dtype: the adapters train in fp32
+            dtype = torch.float32
         self.A = nn.Parameter(torch.empty(r, sh.k_blk, dtype=dtype, device=device))
         self.A.axgrid_tile = TileSpec((r, base.in_features), (0, sh.col0), (r, sh.k_blk))
         self.A.axgrid_replicated = sh.out_dim + "zd"
