@@ -44,7 +44,7 @@ def cases(draw, grids):
 
 
 def test_lora_equals_peft_on_4_rank_grids(ranks):
-    @settings(max_examples=300 if DEEP else 6, deadline=None, derandomize=not DEEP, database=None,
+    @settings(max_examples=300 if DEEP else 16, deadline=None, derandomize=not DEEP, database=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=cases(GRIDS4))
     def run(case):
