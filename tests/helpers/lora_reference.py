@@ -247,3 +247,34 @@ def checkpoint_adapters(spec: str, root: str, save: bool) -> dict:
 
 def grid_d(spec: str) -> int:
     return int(spec.split("x")[3])
+
+
+def dropout_replicas(spec: str, shared_mask: bool = True) -> dict:
+    """Two SGD steps with adapter dropout 0.5 on ``spec``: the replicas of every adapter parameter stay equal
+    (``axgrid.check_replicas``) -- the ranks that share a layer input draw the same mask -- and the steps are not the
+    dropout-free ones. ``shared_mask=False`` seeds the global RNG per rank (what a mismatched mask would do)."""
+    import axgrid
+    torch.set_num_threads(1)
+    grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60))
+    try:
+        out = {}
+        for p_drop in (0.0, 0.5):
+            par = axgrid.parallelize(tiny("llama"), grid)
+            torch.manual_seed(0 if shared_mask else grid.rank)      # after tiny(), which seeds the RNG itself
+            axgrid.lora(par, grid, r=R, alpha=ALPHA, targets=LLAMA_TARGETS, dropout=p_drop)
+            with torch.no_grad():
+                for n, p in par.named_parameters():
+                    if n.endswith("lora.B"):
+                        p.fill_(0.1)          # non-zero, so that A's gradient depends on the masks
+            opt = torch.optim.SGD([p for p in par.parameters() if p.requires_grad], lr=1.0)
+            for step in range(2):
+                ids, labels = batch(grid.size("d"), 2 * grid.size("z"), step)
+                opt.zero_grad()
+                par(input_ids=ids, labels=labels).loss.backward()
+                opt.step()
+            out[p_drop] = {n: p.detach().clone() for n, p in par.named_parameters() if p.requires_grad}
+            out[f"drifted {p_drop}"] = axgrid.check_replicas(par, grid, repair=False)
+        out["changed"] = max(float((out[0.5][n] - out[0.0][n]).abs().max()) for n in out[0.0])
+        return {k: v for k, v in out.items() if isinstance(k, str)}
+    finally:
+        grid.destroy()

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from axgrid.spec.layout import all_shapes
 import torch
 
-from helpers.lora_reference import (MODELS, Case, bad_inputs, checkpoint_adapters, lora_differences,
+from helpers.lora_reference import (MODELS, Case, bad_inputs, checkpoint_adapters, dropout_replicas, lora_differences,
                                     peft_format_round_trip)
 
 pytest.importorskip("peft")
@@ -97,3 +97,12 @@ def test_checkpoint_holds_the_adapters_only_and_reshards(ranks, tmp_path):
     model = sorted(n for n in saved["held"] if n.startswith("model/"))
     assert model == sorted("model/" + n for n in saved["adapters"]), model        # no frozen base tensor
     assert all(".lora." in n.split("/")[1] for n in saved["held"] if n.startswith("optim/")), saved["held"]
+
+
+def test_dropout_masks_agree_across_the_ranks_that_share_an_input(ranks):
+    """Dropout 0.5 on 2x2x1x1 (A replicated over y for normal layers, over x for transposed ones): after two SGD steps
+    every adapter's replicas are equal; with per-rank RNG seeds (masks drawn independently) they drift."""
+    for out in ranks(4, dropout_replicas, "2x2x1x1"):
+        assert out["drifted 0.0"] == [] and out["drifted 0.5"] == [] and out["changed"] > 1e-3, out
+    for out in ranks(4, dropout_replicas, "2x2x1x1", False):
+        assert any(".lora." in n for n in out["drifted 0.5"]), out
