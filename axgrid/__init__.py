@@ -8,6 +8,7 @@
     axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)   # the same, micro-batches averaged
     ids = axgrid.local_batch(batch, grid)  # this data-parallel rank's rows: [B, S] -> [B/Gd, S]
     dense = axgrid.to_dense(model, grid)   # or axgrid.export_pretrained(hf_model, "out", grid)
+    axgrid.lora(model, grid, r=16, alpha=32, targets=["q_proj", "v_proj"])   # LoRA: base frozen, PEFT's format
 
 The public names below load on first use (PEP 562), so the torch-free subpackages (axgrid.spec.layout,
 axgrid.perfmodel) import without torch.
@@ -37,6 +38,8 @@ _SOURCES = {
     "ParallelizeSummary": "plans.ties",
     "StepResult": "train", "train_step": "train",
     "check_replicas": "replicas",
+    "LoraConfig": "adapters.lora", "lora": "adapters.lora", "merge_lora": "adapters.lora",
+    "save_adapter": "adapters.peft_format", "load_adapter": "adapters.peft_format",
 }
 
 #: every public name: the table above plus the public subpackages (one list to edit when a name is added)

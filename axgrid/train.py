@@ -91,9 +91,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_of
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups of any (parallel or serial) model: weight decay on parameters whose dense form is a
     matrix (FC weights, embedding tables; a parallel parameter's ``axgrid_tile`` gives its dense shape), none on
-    vectors (biases, norm weights)."""
+    vectors (biases, norm weights). Frozen parameters (``requires_grad=False``: a LoRA model's base) are left out."""
     decay, no_decay = [], []
     for p in model.parameters():
+        if not p.requires_grad:
+            continue
         tile = getattr(p, "axgrid_tile", None)
         dense_dims = len(tile.dense_shape) if tile is not None else p.dim()
         (decay if dense_dims >= 2 else no_decay).append(p)

@@ -14,10 +14,16 @@ from ..spec import TileSpec
 from .format import CheckpointError, _json_safe
 
 def _model_entries(model: nn.Module) -> list[TensorPart]:
+    """The model's entries; of a model with LoRA adapters (``axgrid.lora``) only its trained parameters -- the
+    frozen base comes from its pretrained files, as with PEFT."""
     try:
-        return model_parts(model)
+        parts = model_parts(model)
     except TypeError as e:
         raise CheckpointError(str(e)) from None
+    if getattr(model, "axgrid_lora", None) is not None:
+        trained = {"model/" + n for n, p in model.named_parameters() if p.requires_grad}
+        parts = [e for e in parts if e.name in trained]
+    return parts
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:

@@ -346,6 +346,9 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
     rank is raised on every rank; the files are written under a temporary name and renamed when complete, so a
     failed export leaves no half-written file under a final name.
     """
+    if getattr(model, "axgrid_lora", None) is not None:
+        raise ValueError("export_pretrained: the model carries LoRA adapters; fold them in first "
+                         "(axgrid.merge_lora(model)) or write them alone (axgrid.save_adapter)")
     if not _is_hf(model):
         raise TypeError(f"export_pretrained: {type(model).__name__} is not a Hugging Face model (no "
                         f"save_pretrained); use axgrid.to_dense(model, grid) or axgrid.dense_state_dict(model, grid)")

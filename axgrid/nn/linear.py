@@ -150,6 +150,7 @@ class Linear(nn.Module):
             self.bias.axgrid_tile = sh.bias_tile
         else:
             self.register_parameter("bias", None)
+        self.lora: Optional[nn.Module] = None      # a LoRA adapter (axgrid.nn.lora), set by axgrid.lora
         if init:
             self.reset_parameters()
         add_state_hooks(self)
@@ -248,6 +249,8 @@ class Linear(nn.Module):
             x_loc = x.reshape(-1, sh.k_blk)
         y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self,
                                       uses_token(self.grid, [self.weight, self.bias]))
+        if self.lora is not None:                  # + s·(drop(x) A^T) B^T, in the same layout (axgrid.nn.lora)
+            y_loc = y_loc + self.lora(x_loc)
         if self.output_layout == "sharded":
             return y_loc.reshape(*lead, sh.n_blk) if self.input_layout == "sharded" else y_loc
         if self.input_layout == "replicated":

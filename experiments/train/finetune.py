@@ -49,6 +49,10 @@ communication, energy; kept fraction under Goldfish) and a ``summary``. Checkpoi
 on any grid and any ``--zero`` (loading reshards; a checkpoint saved with other settings is refused, naming them, unless
 ``--allow-config-change`` lists them). ``--export DIR``
 writes the fine-tuned model as a Hugging Face folder (``axgrid.export_pretrained``, plus the tokenizer).
+LoRA (docs/lora.md): ``--lora-r R [--lora-alpha A] [--lora-targets q_proj,v_proj,...] [--lora-dropout P]`` freezes
+the base and trains adapters on the targeted projections (:func:`axgrid.lora`; the optimizer, buckets and checkpoints
+hold the adapters only); ``--export DIR`` then writes the adapter in PEFT's format to ``DIR/adapter`` and the merged
+model to ``DIR``. The FLOP count stays the full fine-tuning formula (the frozen base skips its weight-gradient GEMMs).
 ``main(argv)`` returns the summary on every rank.
 """
 from __future__ import annotations
@@ -100,6 +104,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     add_data_arguments(p)
     add_run_arguments(p)
     p.add_argument("--export", default=None, help="write the fine-tuned model as a Hugging Face folder here")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA adapters of this rank on --lora-targets, the base "
+                                                         "frozen (0: full fine-tuning)")
+    p.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale alpha/r (default: 2·r)")
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                   help="comma-separated module names the adapters go on (PEFT's target_modules)")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the adapters' input")
     add_metrics_arguments(p)
     return parse_step_args(p, argv)
 
@@ -115,7 +125,20 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
             "microbatches": args.microbatches, "recompute": args.recompute,
             "schedule": {"lr": args.lr, "min_lr": args.min_lr, "warmup": args.warmup},
             "optimizer": {"weight_decay": args.weight_decay, "beta2": args.beta2, "clip": args.clip},
-            "goldfish": {"k": args.goldfish_k, "h": args.goldfish_h, "mode": args.goldfish_mode}}
+            "goldfish": {"k": args.goldfish_k, "h": args.goldfish_h, "mode": args.goldfish_mode},
+            "lora": lora_config(args).__dict__ if args.lora_r else None}
+
+
+def lora_config(args: argparse.Namespace) -> "axgrid.LoraConfig":
+    """The run's LoRA settings (``--lora-*``), checked (one line naming a bad value)."""
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+    alpha = 2.0 * args.lora_r if args.lora_alpha is None else args.lora_alpha
+    cfg = axgrid.LoraConfig(r=args.lora_r, alpha=alpha, targets=targets, dropout=args.lora_dropout)
+    try:
+        cfg.check()
+    except ValueError as e:
+        raise SystemExit(f"--lora-*: {e}") from None
+    return cfg
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -146,6 +169,10 @@ def check_args(args: argparse.Namespace) -> None:
     if args.steps < 1:
         raise SystemExit(f"--steps {args.steps}: must be >= 1")
     check_step_arguments(args, args.steps)
+    if args.lora_r < 0:
+        raise SystemExit(f"--lora-r {args.lora_r}: the adapters' rank must be >= 1 (0: full fine-tuning)")
+    if args.lora_r:
+        lora_config(args)
     check_run_arguments(args)
     check_data_arguments(args)
     if args.data_path and args.chat_file:
@@ -239,6 +266,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
         raise SystemExit(f"--sample-prompt needs a checkpoint with a tokenizer and a chat template; "
                          f"{args.checkpoint} has none")
     model = load_causal_lm(args.checkpoint, grid, args.recompute)
+    if args.lora_r:                       # the base frozen, adapters on the targets (before the buckets are built)
+        axgrid.lora(model, grid, lora_config(args))
     grid.watch(model)                     # the d buckets now: with ODP the first backward reduces over d too
     mcfg = model.config
     opt = axgrid.adamw(decay_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, args.beta2))
@@ -251,7 +280,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
-              "tokenizer": tok_name, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})", "data": "corpus" if data.corpus is not None else None, **own,
+              "lora": run_config(args)["lora"], "tokenizer": tok_name, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
+              "data": "corpus" if data.corpus is not None else None, **own,
               "text_file": None if (args.chat_file or data.corpus) else args.text_file, "chat_file": args.chat_file,
               "chat_layout": args.chat_layout if args.chat_file else None, "corpus": data.describe() or None,
               "seq": args.seq, "batch": args.batch,
@@ -295,6 +325,10 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
     if not ckpt.stopped:
         evaluate("after", args.steps)
     exported = args.export if (args.export and not ckpt.stopped) else None
+    if exported and args.lora_r:          # the adapter alone in PEFT's format, then the merged model
+        axgrid.save_adapter(model, os.path.join(args.export, "adapter"), grid,
+                            base_model_name_or_path=os.path.abspath(args.checkpoint))
+        axgrid.merge_lora(model)
     if exported:
         axgrid.export_pretrained(model, args.export, grid, tokenizer=tokenizer)
     losses = [r["loss"] for r in metrics.rows]

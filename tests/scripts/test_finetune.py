@@ -174,3 +174,24 @@ def test_a_malformed_chat_line_ends_the_run_on_every_rank_before_anything_is_wri
     for msg in ranks(4, rank_bad_chat, argv):
         assert msg == f"--chat-file {bad}:4: message 2 has role 'bot'; use one of system, user, assistant", msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]
+
+
+def test_lora_finetune_on_conversations_matches_one_rank_and_exports_both_forms(ranks, checkpoints, tmp_path):
+    """--lora-r with --chat-file: 4 ranks (zero=1) give one rank's losses; the adapter written to
+    export/adapter loads with PEFT onto the base and gives the merged export's logits."""
+    argv = ["--checkpoint", checkpoints["chat"], "--chat-file", str(KJV_INSTRUCTIONS), "--steps", "3",
+            "--lora-r", "4", "--lora-targets", "q_proj,v_proj,down_proj"] + COMMON
+    serial = ranks(1, rank_run, argv + ["--grid", "1x1x1x1"])[0]
+    out = str(tmp_path / "export")
+    split = ranks(4, rank_run, argv + ["--grid", "1x2x1x2", "--zero", "1", "--export", out])
+    assert split[0]["losses"] == pytest.approx(serial["losses"], rel=1e-5)
+    assert split[0]["losses"][-1] < split[0]["losses"][0]
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    adapted = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(checkpoints["chat"]),
+                                             os.path.join(out, "adapter")).eval()
+    ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (merged(input_ids=ids).logits - adapted(input_ids=ids).logits).abs().max() < 1e-4
