@@ -35,7 +35,8 @@ import numpy as np
 from axgrid.spec import ceil_div
 
 from .buckets import BucketTotals, gradient_elements, pack
-from .comm import CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, ring_alpha_beta, ring_time
+from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collective_time, ring_alpha_beta,
+                   ring_time)
 from .compute import elementwise_bytes, memory_time
 from .gpt import STAT_BYTES
 from .machines import Machine
@@ -145,20 +146,19 @@ def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray
     a_d, be_d, _ = rings.ab["d"]
     p = rings.geo["d"][0].astype(float)
 
-    def ring(factor: float, nbytes: np.ndarray, calls) -> np.ndarray:
-        return np.where(nbytes > 0, factor * (p - 1) / np.maximum(p, 1) * nbytes / be_d + factor * (p - 1) * a_d
-                        * calls, 0.0)
+    def ring(op: str, nbytes: np.ndarray, calls) -> np.ndarray:
+        return collective_time(op, p, nbytes, a_d, be_d, rings.machine, calls)
 
     if zero == 0:
-        ard = ring(2.0, bt.numel * gb, bt.count)
-        comm.add("d", np.maximum(ring(2.0, bt.last * gb, 1), ard - slack) if opt.overlap_dp else ard, ard)
+        ard = ring("all_reduce", bt.numel * gb, bt.count)
+        comm.add("d", np.maximum(ring("all_reduce", bt.last * gb, 1), ard - slack) if opt.overlap_dp else ard, ard)
         return bt, bt.numel * float(gb) + flags
-    rs = ring(1.0, bt.padded * gb, bt.count)
-    ag = ring(1.0, bt.padded * PARAM_BYTES, bt.count)
+    rs = ring("reduce_scatter", bt.padded * gb, bt.count)
+    ag = ring("all_gather", bt.padded * PARAM_BYTES, bt.count)
     n_rs = mb if zero == 2 else 1
     if opt.overlap_dp:
-        rs_exposed = n_rs * np.maximum(ring(1.0, bt.last * gb, 1), rs - slack)
-        ag_exposed = np.maximum(ring(1.0, bt.last * PARAM_BYTES, 1), ag - fwd_window)
+        rs_exposed = n_rs * np.maximum(ring("reduce_scatter", bt.last * gb, 1), rs - slack)
+        ag_exposed = np.maximum(ring("all_gather", bt.last * PARAM_BYTES, 1), ag - fwd_window)
     else:
         rs_exposed, ag_exposed = n_rs * rs, ag
     comm.add("d", rs_exposed + ag_exposed, n_rs * rs + ag)
