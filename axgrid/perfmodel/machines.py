@@ -20,6 +20,12 @@ Optional measured tables (each with a ``# source:`` comment line in the shipped 
         falls back to α-β.
     gemm_efficiency = {bf16 = {eff_max = <0..1>, dim_half = <elements>}, fp32 = {...}}
         per-dtype GEMM efficiency curve eff = eff_max · d / (d + dim_half), d = the smallest GEMM dimension.
+    sm_count = <int>, gemm_tile = [<rows>, <columns>]
+        the GPU's streaming multiprocessors (compute units) and the output tile one of them computes at a time:
+        a GEMM's rate is scaled by its last wave's occupancy (``compute.wave_efficiency``); without them, not.
+    kernel_latency = <s>
+        the time each kernel of a step adds beyond its work (launch and synchronisation), times the kernels a
+        block runs (``compute.BLOCK_KERNELS``); without it, not priced.
     hbm_bandwidth = <bytes/s>
         one GPU's (GCD's) memory bandwidth from its spec sheet: prices the element-wise kernels
         (``compute.elementwise_bytes``); without it they are not priced, and ``rank`` says so.
@@ -141,6 +147,9 @@ class Machine:
     gemm_curves: dict[str, GemmCurve] = field(default_factory=dict)
     hbm_bandwidth: float = 0.0          # bytes/s per GPU; 0 = not known: element-wise kernels not priced
     collective_tables: tuple[CollectiveTable, ...] = ()
+    sm_count: int = 0                    # streaming multiprocessors (compute units); 0: no wave quantisation
+    gemm_tile: tuple[int, int] = (128, 128)
+    kernel_latency: float = 0.0          # seconds each kernel adds beyond its work; 0: not priced
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s per GPU for a dtype (fp16 uses the bf16 figure: same tensor-core rate)."""
@@ -293,6 +302,15 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
             kw[key] = _check(where, key, data[key], str)
     if "hbm_bandwidth" in data:
         kw["hbm_bandwidth"] = _check(where, "hbm_bandwidth", data["hbm_bandwidth"], float)
+    if "sm_count" in data:
+        kw["sm_count"] = _check(where, "sm_count", data["sm_count"], int)
+    if "gemm_tile" in data:
+        tile = data["gemm_tile"]
+        if not (isinstance(tile, list) and len(tile) == 2):
+            raise MachineFileError(f"{where}: field 'gemm_tile' must be [rows, columns], got {tile!r}")
+        kw["gemm_tile"] = tuple(_check(where, "gemm_tile", v, int) for v in tile)
+    if "kernel_latency" in data:
+        kw["kernel_latency"] = _check(where, "kernel_latency", data["kernel_latency"], float)
     if "bandwidth_table" in data:
         kw["bandwidth_table"] = _bandwidth_rows(where, data["bandwidth_table"])
     if "gemm_efficiency" in data:
@@ -380,6 +398,10 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
     lines += [f"description = {_fmt(m.description)}", f"gpu = {_fmt(m.gpu)}"]
     if m.hbm_bandwidth > 0:
         lines.append(f"hbm_bandwidth = {m.hbm_bandwidth!r}")
+    if m.sm_count:
+        lines += [f"sm_count = {m.sm_count}", f"gemm_tile = [{m.gemm_tile[0]}, {m.gemm_tile[1]}]"]
+    if m.kernel_latency > 0:
+        lines.append(f"kernel_latency = {m.kernel_latency!r}")
     if m.bandwidth_table:
         rows = ", ".join(f'{{placement = "{r.placement}", stride = {r.stride}, group = {r.group}, beta = {r.beta!r}}}'
                          for r in m.bandwidth_table)

@@ -95,7 +95,8 @@ def attention_time(spec: TransformerSpec, g: Grids, mprime: np.ndarray, machine:
     """Seconds [N] of one block's forward attention core per micro-batch (QKᵀ and ·V on the H/Gy local heads of
     whole sequences, replicated over x): 4·m'·S·h/Gy FLOPs at the rate of an ``[S, S]·[S, h/H]`` GEMM."""
     h, S = spec.hidden, spec.seq
-    return 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, h // spec.heads, machine, dtype)
+    batch = np.maximum(np.asarray(mprime, float) / S, 1.0) * spec.heads / g.gy        # sequences × local heads
+    return 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, h // spec.heads, machine, dtype, batch)
 
 
 def layer_costs(spec: TransformerSpec, g: Grids, mprime: np.ndarray, mp_int: np.ndarray, dtype_bytes: int,

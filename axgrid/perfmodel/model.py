@@ -37,7 +37,8 @@ from axgrid.spec import ceil_div
 from .buckets import BucketTotals, gradient_elements, pack
 from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collective_time, ring_alpha_beta,
                    ring_time)
-from .compute import elementwise_bytes, memory_time
+from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_BYTES, OPTIMIZER_BYTES,
+                      OUTER_KERNELS, elementwise_bytes, memory_time)
 from .gpt import STAT_BYTES
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
@@ -193,6 +194,23 @@ def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.nda
     return spec.layers * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + scores_fwd), scores_fwd
 
 
+def _kernel_latency(spec: TransformerSpec, opt: Options, machine: Machine, n: int) -> np.ndarray:
+    """Seconds [N] per micro-batch that the kernels' launch and synchronisation add (``Machine.kernel_latency``
+    times the kernels: ``compute.BLOCK_KERNELS_*`` per block forward, again with recompute, twice in the backward;
+    ``compute.OUTER_KERNELS`` for the embedding, head and loss, twice in the backward); 0 without the figure."""
+    per_fwd = BLOCK_KERNELS_UNFUSED if (opt.dropout or not opt.fused_attention) else BLOCK_KERNELS_FUSED
+    kernels = spec.layers * per_fwd * (3 + int(opt.recompute)) + 3 * OUTER_KERNELS
+    return np.full(n, kernels * machine.kernel_latency)
+
+
+def _optimizer_time(spec: TransformerSpec, g: Grids, opt: Options, machine: Machine, layout: str) -> np.ndarray:
+    """Seconds [N] of the optimizer step: the parameters one GPU updates (its x·y·z shard of the model, and of that
+    its d-share when the optimizer state is sharded over d) times ``compute.OPTIMIZER_BYTES`` through HBM."""
+    local = spec.params / (g.gx * g.gy * g.gz)
+    sharded = bool(opt.zero1_over_d or opt.zero)
+    return memory_time(local / (g.gd if sharded else 1) * OPTIMIZER_BYTES[layout], machine)
+
+
 def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
                 hx: np.ndarray, d_bytes: np.ndarray, dtype_bytes: int, opt: Options) -> dict[str, np.ndarray]:
     """Bytes per grid dimension per step [N], as the runtime's ledger counts them (a dimension of size 1 posts
@@ -313,7 +331,11 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, compute_fwd, mb, comm)
     clip_bytes = _clipping(g, opt, machine, rings, comm)
     elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
-    compute = mb * (compute_fwd + compute_bwd + elementwise)
+    kernels = _kernel_latency(spec, opt, machine, len(g))
+    loss = memory_time(mprime * spec.vocab / g.gy * CROSS_ENTROPY_BYTES, machine)
+    optimizer = _optimizer_time(spec, g, opt, machine, memory_layout)
+    device = compute_fwd + compute_bwd + elementwise + loss
+    compute = mb * np.maximum(device, kernels) + optimizer     # the host launches no faster than kernel_latency
     exposed, raw = comm.exposed, comm.raw
     for d in ("x", "y", "z"):
         exposed[d] = exposed[d] * mb
@@ -334,6 +356,7 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
         flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(prob.dtype),
         extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd,
                "attention": mb * 3 * spec.layers * att, "elementwise": mb * elementwise,
+               "kernels": mb * kernels, "loss": mb * loss, "optimizer": optimizer,
                "scores_fwd": mb * spec.layers * scores_fwd, "dp_buckets": np.where(g.gd > 1, buckets.count, 0),
                "zero": np.full(len(g), opt.zero)},
     )

@@ -30,7 +30,7 @@ import numpy as np
 from scipy import stats
 
 from .errors import PerfModelError
-from .machines import load_machine
+from .machines import Machine, load_machine
 from .pipeline import TPPPDP, price
 from .spec import Options, Problem, TransformerSpec
 
@@ -128,10 +128,11 @@ def vtrain_problem(r: dict, vocab: int = VTRAIN_VOCAB) -> Problem:
                    Options(dropout=True, fused_attention=False, grad_reduce="fp16"))
 
 
-def price_vtrain(path: str | Path | None = None, machine: str = "dgx-a100") -> SuiteResult:
-    """Every vTrain row priced at its configuration; one ``pipeline.price`` call per problem."""
+def price_vtrain(path: str | Path | None = None, machine: str | Machine = "dgx-a100") -> SuiteResult:
+    """Every vTrain row priced at its configuration on ``machine`` (a name or a :class:`Machine`); one
+    ``pipeline.price`` call per problem."""
     rows = vtrain_rows(path)
-    m = load_machine(machine).scaled(memory=_NO_MEMORY_LIMIT)
+    m = (machine if isinstance(machine, Machine) else load_machine(machine)).scaled(memory=_NO_MEMORY_LIMIT)
     by: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         by.setdefault((r["gpus"], r["batch"], r["hidden"], r["heads"], r["layers"], r["seq"]), []).append(i)

@@ -132,8 +132,8 @@ def test_pipeline_time_is_bubble_plus_stage_by_hand():
     row = pl.price(prob, m, [c])[0]
     assert row.feasible and row.microbatches == 16
     stage = pm.Problem(replace(spec, layers=6), 64, 32, options=pm.Options(microbatches=16, zero1_over_d=True))
-    ev = pm.evaluate(stage, m, Grids.of([(1, 4, 1, 2)]), inflight=4.0)
-    t_mb = (ev.compute[0] + sum(ev.exposed[d][0] for d in "xyz")) / 16
+    ev = pm.evaluate(stage, m, Grids.of([(1, 4, 1, 2)]), inflight=4.0, memory_layout="megatron")
+    t_mb = (ev.compute[0] - ev.extra["optimizer"][0] + sum(ev.exposed[d][0] for d in "xyz")) / 16
     assert row.bubble_s == pytest.approx(3 * t_mb)                          # (p-1) · t_mb: (p-1)/(m+p-1) of 19 slots
     assert row.compute_s == pytest.approx(ev.compute[0])
     send = 2 * 2048 * spec.hidden * 2 / 4                                     # [mbs·S, h/t] bf16
@@ -151,7 +151,7 @@ def test_pp1_is_the_4d_model_of_the_same_grid():
     m = pm.load_machine("frontier")
     row = pl.price(prob, m, [pl.TPPPDP(2, 1, 4, mbs=2)])[0]
     ev = pm.evaluate(pm.Problem(prob.model, 16, 8, options=pm.Options(microbatches=2, zero1_over_d=True)), m,
-                     Grids.of([(1, 2, 1, 4)]))
+                     Grids.of([(1, 2, 1, 4)]), memory_layout="megatron")     # Megatron's optimizer step too
     assert row.time_s == pytest.approx(float(ev.time[0])) and row.bubble_s == 0 and row.p2p_s == 0
 
 
@@ -241,10 +241,8 @@ def test_cli_refuses_non_positive_sizes(flag, value, capsys):
 
 #: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see docs/results.md):
 #: kept here so a change that moves them is seen; a change that brings one within 15% moves it to WITHIN.
-KNOWN_MISSES = {"SC24 Frontier 320B": 1.48, "4D paper Perlmutter 80B": 0.79, "Frontier study 22B": 1.18,
-                "Frontier study 175B": 1.40, "Frontier study 1T": 1.66,
-                "Korthikanti 22B full": 1.16, "Korthikanti 22B sel+SP": 1.27, "Korthikanti 175B sel+SP": 1.20,
-                "Korthikanti 530B sel+SP": 1.16}
+KNOWN_MISSES = {"SC24 Frontier 320B": 1.48, "4D paper Perlmutter 80B": 0.79, "Frontier study 22B": 1.17,
+                "Frontier study 175B": 1.40, "Frontier study 1T": 1.66}
 
 
 def test_check_published(capsys, monkeypatch):

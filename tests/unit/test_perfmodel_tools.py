@@ -14,14 +14,14 @@ TINY = ["--model", "gpt-tiny", "--gpus", "8", "--machine", "perlmutter", "--batc
 
 
 def test_cli_rank_outputs(tmp_path, capsys):
-    assert main(["rank", *TINY, "--top", "6", "--csv", str(tmp_path / "r.csv"), "--json", str(tmp_path / "r.json"),
+    assert main(["rank", *TINY, "--top", "12", "--csv", str(tmp_path / "r.csv"), "--json", str(tmp_path / "r.json"),
                  "--emit-slurm", str(tmp_path / "slurm")]) == 0
     out = capsys.readouterr().out
     assert "TP1xPP" in out and "best TP×PP×DP" in out          # 4D and TP×PP×DP ranked in one table
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["rows"][0]["rank"] == 1 and doc["machine"] == "perlmutter"
     assert (tmp_path / "r.csv").read_text().startswith("rank,grid,")
-    scripts = sorted((tmp_path / "slurm").glob("*.sbatch"))       # one per 4D row of the 6 printed
+    scripts = sorted((tmp_path / "slurm").glob("*.sbatch"))       # one per 4D row of the 12 printed
     table = [line.split("│") for line in out.splitlines() if line.startswith("│")]
     printed = [(int(c[1]), c[2].strip()) for c in table if c[3].strip() == "yes"]   # (row, grid) axgrid runs
     assert [s.name for s in scripts] == [f"row{n:02d}_{g}.sbatch" for n, g in printed] and printed
