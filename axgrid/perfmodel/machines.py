@@ -25,7 +25,9 @@ Optional measured tables (each with a ``# source:`` comment line in the shipped 
         a GEMM's rate is scaled by its last wave's occupancy (``compute.wave_efficiency``); without them, not.
     kernel_latency = <s>
         the time each kernel of a step adds beyond its work (launch and synchronisation), times the kernels a
-        block runs (``compute.BLOCK_KERNELS``); without it, not priced.
+        block runs (``compute.BLOCK_KERNELS_*``), a floor under the GPU's time per micro-batch; without it, none.
+    host_device_exponent = <k>
+        how the host's time and the GPU's combine (``model.host_bound``): (gpu^k + host^k)^(1/k); absent, the larger.
     hbm_bandwidth = <bytes/s>
         one GPU's (GCD's) memory bandwidth from its spec sheet: prices the element-wise kernels
         (``compute.elementwise_bytes``); without it they are not priced, and ``rank`` says so.
@@ -150,6 +152,7 @@ class Machine:
     sm_count: int = 0                    # streaming multiprocessors (compute units); 0: no wave quantisation
     gemm_tile: tuple[int, int] = (128, 128)
     kernel_latency: float = 0.0          # seconds each kernel adds beyond its work; 0: not priced
+    host_device_exponent: float = 0.0    # the smooth maximum of host and GPU time (``model.host_bound``); 0: max
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s per GPU for a dtype (fp16 uses the bf16 figure: same tensor-core rate)."""
@@ -311,6 +314,8 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
         kw["gemm_tile"] = tuple(_check(where, "gemm_tile", v, int) for v in tile)
     if "kernel_latency" in data:
         kw["kernel_latency"] = _check(where, "kernel_latency", data["kernel_latency"], float)
+    if "host_device_exponent" in data:
+        kw["host_device_exponent"] = _check(where, "host_device_exponent", data["host_device_exponent"], float)
     if "bandwidth_table" in data:
         kw["bandwidth_table"] = _bandwidth_rows(where, data["bandwidth_table"])
     if "gemm_efficiency" in data:
@@ -402,6 +407,8 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
         lines += [f"sm_count = {m.sm_count}", f"gemm_tile = [{m.gemm_tile[0]}, {m.gemm_tile[1]}]"]
     if m.kernel_latency > 0:
         lines.append(f"kernel_latency = {m.kernel_latency!r}")
+    if m.host_device_exponent > 0:
+        lines.append(f"host_device_exponent = {m.host_device_exponent!r}")
     if m.bandwidth_table:
         rows = ", ".join(f'{{placement = "{r.placement}", stride = {r.stride}, group = {r.group}, beta = {r.beta!r}}}'
                          for r in m.bandwidth_table)

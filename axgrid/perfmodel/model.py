@@ -194,6 +194,18 @@ def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.nda
     return spec.layers * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + scores_fwd), scores_fwd
 
 
+def host_bound(device: np.ndarray, host: np.ndarray, machine: Machine) -> np.ndarray:
+    """A micro-batch's seconds [N] from the GPU's ``device`` time and the ``host``'s (launching its kernels): the
+    host launches ahead of the GPU, so the larger of the two -- near the crossover some kernels wait on the host and
+    others on the GPU, a smooth maximum (device^k + host^k)^(1/k) with ``Machine.host_device_exponent`` k
+    (0: the plain maximum)."""
+    k = machine.host_device_exponent
+    if k <= 0:
+        return np.maximum(device, host)
+    top = np.maximum(np.maximum(device, host), 1e-300)
+    return top * ((device / top) ** k + (host / top) ** k) ** (1.0 / k)
+
+
 def _kernel_latency(spec: TransformerSpec, opt: Options, machine: Machine, n: int) -> np.ndarray:
     """Seconds [N] per micro-batch that the kernels' launch and synchronisation add (``Machine.kernel_latency``
     times the kernels: ``compute.BLOCK_KERNELS_*`` per block forward, again with recompute, twice in the backward;
@@ -335,7 +347,7 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     loss = memory_time(mprime * spec.vocab / g.gy * CROSS_ENTROPY_BYTES, machine)
     optimizer = _optimizer_time(spec, g, opt, machine, memory_layout)
     device = compute_fwd + compute_bwd + elementwise + loss
-    compute = mb * np.maximum(device, kernels) + optimizer     # the host launches no faster than kernel_latency
+    compute = mb * host_bound(device, kernels, machine) + optimizer
     exposed, raw = comm.exposed, comm.raw
     for d in ("x", "y", "z"):
         exposed[d] = exposed[d] * mb

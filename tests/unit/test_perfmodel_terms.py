@@ -1,5 +1,5 @@
-"""The step's small-model terms (issue 37): a GEMM's wave occupancy on the GPU's SMs, the host's floor of
-kernel_latency per kernel, the optimizer step and the cross entropy through HBM -- each by hand."""
+"""The step's small-model terms (issue 37): a GEMM's wave occupancy on the GPU's SMs, the host's time of
+kernel_latency per kernel and how it combines with the GPU's, the optimizer step and the cross entropy through HBM -- each by hand."""
 from dataclasses import replace
 
 import numpy as np
@@ -10,6 +10,7 @@ from axgrid.perfmodel import pipeline as pl
 from axgrid.perfmodel.compute import (BLOCK_KERNELS_UNFUSED, OPTIMIZER_BYTES, OUTER_KERNELS, gemm_rate,
                                       wave_efficiency)
 from axgrid.perfmodel.machines import machine_to_toml
+from axgrid.perfmodel.model import host_bound
 
 
 def test_wave_occupancy_on_108_sms_by_hand():
@@ -32,9 +33,24 @@ def test_a_small_stage_is_held_to_the_hosts_kernel_rate():
     row = pl.price(prob, m, [pl.TPPPDP(8, 1, 1, mbs=1, recompute="full")])[0]
     kernels = spec.layers * BLOCK_KERNELS_UNFUSED * 4 + 3 * OUTER_KERNELS            # forward, recompute, backward×2
     optimizer = spec.params / 8 * OPTIMIZER_BYTES["megatron"] / m.hbm_bandwidth
+    plain = replace(m, host_device_exponent=0.0)       # the plain maximum: the host's floor alone here
+    row = pl.price(prob, plain, [pl.TPPPDP(8, 1, 1, mbs=1, recompute="full")])[0]
     assert row.compute_s == pytest.approx(16 * kernels * m.kernel_latency + optimizer)
     fast = pl.price(prob, replace(m, kernel_latency=0.0), [pl.TPPPDP(8, 1, 1, mbs=1, recompute="full")])[0]
     assert fast.compute_s < row.compute_s / 2          # the GPU's own work is far below the host's floor here
+    # the shipped smooth maximum: (gpu³ + host³)^(1/3) per micro-batch, the GPU's time from the run without a floor
+    smooth = pl.price(prob, m, [pl.TPPPDP(8, 1, 1, mbs=1, recompute="full")])[0]
+    gpu, host = (fast.compute_s - optimizer) / 16, kernels * m.kernel_latency
+    assert m.host_device_exponent == 3.0
+    assert smooth.compute_s == pytest.approx(16 * (gpu**3 + host**3) ** (1 / 3) + optimizer)
+
+
+def test_host_bound_by_hand():
+    m = pm.load_machine("dgx-a100")
+    d, h = np.array([1.0, 3.0, 0.0]), np.array([2.0, 1.0, 0.0])
+    assert host_bound(d, h, replace(m, host_device_exponent=0.0)).tolist() == [2.0, 3.0, 0.0]
+    assert host_bound(d, h, replace(m, host_device_exponent=1.0)).tolist() == pytest.approx([3.0, 4.0, 0.0])
+    assert host_bound(d, h, m) == pytest.approx([9 ** (1 / 3), 28 ** (1 / 3), 0.0])
 
 
 def test_optimizer_step_is_sharded_over_d_with_a_distributed_optimizer():
@@ -52,7 +68,8 @@ def test_new_machine_fields_roundtrip_and_are_checked(tmp_path):
     f = tmp_path / "a.toml"
     f.write_text(machine_to_toml(m))
     back = pm.load_machine(f)
-    assert (back.sm_count, back.gemm_tile, back.kernel_latency) == (108, (128, 128), m.kernel_latency)
+    assert (back.sm_count, back.gemm_tile, back.kernel_latency, back.host_device_exponent) == (
+        108, (128, 128), m.kernel_latency, 3.0)
     f.write_text(machine_to_toml(m).replace("gemm_tile = [128, 128]", "gemm_tile = [128]"))
     with pytest.raises(pm.MachineFileError, match=r"gemm_tile' must be \[rows, columns\]"):
         pm.load_machine(f)
