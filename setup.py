@@ -12,7 +12,7 @@ setup(
     # of ours shadows another package (Hugging Face's `kernels`); experiments/ are scripts run from a checkout and are
     # not installed
     packages=find_packages(include=["axgrid", "axgrid.*"]),
-    package_data={"axgrid.perfmodel": ["machines/*.toml", "machines/*.residuals.json"],
+    package_data={"axgrid.perfmodel": ["machines/*.toml", "machines/*.residuals.json", "data/*.csv", "data/*.md"],
                   "axgrid.data": ["text/*.txt", "text/*.md", "instructions/*.jsonl", "instructions/*.md"]},
     # Every range below is one that was tested: the lower bound is the version in requirements.lock (make test), the
     # upper bound stops before the next minor release, which nothing has tested yet; `make test-latest` tries the newest

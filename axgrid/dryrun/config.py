@@ -130,6 +130,20 @@ class Prediction:
     memory: dict[str, Optional[int]]
     comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
     not_modelled: str = ""
+    step: str = ""        # perfmodel's time per batch on the machine, with its error band, as one phrase
+
+
+def step_time(cfg: "DryRunConfig") -> str:
+    """perfmodel's predicted seconds per batch of ``cfg`` on its machine (``perfmodel.price_grid``) with the
+    machine's error band, as a phrase for the table; for a Hugging Face config, that it is not modelled."""
+    if cfg.hf:
+        return "s/batch not modelled for a Hugging Face decoder (perfmodel prices the GPT's step)"
+    machine = pm.load_machine(cfg.machine)
+    row = pm.price_grid(cfg.problem(), machine, cfg.shape)
+    if not row.feasible:
+        return f"not priced on {machine.name}: {row.reason}"
+    band = f"band {row.time_low:.3g}–{row.time_high:.3g} s" if row.time_high > row.time_low else "no band held"
+    return f"{row.time_s:.3f} s/batch on {machine.name} ({band})"
 
 
 def predict(cfg: DryRunConfig) -> Prediction:
@@ -152,7 +166,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip)      # the step clips (step.py)
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    return Prediction(peak, memory, comm)
+    return Prediction(peak, memory, comm, step=step_time(cfg))
 
 
 def _predict_decoder(cfg: DryRunConfig) -> Prediction:
@@ -174,7 +188,7 @@ def _predict_decoder(cfg: DryRunConfig) -> Prediction:
     unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])
     memory.update({c: None for c in unknown})
     return Prediction(None, memory, comm, f"{', '.join(unknown)} and the peak: not modelled by perfmodel for "
-                                          f"{m.family} (its formulas are the GPT block's)")
+                                          f"{m.family} (its formulas are the GPT block's)", step=step_time(cfg))
 
 
 # ------------------------------------------------------------------------------------------------ choosing

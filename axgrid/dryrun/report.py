@@ -2,10 +2,12 @@
 
 JSON: ``{"config": {...}, "ranks": [{"rank", "coord", "peak_bytes", "predicted_peak_bytes", "moment", "memory":
 {category: bytes}, "predicted_memory": {...}, "comm_bytes": {dim: bytes}, "predicted_comm_bytes": {dim: bytes},
-"comm": [{"dim", "op", "calls", "bytes", "predicted_calls", "predicted_bytes"}], "seconds", "not_modelled"}],
+"comm": [{"dim", "op", "calls", "bytes", "predicted_calls", "predicted_bytes"}], "seconds", "predicted_step",
+"not_modelled"}],
 "agree": bool, "disagreements": [str], "fits": bool, "machine_memory_bytes"}``. A figure perfmodel does not model
 for the model's family (a Hugging Face config's activations, say) is ``null`` in the JSON and "not modelled" in the
-table, and ``not_modelled`` says which; it is not compared.
+table, and ``not_modelled`` says which; it is not compared. ``seconds`` is this host's time to run the step on fake
+devices (no GPU's); ``predicted_step`` perfmodel's seconds per batch on the machine with its error band.
 """
 from __future__ import annotations
 
@@ -27,6 +29,14 @@ def human(n: float) -> str:
         if n >= scale:
             return f"{sign}{n / scale:.2f} {unit}"
     return f"{sign}{int(n)} B"
+
+
+def size(n: Optional[int]) -> str:
+    """A size for a table column: ``human(n)``; a negative one (a "rest of the peak" whose parts add up to more
+    than the peak) is never printed as a size: "none left" (the difference column says by how much)."""
+    if n is None:
+        return NOT_MODELLED
+    return human(n) if n >= 0 else "none left"
 
 
 def _diff(got: int, want: int) -> str:
@@ -73,20 +83,20 @@ def disagreements(m, p: Prediction, zero: int = 0) -> list[str]:
 def table(cfg: DryRunConfig, m, p: Prediction) -> str:
     """One rank's figures beside perfmodel's."""
     coord = " ".join(f"{k}{v}" for k, v in m.coord.items())
-    lines = [f"rank {m.rank} ({coord}) of {cfg.grid}: one step in {m.seconds:.1f} s",
+    lines = [f"rank {m.rank} ({coord}) of {cfg.grid}: this host ran the step on fake devices in {m.seconds:.1f} s "
+             f"(host time, not a GPU's); perfmodel: {p.step or 'no time'}",
              f"  {'memory':<14}{'dry run':>14}{'perfmodel':>14}  difference"]
     low, high = bucket_bounds(cfg.zero, p)
-
-    def predicted(n: Optional[int]) -> str:
-        return NOT_MODELLED if n is None else human(n)
     for c in CATEGORIES:
         diff = _diff(m.memory[c], p.memory[c]) if p.memory[c] is not None else ""
         if c == "buckets" and cfg.zero and high is not None:
             diff = f"{'within' if low <= m.memory[c] <= high else 'OUTSIDE'} perfmodel's bound (zero={cfg.zero})"
         elif c == "temporaries":
-            diff += " (the rest of the peak)"
-        lines.append(f"  {c:<14}{human(m.memory[c]):>14}{predicted(p.memory[c]):>14}  {diff}")
-    lines.append(f"  {'peak':<14}{human(m.peak):>14}{predicted(p.peak):>14}  "
+            over = [f"{who}'s other categories exceed its peak by {human(-n)}"
+                    for who, n in (("the dry run", m.memory[c]), ("perfmodel", p.memory[c])) if n is not None and n < 0]
+            diff = "the rest of the peak" + (f": {'; '.join(over)}" if over else f", {diff}" if diff else "")
+        lines.append(f"  {c:<14}{size(m.memory[c]):>14}{size(p.memory[c]):>14}  {diff}")
+    lines.append(f"  {'peak':<14}{human(m.peak):>14}{size(p.peak):>14}  "
                  f"{_diff(m.peak, p.peak) if p.peak is not None else ''}")
     if p.not_modelled:
         lines.append(f"  perfmodel: {p.not_modelled}")
@@ -112,4 +122,4 @@ def rank_json(m, p: Prediction) -> dict:
             "comm": [{"dim": d, "op": o, "calls": m.comm.get((d, o), (0, 0))[0],
                       "bytes": m.comm.get((d, o), (0, 0))[1], "predicted_calls": p.comm.get((d, o), (0, 0))[0],
                       "predicted_bytes": p.comm.get((d, o), (0, 0))[1]} for d, o in keys],
-            "seconds": round(m.seconds, 3), "host_violations": m.host_violations, "not_modelled": p.not_modelled}
+            "seconds": round(m.seconds, 3), "predicted_step": p.step, "host_violations": m.host_violations, "not_modelled": p.not_modelled}

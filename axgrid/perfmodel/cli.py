@@ -1,4 +1,5 @@
-"""Command line: ``python -m axgrid.perfmodel {rank, machines, calibrate, validate, check-published}``."""
+"""Command line: ``python -m axgrid.perfmodel {rank, machines, calibrate, validate, check-published,
+validate-public}``."""
 from __future__ import annotations
 
 import argparse
@@ -328,6 +329,22 @@ def cmd_check_published(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate_public(a: argparse.Namespace) -> int:
+    from .suites import run_suites, summary_line, write_scatter
+
+    names = tuple(a.suite) if a.suite else None
+    results = run_suites(names, a.vtrain) if names else run_suites(vtrain_path=a.vtrain)
+    for res in results:
+        print(summary_line(res))
+    if a.out_dir:
+        for res in results:
+            path = f"{a.out_dir}/{res.name}.png"
+            _output("the scatter plot", path, lambda f, r=res: write_scatter(r, f) or print(
+                f"matplotlib is not installed: no {f}"))
+            print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m axgrid.perfmodel", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -386,6 +403,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--write-residuals", action="store_true",
                     help="store each machine's residuals (its error band) as axgrid/perfmodel/machines/NAME.residuals.json")
     cp.set_defaults(fn=cmd_check_published)
+    vp = sub.add_parser("validate-public", help="MAPE, per-group Spearman and top-1 regret on public measurements: "
+                                                "vTrain's 1,440 A100 runs, the Korthikanti eight, check-published's 15")
+    vp.add_argument("--suite", action="append", choices=("vtrain", "korthikanti", "published"),
+                    help="one suite (repeat for several; default: all three)")
+    vp.add_argument("--vtrain", metavar="CSV", help="vTrain's data/ground_truth_single.csv (default: the shipped copy)")
+    vp.add_argument("--out-dir", metavar="DIR", help="write a predicted-vs-measured scatter PNG per suite there")
+    vp.set_defaults(fn=cmd_validate_public)
     return ap
 
 

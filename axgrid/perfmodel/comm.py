@@ -259,6 +259,67 @@ def ring_alpha_beta(p, stride, machine: Machine) -> tuple[np.ndarray, np.ndarray
     return alpha, beta, intra
 
 
+def _table_bandwidth(tables, p: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Bus bandwidth [N] of one collective's ``tables`` (``machines.CollectiveTable``, any order) at group sizes
+    ``p`` and buffers ``nbytes``: log-log in size within each measured group (beyond the sizes measured, the
+    nearest size's bandwidth: below the smallest the α-β latency then bounds the time, ``collective_time``), then log-log in group size between
+    the two measured groups around p (above the largest, the largest's); NaN below the smallest group."""
+    tables = sorted(tables, key=lambda t: t.group)
+    groups = np.array([t.group for t in tables], float)
+    ls = np.log(np.maximum(nbytes, 1.0))
+
+    def at(t) -> np.ndarray:
+        x, y = np.log(np.array(t.nbytes)), np.log(np.array(t.bus_bandwidth))
+        return np.exp(np.interp(ls, x, y))        # beyond the sizes measured: the nearest size's bandwidth
+    per = np.stack([at(t) for t in tables])                                # [tables, N]
+    lp = np.log(np.clip(p, groups[0], groups[-1]))
+    hi = np.clip(np.searchsorted(np.log(groups), lp), 1, len(groups) - 1) if len(groups) > 1 else np.zeros_like(p)
+    if len(groups) == 1:
+        bw = per[0]
+    else:
+        lo = hi - 1
+        g0, g1 = np.log(groups[lo]), np.log(groups[hi])
+        w = (lp - g0) / (g1 - g0)
+        cols = np.arange(per.shape[1])
+        bw = np.exp((1 - w) * np.log(per[lo, cols]) + w * np.log(per[hi, cols]))
+    return np.where(p < groups[0], np.nan, bw)
+
+
+def measured_time(op: str, p, nbytes, machine: Machine) -> np.ndarray:
+    """Seconds [N] of one ``op`` over ``p`` GPUs on a buffer of ``nbytes`` (ledger convention) from the machine's
+    measured ``collective_tables`` (nccl-tests' bus bandwidth: (p−1)/p · bytes / busbw, twice that for an
+    all-reduce), NaN where none covers it (no table for the op, or p below every measured group); an all-reduce
+    without its own table is a reduce-scatter then an all-gather of the same buffer, when both are held."""
+    p = np.asarray(p, float)
+    nbytes = np.broadcast_to(np.asarray(nbytes, float), np.broadcast_shapes(p.shape, np.shape(nbytes)))
+    p = np.broadcast_to(p, nbytes.shape)
+    held = {t.collective for t in machine.collective_tables}
+    if op not in held:
+        if op == "all_reduce" and {"all_gather", "reduce_scatter"} <= held:
+            return measured_time("reduce_scatter", p, nbytes, machine) + measured_time("all_gather", p, nbytes,
+                                                                                         machine)
+        return np.full(nbytes.shape, np.nan)
+    bw = _table_bandwidth([t for t in machine.collective_tables if t.collective == op], p.ravel(), nbytes.ravel())
+    f = 2.0 if op == "all_reduce" else 1.0
+    t = f * (p.ravel() - 1) / np.maximum(p.ravel(), 1) * nbytes.ravel() / bw
+    return np.where((p.ravel() > 1) & (nbytes.ravel() > 0), t, 0.0).reshape(nbytes.shape)
+
+
+def collective_time(op: str, p, nbytes, alpha, beta, machine: Machine, calls=1) -> np.ndarray:
+    """Seconds [N] of ``calls`` collectives moving ``nbytes`` in all (``nbytes / calls`` each): the α-β ring
+    (:func:`ring_time`, latency once per call) and, where the machine holds a measured table for it
+    (:func:`measured_time`), the larger of the two: the table measures consecutive GPUs with the network to
+    themselves, the α-β rule the sharing of a node's links by rings spaced apart, and each bounds the time from
+    below."""
+    calls = np.asarray(calls, float)
+    ab = ring_time(op, p, nbytes, alpha, beta) + (calls - 1) * (2.0 if op == "all_reduce" else 1.0) * (
+        np.asarray(p, float) - 1) * alpha * (np.asarray(nbytes) > 0)
+    if not machine.collective_tables:
+        return ab
+    tab = calls * measured_time(op, p, np.asarray(nbytes, float) / np.maximum(calls, 1), machine)
+    return np.where(np.isnan(tab), ab, np.maximum(ab, tab))
+
+
 def ring_time(op: str, p, nbytes, alpha, beta) -> np.ndarray:
     """Ring cost in seconds on a buffer of ``nbytes`` (all-reduce tensor / AG output / RS input):
     all-reduce 2(p−1)/p·S/β + 2(p−1)α; all-gather and reduce-scatter (p−1)/p·S/β + (p−1)α.

@@ -38,13 +38,26 @@ def _table_rate(m, n, k, machine: Machine, dtype: str) -> np.ndarray | None:
     return rate[best].reshape(m.shape)
 
 
-def gemm_rate(m, n, k, machine: Machine, dtype: str) -> np.ndarray:
-    """Achieved FLOP/s of an [m,k]·[k,n] GEMM (never above the machine's peak)."""
+def wave_efficiency(m, n, machine: Machine, batch=1) -> np.ndarray:
+    """The share of the GPU's ``sm_count`` compute units busy over a GEMM with an [m, n] output (``batch`` of them
+    at once): it runs in ceil(tiles / SMs) waves of one ``gemm_tile`` output tile per unit, so the last wave's
+    empty units are lost, tiles / (waves · SMs); 1 on a machine without ``sm_count``."""
+    if not machine.sm_count:
+        return np.ones(np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(batch)))
+    tm, tn = machine.gemm_tile
+    tiles = (np.ceil(np.asarray(m, float) / tm) * np.ceil(np.asarray(n, float) / tn) * np.asarray(batch, float))
+    waves = np.ceil(tiles / machine.sm_count)
+    return tiles / np.maximum(waves * machine.sm_count, 1.0)
+
+
+def gemm_rate(m, n, k, machine: Machine, dtype: str, batch=1) -> np.ndarray:
+    """Achieved FLOP/s of an [m,k]·[k,n] GEMM, ``batch`` of them in one kernel (never above the machine's peak):
+    the measured table, or the efficiency curve times the wave occupancy (:func:`wave_efficiency`)."""
     peak = machine.peak_flops(dtype)
     rate = _table_rate(m, n, k, machine, dtype)
     if rate is None:
         c = machine.gemm_curve(dtype)
-        return peak * curve_efficiency(m, n, k, c.eff_max, c.dim_half)
+        return peak * curve_efficiency(m, n, k, c.eff_max, c.dim_half) * wave_efficiency(m, n, machine, batch)
     return np.minimum(rate, peak)
 
 
@@ -88,3 +101,27 @@ def memory_time(nbytes, machine: Machine) -> np.ndarray:
     file has no figure (the element-wise term is then not priced; ``Machine.elementwise_note`` says so)."""
     nbytes = np.asarray(nbytes, float)
     return nbytes / machine.hbm_bandwidth if machine.hbm_bandwidth > 0 else np.zeros_like(nbytes)
+
+
+#: Kernels one block's forward launches (each adds ``Machine.kernel_latency``), as Megatron-LM's GPT layer runs
+#: them: layer norm, QKV GEMM, QKᵀ, scale-mask-softmax, dropout, ·V, the context's copy to [s, b, h], the
+#: attention-out GEMM, bias-dropout-add, layer norm, MLP-up GEMM, bias-GELU, MLP-down GEMM, bias-dropout-add (14);
+#: with a fused (flash-style) attention and no dropout, QKᵀ/softmax/dropout/·V are one kernel (11). The backward
+#: launches twice as many (each GEMM's data and weight gradients; each element-wise kernel's backward and its bias
+#: or weight-gradient reduction).
+BLOCK_KERNELS_UNFUSED = 14
+BLOCK_KERNELS_FUSED = 11
+#: Kernels of the rest of a micro-batch's forward: the embedding lookup, position add and dropout, the final layer
+#: norm, the head GEMM and the vocabulary-parallel cross entropy (cast, max, subtract, exp, sum, log, gather, mean);
+#: the backward twice as many.
+OUTER_KERNELS = 13
+#: HBM bytes the optimizer step moves per parameter it updates. Megatron-LM's fp16/bf16 mixed precision
+#: ("megatron"): copy the gradients to fp32 (read 2, write 4), unscale and check for inf (read 4, write 4, read 4),
+#: the clipping's norm (read 4), Adam (read gradient, master weight, two moments: 16; write weight and moments: 12),
+#: copy the master weights to the 16-bit model (read 4, write 2): 56. The 4D runtime ("axgrid", fp32 weights, fused
+#: AdamW): the clipping's norm (4), AdamW (28), zeroing the gradients (4): 36.
+OPTIMIZER_BYTES = {"megatron": 56.0, "axgrid": 36.0}
+#: HBM bytes per logit of the vocabulary-parallel cross entropy (Megatron-LM: the logits cast to fp32, max,
+#: subtract, exp, sum, divide, and in the backward softmax − one-hot, scaled, cast back): forward 2 + 4 + 4 + 4 + 4
+#: + 4 + 4 + 4 = 30, backward 4 + 4 + 4 + 4 + 4 + 2 = 22.
+CROSS_ENTROPY_BYTES = 52.0

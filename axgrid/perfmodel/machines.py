@@ -9,8 +9,25 @@ Optional measured tables (each with a ``# source:`` comment line in the shipped 
         of ``group`` or more members spaced ``stride`` or more ranks apart, in that placement class. A ring uses
         the row of its class with the largest stride ≤ its stride, then the largest group ≤ its size; a ring no
         row covers falls back to the α-β link-sharing rule (``comm.ring_alpha_beta``).
+    [[collective_table]]
+    collective = "all_gather"|"reduce_scatter"|"all_reduce", group = <GPUs>, source = "<where measured>",
+    bytes = [<buffer bytes>, ...], bus_bandwidth = [<bytes/s>, ...]
+        measured bus bandwidth (nccl-tests' busbw: time = (p−1)/p · bytes / busbw, ×2 for an all-reduce) of one
+        collective over ``group`` consecutive GPUs by buffer size in the ledger's convention (the all-gather's
+        output, the reduce-scatter's input, the all-reduced tensor), sizes ascending. ``comm.measured_time``
+        interpolates log-log in size and group size; a ring whose group is smaller than every table's, or an
+        operation without a table (an all-reduce needs its own, or both an all-gather's and a reduce-scatter's),
+        falls back to α-β.
     gemm_efficiency = {bf16 = {eff_max = <0..1>, dim_half = <elements>}, fp32 = {...}}
         per-dtype GEMM efficiency curve eff = eff_max · d / (d + dim_half), d = the smallest GEMM dimension.
+    sm_count = <int>, gemm_tile = [<rows>, <columns>]
+        the GPU's streaming multiprocessors (compute units) and the output tile one of them computes at a time:
+        a GEMM's rate is scaled by its last wave's occupancy (``compute.wave_efficiency``); without them, not.
+    kernel_latency = <s>
+        the time each kernel of a step adds beyond its work (launch and synchronisation), times the kernels a
+        block runs (``compute.BLOCK_KERNELS_*``), a floor under the GPU's time per micro-batch; without it, none.
+    host_device_exponent = <k>
+        how the host's time and the GPU's combine (``model.host_bound``): (gpu^k + host^k)^(1/k); absent, the larger.
     hbm_bandwidth = <bytes/s>
         one GPU's (GCD's) memory bandwidth from its spec sheet: prices the element-wise kernels
         (``compute.elementwise_bytes``); without it they are not priced, and ``rank`` says so.
@@ -67,6 +84,22 @@ class BandwidthRow:
     beta: float
 
 
+#: the collectives a ``collective_table`` may measure
+TABLE_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+@dataclass(frozen=True)
+class CollectiveTable:
+    """Measured bus bandwidth (bytes/s) of ``collective`` over ``group`` consecutive GPUs, by buffer ``nbytes``
+    (ledger convention, ascending); ``source`` names the measurement."""
+
+    collective: str
+    group: int
+    nbytes: tuple[float, ...]
+    bus_bandwidth: tuple[float, ...]
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class GemmCurve:
     """GEMM efficiency eff_max · d / (d + dim_half) of the smallest dimension d, for one dtype."""
@@ -115,6 +148,11 @@ class Machine:
     bandwidth_table: tuple[BandwidthRow, ...] = ()
     gemm_curves: dict[str, GemmCurve] = field(default_factory=dict)
     hbm_bandwidth: float = 0.0          # bytes/s per GPU; 0 = not known: element-wise kernels not priced
+    collective_tables: tuple[CollectiveTable, ...] = ()
+    sm_count: int = 0                    # streaming multiprocessors (compute units); 0: no wave quantisation
+    gemm_tile: tuple[int, int] = (128, 128)
+    kernel_latency: float = 0.0          # seconds each kernel adds beyond its work; 0: not priced
+    host_device_exponent: float = 0.0    # the smooth maximum of host and GPU time (``model.host_bound``); 0: max
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s per GPU for a dtype (fp16 uses the bf16 figure: same tensor-core rate)."""
@@ -153,6 +191,8 @@ class Machine:
             placement={k: Placement(p.alpha, p.beta * bandwidth) for k, p in self.placement.items()},
             gemm_table=tuple(replace(g, flops_per_s=g.flops_per_s * flops) for g in self.gemm_table),
             bandwidth_table=tuple(replace(r, beta=r.beta * bandwidth) for r in self.bandwidth_table),
+            collective_tables=tuple(replace(t, bus_bandwidth=tuple(b * bandwidth for b in t.bus_bandwidth))
+                                    for t in self.collective_tables),
             memory_bytes=int(self.memory_bytes * memory),
         )
 
@@ -212,6 +252,32 @@ def _bandwidth_rows(where: str, rows: Any) -> tuple[BandwidthRow, ...]:
     return tuple(out)
 
 
+def _collective_tables(where: str, rows: Any) -> tuple[CollectiveTable, ...]:
+    if not isinstance(rows, list):
+        raise MachineFileError(f"{where}: 'collective_table' must be an array of tables ([[collective_table]])")
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: collective_table {i}"
+        if not isinstance(r, dict):
+            raise MachineFileError(f"{w} is not a table")
+        for key in ("collective", "group", "bytes", "bus_bandwidth", "source"):
+            if key not in r:
+                raise MachineFileError(f"{w}: missing field {key!r}")
+        if r["collective"] not in TABLE_COLLECTIVES:
+            raise MachineFileError(f"{w}: collective must be one of {', '.join(TABLE_COLLECTIVES)}, got "
+                                   f"{r['collective']!r}")
+        sizes, bw = r["bytes"], r["bus_bandwidth"]
+        if not (isinstance(sizes, list) and isinstance(bw, list) and len(sizes) == len(bw) >= 1):
+            raise MachineFileError(f"{w}: bytes and bus_bandwidth must be arrays of the same length (>= 1)")
+        sizes = [_check(w, "bytes", v, float) for v in sizes]
+        bw = [_check(w, "bus_bandwidth", v, float) for v in bw]
+        if any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise MachineFileError(f"{w}: bytes must be strictly ascending")
+        out.append(CollectiveTable(r["collective"], _check(w, "group", r["group"], int), tuple(sizes), tuple(bw),
+                                   _check(w, "source", r["source"], str)))
+    return tuple(out)
+
+
 def _gemm_curves(where: str, tab: Any) -> dict[str, GemmCurve]:
     if not isinstance(tab, dict):
         raise MachineFileError(f"{where}: field 'gemm_efficiency' must be a table of dtype = {{eff_max, dim_half}}")
@@ -239,10 +305,23 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
             kw[key] = _check(where, key, data[key], str)
     if "hbm_bandwidth" in data:
         kw["hbm_bandwidth"] = _check(where, "hbm_bandwidth", data["hbm_bandwidth"], float)
+    if "sm_count" in data:
+        kw["sm_count"] = _check(where, "sm_count", data["sm_count"], int)
+    if "gemm_tile" in data:
+        tile = data["gemm_tile"]
+        if not (isinstance(tile, list) and len(tile) == 2):
+            raise MachineFileError(f"{where}: field 'gemm_tile' must be [rows, columns], got {tile!r}")
+        kw["gemm_tile"] = tuple(_check(where, "gemm_tile", v, int) for v in tile)
+    if "kernel_latency" in data:
+        kw["kernel_latency"] = _check(where, "kernel_latency", data["kernel_latency"], float)
+    if "host_device_exponent" in data:
+        kw["host_device_exponent"] = _check(where, "host_device_exponent", data["host_device_exponent"], float)
     if "bandwidth_table" in data:
         kw["bandwidth_table"] = _bandwidth_rows(where, data["bandwidth_table"])
     if "gemm_efficiency" in data:
         kw["gemm_curves"] = _gemm_curves(where, data["gemm_efficiency"])
+    if "collective_table" in data:
+        kw["collective_tables"] = _collective_tables(where, data["collective_table"])
     fitted = data.get("fitted", {})
     if not isinstance(fitted, dict):
         raise MachineFileError(f"{where}: field 'fitted' must be a table")
@@ -324,6 +403,12 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
     lines += [f"description = {_fmt(m.description)}", f"gpu = {_fmt(m.gpu)}"]
     if m.hbm_bandwidth > 0:
         lines.append(f"hbm_bandwidth = {m.hbm_bandwidth!r}")
+    if m.sm_count:
+        lines += [f"sm_count = {m.sm_count}", f"gemm_tile = [{m.gemm_tile[0]}, {m.gemm_tile[1]}]"]
+    if m.kernel_latency > 0:
+        lines.append(f"kernel_latency = {m.kernel_latency!r}")
+    if m.host_device_exponent > 0:
+        lines.append(f"host_device_exponent = {m.host_device_exponent!r}")
     if m.bandwidth_table:
         rows = ", ".join(f'{{placement = "{r.placement}", stride = {r.stride}, group = {r.group}, beta = {r.beta!r}}}'
                          for r in m.bandwidth_table)
@@ -333,6 +418,10 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
                            for d, c in m.gemm_curves.items())
         lines.append(f"gemm_efficiency = {{{curves}}}")
     lines.append("")
+    for t in m.collective_tables:
+        lines += ["[[collective_table]]", f'collective = "{t.collective}"', f"group = {t.group}",
+                  f"source = {_fmt(t.source)}", f"bytes = [{', '.join(repr(v) for v in t.nbytes)}]",
+                  f"bus_bandwidth = [{', '.join(repr(v) for v in t.bus_bandwidth)}]", ""]
     for cls, pl in m.placement.items():
         lines += [f"[fitted.placement.{cls}]", f"alpha = {pl.alpha!r}", f"beta = {pl.beta!r}", ""]
     lines += ["[fitted.gemm_curve]", f"eff_max = {m.gemm_eff_max!r}", f"dim_half = {m.gemm_dim_half!r}", ""]

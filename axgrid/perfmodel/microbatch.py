@@ -29,7 +29,7 @@ import numpy as np
 
 from axgrid.spec import FCLayer, FCVolumes
 
-from .comm import GROUPS, dim_strides, layer_volumes, ring_alpha_beta, ring_time
+from .comm import GROUPS, collective_time, dim_strides, layer_volumes, ring_alpha_beta
 from .compute import gemm_rate, gemm_time
 from .gpt import STAT_BYTES
 from .machines import Machine
@@ -51,18 +51,20 @@ class Rings:
 
     geo: dict[str, tuple[np.ndarray, np.ndarray]]
     ab: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    machine: Machine
 
     @staticmethod
     def of(g: Grids, order: str, machine: Machine) -> Rings:
         """The rings of grids ``g`` with rank ``order`` (fastest dimension first) on ``machine``."""
         geo = dim_strides(g.gx, g.gy, g.gz, g.gd, order)
-        return Rings(geo, {dim: ring_alpha_beta(p, s, machine) for dim, (p, s) in geo.items()})
+        return Rings(geo, {dim: ring_alpha_beta(p, s, machine) for dim, (p, s) in geo.items()}, machine)
 
     def time(self, op: str, dim: str, nbytes) -> np.ndarray:
         """Seconds [N] of one ring ``op`` ("all_reduce", "all_gather", "reduce_scatter") over ``dim`` on a buffer of
-        ``nbytes`` (scalar or [N])."""
+        ``nbytes`` (scalar or [N]): α-β, or the machine's measured table where it holds one
+        (``comm.collective_time``)."""
         a, be, _ = self.ab[dim]
-        return ring_time(op, self.geo[dim][0], nbytes, a, be)
+        return collective_time(op, self.geo[dim][0], nbytes, a, be, self.machine)
 
 
 class LayerCost(NamedTuple):
@@ -93,7 +95,8 @@ def attention_time(spec: TransformerSpec, g: Grids, mprime: np.ndarray, machine:
     """Seconds [N] of one block's forward attention core per micro-batch (QKᵀ and ·V on the H/Gy local heads of
     whole sequences, replicated over x): 4·m'·S·h/Gy FLOPs at the rate of an ``[S, S]·[S, h/H]`` GEMM."""
     h, S = spec.hidden, spec.seq
-    return 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, h // spec.heads, machine, dtype)
+    batch = np.maximum(np.asarray(mprime, float) / S, 1.0) * spec.heads / g.gy        # sequences × local heads
+    return 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, h // spec.heads, machine, dtype, batch)
 
 
 def layer_costs(spec: TransformerSpec, g: Grids, mprime: np.ndarray, mp_int: np.ndarray, dtype_bytes: int,

@@ -35,8 +35,10 @@ import numpy as np
 from axgrid.spec import ceil_div
 
 from .buckets import BucketTotals, gradient_elements, pack
-from .comm import CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, ring_alpha_beta, ring_time
-from .compute import elementwise_bytes, memory_time
+from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collective_time, ring_alpha_beta,
+                   ring_time)
+from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_BYTES, OPTIMIZER_BYTES,
+                      OUTER_KERNELS, elementwise_bytes, memory_time)
 from .gpt import STAT_BYTES
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
@@ -145,20 +147,19 @@ def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray
     a_d, be_d, _ = rings.ab["d"]
     p = rings.geo["d"][0].astype(float)
 
-    def ring(factor: float, nbytes: np.ndarray, calls) -> np.ndarray:
-        return np.where(nbytes > 0, factor * (p - 1) / np.maximum(p, 1) * nbytes / be_d + factor * (p - 1) * a_d
-                        * calls, 0.0)
+    def ring(op: str, nbytes: np.ndarray, calls) -> np.ndarray:
+        return collective_time(op, p, nbytes, a_d, be_d, rings.machine, calls)
 
     if zero == 0:
-        ard = ring(2.0, bt.numel * gb, bt.count)
-        comm.add("d", np.maximum(ring(2.0, bt.last * gb, 1), ard - slack) if opt.overlap_dp else ard, ard)
+        ard = ring("all_reduce", bt.numel * gb, bt.count)
+        comm.add("d", np.maximum(ring("all_reduce", bt.last * gb, 1), ard - slack) if opt.overlap_dp else ard, ard)
         return bt, bt.numel * float(gb) + flags
-    rs = ring(1.0, bt.padded * gb, bt.count)
-    ag = ring(1.0, bt.padded * PARAM_BYTES, bt.count)
+    rs = ring("reduce_scatter", bt.padded * gb, bt.count)
+    ag = ring("all_gather", bt.padded * PARAM_BYTES, bt.count)
     n_rs = mb if zero == 2 else 1
     if opt.overlap_dp:
-        rs_exposed = n_rs * np.maximum(ring(1.0, bt.last * gb, 1), rs - slack)
-        ag_exposed = np.maximum(ring(1.0, bt.last * PARAM_BYTES, 1), ag - fwd_window)
+        rs_exposed = n_rs * np.maximum(ring("reduce_scatter", bt.last * gb, 1), rs - slack)
+        ag_exposed = np.maximum(ring("all_gather", bt.last * PARAM_BYTES, 1), ag - fwd_window)
     else:
         rs_exposed, ag_exposed = n_rs * rs, ag
     comm.add("d", rs_exposed + ag_exposed, n_rs * rs + ag)
@@ -191,6 +192,35 @@ def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.nda
                                              opt.fused_attention)
     scores_fwd = memory_time(ew_scores, machine)
     return spec.layers * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + scores_fwd), scores_fwd
+
+
+def host_bound(device: np.ndarray, host: np.ndarray, machine: Machine) -> np.ndarray:
+    """A micro-batch's seconds [N] from the GPU's ``device`` time and the ``host``'s (launching its kernels): the
+    host launches ahead of the GPU, so the larger of the two -- near the crossover some kernels wait on the host and
+    others on the GPU, a smooth maximum (device^k + host^k)^(1/k) with ``Machine.host_device_exponent`` k
+    (0: the plain maximum)."""
+    k = machine.host_device_exponent
+    if k <= 0:
+        return np.maximum(device, host)
+    top = np.maximum(np.maximum(device, host), 1e-300)
+    return top * ((device / top) ** k + (host / top) ** k) ** (1.0 / k)
+
+
+def _kernel_latency(spec: TransformerSpec, opt: Options, machine: Machine, n: int) -> np.ndarray:
+    """Seconds [N] per micro-batch that the kernels' launch and synchronisation add (``Machine.kernel_latency``
+    times the kernels: ``compute.BLOCK_KERNELS_*`` per block forward, again with recompute, twice in the backward;
+    ``compute.OUTER_KERNELS`` for the embedding, head and loss, twice in the backward); 0 without the figure."""
+    per_fwd = BLOCK_KERNELS_UNFUSED if (opt.dropout or not opt.fused_attention) else BLOCK_KERNELS_FUSED
+    kernels = spec.layers * per_fwd * (3 + int(opt.recompute)) + 3 * OUTER_KERNELS
+    return np.full(n, kernels * machine.kernel_latency)
+
+
+def _optimizer_time(spec: TransformerSpec, g: Grids, opt: Options, machine: Machine, layout: str) -> np.ndarray:
+    """Seconds [N] of the optimizer step: the parameters one GPU updates (its x·y·z shard of the model, and of that
+    its d-share when the optimizer state is sharded over d) times ``compute.OPTIMIZER_BYTES`` through HBM."""
+    local = spec.params / (g.gx * g.gy * g.gz)
+    sharded = bool(opt.zero1_over_d or opt.zero)
+    return memory_time(local / (g.gd if sharded else 1) * OPTIMIZER_BYTES[layout], machine)
 
 
 def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
@@ -313,7 +343,11 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, compute_fwd, mb, comm)
     clip_bytes = _clipping(g, opt, machine, rings, comm)
     elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
-    compute = mb * (compute_fwd + compute_bwd + elementwise)
+    kernels = _kernel_latency(spec, opt, machine, len(g))
+    loss = memory_time(mprime * spec.vocab / g.gy * CROSS_ENTROPY_BYTES, machine)
+    optimizer = _optimizer_time(spec, g, opt, machine, memory_layout)
+    device = compute_fwd + compute_bwd + elementwise + loss
+    compute = mb * host_bound(device, kernels, machine) + optimizer
     exposed, raw = comm.exposed, comm.raw
     for d in ("x", "y", "z"):
         exposed[d] = exposed[d] * mb
@@ -334,6 +368,7 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
         flops=model_flops(spec, prob.batch, opt.recompute), peak=machine.peak_flops(prob.dtype),
         extra={"compute_fwd": mb * compute_fwd, "compute_bwd": mb * compute_bwd,
                "attention": mb * 3 * spec.layers * att, "elementwise": mb * elementwise,
+               "kernels": mb * kernels, "loss": mb * loss, "optimizer": optimizer,
                "scores_fwd": mb * spec.layers * scores_fwd, "dp_buckets": np.where(g.gd > 1, buckets.count, 0),
                "zero": np.full(len(g), opt.zero)},
     )

@@ -141,7 +141,8 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
             elementwise = elementwise + ev.extra["scores_fwd"]
         p = np.array([c.pp for c in cs], dtype=float)
         v = np.array([c.vpp for c in cs], dtype=float)
-        t_mb = (compute + ev.exposed["x"] + ev.exposed["y"] + ev.exposed["z"]) / m
+        # one micro-batch's slot: the step's compute less its optimizer step (once per step, after the pipeline)
+        t_mb = (compute - ev.extra["optimizer"] + ev.exposed["x"] + ev.exposed["y"] + ev.exposed["z"]) / m
         send = np.array([c.mbs * spec.seq * spec.hidden * prob.dtype_bytes / c.tp for c in cs])   # [mbs·S, h/t]
         a, be, _ = ring_alpha_beta(np.full(len(cs), 2), np.array([c.tp * c.dp for c in cs]), machine)
         p2p = np.where(p > 1, (m + (p - 1) / v) * 2.0 * v * (send / be + a), 0.0)

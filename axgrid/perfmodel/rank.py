@@ -203,20 +203,47 @@ def _fits(prob: Problem, machine: Machine) -> Row | None:
     return _rows(ev, order_of(ev), ranked=True)[0]
 
 
+#: the prime factors of the nearby GPU counts ``what_would_fit`` tries (a count with a larger prime factor seldom
+#: splits a model's hidden size, heads and batch)
+NEARBY_PRIMES = (2, 3, 5, 7)
+
+
+def nearby_counts(gpus: int, most: int = 24) -> tuple[list[int], list[int]]:
+    """(above, below): the GPU counts in (gpus, 2·gpus] ascending and in [gpus/2, gpus) descending whose prime
+    factors are all in :data:`NEARBY_PRIMES`, at most ``most`` of each, nearest first."""
+    def smooth(n: int) -> bool:
+        for q in NEARBY_PRIMES:
+            while n % q == 0:
+                n //= q
+        return n == 1
+    above = [n for n in range(gpus + 1, 2 * gpus + 1) if smooth(n)][:most]
+    below = [n for n in range(gpus - 1, max(gpus // 2, 1) - 1, -1) if smooth(n)][:most]
+    return above, below
+
+
 def what_would_fit(prob: Problem, machine: Machine, max_factor: int = 1024) -> str:
-    """What to change so that a 4D grid fits: the smallest GPU count ``prob.gpus·2^k`` (up to ``max_factor`` times
-    as many) with a feasible grid, and the smallest batch above ``prob.batch`` (a multiple of one of the GPU count's
-    divisors, up to 8 times the batch) that has one on ``prob.gpus`` GPUs."""
+    """What to change so that a 4D grid fits: the nearest GPU counts with a feasible grid, above and below
+    ``prob.gpus`` (:func:`nearby_counts`; above 2·gpus the doublings ``prob.gpus·2^k``, up to ``max_factor`` times
+    as many), and the smallest batch above ``prob.batch`` (a multiple of one of the GPU count's divisors, up to 8
+    times the batch) that has one on ``prob.gpus`` GPUs."""
     found = []
-    for k in range(1, max_factor.bit_length()):
-        n = prob.gpus << k
+    above, below = nearby_counts(prob.gpus)
+    tried = [*above, *(prob.gpus << k for k in range(2, max_factor.bit_length()))]
+    for n in tried:
         row = _fits(replace(prob, gpus=n), machine)
         if row is not None:
-            found.append(f"the fewest GPUs that fit (doubling) are {n} ({row.grid_str}, {row.time_s:.3g} s/batch, "
+            found.append(f"the nearest larger GPU count that fits is {n} ({row.grid_str}, {row.time_s:.3g} s/batch, "
                          f"{row.memory_bytes / 2**30:.1f} GiB/GPU)")
             break
     else:
         found.append(f"no count up to {prob.gpus * max_factor} GPUs fits")
+    for n in below:
+        row = _fits(replace(prob, gpus=n), machine)
+        if row is not None:
+            found.append(f"the nearest smaller one is {n} ({row.grid_str}, {row.time_s:.3g} s/batch)")
+            break
+    found[-1] += (f" (counts tried: those up to {2 * prob.gpus} and down to {max(prob.gpus // 2, 1)} whose prime "
+                  f"factors are {', '.join(map(str, NEARBY_PRIMES))}, then doublings)")
     candidates = sorted({-(-prob.batch // m) * m for m in range(2, prob.gpus + 1) if prob.gpus % m == 0} - {prob.batch})
     for b in (c for c in candidates if c <= 8 * prob.batch):
         if prob.options.microbatches is not None and b % prob.options.microbatches:

@@ -30,8 +30,11 @@ def test_both_sides_priced_alike_and_absent_without_hbm():
     tp = pl.price(prob, m, [pl.TPPPDP(8, 1, 4, mbs=1)])[0]
     assert tp.elementwise_s == pytest.approx(float(four.extra["elementwise"][0])) and tp.elementwise_s > 0
     assert float(pm.evaluate(prob, bare, pm.Grids.of([(1, 8, 1, 4)]), microbatches=[16]).extra["elementwise"][0]) == 0
-    for a, b in zip(pl.price(prob, m, [pl.TPPPDP(8, 2, 2)]), pl.price(prob, bare, [pl.TPPPDP(8, 2, 2)])):
-        assert b.elementwise_s == 0 and a.time_s - b.time_s == pytest.approx(a.elementwise_s * (1 + 1 / a.microbatches))
+    # without the host's floor (kernel_latency) the HBM terms add up: element-wise (in every slot, the bubble's too),
+    # and the cross entropy and optimizer step, also priced at HBM bandwidth
+    gpu, bare = replace(m, kernel_latency=0.0), replace(bare, kernel_latency=0.0)
+    for a, b in zip(pl.price(prob, gpu, [pl.TPPPDP(8, 2, 2)]), pl.price(prob, bare, [pl.TPPPDP(8, 2, 2)])):
+        assert b.elementwise_s == 0 and a.time_s - b.time_s >= a.elementwise_s * (1 + 1 / a.microbatches) > 0
     # sequence parallel splits the stream kernels over TP; a 4D grid with Gx > 1 splits them over x
     sp, no = pl.price(prob, m, [pl.TPPPDP(8, 2, 2, sp=True), pl.TPPPDP(8, 2, 2)])
     assert sp.elementwise_s < no.elementwise_s

@@ -14,14 +14,14 @@ TINY = ["--model", "gpt-tiny", "--gpus", "8", "--machine", "perlmutter", "--batc
 
 
 def test_cli_rank_outputs(tmp_path, capsys):
-    assert main(["rank", *TINY, "--top", "6", "--csv", str(tmp_path / "r.csv"), "--json", str(tmp_path / "r.json"),
+    assert main(["rank", *TINY, "--top", "12", "--csv", str(tmp_path / "r.csv"), "--json", str(tmp_path / "r.json"),
                  "--emit-slurm", str(tmp_path / "slurm")]) == 0
     out = capsys.readouterr().out
     assert "TP1xPP" in out and "best TP×PP×DP" in out          # 4D and TP×PP×DP ranked in one table
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["rows"][0]["rank"] == 1 and doc["machine"] == "perlmutter"
     assert (tmp_path / "r.csv").read_text().startswith("rank,grid,")
-    scripts = sorted((tmp_path / "slurm").glob("*.sbatch"))       # one per 4D row of the 6 printed
+    scripts = sorted((tmp_path / "slurm").glob("*.sbatch"))       # one per 4D row of the 12 printed
     table = [line.split("│") for line in out.splitlines() if line.startswith("│")]
     printed = [(int(c[1]), c[2].strip()) for c in table if c[3].strip() == "yes"]   # (row, grid) axgrid runs
     assert [s.name for s in scripts] == [f"row{n:02d}_{g}.sbatch" for n, g in printed] and printed
@@ -189,10 +189,22 @@ def test_no_feasible_grid_says_the_numbers_and_what_would_fit(capsys):
     assert main(["rank", "--model", "gpt-80b", "--gpus", "16", "--machine", "perlmutter", "--batch", "16"]) == 2
     err = capsys.readouterr().err
     assert "35× memory 73.6–356.5 GiB > 36.0 GiB usable" in err and " N " not in err
-    assert "the fewest GPUs that fit (doubling) are 64 (" in err
+    assert "the nearest larger GPU count that fits is 64 (" in err        # none of 18 … 32 fits: a doubling
     # hidden 6, one head, vocabulary 7: Gx*Gy <= 2, so 8 GPUs need Gz*Gd >= 4 sequences
     assert main(["rank", "--layers", "1", "--hidden", "6", "--heads", "1", "--vocab", "7", "--seq", "8", "--gpus", "8",
                  "--machine", "perlmutter", "--batch", "3"]) == 2
     err = capsys.readouterr().err
     assert "16× batch 3 not divisible by Gd*Gz=2–8 (z splits whole sequences)" in err
-    assert "no count up to 8192 GPUs fits; on 8 GPUs the smallest larger batch that fits is 4 (2x1x" in err
+    assert "the nearest larger GPU count that fits is 9 (3x1x1x3" in err       # batch 3 over Gd = 3, not a doubling
+    assert "the nearest smaller one is 6 (2x1x1x3" in err
+    assert "on 8 GPUs the smallest larger batch that fits is 4 (2x1x" in err
+
+
+def test_a_count_that_does_not_factor_names_the_nearest_that_do():
+    # 250 = 2·5³: gpt-20b's hidden 7168 = 2¹⁰·7, heads 56 and batch 512 = 2⁹ split over no grid of it; 256 and 224 do
+    from axgrid.perfmodel.rank import nearby_counts, what_would_fit
+    assert nearby_counts(250, most=4) == ([252, 256, 270, 280], [245, 243, 240, 225])
+    prob = pm.Problem(pm.get_model("gpt-20b"), 512, 250)
+    text = what_would_fit(prob, pm.load_machine("frontier"))
+    assert "the nearest larger GPU count that fits is 256 (" in text
+    assert "the nearest smaller one is 224 (" in text
