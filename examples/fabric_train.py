@@ -107,4 +107,5 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "fabric_train")     # errors said once, as one line (axgrid.launch.errors)

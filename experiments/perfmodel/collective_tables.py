@@ -13,17 +13,18 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+from typing import Optional, Sequence
 
 SOURCE = ("The Big Send-off (arXiv 2504.18658), github axonn-ai/sc2025-pccl-reproducer data/ (commit cfad79d), "
           "{method} {coll} on {gpus} {unit}, median bus bandwidth over the jobs that measured each size")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", required=True, choices=("frontier", "perlmutter"))
     ap.add_argument("--method", default="nccl")
     ap.add_argument("--csv", default="../shared/data/pccl/collectives.csv")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     with open(a.csv, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["machine"] == a.machine and r["method"] == a.method]
     by: dict[tuple[str, int], dict[float, list[float]]] = {}
@@ -44,4 +45,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "collective_tables")     # errors said once, as one line (axgrid.launch.errors)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -18,14 +19,14 @@ from axgrid.perfmodel import load_machine
 from axgrid.perfmodel.suites import price_vtrain, suite_metrics
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="dgx-a100")
     ap.add_argument("--from-us", type=float, default=50.0)
     ap.add_argument("--to-us", type=float, default=75.0)
     ap.add_argument("--step-us", type=float, default=1.0)
     ap.add_argument("--exponents", default="0,2,3,4,6")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     base = load_machine(a.machine)
     best = None
     for e in (float(x) for x in a.exponents.split(",")):
@@ -40,4 +41,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from axgrid.launch.errors import run
+    run(main, "fit_kernel_latency")     # errors said once, as one line (axgrid.launch.errors)
