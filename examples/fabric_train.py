@@ -13,7 +13,6 @@ Needs ``lightning-fabric`` (``pip install axgrid[lightning]``). See docs/trainin
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any, Optional, Sequence
 
 import torch
@@ -57,7 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     ap.add_argument("--save-at", type=int, default=None, help="the step after which to save (default: the last)")
     ap.add_argument("--resume", metavar="DIR", help="fabric.load the checkpoint (a root or a step-N folder)")
     args = ap.parse_args(argv)
-    devices = args.devices or math.prod(int(n) for n in args.grid.split("x")) // args.num_nodes
+    devices = args.devices or axgrid.GridShape.parse(args.grid).size // args.num_nodes   # the one grid grammar
 
     strategy = AxgridStrategy(args.grid, zero=args.zero, overlap=args.overlap,
                               config=axgrid.RuntimeConfig(timeout_s=120, seed=0))

@@ -42,6 +42,13 @@ def _placed(out: str) -> list[tuple[str, int, int, int, str]]:
     return sorted(((lau, int(r), int(w), int(lr), p) for lau, r, w, lr, p in found), key=lambda t: t[1])
 
 
+def _assert_trained(out: str, placed: list[tuple[str, int, int, int, str]]) -> None:
+    """An srun job's output: it exited 0, its ranks were placed as ``placed`` (:func:`_placed`), and it MATCHed."""
+    assert out.startswith("exit 0"), out
+    assert _placed(out) == placed, out
+    assert ": MATCH" in out, out
+
+
 @pytest.fixture(scope="module")
 def pmix_missing(slurm) -> Optional[str]:
     """Why ``srun --mpi=pmix`` cannot start a task on this cluster (None: it can)."""
@@ -105,26 +112,20 @@ def test_srun_mpi_pmix_runs_an_axgrid_job(jobs, pmix_missing):
     size". Now the srun task's SLURM_* decide, and the ranks meet on the step's first node."""
     need_pmix(pmix_missing)
     out = jobs["pmix"]
-    assert out.startswith("exit 0"), out
-    assert _placed(out) == [("slurm", 0, 2, 0, "0"), ("slurm", 1, 2, 1, "1")], out
-    assert ": MATCH" in out, out
+    _assert_trained(out, [("slurm", 0, 2, 0, "0"), ("slurm", 1, 2, 1, "1")])
 
 
 def test_srun_mpi_cray_shasta_runs_an_axgrid_job(jobs):
     """HPE's plugin, as Debian builds it, adds PALS_RANKID, PALS_NODEID and PALS_APID (no size) beside SLURM_*."""
     out = jobs["cray_shasta"]
-    assert out.startswith("exit 0"), out
-    assert _placed(out) == [("slurm", 0, 2, 0, "0"), ("slurm", 1, 2, 1, "1")], out
-    assert ": MATCH" in out, out
+    _assert_trained(out, [("slurm", 0, 2, 0, "0"), ("slurm", 1, 2, 1, "1")])
 
 
 def test_torchrun_inside_srun_mpi_pmix(jobs, pmix_missing):
     """torchrun's variables are the innermost: its 2 workers (both in srun's task 0, beside PMIX_RANK=0)."""
     need_pmix(pmix_missing)
     out = jobs["torchrun"]
-    assert out.startswith("exit 0"), out
-    assert _placed(out) == [("torchrun", 0, 2, 0, "0"), ("torchrun", 1, 2, 1, "0")], out
-    assert ": MATCH" in out, out
+    _assert_trained(out, [("torchrun", 0, 2, 0, "0"), ("torchrun", 1, 2, 1, "0")])
 
 
 def test_mpiexec_inside_sbatch_takes_mpis_ranks_on_every_rank(jobs):
