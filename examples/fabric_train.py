@@ -2,9 +2,10 @@
 ``strategy=AxgridStrategy(...)`` the one change. A tiny random Llama (built-in plan) learns the shipped text's bytes.
 
     python examples/fabric_train.py --grid 2x1x1x2                    # Fabric's launcher starts the 4 processes
-    python -m torch.distributed.run --nproc-per-node 4 examples/fabric_train.py --grid 2x1x1x2      # torchrun
+    torchrun --nproc-per-node 4 examples/fabric_train.py --grid 2x1x1x2                  # torchrun
     srun -N 1 --ntasks-per-node 4 python examples/fabric_train.py --grid 2x1x1x2     # Slurm (Fabric wants
                                                                       # --ntasks-per-node; more nodes: --num-nodes)
+    python examples/fabric_train.py --grid 2x1x1x2 --precision bf16-mixed            # or bf16-true
     python examples/fabric_train.py --grid 1x1x2x2 --accum 2 --save runs/fabric --save-at 3
     python examples/fabric_train.py --grid 2x1x1x2 --resume runs/fabric          # resumes step 3 on another grid
 
@@ -50,6 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--precision", default="32-true", help="Fabric's precision: 32-true, bf16-mixed or bf16-true")
     ap.add_argument("--devices", type=int, default=None, help="processes per node (default: the grid's ranks)")
     ap.add_argument("--num-nodes", type=int, default=1)
     ap.add_argument("--save", metavar="DIR", help="checkpoint root: fabric.save writes DIR/step-N there")
@@ -60,8 +62,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
     strategy = AxgridStrategy(args.grid, zero=args.zero, overlap=args.overlap,
                               config=axgrid.RuntimeConfig(timeout_s=120, seed=0))
-    fabric = Fabric(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy)
+    fabric = Fabric(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy,
+                    precision=args.precision)
     fabric.launch()
+    env = strategy.cluster_environment
+    fabric.print(f"fabric_train: {fabric.world_size} ranks ({type(env).__name__}), grid {strategy.grid.shape}, "
+                 f"precision {args.precision}")
     gd = strategy.grid.size("d")
     if args.batch % (gd * args.accum):
         raise SystemExit(f"--batch {args.batch} does not split into Gd={gd} x --accum {args.accum} micro-batches")
@@ -101,6 +107,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         if args.save and step + 1 == (args.save_at or args.steps):
             fabric.save(args.save, {"model": model, "optimizer": opt, "step": step + 1})
     coord = strategy.grid.coord
+    # every rank's grid coordinate and the windows it read: the sampler splits over d only, so the ranks of one
+    # d-group read the same ones
+    mine = torch.tensor([coord.x, coord.y, coord.z, coord.d] + [r for rows in seen for r in rows])
+    every = fabric.all_gather(mine).tolist()
+    fabric.print("read by rank (x,y,z,d): " + "; ".join(f"{r} {tuple(v[:4])}: {v[4:]}" for r, v in enumerate(every)))
     strategy.teardown()
     return {"losses": losses, "rows": seen, "start": start, "coord": (coord.x, coord.y, coord.z, coord.d)}
 

@@ -11,9 +11,16 @@ What each Fabric call becomes (everything else is Fabric's own):
 =================================  ===============================================================================
 Fabric                             axgrid
 =================================  ===============================================================================
-``fabric.launch()``                Fabric's cluster environment (its launcher's processes, torchrun, Slurm's srun,
-                                   MPI) initialises the default process group (gloo on CPU, NCCL on GPUs), then
-                                   :func:`axgrid.init` builds the grid on it (``grid``, ``order``, ``config``)
+``Fabric(strategy=...)``           in every process, before any process group: the precision is one of
+                                   :data:`SUPPORTED_PRECISION`, and Fabric's cluster environment agrees with
+                                   axgrid's launch table (:func:`axgrid.launch.env.read_placement`) on who started
+                                   this process and its rank, world size and local rank, and ``devices`` x
+                                   ``num_nodes`` is the world; else one line (``AxgridStrategy._agree_with_launch_
+                                   table``: an srun task of an ``interactive``/``bash`` job runs as the srun task)
+``fabric.launch()``                Fabric's cluster environment (its launcher's processes, torchrun's
+                                   ``TorchElasticEnvironment``, srun's ``SLURMEnvironment``, MPI) initialises the
+                                   default process group (gloo on CPU, NCCL on GPUs), then :func:`axgrid.init`
+                                   builds the grid on it (``grid``, ``order``, ``config``)
 ``fabric.setup(model, opt)``       :func:`axgrid.parallelize` (the built-in plan of a Hugging Face family, else
                                    drop-in ``axgrid.nn.Linear``; ``plan=`` as there; a model already parallel, e.g.
                                    axgrid's GPT or ``axgrid.from_pretrained``, is kept), ``grid.watch`` (the
@@ -38,12 +45,13 @@ Fabric                             axgrid
 ``fabric.load(path, state)``       :func:`axgrid.checkpoint.load_checkpoint` (a root or a ``step-N`` folder) into
                                    the model, optimizer and generators; the other entries come back from ``extra``
                                    (into ``state``, or an object's ``load_state_dict``), the rest is returned
-``all_reduce`` / ``barrier`` /     torch.distributed over the world, as Fabric's other parallel strategies
-``broadcast``
+``all_reduce`` / ``all_gather`` /  torch.distributed over the world, as Fabric's other parallel strategies
+``barrier`` / ``broadcast``
 =================================  ===============================================================================
 
-Not supported, with a one-line error: precision with a gradient scaler (``"16-mixed"``: each rank's inf check
-would decide alone whether to step; use ``"bf16-mixed"`` or ``"32-true"``), ``fabric.save(filter=...)``,
+Not supported, with a one-line error: a precision other than ``"32-true"``, ``"bf16-mixed"`` (autocast) and
+``"bf16-true"`` (bf16 weights) -- ``"16-mixed"``'s gradient scaler would decide on each rank alone whether to step,
+``"16-true"`` overflows without one --, ``fabric.save(filter=...)``,
 ``storage_options``, loading a whole checkpoint without a model (``fabric.load(path)``), an optimizer that has
 stepped before ``fabric.setup``, and ``fabric.setup(..., scheduler=...)`` with ``zero`` >= 1 (the sharded optimizer
 is a new object: build the scheduler on the optimizer ``fabric.setup`` returns). Worker seeding of data loaders is
@@ -57,6 +65,7 @@ strategy is the seam where Fabric's calls meet axgrid's public functions. Needs 
 from __future__ import annotations
 
 import json
+import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from datetime import timedelta
@@ -69,7 +78,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lightning_fabric.accelerators import Accelerator
-from lightning_fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from lightning_fabric.plugins.environments import (ClusterEnvironment, LightningEnvironment, MPIEnvironment,
+                                                   SLURMEnvironment, TorchElasticEnvironment)
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_fabric.plugins.precision import Precision
 from lightning_fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -85,11 +95,20 @@ from ..config import RuntimeConfig
 from ..data_parallel import clip_grad_norm_, sync_gradients
 from ..grid import Grid
 from ..io import raise_on_any_rank
+from ..launch.env import MPI_LAUNCHERS, LaunchError, Placement, read_placement
 from ..plans.parallelize import parallelize
 from ..runtime import init
 from ..sharded_optimizer import shard_optimizer
 from ..spec import OverlapConfig
 from ..spec.layout import GridShape
+
+
+#: Fabric's ``precision`` values AxgridStrategy trains with, each checked against axgrid's own loop under the same
+#: precision (tests/scripts/test_examples.py).
+SUPPORTED_PRECISION = ("32-true", "bf16-mixed", "bf16-true")
+#: Why the others are refused (the rest: no test shows they train).
+_WHY_NOT = {"16-mixed": "its gradient scaler would skip steps on each rank alone",
+            "16-true": "fp16 without loss scaling: the gradients overflow"}
 
 
 def _is_parallel(model: nn.Module) -> bool:
@@ -179,6 +198,11 @@ class AxgridStrategy(ParallelStrategy):
                                       "CheckpointIO plugin")
 
     def _configure_launcher(self) -> None:
+        """In ``Fabric(...)``, in every process, before Fabric's launcher starts any: the precision and the launch
+        are checked (one line, before any process group), then Fabric's launcher is made if it starts the
+        processes."""
+        self._check_precision()
+        self._agree_with_launch_table()
         assert self.cluster_environment is not None
         if not self.cluster_environment.creates_processes_externally:
             self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
@@ -189,13 +213,65 @@ class AxgridStrategy(ParallelStrategy):
             self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
         rank_zero_only.rank = self.global_rank
 
+    def _check_precision(self) -> None:
+        value = getattr(self.precision, "precision", None)
+        if value not in SUPPORTED_PRECISION or getattr(self.precision, "scaler", None) is not None:
+            why = f" ({_WHY_NOT[value]})" if value in _WHY_NOT else ""
+            raise ValueError(f"AxgridStrategy: precision={value!r} is not supported{why}; use one of "
+                             f"{', '.join(map(repr, SUPPORTED_PRECISION))}")
+
+    def _agree_with_launch_table(self) -> None:
+        """Fabric's cluster environment and axgrid's launch table (:func:`axgrid.launch.env.read_placement`) must
+        describe this process alike, or the job would hang or train several worlds side by side; checked from the
+        launchers' variables alone (the same verdict on every rank), before any process group.
+
+        One disagreement is corrected: an srun task of a step of several whose job is named ``interactive`` or
+        ``bash`` (``srun --pty bash`` allocations, ``srun ... bash -c``), which Fabric leaves to its own launcher
+        (that would start ``devices`` processes in every task, each task a world of its own), runs as the srun
+        task it is (Fabric's :class:`SLURMEnvironment`). Every other one raises :class:`LaunchError`: a batch
+        script's own step that Fabric takes for an srun task (no ``srun`` before ``python``), an MPI launcher's
+        ranks that Fabric reads from Slurm's variables (mpiexec inside ``sbatch``), ranks whose number is not
+        ``devices`` x ``num_nodes``."""
+        env = self.cluster_environment
+        assert env is not None
+        placed = read_placement(os.environ)
+        where = (f"axgrid's launch table finds {_placed(placed)} (axgrid.launch.env.read_placement); Fabric "
+                 f"chose {type(env).__name__}")
+        if not env.creates_processes_externally:
+            if placed.world_size == 1:
+                return                                  # one process: Fabric's launcher starts the rest
+            if placed.launcher == "slurm" and isinstance(env, LightningEnvironment):
+                self.cluster_environment = env = SLURMEnvironment()
+                self._set_world_ranks()
+            else:
+                raise LaunchError(f"{where}, whose launcher would start {self.num_processes} processes in each of "
+                                  f"these {placed.world_size}: give AxgridStrategy(cluster_environment=...) for "
+                                  f"{placed.launcher}, or start the ranks with torchrun or srun", rank=placed.rank)
+        elif isinstance(env, LightningEnvironment) and placed.launcher != "torchrun":
+            return                                      # a process Fabric's own launcher started (no RANK)
+        expected = next((rows for kind, rows in _LAUNCHERS_OF.items() if isinstance(env, kind)), None)
+        if expected is None and placed.launcher == "single":
+            return                                      # an environment of a launcher the table does not know (LSF)
+        fabric = (env.global_rank(), env.world_size(), env.local_rank())
+        if placed.launcher == "single" or (expected is not None and placed.launcher not in expected):
+            fix = ("start it with srun (srun --ntasks-per-node=N python ...)" if isinstance(env, SLURMEnvironment)
+                   else f"give AxgridStrategy(cluster_environment=...) for {placed.launcher}")
+            raise LaunchError(f"{where}, which reads this process as rank {fabric[0]} of {fabric[1]}: {fix}",
+                              rank=placed.rank)
+        if fabric != (placed.rank, placed.world_size, placed.local_rank):
+            raise LaunchError(f"{where}, which reads this process as rank {fabric[0]} of {fabric[1]}, local rank "
+                              f"{fabric[2]}: start the ranks with one launcher, or give AxgridStrategy("
+                              f"cluster_environment=...) that reads {placed.launcher}'s", rank=placed.rank)
+        if placed.world_size != self.num_nodes * self.num_processes:
+            raise LaunchError(f"Fabric(devices={self.num_processes}, num_nodes={self.num_nodes}) makes "
+                              f"{self.num_nodes * self.num_processes} ranks, but {placed.launcher} started "
+                              f"{placed.world_size} ({placed.local_world_size} on this node): set devices="
+                              f"{placed.local_world_size} and num_nodes={placed.world_size // placed.local_world_size}",
+                              rank=placed.rank)
+
     def setup_environment(self) -> None:
         """In every process, before any communication: the default process group from Fabric's cluster
         environment, then the grid on it."""
-        if getattr(self.precision, "scaler", None) is not None:
-            raise ValueError(f"AxgridStrategy: precision {type(self.precision).__name__} with a gradient scaler "
-                             f"(16-mixed) is not supported (each rank would skip steps alone); use "
-                             f"precision='bf16-mixed' or '32-true'")
         super().setup_environment()
         reset_seed()
         self._set_world_ranks()
@@ -281,6 +357,15 @@ class AxgridStrategy(ParallelStrategy):
         if isinstance(tensor, torch.Tensor):
             return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
         return tensor
+
+    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
+        """Every rank's ``tensor``, stacked: ``[world, *tensor.shape]`` (``sync_grads``: Fabric's, which
+        backpropagates through torch.distributed.nn and warns that it is deprecated)."""
+        if sync_grads or not dist.is_initialized():
+            return super().all_gather(tensor, group, sync_grads)
+        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, tensor.contiguous(), group=group)
+        return torch.stack(out)
 
     def barrier(self, name: Optional[str] = None) -> None:
         if dist.is_initialized():
@@ -368,6 +453,17 @@ class _GridNoSync(_BackwardSyncControl):
 
     def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager:
         return self.strategy.grid.no_sync() if enabled else nullcontext()
+
+
+#: The rows of axgrid's launch table (axgrid.launch.env.LAUNCHERS) each of Fabric's cluster environments reads.
+_LAUNCHERS_OF: dict[type, tuple[str, ...]] = {TorchElasticEnvironment: ("torchrun",), SLURMEnvironment: ("slurm",),
+                                              LightningEnvironment: ("torchrun",), MPIEnvironment: MPI_LAUNCHERS}
+
+
+def _placed(p: Placement) -> str:
+    if p.launcher == "single":
+        return "no launcher (one process on its own)"
+    return f"{p.launcher}'s rank {p.rank} of {p.world_size}, local rank {p.local_rank} of {p.local_world_size}"
 
 
 def _split(state: dict[str, Any], what: str

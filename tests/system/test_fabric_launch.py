@@ -1,28 +1,164 @@
-"""examples/fabric_train.py started as a user starts it, by Lightning Fabric's own launcher: ``python
-examples/fabric_train.py`` re-runs itself in a second process (Fabric's subprocess launcher, LightningEnvironment,
-gloo), and trains to the losses of serial training."""
+"""examples/fabric_train.py started as users start it, by each launcher the strategy meets (Fabric's cluster
+environments), and trained to the losses of serial training on 4 ranks:
+
+- Fabric's own launcher: ``python examples/fabric_train.py`` re-runs itself in a second process (LightningEnvironment);
+- torchrun: ``torchrun --standalone --nproc-per-node 4 ...`` (TorchElasticEnvironment);
+- srun, on the private one-node Slurm cluster (axgrid/testing/slurm.py): ``srun --ntasks-per-node 4 python ...``
+  (SLURMEnvironment); the same in a job named ``interactive``, which Fabric leaves to its own launcher (each of the
+  4 tasks would have started 4 processes of its own) and AxgridStrategy runs as the srun task it is; and
+  ``python examples/fabric_train.py`` in a batch script without srun, which Fabric takes for task 0 of 4 (it would
+  wait for 3 ranks that never come): one line naming the fix, at once.
+
+Each 4-rank run prints which environment Fabric chose, the losses (equal to serial training's: the ranks formed one
+world, grid 2x1x1x2 splits every layer over x and the batch over d), and every rank's grid coordinate and the windows
+it read: the ranks of one d-group read the same ones, the two d-groups each half of every step's batch."""
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from helpers.fabric_serial import serial_fabric_losses
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = "examples/fabric_train.py"
 ARGV = ["--grid", "1x1x1x2", "--zero", "1", "--steps", "2", "--batch", "4", "--seq", "16"]
+ARGV4 = ["--grid", "2x1x1x2", "--zero", "1", "--steps", "2", "--batch", "4", "--seq", "16"]
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                 "NODE_RANK", "TORCHELASTIC_RUN_ID")
+RUN_LIMIT_S = 420.0        # one launch (4 processes importing torch, transformers and Fabric on a loaded 2-core host)
 
 
+def plain_env(base: dict) -> dict:
+    env = {k: v for k, v in base.items() if k not in LAUNCHER_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def printed_losses(out: str) -> list[float]:
+    return [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)$", out, re.M)]
+
+
+def assert_trained_on_4_ranks(out: str, environment: str) -> None:
+    """The example's output: Fabric chose ``environment`` for one world of 4, the losses are serial training's,
+    and the sampler gave the ranks of one d-group the same windows, each d-group its own half of every step."""
+    assert re.search(rf"^fabric_train: 4 ranks \({environment}\), grid 2x1x1x2, precision 32-true$", out, re.M), out
+    assert len(re.findall(r"^fabric_train: ", out, re.M)) == 1, out            # one world, one rank 0
+    want = serial_fabric_losses(steps=2, batch=4, seq=16)
+    assert printed_losses(out) == pytest.approx(want, rel=1e-4), (out, want)
+    line = re.search(r"^read by rank \(x,y,z,d\): (.*)$", out, re.M)
+    assert line, out
+    read = {int(r): (tuple(map(int, c.split(", "))), [int(w) for w in rows.split(", ")])
+            for r, c, rows in re.findall(r"(\d+) \(([\d, ]+)\): \[([\d, ]+)\]", line.group(1))}
+    assert sorted(read) == [0, 1, 2, 3], line.group(0)
+    by_d: dict[int, set] = {}
+    for coord, rows in read.values():
+        by_d.setdefault(coord[3], set()).add(tuple(rows))
+    assert sorted(by_d) == [0, 1] and all(len(v) == 1 for v in by_d.values()), line.group(0)   # alike in a d-group
+    halves = [set(next(iter(v))) for v in by_d.values()]
+    assert not halves[0] & halves[1] and halves[0] | halves[1] == set(range(8)), line.group(0)
+    assert sorted(c for c, _ in read.values()) == [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1)]
+
+
+@pytest.mark.timeout(RUN_LIMIT_S + 60)
 def test_fabric_launcher_starts_the_ranks_and_trains_as_serially(tmp_path):
     pytest.importorskip("lightning_fabric")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, str(ROOT / "examples" / "fabric_train.py"), *ARGV], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, str(ROOT / EXAMPLE), *ARGV], cwd=tmp_path, env=plain_env(dict(os.environ)),
+                         capture_output=True, text=True, timeout=RUN_LIMIT_S)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    printed = [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)$", run.stdout, re.M)]
+    assert "fabric_train: 2 ranks (LightningEnvironment), grid 1x1x1x2" in run.stdout, run.stdout
     want = serial_fabric_losses(steps=2, batch=4, seq=16)
-    assert printed == pytest.approx(want, rel=1e-4), (printed, want)
+    assert printed_losses(run.stdout) == pytest.approx(want, rel=1e-4), (run.stdout, want)
+
+
+@pytest.mark.timeout(RUN_LIMIT_S + 60)
+def test_torchrun_starts_4_ranks_that_train_as_serially(tmp_path):
+    """``torchrun --standalone --nproc-per-node 4``: Fabric's TorchElasticEnvironment, whose ranks the strategy
+    checked against axgrid's launch table (the torchrun row) before the process group."""
+    pytest.importorskip("lightning_fabric")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    run = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", str(ROOT / EXAMPLE), *ARGV4],
+                         cwd=tmp_path, env=plain_env(dict(os.environ)), capture_output=True, text=True,
+                         timeout=RUN_LIMIT_S)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert_trained_on_4_ranks(run.stdout, "TorchElasticEnvironment")
+
+
+# ---- srun, on the private Slurm cluster ------------------------------------------------------------------------
+BATCH_ONE_LINE = ("fabric_train: axgrid's launch table finds no launcher (one process on its own) "
+                  "(axgrid.launch.env.read_placement); Fabric chose SLURMEnvironment, which reads this process as "
+                  "rank 0 of 4: start it with srun (srun --ntasks-per-node=N python ...)")
+
+
+@pytest.fixture(scope="module")
+def slurm_jobs(slurm, tmp_path_factory):
+    """The three Slurm launches, side by side: their output. Every job is scancel-ed by name at the end (a no-op
+    when it finished), so a launch that timed out leaves nothing running on the cluster."""
+    pytest.importorskip("lightning_fabric")
+    tmp = tmp_path_factory.mktemp("fabric-slurm")
+    env = plain_env(slurm.env)
+    batch = tmp / "fabric.sbatch"
+    batch.write_text("#!/bin/bash\n#SBATCH --ntasks-per-node=4\n#SBATCH -t 5\n"
+                     f"#SBATCH -o {tmp}/fabric-batch-%j.out\n"
+                     f"cd {ROOT}\npython {EXAMPLE} {' '.join(ARGV4)}\n")
+
+    def srun(name: str, *args: str) -> str:
+        res = subprocess.run(["srun", "-J", name, "--kill-on-bad-exit=1", *args, "python", EXAMPLE, *ARGV4], env=env,
+                             cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+        return f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+
+    def sbatch() -> str:
+        job = slurm.sbatch("-J", "fabric-batch", str(batch), env=env, cwd=tmp)
+        started = time.monotonic()
+        rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
+        took = time.monotonic() - started
+        return f"{rec.state} {rec.exit_code} {took:.0f}s\n{(tmp / f'fabric-batch-{job}.out').read_text()}"
+
+    try:
+        with ThreadPoolExecutor(3) as ex:
+            futures = {"srun": ex.submit(srun, "fabric-srun", "--ntasks-per-node", "4"),
+                       "interactive": ex.submit(srun, "interactive", "--ntasks-per-node", "4"),
+                       "batch": ex.submit(sbatch)}
+            return {k: f.result() for k, f in futures.items()}
+    finally:
+        for name in ("fabric-srun", "interactive", "fabric-batch"):
+            slurm.command(["scancel", "--name", name], check=False)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(2 * RUN_LIMIT_S)
+def test_srun_tasks_train_as_serially_with_fabrics_slurm_environment(slurm_jobs):
+    """``srun --ntasks-per-node 4 python examples/fabric_train.py``: Fabric's SLURMEnvironment, its ranks and
+    world the srun tasks' (as axgrid's launch table reads them), one world of 4."""
+    out = slurm_jobs["srun"]
+    assert out.startswith("exit 0"), out
+    assert_trained_on_4_ranks(out, "SLURMEnvironment")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(2 * RUN_LIMIT_S)
+def test_srun_tasks_of_an_interactive_job_train_as_one_world(slurm_jobs):
+    """``srun -J interactive ...``: Fabric would leave each task to its own launcher (4 worlds of 4, each training
+    alone); the strategy runs each task as the srun task it is: one world of 4, the same losses."""
+    out = slurm_jobs["interactive"]
+    assert out.startswith("exit 0"), out
+    assert_trained_on_4_ranks(out, "SLURMEnvironment")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(2 * RUN_LIMIT_S)
+def test_python_in_a_batch_script_without_srun_says_one_line_at_once(slurm_jobs):
+    """The batch script's own step (SLURM_NTASKS=4, SLURM_PROCID=0, no srun step): Fabric reads rank 0 of 4 and
+    would wait for the others until the timeout; the strategy says the fix before any process group."""
+    out = slurm_jobs["batch"]
+    head, text = out.split("\n", 1)
+    state, code, took = head.split()
+    assert (state, code) == ("FAILED", "1:0"), out
+    assert BATCH_ONE_LINE in text.splitlines(), out
+    assert "Traceback" not in text and "step 0" not in text, out
+    assert float(took[:-1]) < 120, out           # not the 120 s collective timeout: before any process group
