@@ -2,7 +2,9 @@
 model trained serially on the whole batch (micro-batches averaged, data-parallel shares of the batch); the Hugging
 Face example loads a tiny local save_pretrained checkpoint, trains, generates from one prompt and exports; the
 Lightning Fabric example (AxgridStrategy) trains as serial training and as axgrid's own loop, reads every step's
-batch over d only, and resumes from fabric.save on another grid."""
+batch over d only, resumes from fabric.save on another grid, and under bf16-mixed and bf16-true trains as axgrid's own
+loop under the same precision."""
+import contextlib
 import os
 
 import pytest
@@ -86,21 +88,45 @@ def test_fine_tune_a_tiny_hugging_face_checkpoint(ranks, tmp_path):
 FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ = 4, 8, 16
 
 
-def rank_axgrid_loop(spec: str, zero: int, accum: int) -> list[float]:
-    """The same training with axgrid's own loop: parallelize, shard_optimizer, train_step on local_batch."""
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def rank_axgrid_loop(spec: str, zero: int, accum: int, precision: str = "32-true") -> list[float]:
+    """The same training with axgrid's own loop: parallelize, shard_optimizer, train_step; under ``precision`` as
+    users write it without Fabric: bf16-mixed, the forward under ``torch.autocast`` in bf16; bf16-true, the model in
+    bf16 (``.to(torch.bfloat16)``) and its forward with bf16 as the default dtype. Each d-rank reads the rows
+    Fabric's DistributedSampler deals it (rows d, d + Gd, ... of every step's batch); ``axgrid.local_batch``'s
+    contiguous block gives the same fp32 losses (to 1e-7), but under bf16 each rank's partial gradient sums round
+    differently (Fabric against this loop with it, grid 2x1x1x2: up to 5e-5 relative apart in bf16-mixed, 7e-5 in
+    bf16-true; bf16 is 2e-4 and 7e-4 from fp32 there)."""
     mod = load_example("fabric_train.py")
     ov = axgrid.OverlapConfig.parse("all")
     grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=120, seed=0, zero=zero, overlap=ov))
+    forward = {"32-true": contextlib.nullcontext, "bf16-mixed": lambda: torch.autocast("cpu", torch.bfloat16),
+               "bf16-true": lambda: default_dtype(torch.bfloat16)}[precision]
     try:
-        model = axgrid.parallelize(mod.make_model(), grid)
+        model = mod.make_model()
+        model = axgrid.parallelize(model.to(torch.bfloat16) if precision == "bf16-true" else model, grid)
         opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=3e-3), model, grid)
         windows = mod.byte_windows(FABRIC_STEPS * FABRIC_BATCH, FABRIC_SEQ)
+        d, gd = grid.index("d"), grid.size("d")
+
+        def loss(i: int) -> torch.Tensor:
+            with forward():
+                return model(input_ids=xs[i], labels=ys[i], shift_labels=ys[i]).loss.float()
+
         losses = []
         for step in range(FABRIC_STEPS):
-            mine = axgrid.local_batch(windows[step * FABRIC_BATCH:(step + 1) * FABRIC_BATCH], grid).chunk(accum)
+            mine = windows[step * FABRIC_BATCH:(step + 1) * FABRIC_BATCH][d::gd].chunk(accum)
             xs, ys = [m[:, :-1] for m in mine], [m[:, 1:].contiguous() for m in mine]
-            out = axgrid.train_step(model, opt, lambda i: model(input_ids=xs[i], labels=ys[i], shift_labels=ys[i]).loss,
-                                    grid, microbatches=accum, clip=1.0)
+            out = axgrid.train_step(model, opt, loss, grid, microbatches=accum, clip=1.0)
             losses.append(float(grid.comm.all_reduce(out.loss.reshape(1), "d", average=True)[0]))
         return losses
     finally:
@@ -155,3 +181,20 @@ def test_fabric_save_and_load_resume_to_the_same_losses_on_another_grid(ranks, t
     resumed = ranks(4, rank_fabric_example, fabric_argv("1x2x1x2", 2, 1, "--resume", ck))
     for got in resumed:
         assert got["start"] == 2 and got["losses"] == pytest.approx(whole[0]["losses"][2:], rel=1e-4), got
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_fabric_loop_in_bf16_trains_as_axgrid_loop_in_bf16(ranks, precision):
+    """Fabric's precision plugin (bf16-mixed: autocast; bf16-true: the model converted to bf16) on grid 2x1x1x2
+    (every layer split over x), two micro-batches: the losses of axgrid's own loop under the same precision; and
+    they are bf16's (not fp32's: the precision took effect), within bf16's rounding of serial fp32 training."""
+    pytest.importorskip("lightning_fabric")
+    spec, zero, accum = "2x1x1x2", 1, 2
+    fp32 = serial_fabric_losses(FABRIC_STEPS, FABRIC_BATCH, FABRIC_SEQ)
+    plain = ranks(4, rank_axgrid_loop, spec, zero, accum, precision)
+    outs = ranks(4, rank_fabric_example, fabric_argv(spec, zero, accum, "--precision", precision))
+    for got, mine in zip(outs, plain):
+        assert got["losses"] == pytest.approx(mine, rel=1e-5), (got["losses"], mine)
+    losses = outs[0]["losses"]
+    assert losses == pytest.approx(fp32, rel=2e-3), (losses, fp32)
+    assert max(abs(a - b) for a, b in zip(losses, fp32)) > 1e-5, (losses, fp32)
