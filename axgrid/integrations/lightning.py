@@ -15,8 +15,9 @@ Fabric                             axgrid
                                    :data:`SUPPORTED_PRECISION`, and Fabric's cluster environment agrees with
                                    axgrid's launch table (:func:`axgrid.launch.env.read_placement`) on who started
                                    this process and its rank, world size and local rank, and ``devices`` x
-                                   ``num_nodes`` is the world; else one line (``AxgridStrategy._agree_with_launch_
-                                   table``: an srun task of an ``interactive``/``bash`` job runs as the srun task)
+                                   ``num_nodes`` is the world; else one line (an srun task of an
+                                   ``interactive``/``bash`` job, which Fabric leaves to its own launcher, runs as
+                                   the srun task it is: ``AxgridStrategy._agree_with_launch_table``)
 ``fabric.launch()``                Fabric's cluster environment (its launcher's processes, torchrun's
                                    ``TorchElasticEnvironment``, srun's ``SLURMEnvironment``, MPI) initialises the
                                    default process group (gloo on CPU, NCCL on GPUs), then :func:`axgrid.init`
