@@ -7,6 +7,8 @@ unsupported precision is refused the same way, naming the value and the supporte
 tests/system/test_fabric_launch.py."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch.distributed as dist
 
@@ -41,7 +43,6 @@ def srun_task(rank: int, tasks: int = 4, **job: str) -> dict[str, str]:
 def launch(monkeypatch):
     """``launch(env, devices=4, precision="32-true")``: ``Fabric(strategy=AxgridStrategy("2x1x1x2"), ...)`` built
     in a process whose launcher variables are ``env`` alone; returns the strategy."""
-    import os
     for k in list(os.environ):
         if k.startswith(LAUNCH_PREFIXES) or k in LAUNCH_NAMES:
             monkeypatch.delenv(k)
