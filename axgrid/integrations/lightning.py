@@ -255,8 +255,10 @@ class AxgridStrategy(ParallelStrategy):
             return                                      # an environment of a launcher the table does not know (LSF)
         fabric = (env.global_rank(), env.world_size(), env.local_rank())
         if placed.launcher == "single" or (expected is not None and placed.launcher not in expected):
-            fix = ("start it with srun (srun --ntasks-per-node=N python ...)" if isinstance(env, SLURMEnvironment)
-                   else f"give AxgridStrategy(cluster_environment=...) for {placed.launcher}")
+            fix = f"give AxgridStrategy(cluster_environment=...) for {placed.launcher}"
+            if isinstance(env, SLURMEnvironment):
+                fix = ("start it with srun (srun --ntasks-per-node=N python ...)" if placed.launcher == "single" else
+                       f"start the ranks with srun instead of {placed.launcher}, or {fix}")
             raise LaunchError(f"{where}, which reads this process as rank {fabric[0]} of {fabric[1]}: {fix}",
                               rank=placed.rank)
         if fabric != (placed.rank, placed.world_size, placed.local_rank):

@@ -7,7 +7,8 @@ environments), and trained to the losses of serial training on 4 ranks:
   (SLURMEnvironment); the same in a job named ``interactive``, which Fabric leaves to its own launcher (each of the
   4 tasks would have started 4 processes of its own) and AxgridStrategy runs as the srun task it is; and
   ``python examples/fabric_train.py`` in a batch script without srun, which Fabric takes for task 0 of 4 (it would
-  wait for 3 ranks that never come): one line naming the fix, at once.
+  wait for 3 ranks that never come), and mpiexec inside a batch script, whose ranks Fabric all reads as rank 0 of
+  SLURM_NTASKS: one line naming the fix, at once.
 
 Each 4-rank run prints which environment Fabric chose, the losses (equal to serial training's: the ranks formed one
 world, grid 2x1x1x2 splits every layer over x and the batch over d), and every rank's grid coordinate and the windows
@@ -106,27 +107,32 @@ def slurm_jobs(slurm, tmp_path_factory):
     batch.write_text("#!/bin/bash\n#SBATCH --ntasks-per-node=4\n#SBATCH -t 5\n"
                      f"#SBATCH -o {tmp}/fabric-batch-%j.out\n"
                      f"cd {ROOT}\npython {EXAMPLE} {' '.join(ARGV4)}\n")
+    mpiexec = tmp / "fabric-mpiexec.sbatch"
+    mpiexec.write_text("#!/bin/bash\n#SBATCH --ntasks-per-node=2\n#SBATCH -t 5\n"
+                       f"#SBATCH -o {tmp}/fabric-mpiexec-%j.out\n"
+                       f"cd {ROOT}\nmpiexec -launcher fork -n 2 python {EXAMPLE} {' '.join(ARGV)}\n")
 
     def srun(name: str, *args: str) -> str:
         res = subprocess.run(["srun", "-J", name, "--kill-on-bad-exit=1", *args, "python", EXAMPLE, *ARGV4], env=env,
                              cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT_S)
         return f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
 
-    def sbatch() -> str:
-        job = slurm.sbatch("-J", "fabric-batch", str(batch), env=env, cwd=tmp)
+    def sbatch(name: str, script: pathlib.Path) -> str:
+        job = slurm.sbatch("-J", name, str(script), env=env, cwd=tmp)
         started = time.monotonic()
         rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
         took = time.monotonic() - started
-        return f"{rec.state} {rec.exit_code} {took:.0f}s\n{(tmp / f'fabric-batch-{job}.out').read_text()}"
+        return f"{rec.state} {rec.exit_code} {took:.0f}s\n{(tmp / f'{name}-{job}.out').read_text()}"
 
     try:
-        with ThreadPoolExecutor(3) as ex:
+        with ThreadPoolExecutor(4) as ex:
             futures = {"srun": ex.submit(srun, "fabric-srun", "--ntasks-per-node", "4"),
                        "interactive": ex.submit(srun, "interactive", "--ntasks-per-node", "4"),
-                       "batch": ex.submit(sbatch)}
+                       "batch": ex.submit(sbatch, "fabric-batch", batch),
+                       "mpiexec": ex.submit(sbatch, "fabric-mpiexec", mpiexec)}
             return {k: f.result() for k, f in futures.items()}
     finally:
-        for name in ("fabric-srun", "interactive", "fabric-batch"):
+        for name in ("fabric-srun", "interactive", "fabric-batch", "fabric-mpiexec"):
             slurm.command(["scancel", "--name", name], check=False)
 
 
@@ -162,3 +168,22 @@ def test_python_in_a_batch_script_without_srun_says_one_line_at_once(slurm_jobs)
     assert BATCH_ONE_LINE in text.splitlines(), out
     assert "Traceback" not in text and "step 0" not in text, out
     assert float(took[:-1]) < 120, out           # not the 120 s collective timeout: before any process group
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(2 * RUN_LIMIT_S)
+def test_mpiexec_inside_a_batch_script_says_one_line_at_once(slurm_jobs):
+    """Hydra's ``mpiexec -launcher fork -n 2`` in a batch script: both ranks see the batch step's SLURM_PROCID=0, so
+    Fabric's SLURMEnvironment makes each of them rank 0 of 2 (one would wait for the other until the timeout);
+    refused on both, said once (by rank 0), before any process group."""
+    out = slurm_jobs["mpiexec"]
+    head, text = out.split("\n", 1)
+    state, code, took = head.split()
+    assert state == "FAILED" and code != "0:0", out
+    said = [line for line in text.splitlines() if "axgrid's launch table finds" in line]
+    assert said == ["fabric_train: axgrid's launch table finds mpich's rank 0 of 2, local rank 0 of 2 "
+                    "(axgrid.launch.env.read_placement); Fabric chose SLURMEnvironment, which reads this process as "
+                    "rank 0 of 2: start the ranks with srun instead of mpich, or give AxgridStrategy("
+                    "cluster_environment=...) for mpich"], out
+    assert "Traceback" not in text and "step 0" not in text, out
+    assert float(took[:-1]) < 120, out
