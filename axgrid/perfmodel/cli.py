@@ -404,9 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="store each machine's residuals (its error band) as axgrid/perfmodel/machines/NAME.residuals.json")
     cp.set_defaults(fn=cmd_check_published)
     vp = sub.add_parser("validate-public", help="MAPE, per-group Spearman and top-1 regret on public measurements: "
-                                                "vTrain's 1,440 A100 runs, the Korthikanti eight, check-published's 15")
-    vp.add_argument("--suite", action="append", choices=("vtrain", "korthikanti", "published"),
-                    help="one suite (repeat for several; default: all three)")
+                                                "vTrain's 1,440 A100 runs, the Korthikanti eight, check-published's 15, "
+                                                "vTrain's 109 multi-node runs (held out)")
+    vp.add_argument("--suite", action="append", choices=("vtrain", "korthikanti", "published", "vtrain-multi"),
+                    help="one suite (repeat for several; default: all four)")
     vp.add_argument("--vtrain", metavar="CSV", help="vTrain's data/ground_truth_single.csv (default: the shipped copy)")
     vp.add_argument("--out-dir", metavar="DIR", help="write a predicted-vs-measured scatter PNG per suite there")
     vp.set_defaults(fn=cmd_validate_public)

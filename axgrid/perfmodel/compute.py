@@ -1,7 +1,9 @@
 """GEMM time: a roofline (peak × efficiency). Efficiency comes from a measured table (nearest measured shape in
 log space, as written by ``python -m axgrid.kernels export-efficiency``) or from a saturating curve of the smallest GEMM
 dimension, eff = eff_max · d / (d + dim_half): per dtype from the machine file's ``gemm_efficiency`` (measured
-large-GEMM rates of that GPU), else the two parameters calibration fits (default 0.75, 96).
+large-GEMM rates of that GPU), else the two parameters calibration fits (default 0.75, 96); on a machine file with
+``sm_count``, times the useful share of the compute units with the best of its ``gemm_tiles`` (tile and wave
+quantisation, each tile's operand streaming from L2: ``wave_efficiency``).
 Operand layouts are not modelled: the runtime's layout tuner picks the best layout per shape, and no per-layout
 table is held for any shipped GPU.
 
@@ -38,26 +40,47 @@ def _table_rate(m, n, k, machine: Machine, dtype: str) -> np.ndarray | None:
     return rate[best].reshape(m.shape)
 
 
-def wave_efficiency(m, n, machine: Machine, batch=1) -> np.ndarray:
-    """The share of the GPU's ``sm_count`` compute units busy over a GEMM with an [m, n] output (``batch`` of them
-    at once): it runs in ceil(tiles / SMs) waves of one ``gemm_tile`` output tile per unit, so the last wave's
-    empty units are lost, tiles / (waves · SMs); 1 on a machine without ``sm_count``."""
+def tile_efficiency(tile: tuple[int, int], machine: Machine, dtype: str) -> float:
+    """The share of a compute unit's peak that a GEMM kernel with a ``tile`` = (rows, columns) output tile keeps
+    while its operands stream from the L2 cache: each k-step loads rows + columns operand vectors for rows·columns
+    multiply-adds, 2·r·c / ((r + c)·bytes) FLOPs per byte, against the ``peak_flops / l2_bandwidth`` FLOPs per byte
+    the machine needs to stay compute-bound (a roofline per tile); 1 without ``l2_bandwidth``."""
+    if machine.l2_bandwidth <= 0:
+        return 1.0
+    r, c = tile
+    per_byte = 2.0 * r * c / ((r + c) * (4.0 if dtype == "fp32" else 2.0))
+    return min(1.0, per_byte * machine.l2_bandwidth / machine.peak_flops(dtype))
+
+
+def wave_efficiency(m, n, machine: Machine, batch=1, dtype: str = "bf16") -> np.ndarray:
+    """The share of the GPU's ``sm_count`` compute units doing useful work over a GEMM with an [m, n] output
+    (``batch`` of them at once), with the best of the machine's ``gemm_tiles`` (as cuBLAS's heuristics pick a
+    kernel per shape): with an r×c tile the GEMM runs in waves = ceil(tiles / SMs), tiles = ceil(m/r)·ceil(n/c)
+    per GEMM, each unit busy ``tile_efficiency`` of its time, so the useful share is m·n·batch / (waves·SMs·r·c)
+    times the tile's efficiency (the last wave's idle units and a partial tile's padding are lost); 1 on a machine
+    without ``sm_count``."""
+    m, n, batch = (np.asarray(a, float) for a in (m, n, batch))
     if not machine.sm_count:
-        return np.ones(np.broadcast_shapes(np.shape(m), np.shape(n), np.shape(batch)))
-    tm, tn = machine.gemm_tile
-    tiles = (np.ceil(np.asarray(m, float) / tm) * np.ceil(np.asarray(n, float) / tn) * np.asarray(batch, float))
-    waves = np.ceil(tiles / machine.sm_count)
-    return tiles / np.maximum(waves * machine.sm_count, 1.0)
+        return np.ones(np.broadcast_shapes(m.shape, n.shape, batch.shape))
+    best = None
+    for r, c in machine.gemm_tiles:
+        waves = np.ceil(np.ceil(m / r) * np.ceil(n / c) * batch / machine.sm_count)
+        useful = m * n * batch / (np.maximum(waves, 1.0) * machine.sm_count * r * c)
+        eff = useful * tile_efficiency((r, c), machine, dtype)
+        best = eff if best is None else np.maximum(best, eff)
+    return best
 
 
 def gemm_rate(m, n, k, machine: Machine, dtype: str, batch=1) -> np.ndarray:
     """Achieved FLOP/s of an [m,k]·[k,n] GEMM, ``batch`` of them in one kernel (never above the machine's peak):
-    the measured table, or the efficiency curve times the wave occupancy (:func:`wave_efficiency`)."""
+    the measured table, or the efficiency curve times the useful share of the compute units
+    (:func:`wave_efficiency`)."""
     peak = machine.peak_flops(dtype)
     rate = _table_rate(m, n, k, machine, dtype)
     if rate is None:
         c = machine.gemm_curve(dtype)
-        return peak * curve_efficiency(m, n, k, c.eff_max, c.dim_half) * wave_efficiency(m, n, machine, batch)
+        return peak * curve_efficiency(m, n, k, c.eff_max, c.dim_half) * wave_efficiency(m, n, machine, batch,
+                                                                                        dtype)
     return np.minimum(rate, peak)
 
 

@@ -20,17 +20,21 @@ Optional measured tables (each with a ``# source:`` comment line in the shipped 
         falls back to α-β.
     gemm_efficiency = {bf16 = {eff_max = <0..1>, dim_half = <elements>}, fp32 = {...}}
         per-dtype GEMM efficiency curve eff = eff_max · d / (d + dim_half), d = the smallest GEMM dimension.
-    sm_count = <int>, gemm_tile = [<rows>, <columns>]
-        the GPU's streaming multiprocessors (compute units) and the output tile one of them computes at a time:
-        a GEMM's rate is scaled by its last wave's occupancy (``compute.wave_efficiency``); without them, not.
+    sm_count = <int>, gemm_tiles = [[<rows>, <columns>], ...], l2_bandwidth = <bytes/s>
+        the GPU's streaming multiprocessors (compute units), the output tiles its GEMM library has kernels for (one
+        tile per unit at a time) and the L2 cache's read bandwidth: a GEMM runs with the tile that gives it the
+        most useful work per unit-time, its last wave's idle units and each tile's operand streaming from L2
+        counted (``compute.wave_efficiency``); without ``sm_count``, no quantisation; without ``l2_bandwidth``,
+        every tile at full rate.
     kernel_latency = <s>
         the time each kernel of a step adds beyond its work (launch and synchronisation), times the kernels a
         block runs (``compute.BLOCK_KERNELS_*``), a floor under the GPU's time per micro-batch; without it, none.
     host_device_exponent = <k>
         how the host's time and the GPU's combine (``model.host_bound``): (gpu^k + host^k)^(1/k); absent, the larger.
     hbm_bandwidth = <bytes/s>
-        one GPU's (GCD's) memory bandwidth from its spec sheet: prices the element-wise kernels
-        (``compute.elementwise_bytes``); without it they are not priced, and ``rank`` says so.
+        one GPU's (GCD's) memory bandwidth, a measured achievable figure where one is held (dgx-a100), else its
+        spec sheet's: prices the element-wise kernels (``compute.elementwise_bytes``), the optimizer step and the
+        cross entropy; without it they are not priced, and ``rank`` says so.
 
 Optional ``[fitted]`` table, written by calibration:
 
@@ -150,7 +154,8 @@ class Machine:
     hbm_bandwidth: float = 0.0          # bytes/s per GPU; 0 = not known: element-wise kernels not priced
     collective_tables: tuple[CollectiveTable, ...] = ()
     sm_count: int = 0                    # streaming multiprocessors (compute units); 0: no wave quantisation
-    gemm_tile: tuple[int, int] = (128, 128)
+    gemm_tiles: tuple[tuple[int, int], ...] = ((128, 128),)
+    l2_bandwidth: float = 0.0            # bytes/s of the L2 cache's reads; 0: tiles not limited by it
     kernel_latency: float = 0.0          # seconds each kernel adds beyond its work; 0: not priced
     host_device_exponent: float = 0.0    # the smooth maximum of host and GPU time (``model.host_bound``); 0: max
 
@@ -307,11 +312,13 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
         kw["hbm_bandwidth"] = _check(where, "hbm_bandwidth", data["hbm_bandwidth"], float)
     if "sm_count" in data:
         kw["sm_count"] = _check(where, "sm_count", data["sm_count"], int)
-    if "gemm_tile" in data:
-        tile = data["gemm_tile"]
-        if not (isinstance(tile, list) and len(tile) == 2):
-            raise MachineFileError(f"{where}: field 'gemm_tile' must be [rows, columns], got {tile!r}")
-        kw["gemm_tile"] = tuple(_check(where, "gemm_tile", v, int) for v in tile)
+    if "gemm_tiles" in data:
+        tiles = data["gemm_tiles"]
+        if not (isinstance(tiles, list) and tiles and all(isinstance(t, list) and len(t) == 2 for t in tiles)):
+            raise MachineFileError(f"{where}: field 'gemm_tiles' must be a list of [rows, columns], got {tiles!r}")
+        kw["gemm_tiles"] = tuple(tuple(_check(where, "gemm_tiles", v, int) for v in t) for t in tiles)
+    if "l2_bandwidth" in data:
+        kw["l2_bandwidth"] = _check(where, "l2_bandwidth", data["l2_bandwidth"], float)
     if "kernel_latency" in data:
         kw["kernel_latency"] = _check(where, "kernel_latency", data["kernel_latency"], float)
     if "host_device_exponent" in data:
@@ -404,7 +411,10 @@ def machine_to_toml(m: Machine, comment: str = "") -> str:
     if m.hbm_bandwidth > 0:
         lines.append(f"hbm_bandwidth = {m.hbm_bandwidth!r}")
     if m.sm_count:
-        lines += [f"sm_count = {m.sm_count}", f"gemm_tile = [{m.gemm_tile[0]}, {m.gemm_tile[1]}]"]
+        tiles = ", ".join(f"[{a}, {b}]" for a, b in m.gemm_tiles)
+        lines += [f"sm_count = {m.sm_count}", f"gemm_tiles = [{tiles}]"]
+    if m.l2_bandwidth > 0:
+        lines.append(f"l2_bandwidth = {m.l2_bandwidth!r}")
     if m.kernel_latency > 0:
         lines.append(f"kernel_latency = {m.kernel_latency!r}")
     if m.host_device_exponent > 0:

@@ -1,7 +1,7 @@
 """Public validation suites: perfmodel against measurements nobody here made (``python -m axgrid.perfmodel
 validate-public``).
 
-Three suites, each row priced at its exact configuration with ``pipeline.price`` (what ``price_named`` runs) on the
+Four suites, each row priced at its exact configuration with ``pipeline.price`` (what ``price_named`` runs) on the
 shipped machine file, memory not limiting (the runs were made, so they fitted):
 
 * ``vtrain``: vTrain's 1,440 single-node Megatron-LM runs (``data/vtrain_ground_truth_single.csv``, its README
@@ -9,7 +9,10 @@ shipped machine file, memory not limiting (the runs were made, so they fitted):
   recompute, 1F1B (no interleaving, no sequence parallel), sequence 1024, vocabulary 51,200 (``VTRAIN_VOCAB``),
   Megatron-LM's dropout and unfused softmax (``Options.dropout`` / ``fused_attention``), fp16 gradient reduction;
 * ``korthikanti``: the eight Korthikanti et al. 2022 configurations (``published.POINTS``, time points);
-* ``published``: check-published's fifteen points (``published.check_all``).
+* ``published``: check-published's fifteen points (``published.check_all``);
+* ``vtrain-multi``: vTrain's 109 multi-node runs (``data/vtrain_ground_truth_multi.csv``: 64 to 512 A100s of
+  ``dgx-a100``, sequence 2048, otherwise as ``vtrain``), the held-out test: priced, never fitted or tuned on
+  (``experiments/perfmodel/fit_kernel_latency.py`` reads the single-node file only).
 
 Metrics (``suite_metrics``): MAPE = mean |predicted − measured| / measured in percent; the median of that error;
 the share within ±15% (|predicted − measured| ≤ 15% of measured; check-published's own criterion,
@@ -42,12 +45,12 @@ MIN_GROUP = 3
 VTRAIN_VOCAB = 51200
 #: memory multiplier that keeps a measured configuration priced when the memory model would reject it
 _NO_MEMORY_LIMIT = 1e3
-SUITES = ("vtrain", "korthikanti", "published")
+SUITES = ("vtrain", "korthikanti", "published", "vtrain-multi")
 
 
-def vtrain_csv() -> Path:
-    """The shipped copy of vTrain's single-node ground truth."""
-    return Path(str(resources.files("axgrid.perfmodel") / "data" / "vtrain_ground_truth_single.csv"))
+def vtrain_csv(nodes: str = "single") -> Path:
+    """The shipped copy of vTrain's ground truth, ``nodes`` "single" (1,440 runs) or "multi" (109 runs)."""
+    return Path(str(resources.files("axgrid.perfmodel") / "data" / f"vtrain_ground_truth_{nodes}.csv"))
 
 
 @dataclass
@@ -101,7 +104,8 @@ def suite_metrics(predicted, measured, groups: list[tuple] | None = None) -> dic
 
 
 def vtrain_rows(path: str | Path | None = None) -> list[dict[str, int | float]]:
-    """vTrain's CSV as dicts: gpus, batch, mbs, hidden, heads, layers, seq, tp, dp, pp (int), ms (float)."""
+    """vTrain's CSV as dicts: gpus, batch, mbs, hidden, heads, layers, seq, tp, dp, pp (int), ms (float); the
+    multi-node file's leading column (parameters, billions) is dropped."""
     path = Path(path) if path else vtrain_csv()
     keys = ("gpus", "batch", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp")
     try:
@@ -110,6 +114,8 @@ def vtrain_rows(path: str | Path | None = None) -> list[dict[str, int | float]]:
     except OSError as e:
         raise PerfModelError(f"vTrain ground truth {path}: {e.strerror or e}; give vTrain's "
                              f"data/ground_truth_single.csv") from None
+    if lines and len(lines[0]) == len(keys) + 2 and lines[0][0].startswith("Parameters"):
+        lines = [r[1:] for r in lines]
     if not lines or len(lines[0]) != len(keys) + 1:
         raise PerfModelError(f"{path}: expected vTrain's 11 columns (GPUs … iteration time (ms))")
     out = []
@@ -128,9 +134,10 @@ def vtrain_problem(r: dict, vocab: int = VTRAIN_VOCAB) -> Problem:
                    Options(dropout=True, fused_attention=False, grad_reduce="fp16"))
 
 
-def price_vtrain(path: str | Path | None = None, machine: str | Machine = "dgx-a100") -> SuiteResult:
-    """Every vTrain row priced at its configuration on ``machine`` (a name or a :class:`Machine`); one
-    ``pipeline.price`` call per problem."""
+def price_vtrain(path: str | Path | None = None, machine: str | Machine = "dgx-a100",
+                 name: str = "vtrain") -> SuiteResult:
+    """Every vTrain row of ``path`` (default: the single-node file) priced at its configuration on ``machine`` (a
+    name or a :class:`Machine`), as suite ``name``; one ``pipeline.price`` call per problem."""
     rows = vtrain_rows(path)
     m = (machine if isinstance(machine, Machine) else load_machine(machine)).scaled(memory=_NO_MEMORY_LIMIT)
     by: dict[tuple, list[int]] = {}
@@ -146,7 +153,7 @@ def price_vtrain(path: str | Path | None = None, machine: str | Machine = "dgx-a
     labels = [f"{r['gpus']} GPUs b{r['batch']} h{r['hidden']} a{r['heads']} L{r['layers']} TP{r['tp']}xPP{r['pp']}"
               f"xDP{r['dp']} mbs{r['mbs']}" for r in rows]
     groups = [(r["gpus"], r["batch"], r["hidden"], r["heads"], r["layers"], r["seq"]) for r in rows]
-    return SuiteResult("vtrain", labels, groups, pred, np.array([r["ms"] / 1e3 for r in rows]))
+    return SuiteResult(name, labels, groups, pred, np.array([r["ms"] / 1e3 for r in rows]))
 
 
 def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
@@ -169,6 +176,8 @@ def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None =
     for n in names:
         if n == "vtrain":
             res = price_vtrain(vtrain_path)
+        elif n == "vtrain-multi":
+            res = price_vtrain(vtrain_csv("multi"), name=n)
         else:
             if checks is None:
                 from .published import check_all

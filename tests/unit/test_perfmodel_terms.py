@@ -4,26 +4,50 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from axgrid import perfmodel as pm
 from axgrid.perfmodel import pipeline as pl
 from axgrid.perfmodel.compute import (BLOCK_KERNELS_UNFUSED, OPTIMIZER_BYTES, OUTER_KERNELS, gemm_rate,
-                                      wave_efficiency)
+                                      tile_efficiency, wave_efficiency)
 from axgrid.perfmodel.machines import machine_to_toml
 from axgrid.perfmodel.model import host_bound
 
 
 def test_wave_occupancy_on_108_sms_by_hand():
     m = pm.load_machine("dgx-a100")
-    assert (m.sm_count, m.gemm_tile) == (108, (128, 128))
-    # [1024, 384]: 8 × 3 = 24 tiles, one wave of 108; 109 tiles: two waves, 109 of 216 slots busy
-    assert wave_efficiency(1024, 384, m) == pytest.approx(24 / 108)
-    assert wave_efficiency(128 * 109, 128, m) == pytest.approx(109 / 216)
-    assert wave_efficiency(128 * 108, 128 * 2, m) == pytest.approx(1.0)
-    assert wave_efficiency(1024, 1024, m, batch=16) == pytest.approx(1024 / (10 * 108))
+    assert m.sm_count == 108 and (256, 128) in m.gemm_tiles and (64, 64) in m.gemm_tiles
+    # a tile's roofline from L2: 2·r·c / ((r + c)·2 bytes) FLOPs per byte against peak / L2 bandwidth (43.2 here)
+    need = m.peak_flops_bf16 / m.l2_bandwidth
+    assert tile_efficiency((256, 128), m, "fp16") == 1.0 and tile_efficiency((128, 128), m, "fp16") == 1.0
+    assert tile_efficiency((64, 64), m, "fp16") == pytest.approx(32 / need)
+    assert tile_efficiency((128, 64), m, "fp16") == pytest.approx((128 * 64 / 192) / need)
+    # [1024, 384]: 64×64 tiles, 16 × 6 = 96 of them in one wave of 108 (a 128×128 tile: 24 tiles, 24/108)
+    e64 = 1024 * 384 / (108 * 64 * 64) * 32 / need
+    assert wave_efficiency(1024, 384, m) == pytest.approx(e64) and e64 > 24 / 108
+    # [128·109, 128]: 128×64 tiles, 218 in three waves (128×128: 109 tiles, two waves, 109/216 busy)
+    assert wave_efficiency(128 * 109, 128, m) == pytest.approx(
+        128 * 109 * 128 / (3 * 108 * 128 * 64) * (128 * 64 / 192) / need)
+    assert wave_efficiency(128 * 108, 128 * 2, m) == pytest.approx(1.0)              # 108 tiles of 256×128
+    # 16 batched [1024, 1024]: 128×64 tiles, 2,048 in 19 waves beat 128×128's 1,024 in 10
+    assert wave_efficiency(1024, 1024, m, batch=16) == pytest.approx(
+        16 * 1024 * 1024 / (19 * 108 * 128 * 64) * (128 * 64 / 192) / need)
     assert float(gemm_rate(1024, 384, 1024, m, "fp16")) == pytest.approx(
-        m.peak_flops_bf16 * 0.869 * 384 / (384 + 96.0) * 24 / 108)
+        m.peak_flops_bf16 * 0.869 * 384 / (384 + 96.0) * e64)
     assert wave_efficiency(1024, 384, pm.load_machine("perlmutter")) == 1.0       # no sm_count: not modelled
+    one = replace(m, gemm_tiles=((128, 128),), l2_bandwidth=0.0)                  # one tile: its wave occupancy
+    assert wave_efficiency(1024, 384, one) == pytest.approx(24 / 108)
+    assert wave_efficiency(128 * 109, 128, one) == pytest.approx(109 / 216)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 64))
+def test_more_tiles_never_slower(mm, nn, batch):
+    m = pm.load_machine("dgx-a100")
+    one = replace(m, gemm_tiles=((128, 128),))
+    assert wave_efficiency(mm, nn, m, batch) >= wave_efficiency(mm, nn, one, batch) * (1 - 1e-12)
+    assert 0.0 < wave_efficiency(mm, nn, m, batch) <= 1.0
 
 
 def test_a_small_stage_is_held_to_the_hosts_kernel_rate():
@@ -68,9 +92,10 @@ def test_new_machine_fields_roundtrip_and_are_checked(tmp_path):
     f = tmp_path / "a.toml"
     f.write_text(machine_to_toml(m))
     back = pm.load_machine(f)
-    assert (back.sm_count, back.gemm_tile, back.kernel_latency, back.host_device_exponent) == (
-        108, (128, 128), m.kernel_latency, 3.0)
-    f.write_text(machine_to_toml(m).replace("gemm_tile = [128, 128]", "gemm_tile = [128]"))
-    with pytest.raises(pm.MachineFileError, match=r"gemm_tile' must be \[rows, columns\]"):
+    assert (back.sm_count, back.gemm_tiles, back.l2_bandwidth, back.kernel_latency, back.host_device_exponent) == (
+        108, m.gemm_tiles, m.l2_bandwidth, m.kernel_latency, m.host_device_exponent)
+    assert back.collective_tables == m.collective_tables and back.hbm_bandwidth == m.hbm_bandwidth
+    f.write_text(machine_to_toml(m).replace("gemm_tiles = [[256, 128]", "gemm_tiles = [[256]"))
+    with pytest.raises(pm.MachineFileError, match=r"gemm_tiles' must be a list of \[rows, columns\]"):
         pm.load_machine(f)
     assert np.isfinite(m.kernel_latency) and 0 < m.kernel_latency < 1e-3
