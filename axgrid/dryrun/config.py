@@ -190,12 +190,12 @@ def _predict_decoder(cfg: DryRunConfig) -> Prediction:
     m, opt = cfg.model, cfg.options()
     ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
                                    DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
-                                   opt.bucket_bytes, cfg.zero, clip=opt.clip)
+                                   opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora_plan(m, opt))
     comm: dict[tuple[str, str], tuple[int, int]] = {}
     for dim, op, nb in ev:
         calls, total = comm.get((dim, op), (0, 0))
         comm[(dim, op)] = (calls + 1, total + nb)
-    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes)
+    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora_plan(m, opt))
     memory: dict[str, Optional[int]] = {"parameters": params, "gradients": grads, "optimizer": optimizer,
                                         "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
     unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])

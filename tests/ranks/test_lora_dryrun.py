@@ -125,3 +125,37 @@ def test_lora_flops_drop_the_weight_gradients_and_add_the_adapters():
     adapters = 2.0 * m * 4 * L * ((3 * h + h) + (h + h) + (4 * h + h) + (h + 4 * h))   # r·(k + n) per layer
     assert lora_flops_change(spec, plan, m, recompute=True) == pytest.approx(4 * adapters - weight_grads)
     assert lora_flops_change(spec, plan, m, recompute=False) == pytest.approx(3 * adapters - weight_grads)
+
+
+# (grid, zero, targets, tied): q, k, v read one input (so do gate and up): without recompute block 0's k and v have
+# no backward when q holds its first adapter (the last case); with recompute transformers' checkpointing makes the
+# layers' input need a gradient
+HF_CASES = [
+    ("2x2x1x2", 1, ("q_proj", "v_proj"), False),
+    ("1x2x2x2", 2, None, True),
+    ("2x1x2x1", 0, ("o_proj", "up_proj"), False),
+    ("2x2x1x2", 1, ("q_proj", "v_proj"), False),
+]
+
+
+def test_a_hugging_face_lora_dry_run_equals_perfmodel_decoder(tmp_path):
+    import json
+    import os
+    cfgs = []
+    for i, (grid, zero, targets, tied) in enumerate(HF_CASES):
+        folder = tmp_path / f"llama{i}"
+        os.makedirs(folder)
+        with open(folder / "config.json", "w") as f:
+            json.dump({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 64,
+                       "max_position_embeddings": 64, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+                       "tie_word_embeddings": tied}, f)
+        cfgs.append(resolve(str(folder / "config.json"), None, 8, grid=grid, machine="local-4", microbatches=2,
+                            zero=zero, seq=16, lora_r=4, lora_targets=targets, bucket_bytes=4096,
+                            recompute=i < 2))
+    measured = run_isolated(_dry_all, cfgs, timeout_s=600)
+    for case, cfg, m in zip(HF_CASES, cfgs, measured):
+        p = predict(cfg)
+        assert m.comm == p.comm, (case, m.comm, p.comm)
+        for k in ("parameters", "gradients", "optimizer"):
+            assert m.memory[k] == p.memory[k], (case, k, m.memory[k], p.memory[k])
