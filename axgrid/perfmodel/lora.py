@@ -123,21 +123,30 @@ def needs_input_grad(modules: Sequence[str], layers: dict[str, FCLayer], plan: O
 
 def lora_flops_change(spec, plan: LoraPlan, tokens: int, recompute: bool) -> float:
     """What LoRA changes in the FLOPs of one step on ``tokens`` tokens (all ranks together), to add to the full
-    training formula's (``axgrid.spec.gpt_flops_per_iteration``, ``llama_flops``): minus every frozen FC layer's
-    weight-gradient GEMM ``2·m·n·k``; plus per targeted layer the adapter's forward ``2·m·r·(k + n)`` (twice with
-    recompute, the head's once) and backward ``4·m·r·(k + n)`` (dH, dX, dA, dB). The backward the part before the
-    first adapter skips (block 0's) is still counted: under 1/L of the blocks' backward."""
-    m, r = float(tokens), plan.r
+    training formula's (``axgrid.spec.gpt_flops_per_iteration``, ``llama_flops``): :func:`layer_flops_change` over
+    ``spec``'s FC layers (the block's ``spec.layers`` times, the head once)."""
+    layers = [(x, spec.layers, plan.targeted(x)) for x in spec.block_layers()]
+    head = spec.head_layer()
+    return layer_flops_change(layers + [(head, 1, plan.targeted(head))], plan.r, tokens, recompute)
+
+
+def layer_flops_change(layers: Iterable[tuple[FCLayer, int, bool]], r: int, tokens: int, recompute: bool) -> float:
+    """The FLOP change of a LoRA step over FC ``layers`` given as (layer, how many, adapted): minus every frozen
+    layer's weight-gradient GEMM ``2·m·n·k``; plus per adapted layer the adapter's forward ``2·m·r·(k + n)`` (again
+    in the recompute forward when ``recompute`` and ``layer.recompute``) and backward ``4·m·r·(k + n)`` (dH, dX,
+    dA, dB). The backward the part before the first adapter skips (block 0's) is still counted: under 1/L of the
+    blocks' backward. The one LoRA FLOP count: perfmodel's and ``finetune.py``'s."""
+    m = float(tokens)
     change = 0.0
-    for layer, times, forwards in ([(x, spec.layers, 2 if recompute else 1) for x in spec.block_layers()]
-                                   + [(spec.head_layer(), 1, 1)]):
-        ad = 2.0 * m * r * (layer.n + layer.k) if plan.targeted(layer) else 0.0
+    for layer, times, adapted in layers:
+        ad = 2.0 * m * r * (layer.n + layer.k) if adapted else 0.0
+        forwards = 2 if recompute and layer.recompute else 1
         change += times * (ad * (forwards + 2) - 2.0 * m * layer.n * layer.k)
     return change
 
 
 __all__ = ["LoraPlan", "adapter_backward_events", "adapter_elements", "adapter_forward_events", "adapter_tensors",
-           "layer_names", "lora_flops_change", "lora_plan", "lora_targets", "needs_input_grad"]
+           "layer_flops_change", "layer_names", "lora_flops_change", "lora_plan", "lora_targets", "needs_input_grad"]
 
 
 # ------------------------------------------------------------------------------------------------ memory
