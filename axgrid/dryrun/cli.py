@@ -70,9 +70,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     torch.set_num_threads(1)
     prediction = predict(cfg)
     machine = pm.load_machine(cfg.machine)
+    lora = f", LoRA r={cfg.lora_r} on {','.join(cfg.lora_layers)}" if cfg.lora_r else ""
     print(f"dry run: {cfg.model.name} on {cfg.grid} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
           f"{cfg.microbatches} micro-batch(es), {cfg.dtype}, recompute {'on' if cfg.recompute else 'off'}, overlap "
-          f"{cfg.overlap}, zero {cfg.zero}{f', LoRA r={cfg.lora_r} on ' + ','.join(cfg.lora_layers) if cfg.lora_r else ''}; ranks {', '.join(map(str, ranks))}", flush=True)
+          f"{cfg.overlap}, zero {cfg.zero}{lora}; ranks {', '.join(map(str, ranks))}", flush=True)
     measures, problems = [], []
     for r in ranks:
         m = measure_rank(cfg, r)

@@ -130,7 +130,8 @@ def lora_flops_change(spec, plan: LoraPlan, tokens: int, recompute: bool) -> flo
     return layer_flops_change(layers + [(head, 1, plan.targeted(head))], plan.r, tokens, recompute)
 
 
-def layer_flops_change(layers: Iterable[tuple[FCLayer, int, bool]], r: int, tokens: int, recompute: bool) -> float:
+def layer_flops_change(layers: Iterable[tuple[FCLayer, int, bool]], r: int, tokens: int,
+                       recompute: bool) -> float:
     """The FLOP change of a LoRA step over FC ``layers`` given as (layer, how many, adapted): minus every frozen
     layer's weight-gradient GEMM ``2·m·n·k``; plus per adapted layer the adapter's forward ``2·m·r·(k + n)`` (again
     in the recompute forward when ``recompute`` and ``layer.recompute``) and backward ``4·m·r·(k + n)`` (dH, dX,

@@ -76,7 +76,8 @@ from axgrid.spec import GRADIENT_WINDOW, FCLayer, ceil_div
 from .buckets import gradient_elements, pack
 from .comm import layer_volumes
 from .errors import PerfModelError
-from .lora import check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan, lora_static_bytes
+from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
+                   lora_static_bytes)
 from .spec import Options, TransformerSpec
 
 ATTENTION_KINDS = ("flash", "math")
