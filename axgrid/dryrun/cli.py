@@ -37,6 +37,10 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
                     "list of oar, ors, oag, odp, keep")
     ap.add_argument("--zero", type=int, choices=(0, 1, 2), help="ZeRO over d: 0, 1 (optimizer state), 2 (and "
                     "gradients); default: the mode perfmodel picks for the grid")
+    ap.add_argument("--lora-r", type=int, default=0, help="LoRA adapters of this rank (axgrid.lora, alpha 2r), the "
+                    "base frozen; 0 (default): full training")
+    ap.add_argument("--lora-targets", help="comma-separated FC layers to adapt (default: every layer of the block; "
+                    "the GPT's qkv,proj,up,down,head, a Llama's q_proj,...,down_proj,lm_head)")
     ap.add_argument("--rank", type=int, action="append", dest="ranks",
                     help="dry-run this rank (repeatable; default: ranks covering every distinct role)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
@@ -46,7 +50,9 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dryrun") -> int:
     a = build_parser(prog).parse_args(argv)
     cfg = resolve(a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
-                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq)
+                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq, lora_r=a.lora_r,
+                  lora_targets=tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
+                  if a.lora_targets else None)
     ranks = a.ranks or role_ranks(cfg)
     bad = [r for r in ranks if not 0 <= r < cfg.gpus]
     if bad:
@@ -64,9 +70,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     torch.set_num_threads(1)
     prediction = predict(cfg)
     machine = pm.load_machine(cfg.machine)
+    lora = f", LoRA r={cfg.lora_r} on {','.join(cfg.lora_layers)}" if cfg.lora_r else ""
     print(f"dry run: {cfg.model.name} on {cfg.grid} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
           f"{cfg.microbatches} micro-batch(es), {cfg.dtype}, recompute {'on' if cfg.recompute else 'off'}, overlap "
-          f"{cfg.overlap}, zero {cfg.zero}; ranks {', '.join(map(str, ranks))}", flush=True)
+          f"{cfg.overlap}, zero {cfg.zero}{lora}; ranks {', '.join(map(str, ranks))}", flush=True)
     measures, problems = [], []
     for r in ranks:
         m = measure_rank(cfg, r)

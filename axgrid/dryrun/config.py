@@ -20,6 +20,7 @@ from typing import Optional
 
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.decoder import NOT_MODELLED, DecoderSpec, decoder_collective_events, decoder_static_bytes
+from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.spec import DTYPE_BYTES
@@ -56,6 +57,15 @@ class DryRunConfig:
     machine: str = "frontier"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     zero: int = 0
+    lora_r: int = 0                        # LoRA adapters of this rank (0: full training); axgrid.lora's alpha 2r
+    lora_targets: tuple[str, ...] = ()     # their target layers (empty: every block FC layer, perfmodel's default)
+
+    @property
+    def lora_layers(self) -> tuple[str, ...]:
+        """The LoRA target names as ``axgrid.lora`` takes them (``perfmodel.lora.lora_targets``' default when none
+        were given); () without LoRA."""
+        from axgrid.perfmodel.lora import lora_targets
+        return lora_targets(self.model, self.lora_targets or None) if self.lora_r else ()
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -82,7 +92,8 @@ class DryRunConfig:
         ov = parse_overlap(self.overlap)
         return pm.Options(overlap_ar=ov.oar, overlap_rs=ov.ors, overlap_ag=ov.oag, overlap_dp=ov.odp,
                           keep_gathered=ov.keep_gathered_weights, recompute=self.recompute,
-                          microbatches=self.microbatches, bucket_bytes=self.bucket_bytes, zero=self.zero)
+                          microbatches=self.microbatches, bucket_bytes=self.bucket_bytes, zero=self.zero,
+                          lora_r=self.lora_r, lora_targets=self.lora_layers or None)
 
     def problem(self) -> pm.Problem:
         return pm.Problem(self.model, self.batch, self.gpus, self.dtype, self.options())
@@ -106,7 +117,8 @@ class DryRunConfig:
         return {"model": m.name, **hf, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
                 "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
-                "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero}
+                "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero,
+                "lora_r": self.lora_r, "lora_targets": list(self.lora_layers)}
 
 
 #: the memory categories of a rank's step, measured (:mod:`axgrid.dryrun.step`) and predicted
@@ -163,7 +175,8 @@ def predict(cfg: DryRunConfig) -> Prediction:
     memory["temporaries"] = peak - sum(memory.values())
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
-              bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip)      # the step clips (step.py)
+              bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip,      # the step clips (step.py)
+              lora=lora_plan(cfg.model, opt))
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
     return Prediction(peak, memory, comm, step=step_time(cfg))
@@ -177,12 +190,12 @@ def _predict_decoder(cfg: DryRunConfig) -> Prediction:
     m, opt = cfg.model, cfg.options()
     ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
                                    DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
-                                   opt.bucket_bytes, cfg.zero, clip=opt.clip)
+                                   opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora_plan(m, opt))
     comm: dict[tuple[str, str], tuple[int, int]] = {}
     for dim, op, nb in ev:
         calls, total = comm.get((dim, op), (0, 0))
         comm[(dim, op)] = (calls + 1, total + nb)
-    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes)
+    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora_plan(m, opt))
     memory: dict[str, Optional[int]] = {"parameters": params, "gradients": grads, "optimizer": optimizer,
                                         "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
     unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])
@@ -233,15 +246,24 @@ def _check_options(dtype: str, overlap: str, zero: Optional[int], batch: Optiona
 def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], batch: int, *,
             grid: Optional[str] = None, machine: str = "frontier", dtype: str = "bf16", recompute: bool = True,
             overlap: str = "all", microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-            zero: Optional[int] = None, seq: Optional[int] = None) -> DryRunConfig:
+            zero: Optional[int] = None, seq: Optional[int] = None, lora_r: int = 0,
+            lora_targets: Optional[tuple[str, ...]] = None) -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
     fastest that fits). ``model``: a named size, a spec, or the path of a Hugging Face config.json (or its folder),
-    trained on ``seq``-token sequences (default :data:`HF_SEQ`). Bad input raises :class:`DryRunError` naming the
-    value and the valid choices (grids, micro-batch counts)."""
+    trained on ``seq``-token sequences (default :data:`HF_SEQ`). ``lora_r`` > 0: LoRA adapters of that rank on
+    ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
+    :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names)."""
     if isinstance(model, DecoderSpec) or (isinstance(model, str) and is_config_path(model)):
-        return _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
-                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
-                                seq=seq)
+        cfg = _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
+                               overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
+                               seq=seq)
+        return _with_lora(cfg, lora_r, lora_targets)
+    if lora_r:
+        return _with_lora(resolve(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
+                                  overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
+                                  seq=seq, lora_r=0) if grid is not None else
+                          _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, microbatches,
+                                             bucket_bytes, zero, lora_r, lora_targets), lora_r, lora_targets)
     if seq is not None:
         raise DryRunError(f"--seq {seq}: a named size has its own sequence length; --seq is for a config.json")
     try:
@@ -294,6 +316,45 @@ def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], 
                           f"split over Gz·Gd = {gz * gd} (z splits whole sequences); micro-batch counts that do: "
                           f"{fits or 'none: raise --batch'}")
     return cfg
+
+
+def _with_lora(cfg: DryRunConfig, lora_r: int, lora_targets: Optional[tuple[str, ...]]) -> DryRunConfig:
+    """``cfg`` with LoRA of rank ``lora_r`` (0: none) on ``lora_targets``, checked (one line naming a bad value)."""
+    if isinstance(lora_r, bool) or not isinstance(lora_r, int) or lora_r < 0:
+        raise DryRunError(f"--lora-r {lora_r!r}: give the adapters' rank, a positive integer (0: full training)")
+    if not lora_r:
+        if lora_targets:
+            raise DryRunError(f"--lora-targets {','.join(lora_targets)} without --lora-r: give the adapters' rank")
+        return cfg
+    from axgrid.perfmodel.lora import lora_targets as checked
+    try:
+        targets = checked(cfg.model, lora_targets)
+    except pm.PerfModelError as e:
+        raise DryRunError(f"--lora-targets: {e}") from None
+    return replace(cfg, lora_r=lora_r, lora_targets=targets)
+
+
+def _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, microbatches, bucket_bytes, zero,
+                       lora_r, lora_targets) -> DryRunConfig:
+    """:func:`resolve` of a named size with LoRA and no ``--grid``: perfmodel's best grid for the LoRA step."""
+    try:
+        spec = pm.get_model(model) if isinstance(model, str) else model
+        mach = pm.load_machine(machine)
+        from axgrid.perfmodel.lora import lora_targets as checked
+        targets = checked(spec, lora_targets)
+    except pm.PerfModelError as e:
+        raise DryRunError(f"{e}") from None
+    if gpus is None or gpus < 1:
+        raise DryRunError("give --gpus N (or a --grid)")
+    opt = pm.Options(microbatches=microbatches, zero=zero, bucket_bytes=bucket_bytes, recompute=recompute,
+                     lora_r=lora_r, lora_targets=targets)
+    try:
+        row = pm.rank(pm.Problem(spec, batch, gpus, dtype, opt), mach, tp_pp_dp=False).feasible[0]
+    except pm.NoFeasibleConfig as e:
+        raise DryRunError(str(e)) from None
+    return resolve(spec, gpus, batch, grid=row.grid_str, machine=machine, dtype=dtype, recompute=recompute,
+                   overlap=overlap, microbatches=microbatches or int(row.microbatches), bucket_bytes=bucket_bytes,
+                   zero=row.zero if zero is None else zero)
 
 
 #: the sequence length of a Hugging Face config's dry run unless ``--seq`` says otherwise

@@ -137,7 +137,6 @@ def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
         fake = isinstance(grid.accelerator, FakeGpuDevice)     # a dry run's: no mask built from fake ids
         model = causal_lm_from_config(cfg.model.path, grid, recompute=cfg.recompute, init=init,
                                       attention=hf_attention() if fake else "sdpa")
-        groups: Any = model.parameters()
         decoder = model.get_decoder()
         tags = {f"model.layers.{i}": b for i, b in enumerate(decoder.layers)}
         tags.update({"model.norm": decoder.norm, "lm_head": model.lm_head, "model.embed_tokens": decoder.embed_tokens})
@@ -149,14 +148,16 @@ def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
     else:
         from axgrid.models.gpt import GPT
         model = GPT(cfg.gpt_config(), grid, init=init)
-        groups = model.optimizer_groups(0.1)
         tags = {f"blocks.{i}": b for i, b in enumerate(model.blocks)}
         tags.update({"ln_f": model.ln_f, "head": model.head, "wte": model.wte, "wpe": model.wpe})
 
         def loss(inputs: torch.Tensor, targets: torch.Tensor, normalizer: float) -> torch.Tensor:
             return model(inputs, targets, normalizer=normalizer)
         watched = None
+    if cfg.lora_r:        # the base frozen, adapters on the targets (before the buckets are built), as finetune.py
+        axgrid.lora(model, grid, r=cfg.lora_r, alpha=2.0 * cfg.lora_r, targets=cfg.lora_layers)
     grid.watch(model)
+    groups = [p for p in model.parameters() if p.requires_grad] if cfg.hf else model.optimizer_groups(0.1)
     opt = axgrid.shard_optimizer(axgrid.adamw(groups, lr=1e-4, weight_decay=0.01), model, grid)   # the drivers' AdamW
     return _Model(model, opt, loss, tags, watched)
 
@@ -204,7 +205,8 @@ def measure_step(cfg: DryRunConfig, grid: Any, autocast: Any, host: Any = None, 
         train_step(model, opt, loss_of, grid, microbatches=1, clip=1.0)
     rt = grid.runtime
     params = list(model.parameters())
-    lay = getattr(params[0], "axgrid_buckets", None)          # the data-parallel buckets (Gd > 1)
+    trained = [p for p in params if p.requires_grad]           # all of them but a LoRA model's frozen base
+    lay = getattr(trained[0], "axgrid_buckets", None)         # the data-parallel buckets (Gd > 1)
     share = lay.buffers()["grads"] if cfg.zero == 2 else []    # zero=2: the gradients' shares
     memory = {"parameters": mt.storage_bytes(params),
               "optimizer": mt.storage_bytes(mt.optimizer_tensors(opt))}

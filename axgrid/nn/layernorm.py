@@ -57,12 +57,13 @@ class _ShardedLayerNorm(torch.autograd.Function):
         sums = torch.stack([g.sum(-1), (g * xhat).sum(-1)], dim=-1)          # [m', 2]
         sums = grid.comm.all_reduce(sums, dim) / h
         dx = rstd.unsqueeze(-1) * (g - sums[:, :1] - xhat * sums[:, 1:])
-        dw = (dy * xhat).sum(0)
-        db = dy.sum(0) if ctx.has_bias else None
-        if db is not None:
-            dw, db = reduce_over_z(grid, [layer.weight, layer.bias], [dw, db])    # one call for both
-        else:
-            (dw,) = reduce_over_z(grid, [layer.weight], [dw])
+        # the trained ones of weight and bias (a frozen norm, as under LoRA, computes and reduces nothing): one call
+        need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
+        params = [p for p, need in ((layer.weight, need_w), (layer.bias, need_b)) if need]
+        grads = [g() for g, need in ((lambda: (dy * xhat).sum(0), need_w), (lambda: dy.sum(0), need_b)) if need]
+        reduced = iter(reduce_over_z(grid, params, grads) if params else [])
+        dw = next(reduced) if need_w else None
+        db = next(reduced) if need_b else None
         dw = dw.to(weight.dtype) if dw is not None else None
         db = db.to(weight.dtype) if db is not None else None
         return dx.to(ctx.x_dtype), dw, db, None, token_grad(ctx, 4, dy)

@@ -41,6 +41,11 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
                         "gradients; auto: each grid gets the fastest mode that fits (rank's default)")
     p.add_argument("--bucket-mib", type=float, default=25.0,
                    help="data-parallel gradient bucket in MiB (the runtime's RuntimeConfig.bucket_bytes; default 25)")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA adapters of this rank (axgrid.lora), the base frozen: "
+                   "memory and collectives priced as perfmodel.lora says (the time is still the full step's); "
+                   "0 (default): full training")
+    p.add_argument("--lora-targets", help="comma-separated FC layers to adapt (qkv, proj, up, down, head; default: "
+                   "the four of the block)")
     p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m axgrid.kernels export-efficiency FILE)")
 
 
@@ -75,11 +80,23 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
                   microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib),
-                  grad_reduce=getattr(a, "grad_reduce", "fp32"), zero=None if a.zero == "auto" else int(a.zero))
+                  grad_reduce=getattr(a, "grad_reduce", "fp32"), zero=None if a.zero == "auto" else int(a.zero),
+                  lora_r=getattr(a, "lora_r", 0) or 0, lora_targets=_lora_targets(spec, a))
     machine = load_machine(a.machine)
     if a.gemm_table:
         machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))
     return Problem(spec, a.batch, a.gpus, a.dtype, opt), machine
+
+
+def _lora_targets(spec: TransformerSpec, a: argparse.Namespace) -> tuple[str, ...] | None:
+    """``--lora-targets`` checked against the model's FC layers (None: the default); only with ``--lora-r``."""
+    given = getattr(a, "lora_targets", None)
+    if given and not getattr(a, "lora_r", 0):
+        raise PerfModelError(f"--lora-targets {given} without --lora-r: give the adapters' rank")
+    if not given:
+        return None
+    from .lora import lora_targets
+    return lora_targets(spec, [t.strip() for t in given.split(",") if t.strip()])
 
 
 def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "all") -> None:
@@ -100,8 +117,11 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
     which = {"all": "4D grids (axgrid runs them) and Megatron-style TP×PP×DP (priced for comparison) ranked together",
              "4d": "4D grids, the layouts axgrid runs",
              "tpppdp": "Megatron-style TP×PP×DP only (priced for comparison: axgrid has no pipeline parallelism)"}
+    lora = (f", LoRA r={p.options.lora_r} (memory and collectives LoRA's, the time the full step's)"
+            if p.options.lora_r else "")
     t = Table(title=f"{p.model.name} ({count(p.model.params)} params), batch {p.batch}×{p.model.seq}, {p.gpus} × "
-                    f"{m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}: {which[layouts]}")
+                    f"{m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}{lora}: "
+                    f"{which[layouts]}")
     width = max([len(r.grid_str) for r in rows] + [6])
     for c in ("#", "config", "axgrid", f"{tu}/batch", f"band {tu}", "", f"{fu}/{dev}", "%peak", f"{mu}/{dev}", "mb",
               "compute", "x", "y", "z", "d", "bubble", "p2p"):

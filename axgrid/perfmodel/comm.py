@@ -143,6 +143,7 @@ def collective_events(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     zero: int = 0,
     clip: bool = False,
+    lora=None,
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes).
 
@@ -158,11 +159,14 @@ def collective_events(
     backward even where they are posted during it (ODP, ``zero=2``).
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d.
     ``clip``: the step clips the global gradient norm (the drivers' default, ``--clip 1.0``): its all-reduces
-    (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction."""
+    (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction.
+    ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerSpec), or None."""
     if isinstance(layers, TransformerSpec):
         from .gpt import gpt_collective_events
         return gpt_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
-                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip)
+                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip, lora)
+    if lora is not None:
+        raise PerfModelError("lora: a LoRA step is priced for a TransformerSpec, not a list of FC layers")
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
@@ -194,13 +198,13 @@ def collective_events(
 def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     zero: int = 0, clip: bool = False) -> dict[tuple[str, str], int]:
+                     zero: int = 0, clip: bool = False, lora=None) -> dict[tuple[str, str], int]:
     """Total bytes per (group, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
     Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
     out: Counter = Counter()
     for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
                                          dtype_bytes, keep_gathered, recompute, grad_dtype_bytes, bucket_bytes,
-                                         zero, clip):
+                                         zero, clip, lora):
         out[(dim, op)] += nb
     return dict(out)
 
@@ -208,12 +212,12 @@ def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches,
 def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     zero: int = 0, clip: bool = False) -> dict[tuple[str, str], int]:
+                     zero: int = 0, clip: bool = False, lora=None) -> dict[tuple[str, str], int]:
     """Number of posted calls per (group, op) for one step (same arguments as ``collective_bytes``); over d that
     is the number of gradient buckets (per collective)."""
     return dict(Counter((d, o) for d, o, _ in collective_events(
         layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-        grad_dtype_bytes, bucket_bytes, zero, clip)))
+        grad_dtype_bytes, bucket_bytes, zero, clip, lora)))
 
 
 # ---------------------------------------------------------------- placement and ring costs

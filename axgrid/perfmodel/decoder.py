@@ -43,6 +43,7 @@ from .buckets import pack
 from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
+from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
 
 #: ``model_type`` of a config.json -> the families modelled here (``axgrid.plans.hf``'s Llama plan serves them)
 FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -156,10 +157,30 @@ def decoder_parameters(spec: DecoderSpec, grid: tuple[int, int, int, int]) -> li
     return out
 
 
+#: one decoder layer's modules by the input they read, in forward order (q, k and v read the same norm output;
+#: gate and up the same): a LoRA step's liveness walks these groups (:func:`_live_inputs`)
+LAYER_GROUPS = (("input_layernorm",), ("q_proj", "k_proj", "v_proj"), ("o_proj",), ("post_attention_layernorm",),
+                ("gate_proj", "up_proj"), ("down_proj",))
+
+
+def _live_inputs(lora: Optional[LoraPlan], live: bool) -> tuple[dict[str, bool], bool]:
+    """Whether each module of a decoder layer has an input that needs a gradient, given the layer's input does
+    (``live``), and whether its output does: full training always; LoRA from the first adapter on (its group's
+    other layers read the same input, which needs none in the layer where the first adapter sits)."""
+    out: dict[str, bool] = {}
+    for group in LAYER_GROUPS:
+        for name in group:
+            out[name] = live
+        live = live or lora is None or any(lora.targeted(n) for n in group)
+    return out, live
+
+
 def decoder_step(spec: DecoderSpec, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
                  dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
-                 grad_dtype_bytes: Optional[int] = None) -> list[tuple[str, str, int]]:
-    """Every collective of the step but the data-parallel ones, as (dim, op, bytes) (module docstring)."""
+                 grad_dtype_bytes: Optional[int] = None, lora: Optional[LoraPlan] = None) -> list[tuple[str, str, int]]:
+    """Every collective of the step but the data-parallel ones, as (dim, op, bytes) (module docstring); ``lora``: a
+    LoRA step's (``perfmodel.lora``: the adapters' collectives, no frozen gradient reduced, no backward before the
+    first adapter)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     size = {"x": gx, "y": gy, "z": gz, "d": gd}
     b, gb = dtype_bytes, grad_dtype_bytes or dtype_bytes
@@ -173,26 +194,47 @@ def decoder_step(spec: DecoderSpec, grid: tuple[int, int, int, int], mprime: int
         if size[dim] > 1 and nbytes > 0:
             ev.append((dim, op, int(nbytes)))
 
-    def fc_fwd(v) -> None:
+    def fc_fwd(v, layer: FCLayer) -> None:
         for e in fc_forward_events(v, b):
             post(*e)
+        if lora is not None and lora.targeted(layer):
+            for e in adapter_forward_events(layer, lora.r, mprime, b):
+                post(*e)
 
-    def fc_bwd(v) -> None:
-        for e in (fc_forward_events(v, b)[:0 if keep_gathered else 1] + fc_backward_events(v, b, gb)):
+    def fc_bwd(v, layer: FCLayer, live: bool = True) -> None:
+        if lora is None:
+            events = fc_forward_events(v, b)[:0 if keep_gathered else 1] + fc_backward_events(v, b, gb)
+        else:                   # the frozen base: only the input gradient, where its input needs one
+            events = (fc_forward_events(v, b)[:0 if keep_gathered else 1] + fc_backward_events(v, b, gb)[:1]
+                      if live else [])
+            if lora.targeted(layer):
+                events = events + adapter_backward_events(layer, lora.r, gx, gy, mprime, b, gb)
+        for e in events:
             post(*e)
 
     def norm_fwd() -> None:
         post("x", "all_reduce", mprime * STAT_BYTES)
 
-    def norm_bwd() -> None:
-        post("x", "all_reduce", mprime * STAT_BYTES)
-        post("z", "all_reduce", hx * STAT_BYTES)
+    def norm_bwd(live: bool = True) -> None:
+        if live:
+            post("x", "all_reduce", mprime * STAT_BYTES)
+        if lora is None:
+            post("z", "all_reduce", hx * STAT_BYTES)
 
     def layer_fwd() -> None:
         for layer, v in zip(layers, vols):
             if layer.norm:
                 norm_fwd()
-            fc_fwd(v)
+            fc_fwd(v, layer)
+
+    # with recompute, transformers' gradient checkpointing makes the layers' input need a gradient (measured: block
+    # 0's norm and q, k, v post their input-gradient collectives under LoRA then), so only without it does LoRA skip
+    # the backward before the first adapter
+    lives, live = [], lora is None or recompute
+    for _ in range(spec.layers):
+        needs, out = _live_inputs(lora, live)
+        lives.append((needs, live or out))
+        live = out
 
     for _ in range(n_microbatches):
         if spec.tied:                                # the lookup reads the head's block
@@ -201,20 +243,25 @@ def decoder_step(spec: DecoderSpec, grid: tuple[int, int, int, int], mprime: int
         for _ in range(spec.layers):
             layer_fwd()
         norm_fwd()
-        fc_fwd(head)
+        fc_fwd(head, spec.head_layer())
         if gy > 1:                                   # vocabulary-parallel cross entropy
             post("y", "all_gather", gy * mprime * STAT_BYTES)
             post("y", "all_reduce", 2 * mprime * STAT_BYTES)
         post("z", "all_reduce", 2 * STAT_BYTES)      # the loss's [sum, count] over z
-        fc_bwd(head)
-        norm_bwd()
-        for _ in range(spec.layers):
+        fc_bwd(head, spec.head_layer(), live)
+        norm_bwd(live)
+        for i in reversed(range(spec.layers)):
+            needs, any_grad = lives[i]
+            if not any_grad:
+                continue
             if recompute:
                 layer_fwd()
             for layer, v in reversed(list(zip(layers, vols))):
-                fc_bwd(v)
-                if layer.norm:
-                    norm_bwd()
+                fc_bwd(v, layer, needs[layer.name])
+                if layer.norm and (needs[layer.norm] or lora is None):
+                    norm_bwd(needs[layer.norm])
+        if lora is not None:
+            continue                                 # the frozen table: no gradient
         if spec.tied:
             post("z", "reduce_scatter", head.padded * gb)
         else:
@@ -226,7 +273,7 @@ def decoder_collective_events(spec: DecoderSpec, grid: tuple[int, int, int, int]
                               n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                               recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
                               bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0,
-                              clip: bool = False) -> list[tuple[str, str, int]]:
+                              clip: bool = False, lora: Optional[LoraPlan] = None) -> list[tuple[str, str, int]]:
     """Every collective of one training step as (dim, op, bytes): :func:`decoder_step`, then the data-parallel
     ones (:func:`perfmodel.comm.dp_events` over :func:`decoder_parameters` in the buckets' layout order), with
     ``clip`` the gradient clipping's norm between them (``perfmodel.comm.step_tail``)."""
@@ -237,17 +284,26 @@ def decoder_collective_events(spec: DecoderSpec, grid: tuple[int, int, int, int]
                              f"{spec.seq} that split over Gd*Gz={gd * gz}")
     gb = grad_dtype_bytes or dtype_bytes
     ev = decoder_step(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
-                      keep_gathered, recompute, gb)
-    sizes = [p.elems * gb for p in decoder_parameters(spec, grid)][::-1]
+                      keep_gathered, recompute, gb, lora)
+    if lora is not None:                             # the adapters are all that is trained
+        sizes = [int(e) * gb for e in adapter_tensors(spec, lora, gx, gy)][::-1]
+    else:
+        sizes = [p.elems * gb for p in decoder_parameters(spec, grid)][::-1]
     return ev + step_tail(dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches), grid, zero, clip)
 
 
 def decoder_static_bytes(spec: DecoderSpec, grid: tuple[int, int, int, int], zero: int = 0,
-                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> tuple[int, int, int]:
+                         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                         lora: Optional[LoraPlan] = None) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer) bytes of one rank, as ``perfmodel.memory.data_parallel_bytes`` prices the
     GPT's: fp32 parameters and gradients, AdamW's two moments and a 4-byte step per tensor; with ``zero`` >= 1 the
-    buckets padded to Gd elements and this d-rank's share of the moments (and of the gradients with ``zero=2``)."""
+    buckets padded to Gd elements and this d-rank's share of the moments (and of the gradients with ``zero=2``).
+    ``lora``: the frozen base's parameters and the adapters' (``perfmodel.lora.lora_static_bytes``)."""
     params = decoder_parameters(spec, grid)
+    if lora is not None:
+        st = lora_static_bytes(spec, lora, sum(p.elems for p in params), grid[0], grid[1], grid[3],
+                               zero if grid[3] > 1 else 0, bucket_bytes, True, False, 0)
+        return int(st.params), int(st.grads), int(st.optimizer)
     elems = sum(p.elems for p in params)
     steps = 4 * len(params)
     gd = int(grid[3])

@@ -76,6 +76,8 @@ from axgrid.spec import GRADIENT_WINDOW, FCLayer, ceil_div
 from .buckets import gradient_elements, pack
 from .comm import layer_volumes
 from .errors import PerfModelError
+from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
+                   lora_static_bytes)
 from .spec import Options, TransformerSpec
 
 ATTENTION_KINDS = ("flash", "math")
@@ -250,7 +252,14 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     mp = np.asarray(mprime, dtype=float)
     inflight = np.asarray(inflight, dtype=float)
     L, b = spec.layers, dtype_bytes
-    params, grads, optimizer, dp_block, dp_end = data_parallel_bytes(spec, gx, gy, gz, gd, opt, device)
+    plan = lora_plan(spec, opt)
+    if plan is None:
+        params, grads, optimizer, dp_block, dp_end = data_parallel_bytes(spec, gx, gy, gz, gd, opt, device)
+    else:                                       # LoRA: the base frozen, the adapters trained (perfmodel.lora)
+        check_lora_spec(spec, plan)
+        params, grads, optimizer, dp_block, dp_end = lora_static_bytes(
+            spec, plan, stored_elements(spec, gx, gy, gz), gx, gy, gd, opt.zero, opt.bucket_bytes, opt.overlap_dp,
+            (device or GPU).reduce_scatter_copies, GRADIENT_WINDOW)
 
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
     head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
@@ -264,6 +273,9 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
         in_backward = gathered
     elif opt.keep_gathered:
         gathered = in_backward = head_blk + L * sum(blocks)
+        if plan is not None:                    # LoRA: block 0's layers without a backward keep nothing
+            names = [layer.name for layer in spec.block_layers()]
+            gathered = in_backward = gathered - sum(blocks[names.index(n)] for n in dead_layers(spec, plan))
     elif opt.overlap_ag:                         # the current block and the prefetched next one
         gathered = pairs
         # backward gathers one block at a time; with recompute its forwards prefetch as the forward does
@@ -275,10 +287,16 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
 
     blk = block_activation_bytes(spec, gx, gy, mp, b, device)
     hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(4 * spec.hidden, gy)
-    stored_blk = mp * 4.0 * hx if opt.recompute else blk
     head_act = head_activation_bytes(spec, gx, gy, mp, b)
     emb = embedding_activation_bytes(mp)
-    act = inflight * L * stored_blk + head_act + emb
+    unsaved = 0.0                               # what block 0 does not save under LoRA (its input needs no gradient)
+    if plan is not None:
+        adapters, unsaved = lora_block_activations(spec, plan, gx, gy, mp, b)
+        blk = blk + adapters
+        head_act = head_act + lora_head_activations(spec, plan, gx, gy, mp, b)
+        emb = 0.0 * emb                         # the frozen tables save nothing (no gradient flows to them)
+    stored_blk = mp * 4.0 * hx if opt.recompute else blk
+    act = inflight * (L * stored_blk - (0.0 if opt.recompute else unsaved)) + head_act + emb
 
     # the largest transient in backward (see the module docstring's "peak"): the loss gradient, or the last
     # block's backward (MLP-down's or a layer norm's, whichever holds more)
@@ -289,7 +307,9 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
     # is gathered in bf16 already, but the measured peak still holds a block-sized bf16 buffer there (kept: the
     # peaks agree within the tolerance with it, and are under-predicted without it)
     cast = b if b < 4 else 0.0
-    mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (b + 4.0 + rs_copy + cast)
+    # the weight-gradient block in b, its fp32 flat copy and the reduce-scatter's copy: none for a frozen base
+    dw = 0.0 if plan is not None else b + 4.0 + rs_copy
+    mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (dw + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
     transient = np.maximum(loss_grad, block_bwd - head_act + dp_block)

@@ -156,6 +156,7 @@ def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_fe
 
     Raises NoFeasibleConfig (with a summary of the reasons) when no 4D grid is feasible and ``require_feasible``."""
     grids = enumerate_grids(prob.gpus) if grids is None else grids
+    tp_pp_dp = tp_pp_dp and not prob.options.lora_r      # Megatron's layout is priced for full training only
     ev = evaluate(prob, machine, grids)
     order = order_of(ev)
     rows = _rows(ev, order, ranked=True)

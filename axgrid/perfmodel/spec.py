@@ -113,6 +113,8 @@ class Options:
         scores in HBM); Megatron-LM 2022 (Korthikanti et al.) ran dropout and an unfused softmax.
     clip: the step clips the global gradient norm (the drivers' ``--clip``, on by default): one 8-byte all-reduce
         over the block x·y·z, and over d with ``zero`` >= 1 (``perfmodel.comm.clip_events``).
+    lora_r / lora_targets: LoRA (``axgrid.lora``): adapters of rank ``lora_r`` on the FC layers named (None: every
+        block FC layer), the base frozen; 0: full training. Priced by :mod:`perfmodel.lora`.
     """
 
     overlap_ar: bool = True
@@ -132,8 +134,12 @@ class Options:
     fused_attention: bool = True
     grad_reduce: str = "fp32"
     clip: bool = True
+    lora_r: int = 0
+    lora_targets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int) or self.lora_r < 0:
+            raise PerfModelError(f"lora_r={self.lora_r!r}: give the adapters' rank, a positive int (0: full training)")
         if self.grad_reduce not in DTYPE_BYTES:
             raise PerfModelError(f"grad_reduce={self.grad_reduce!r}: choose one of {', '.join(DTYPE_BYTES)}")
         if sorted(self.order) != sorted("xyzd"):

@@ -129,6 +129,17 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
             "lora": lora_config(args).__dict__ if args.lora_r else None}
 
 
+def lora_flops_change(model: torch.nn.Module, r: int, tokens: int, recompute: bool) -> float:
+    """What LoRA changes in the step's FLOPs (``perfmodel.lora.layer_flops_change``, the count perfmodel uses) over
+    the model's parallel Linears: the adapted ones (``lora`` set), the head not recomputed."""
+    from axgrid.perfmodel.lora import layer_flops_change
+    from axgrid.spec import FCLayer
+    head = model.get_output_embeddings()
+    layers = [(FCLayer(m.out_features, m.in_features, m.transpose, False, name, recompute=m is not head), 1,
+               m.lora is not None) for name, m in model.named_modules() if isinstance(m, axgrid.nn.Linear)]
+    return layer_flops_change(layers, r, tokens, recompute)
+
+
 def lora_config(args: argparse.Namespace) -> "axgrid.LoraConfig":
     """The run's LoRA settings (``--lora-*``), checked (one line naming a bad value)."""
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
@@ -278,6 +289,8 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
                         resumed=ckpt.extra, fallback=lambda: data_of(args, tokenizer, mcfg.vocab_size))
     own = data.batches.info if data.corpus is None else {}
     flops = llama_flops(mcfg, args.batch, args.seq, args.recompute)
+    if args.lora_r:                       # the frozen base's weight gradients gone, the adapters' GEMMs added
+        flops += lora_flops_change(model, args.lora_r, args.batch * args.seq, args.recompute)
     tok_name = type(tokenizer).__name__ if tokenizer is not None else "byte-level fallback (no tokenizer in checkpoint)"
     config = {"model": type(model).__name__, "checkpoint": args.checkpoint, "parameters": dense_parameters(model),
               "lora": run_config(args)["lora"], "tokenizer": tok_name, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
