@@ -6,13 +6,13 @@ import argparse
 import sys
 from dataclasses import replace
 
-from axgrid.spec import GridError, GridShape
+from axgrid.spec import GridError, GridShape, TransformerShape
 from axgrid.spec.layout import grid_sizes
 
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
 from .rank import Ranking, price_grid, rank
-from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
+from .spec import DTYPE_BYTES, Options, Problem, get_model
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
@@ -67,7 +67,10 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     if a.model:
         spec = get_model(a.model)
     elif a.layers and a.hidden and a.heads:
-        spec = TransformerSpec("custom", a.layers, a.hidden, a.heads)
+        try:
+            spec = TransformerShape("custom", a.layers, a.hidden, a.heads)
+        except ValueError as e:
+            raise PerfModelError(str(e)) from None
     else:
         raise PerfModelError("give --model NAME or all of --layers, --hidden, --heads")
     if a.seq is not None or a.vocab is not None:

@@ -11,12 +11,11 @@ from typing import Iterable
 
 import numpy as np
 
-from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, FCVolumes, fc_volumes
+from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, FCVolumes, TransformerShape, fc_volumes
 from axgrid.spec.buckets import pack_buckets
 
 from .errors import PerfModelError
 from .machines import Machine
-from .spec import TransformerSpec
 
 DIMS = ("x", "y", "z", "d")
 #: The groups a step posts collectives over, as the ledger names them: the four grid dimensions and the
@@ -146,7 +145,7 @@ def collective_events(
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes).
 
-    ``layers`` a :class:`~perfmodel.spec.TransformerSpec`: the whole GPT step as ``axgrid.models.gpt.GPT`` posts
+    ``layers`` a :class:`~perfmodel.spec.TransformerShape`: the whole GPT step as ``axgrid.models.gpt.GPT`` posts
     it -- FC layers, layer norms, embeddings, vocabulary-parallel cross entropy, loss, and the data-parallel
     buckets of every parameter (:func:`perfmodel.gpt.gpt_collective_events`).
 
@@ -159,7 +158,7 @@ def collective_events(
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d.
     ``clip``: the step clips the global gradient norm (the drivers' default, ``--clip 1.0``): its all-reduces
     (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction."""
-    if isinstance(layers, TransformerSpec):
+    if isinstance(layers, TransformerShape):
         from .gpt import gpt_collective_events
         return gpt_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                                      keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip)

@@ -131,7 +131,9 @@ class TransformerShape:
     @staticmethod
     def named(name: str, **changes: Any) -> "TransformerShape":
         """The named GPT size ``name`` (any case; ``axgrid.spec.NAMED_SIZES``) with ``changes`` to its fields; an
-        unknown name or field raises a ValueError listing the known ones."""
+        unknown name or field raises a ValueError listing the known ones. The head size and key-value heads follow
+        changed ``hidden`` / ``heads``; ``ffn`` stays the named size's (4·its hidden) unless given, as the runtime's
+        ``GPTConfig.named`` has always built it (the runs recorded with ``--hidden`` were made so)."""
         from .sizes import NAMED_SIZES
         try:
             shape = NAMED_SIZES[name.lower()]
@@ -142,7 +144,7 @@ class TransformerShape:
         bad = set(changes) - known
         if bad:
             raise ValueError(f"unknown TransformerShape field(s) {sorted(bad)}; fields are {sorted(known)}")
-        return replace(shape, **changes) if changes else shape
+        return replace(shape, **{"kv_heads": None, "head_dim": None, **changes}) if changes else shape
 
     @staticmethod
     def from_hf_config(config: Any, seq: int, name: str = "", path: str = "") -> "TransformerShape":
