@@ -419,7 +419,7 @@ def rank_config(root: str) -> list[str]:
             other, cfg = run(heads, seed, steps)
             try:
                 info = load_checkpoint(root, other, None, grid, config=cfg, allow_changes=allow)
-                out.append(f"ok {info.config['model.heads']} {info.config['steps']}")
+                out.append(f"ok {info.config['model.shape.heads']} {info.config['steps']}")
             except ConfigMismatch as e:
                 out.append(f"{sorted(e.fields)}: {e}")
         return out
@@ -431,9 +431,11 @@ def test_resume_compares_run_config(ranks, tmp_path):
     out = ranks(2, rank_config, str(tmp_path / "ck"))
     assert out[0] == out[1]
     heads, three, steps_ok, model_ok = out[0]
-    # 2 and 4 heads have the same weight shapes: only the recorded config tells them apart
-    assert heads.startswith("['model.heads']") and "model.heads 2 -> 4" in heads and "allow_changes" in heads
-    assert three.startswith("['model.heads', 'seed', 'steps']") and "seed 0 -> 1" in three
+    # 2 and 4 heads have the same weight shapes: only the recorded config (the shape's heads, and the head size and
+    # key-value heads that follow from them) tells them apart
+    changed = "['model.shape.head_dim', 'model.shape.heads', 'model.shape.kv_heads'"
+    assert heads.startswith(changed + "]") and "model.shape.heads 2 -> 4" in heads and "allow_changes" in heads
+    assert three.startswith(changed + ", 'seed', 'steps']") and "seed 0 -> 1" in three
     assert "steps 10 -> 20" in three and "step-00000001" in three
     assert steps_ok == "ok 2 10" and model_ok == "ok 2 10"
 
