@@ -47,7 +47,8 @@ def rank_step_metrics(shape: TransformerShape, grid_spec: str, batch: int, dtype
         if batch % (microbatches * gd) or per_rank % gz:
             raise ValueError(f"batch {batch} in {microbatches} micro-batches does not split into whole sequences "
                              f"over Gd={gd} and Gz={gz} (grid {grid_spec})")
-        model = GPT(GPTConfig(shape, recompute=recompute), grid)
+        gpt = GPTConfig(shape, recompute=recompute)
+        model = GPT(gpt, grid)
         grid.watch(model)                                 # ODP covers every parameter, as in train_gpt
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
         gen = torch.Generator().manual_seed(1000 + grid.index("d"))
@@ -59,7 +60,7 @@ def rank_step_metrics(shape: TransformerShape, grid_spec: str, batch: int, dtype
             with torch.autocast("cpu", dtype=low or torch.float32, enabled=low is not None):
                 return model(ids[i][:, :-1], targets=ids[i][:, 1:])
 
-        meter = StepMeter(grid, flops_per_step=gpt.flops_per_iteration(batch), tokens_per_step=batch * gpt.seq,
+        meter = StepMeter(grid, flops_per_step=gpt.flops_per_iteration(batch), tokens_per_step=batch * shape.seq,
                           dtype=dtype)
         rows = []
         for step in range(warmup + steps):

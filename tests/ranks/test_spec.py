@@ -8,7 +8,6 @@ import sys
 import torch
 
 import axgrid
-import axgrid.perfmodel as pm
 from axgrid.models.gpt import GPT, GPTConfig
 from axgrid.spec import BLOCK_MODULES, TransformerShape, block_layers, fc_volumes, head_layer
 from axgrid.perfmodel.gpt import gpt_parameters
