@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from axgrid import perfmodel as pm
 from axgrid.dryrun.config import resolve
 from axgrid.models.gpt import GPT, GPTConfig
-from axgrid.perfmodel.decoder import decoder_parameters
+from axgrid.perfmodel.decoder import decoder_collective_events, decoder_parameters
 from axgrid.perfmodel.gpt import gpt_parameters
 from axgrid.perfmodel.suites import vtrain_problem, vtrain_rows
 from axgrid.spec import NAMED_SIZES, TransformerShape
@@ -137,3 +138,12 @@ def test_grid_rules():
     assert gpt.divisibility((2, 2, 3, 5)) == []
     llama = TransformerShape.from_hf_config(tiny_config("llama"), 32)
     assert llama.divisibility((1, 4, 1, 1)) == ["num_key_value_heads 2 not divisible by Gy=4"]
+
+
+def test_a_decoders_shape_replays_the_decoders_step():
+    """``perfmodel.collective_events`` of a shape replays the step of the model it describes."""
+    llama = TransformerShape.from_hf_config(tiny_config("llama", tie_word_embeddings=True), 32)
+    events = pm.collective_events(llama, (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
+    assert events == decoder_collective_events(llama, (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
+    assert events != pm.collective_events(replace(llama, family="gpt", kv_heads=None, head_dim=None, ffn=None,
+                                                  tied=False), (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
