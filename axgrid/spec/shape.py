@@ -72,8 +72,9 @@ class TransformerShape:
     ``seq`` tokens per sequence, ``vocab`` tokens; ``name`` for logs and tables; ``path``: the config.json it was
     read from ("" for the others; the runtime builds a Hugging Face model from it).
 
-    Defaults: ``ffn`` 4·hidden, ``kv_heads`` = heads, ``head_dim`` = hidden / heads (filled in on construction, so
-    ``dataclasses.replace`` keeps them: change ``hidden`` and give ``ffn`` too when it should follow)."""
+    Defaults: ``ffn`` 4·hidden, ``kv_heads`` = heads, ``head_dim`` = hidden / heads, filled in on construction, so
+    ``dataclasses.replace`` keeps them: with a new ``hidden`` or ``heads`` pass them as None too where they should
+    follow (:meth:`named` does so for ``kv_heads`` and ``head_dim``)."""
 
     name: str
     layers: int
