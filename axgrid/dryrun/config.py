@@ -7,8 +7,8 @@ best for the model, GPU count, machine and batch, and the micro-batch count to t
 categories (:data:`CATEGORIES`) and the bytes and calls of every collective per (grid dimension,
 operation), for a GPU (``perfmodel.memory.GPU``: fused attention, collectives in the tensors' dtype).
 
-The model is a named GPT size or a Hugging Face ``config.json`` of a Llama-structured family
-(``perfmodel.decoder.DecoderSpec``): for the latter the grid must be given (perfmodel ranks GPT grids only), and
+The model is an ``axgrid.spec.TransformerShape``: a named GPT size or a Hugging Face ``config.json`` of a
+Llama-structured family (``TransformerShape.from_config_json``): for the latter the grid must be given (perfmodel ranks GPT grids only), and
 perfmodel predicts the collectives and the parameter, gradient and optimizer bytes; the categories it does not model
 for that family are ``None`` in the :class:`Prediction`, named in its ``not_modelled``.
 """
@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from axgrid import perfmodel as pm
-from axgrid.perfmodel.decoder import NOT_MODELLED, DecoderSpec, decoder_collective_events, decoder_static_bytes
+from axgrid.perfmodel.decoder import NOT_MODELLED, decoder_collective_events, decoder_static_bytes
 from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.spec import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GridError, GridShape, OverlapConfig
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GridError, GridShape, OverlapConfig, TransformerShape
 from axgrid.spec.layout import grid_sizes
 
 
@@ -42,12 +42,12 @@ def parse_overlap(spec: str) -> OverlapConfig:
 
 @dataclass(frozen=True)
 class DryRunConfig:
-    """One dry run: ``model`` (perfmodel's spec; the runtime builds the same GPT, or from a ``DecoderSpec`` the
-    Hugging Face model of its config.json), ``grid`` ("GxxGyxGzxGd"),
+    """One dry run: ``model`` (the shape perfmodel prices; the runtime builds the same GPT, or from a Hugging Face
+    decoder's shape the model of its config.json), ``grid`` ("GxxGyxGzxGd"),
     ``batch`` sequences per step in ``microbatches`` micro-batches, ``dtype`` ("bf16": autocast with fp32
     weights; "fp32"), ``recompute``, ``overlap`` (the runtime's ``--overlap``), the ``machine`` perfmodel prices."""
 
-    model: pm.TransformerSpec | DecoderSpec
+    model: TransformerShape
     grid: str
     batch: int
     microbatches: int
@@ -101,19 +101,17 @@ class DryRunConfig:
     def gpt_config(self):
         """The runtime's ``GPTConfig`` of the same model (imports torch)."""
         from axgrid.models.gpt import GPTConfig
-        m = self.model
-        return GPTConfig(m.layers, m.hidden, m.heads, m.seq, m.vocab, bias=m.bias, recompute=self.recompute,
-                         name=m.name)
+        return GPTConfig(self.model, recompute=self.recompute)
 
     @property
     def hf(self) -> bool:
-        """Whether the model is a Hugging Face config's (a :class:`~axgrid.perfmodel.decoder.DecoderSpec`)."""
-        return isinstance(self.model, DecoderSpec)
+        """Whether the model is a Hugging Face config's (a Llama-structured decoder's shape, not the GPT's)."""
+        return not self.model.is_gpt
 
     def as_json(self) -> dict:
         m = self.model
         hf = {"config": m.path, "family": m.family, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
-              "intermediate": m.ffn, "tied": m.tied} if isinstance(m, DecoderSpec) else {}
+              "intermediate": m.ffn, "tied": m.tied} if self.hf else {}
         return {"model": m.name, **hf, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
                 "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
@@ -206,7 +204,7 @@ def _predict_decoder(cfg: DryRunConfig) -> Prediction:
 
 # ------------------------------------------------------------------------------------------------ choosing
 
-def valid_grids(model: pm.TransformerSpec, gpus: int, batch: int, microbatches: Optional[int]) -> list[str]:
+def valid_grids(model: TransformerShape, gpus: int, batch: int, microbatches: Optional[int]) -> list[str]:
     """Every grid of ``gpus`` ranks that the model and batch divide (perfmodel's divisibility rules)."""
     g = enumerate_grids(gpus)
     bad = divisibility(model, batch, g, microbatches)
@@ -214,7 +212,7 @@ def valid_grids(model: pm.TransformerSpec, gpus: int, batch: int, microbatches: 
     return ["x".join(map(str, t)) for t, good in zip(g.tuples(), ok) if good]
 
 
-def _grid_problems(model: pm.TransformerSpec, shape: tuple[int, int, int, int], batch: int,
+def _grid_problems(model: TransformerShape, shape: tuple[int, int, int, int], batch: int,
                    microbatches: Optional[int]) -> list[str]:
     bad = divisibility(model, batch, Grids.of([shape]), microbatches)
     return [describe(k, model, batch, shape, microbatches) for k, v in bad.items() if v[0]]
@@ -243,17 +241,17 @@ def _check_options(dtype: str, overlap: str, zero: Optional[int], batch: Optiona
         raise DryRunError(f"--batch {batch}: give the global batch in sequences (a positive integer)")
 
 
-def resolve(model: str | pm.TransformerSpec | DecoderSpec, gpus: Optional[int], batch: int, *,
+def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
             grid: Optional[str] = None, machine: str = "frontier", dtype: str = "bf16", recompute: bool = True,
             overlap: str = "all", microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
             zero: Optional[int] = None, seq: Optional[int] = None, lora_r: int = 0,
             lora_targets: Optional[tuple[str, ...]] = None) -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
-    fastest that fits). ``model``: a named size, a spec, or the path of a Hugging Face config.json (or its folder),
+    fastest that fits). ``model``: a named size, a shape, or the path of a Hugging Face config.json (or its folder),
     trained on ``seq``-token sequences (default :data:`HF_SEQ`). ``lora_r`` > 0: LoRA adapters of that rank on
     ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
     :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names)."""
-    if isinstance(model, DecoderSpec) or (isinstance(model, str) and is_config_path(model)):
+    if (isinstance(model, TransformerShape) and not model.is_gpt) or (isinstance(model, str) and is_config_path(model)):
         cfg = _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
                                seq=seq)
@@ -361,15 +359,15 @@ def _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, m
 HF_SEQ = 2048
 
 
-def _resolve_decoder(model: str | DecoderSpec, gpus: Optional[int], batch: int, *, grid: Optional[str],
+def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: int, *, grid: Optional[str],
                      machine: str, dtype: str, recompute: bool, overlap: str, microbatches: Optional[int],
                      bucket_bytes: int, zero: Optional[int], seq: Optional[int]) -> DryRunConfig:
     """:func:`resolve` for a Hugging Face config: the grid must be given and divide the model (the plan's rules:
     hidden over Gx; the heads, key-value heads, intermediate size and vocabulary over Gy), the batch must split
     over Gz·Gd; micro-batches default to 1, zero to 0."""
     try:
-        spec = model if isinstance(model, DecoderSpec) else DecoderSpec.from_config(model, seq or HF_SEQ)
-    except pm.PerfModelError as e:
+        spec = model if isinstance(model, TransformerShape) else TransformerShape.from_config_json(model, seq or HF_SEQ)
+    except ValueError as e:
         raise DryRunError(f"--model {model}: {e}") from None
     _check_options(dtype, overlap, zero, batch)
     microbatches = microbatches or 1
@@ -408,7 +406,7 @@ def _resolve_decoder(model: str | DecoderSpec, gpus: Optional[int], batch: int, 
                         bucket_bytes, zero)
 
 
-def _decoder_grids(spec: DecoderSpec, gpus: int, sequences: int) -> list[str]:
+def _decoder_grids(spec: TransformerShape, gpus: int, sequences: int) -> list[str]:
     """Grids of ``gpus`` ranks that ``spec`` divides and whose Gz·Gd splits a micro-batch of ``sequences``."""
     return ["x".join(map(str, t)) for t in enumerate_grids(gpus).tuples()
             if not spec.divisibility(t) and sequences % (t[2] * t[3]) == 0]

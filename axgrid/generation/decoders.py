@@ -51,10 +51,11 @@ def vocab_size(model: nn.Module, grid: Grid, length: int) -> int:
         if model.grid is not grid:
             raise ValueError("axgrid.generate: the GPT was built on another grid (or serial, grid=None); build it "
                              "with GPT(config, grid) on the grid passed to generate")
-        if length > model.config.seq:
+        shape = model.config.shape
+        if length > shape.seq:
             raise ValueError(f"axgrid.generate: prompt length + max_new_tokens - 1 = {length} exceeds "
-                             f"GPTConfig.seq={model.config.seq} (position table rows); generate fewer tokens")
-        return model.config.vocab
+                             f"the model's seq={shape.seq} (position table rows); generate fewer tokens")
+        return shape.vocab
     plan = getattr(model, "axgrid_plan", None)
     if plan is None and not _drop_in_causal_lm(model):
         raise ValueError(f"axgrid.generate: {type(model).__name__} is not a model it supports: axgrid's GPT, or a "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from axgrid.spec import GridShape, block_layers, fc_volumes, named_size
+from axgrid.spec import GridShape, TransformerShape, block_layers, fc_volumes
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class LayerGemm:
 def model_sizes(model: str | Sequence[int] | Mapping[str, int]) -> tuple[int, int, int]:
     """(layers, hidden, heads) from a named size (``axgrid.spec.NAMED_SIZES``), a 3-sequence or a mapping."""
     if isinstance(model, str):
-        return named_size(model)[:3]
+        shape = TransformerShape.named(model)
+        return shape.layers, shape.hidden, shape.heads
     if isinstance(model, Mapping):
         return int(model["layers"]), int(model["hidden"]), int(model["heads"])
     layers, hidden, heads = (int(v) for v in model)

@@ -21,6 +21,7 @@ from ..runtime import init
 from .. import perfmodel as pm
 from ..metrics import StepMeter, summarize
 from ..models.gpt import GPT, GPTConfig
+from ..spec import TransformerShape
 from ..perfmodel import cli as pm_cli
 from ..perfmodel import validate as pm_validate
 from ..train import train_step
@@ -29,7 +30,7 @@ from .collectives import DTYPES
 WORKLOAD = "axgrid.models.gpt.GPT + axgrid.train.train_step"
 
 
-def rank_step_metrics(model_spec: dict[str, Any], grid_spec: str, batch: int, dtype: str, microbatches: int,
+def rank_step_metrics(shape: TransformerShape, grid_spec: str, batch: int, dtype: str, microbatches: int,
                       overlap: str, recompute: bool, bucket_bytes: int, steps: int, warmup: int,
                       timeout_s: float) -> dict[str, Any]:
     """On one rank: build the grid and the GPT, train ``warmup + steps`` steps of ``batch`` random sequences in
@@ -46,12 +47,12 @@ def rank_step_metrics(model_spec: dict[str, Any], grid_spec: str, batch: int, dt
         if batch % (microbatches * gd) or per_rank % gz:
             raise ValueError(f"batch {batch} in {microbatches} micro-batches does not split into whole sequences "
                              f"over Gd={gd} and Gz={gz} (grid {grid_spec})")
-        gpt = GPTConfig(recompute=recompute, **model_spec)
+        gpt = GPTConfig(shape, recompute=recompute)
         model = GPT(gpt, grid)
         grid.watch(model)                                 # ODP covers every parameter, as in train_gpt
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
         gen = torch.Generator().manual_seed(1000 + grid.index("d"))
-        ids = [torch.randint(0, model_spec["vocab"], (per_rank, model_spec["seq"] + 1), generator=gen)
+        ids = [torch.randint(0, shape.vocab, (per_rank, shape.seq + 1), generator=gen)
                for _ in range(microbatches)]
         low = DTYPES[dtype] if dtype != "fp32" else None
 
@@ -59,7 +60,7 @@ def rank_step_metrics(model_spec: dict[str, Any], grid_spec: str, batch: int, dt
             with torch.autocast("cpu", dtype=low or torch.float32, enabled=low is not None):
                 return model(ids[i][:, :-1], targets=ids[i][:, 1:])
 
-        meter = StepMeter(grid, flops_per_step=gpt.flops_per_iteration(batch), tokens_per_step=batch * gpt.seq,
+        meter = StepMeter(grid, flops_per_step=gpt.flops_per_iteration(batch), tokens_per_step=batch * shape.seq,
                           dtype=dtype)
         rows = []
         for step in range(warmup + steps):
@@ -82,9 +83,6 @@ def measure_steps(a: argparse.Namespace) -> dict[str, Any]:
     rows = pm_validate.select_configs(rk, a.top, a.sample, a.seed)
     if not rows:
         raise ValueError(f"no feasible configuration of {problem.model.name} on {problem.gpus} ranks to time")
-    spec = problem.model
-    model_spec = {"layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads, "seq": spec.seq,
-                  "vocab": spec.vocab, "bias": spec.bias}
     opts = problem.options
     rank0 = dist.get_rank() == 0
     if rank0:
@@ -96,7 +94,7 @@ def measure_steps(a: argparse.Namespace) -> dict[str, Any]:
     figures: list[dict[str, Any]] = [{} for _ in rows]
     for _ in range(a.rounds):
         for i, r in enumerate(rows):
-            got = rank_step_metrics(model_spec, r.grid_str, problem.batch, problem.dtype, int(r.microbatches),
+            got = rank_step_metrics(problem.model, r.grid_str, problem.batch, problem.dtype, int(r.microbatches),
                                     opts.overlap_spec(), opts.recompute, opts.bucket_bytes, a.steps, a.warmup,
                                     a.timeout)
             if got["step_s"] < best[i]:

@@ -37,7 +37,7 @@ gives each y-rank whole heads. Dropout is not used (deterministic, and off in la
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import torch
@@ -53,82 +53,54 @@ from ..nn.layernorm import LayerNorm
 from ..nn.linear import Linear
 from ..nn.vocab_parallel import vocab_parallel_cross_entropy
 from ..train import decay_groups
-from ..spec import NAMED_SIZES, FCLayer, block_layers, gpt_flops_per_iteration, gpt_parameters, head_layer, named_size
+from ..spec import NAMED_SIZES, FCLayer, TransformerShape
 from .kv_cache import KVCache, LayerKV
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes and options of a :class:`GPT`.
-
-    ``layers``, ``hidden``, ``heads``, ``seq`` (maximum sequence length: rows of the position table), ``vocab``;
-    ``ffn`` the MLP width (default ``4·hidden``); ``bias`` on every FC layer but the head; ``recompute``: run each
-    block under ``torch.utils.checkpoint`` (activations recomputed in backward); ``eps`` of the layer norms;
-    ``seed`` of the hashed initialisation; ``emb_std`` of the embedding tables; ``name`` for logs.
+    """A :class:`GPT`: its ``shape`` (an ``axgrid.spec.TransformerShape`` of the GPT block: layers, hidden, heads,
+    ``seq`` the position table's rows, vocab, the MLP width ``ffn``, ``bias`` on every FC layer but the head, name)
+    and the runtime's knobs, which are not shape: ``recompute``: run each block under ``torch.utils.checkpoint``
+    (activations recomputed in backward); ``eps`` of the layer norms; ``seed`` of the hashed initialisation;
+    ``emb_std`` of the embedding tables.
     """
 
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    vocab: int
-    ffn: Optional[int] = None
-    bias: bool = True
+    shape: TransformerShape
     recompute: bool = False
     eps: float = 1e-5
     seed: int = 0
     emb_std: float = 0.02
-    name: str = "custom"
 
     def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "seq", "vocab"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"GPTConfig.{f}={v!r} must be an integer >= 1")
-        if self.ffn is None:
-            object.__setattr__(self, "ffn", 4 * self.hidden)
-        elif self.ffn < 1:
-            raise ValueError(f"GPTConfig.ffn={self.ffn!r} must be >= 1 (or None for 4*hidden)")
-        if self.hidden % self.heads:
-            raise ValueError(f"GPTConfig: hidden={self.hidden} is not divisible by heads={self.heads}; choose "
-                             f"heads dividing hidden (head size = hidden / heads)")
+        if not isinstance(self.shape, TransformerShape) or not self.shape.is_gpt:
+            raise ValueError(f"GPTConfig.shape={self.shape!r} must be a TransformerShape of family 'gpt' (e.g. "
+                             f"TransformerShape.named('gpt-tiny')); a Hugging Face decoder is built from its config")
 
     @staticmethod
     def names() -> list[str]:
         return list(NAMED_SIZES)
 
     @staticmethod
-    def named(name: str, **overrides: Any) -> "GPTConfig":
-        """The named size (``gpt-tiny``, ``gpt-mini``, ``gpt-5b`` ... ``gpt-640b``), with fields overridden."""
-        layers, hidden, heads, seq, vocab = named_size(name)
-        known = {f.name for f in fields(GPTConfig)}
-        bad = set(overrides) - known
-        if bad:
-            raise ValueError(f"unknown GPTConfig field(s) {sorted(bad)}; fields are {sorted(known)}")
-        base = GPTConfig(layers, hidden, heads, seq, vocab, name=name.lower())
-        return replace(base, **overrides) if overrides else base
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def parameters(self) -> int:
-        """Dense parameter count."""
-        return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, self.ffn, self.bias)
+    def named(name: str, **changes: Any) -> "GPTConfig":
+        """The named size (``gpt-tiny``, ``gpt-mini``, ``gpt-5b`` ... ``gpt-640b``) with ``changes`` to its shape's
+        fields (``TransformerShape.named``) and to the runtime's knobs."""
+        knobs = {f.name for f in fields(GPTConfig)} - {"shape"}
+        shape = TransformerShape.named(name, **{k: v for k, v in changes.items() if k not in knobs})
+        return GPTConfig(shape, **{k: v for k, v in changes.items() if k in knobs})
 
     def flops_per_iteration(self, batch: int, seq: Optional[int] = None, recompute: Optional[bool] = None) -> float:
-        """FLOPs of one training iteration on ``batch`` sequences (see :mod:`axgrid.spec.flops`)."""
-        return gpt_flops_per_iteration(batch, seq or self.seq, self.layers, self.hidden, self.vocab,
-                                       self.recompute if recompute is None else recompute)
+        """FLOPs of one training iteration on ``batch`` sequences (``TransformerShape.flops_per_iteration``), with
+        this config's ``recompute`` unless given."""
+        return self.shape.flops_per_iteration(batch, self.recompute if recompute is None else recompute, seq)
 
     def check_grid(self, grid: Grid) -> None:
-        """Raise a ValueError naming the value and the fix when this model does not fit ``grid``."""
-        gx, gy = grid.size("x"), grid.size("y")
-        checks = [("hidden", self.hidden, gx, "x"), ("hidden", self.hidden, gy, "y"), ("heads", self.heads, gy, "y"),
-                  ("ffn", self.ffn, gx, "x"), ("ffn", self.ffn, gy, "y"), ("vocab", self.vocab, gy, "y")]
-        for what, value, g, dim in checks:
+        """Raise a ValueError naming the value and the fix when this model does not fit ``grid``
+        (``TransformerShape.grid_rules``)."""
+        for what, value, dim in self.shape.grid_rules():
+            g = grid.size(dim)
             if value % g:
-                raise ValueError(f"GPT {self.name}: {what}={value} is not divisible by G{dim}={g} of grid "
+                raise ValueError(f"GPT {self.shape.name}: {what}={value} is not divisible by G{dim}={g} of grid "
                                  f"{grid.shape}; choose a grid whose G{dim} divides {value} (or change {what})")
 
 
@@ -173,10 +145,11 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, grid: Optional[Grid], prefix: str, init: bool = True) -> None:
         super().__init__()
-        h = cfg.hidden
-        fc = {layer.name: layer for layer in block_layers(h, ffn=cfg.ffn, bias=cfg.bias)}   # see axgrid.spec.layers
-        self.heads_local = cfg.heads // (grid.size("y") if grid is not None else 1)
-        self.head_dim = cfg.head_dim
+        shape = cfg.shape
+        h = shape.hidden
+        fc = {layer.name: layer for layer in shape.block_layers()}   # see axgrid.spec.layers
+        self.heads_local = shape.heads // (grid.size("y") if grid is not None else 1)
+        self.head_dim = shape.head_dim
         self.ln1 = LayerNorm(h, grid, eps=cfg.eps)
         self.qkv = _fc(cfg, grid, prefix + "qkv", fc["qkv"], init)
         self.proj = _fc(cfg, grid, prefix + "proj", fc["proj"], init)
@@ -224,12 +197,14 @@ class GPT(nn.Module):
         if grid is not None:
             config.check_grid(grid)
         self.config, self.grid = config, grid
-        cfg = config
-        self.wte = Embedding(cfg.vocab, cfg.hidden, grid, seed=param_seed(cfg.seed, "wte"), std=cfg.emb_std, init=init)
-        self.wpe = Embedding(cfg.seq, cfg.hidden, grid, seed=param_seed(cfg.seed, "wpe"), std=cfg.emb_std, init=init)
-        self.blocks = nn.ModuleList(Block(cfg, grid, f"blocks.{i}.", init) for i in range(cfg.layers))
-        self.ln_f = LayerNorm(cfg.hidden, grid, eps=cfg.eps)
-        self.head = _fc(cfg, grid, "head", head_layer(cfg.hidden, cfg.vocab), init)
+        cfg, shape = config, config.shape
+        self.wte = Embedding(shape.vocab, shape.hidden, grid, seed=param_seed(cfg.seed, "wte"), std=cfg.emb_std,
+                             init=init)
+        self.wpe = Embedding(shape.seq, shape.hidden, grid, seed=param_seed(cfg.seed, "wpe"), std=cfg.emb_std,
+                             init=init)
+        self.blocks = nn.ModuleList(Block(cfg, grid, f"blocks.{i}.", init) for i in range(shape.layers))
+        self.ln_f = LayerNorm(shape.hidden, grid, eps=cfg.eps)
+        self.head = _fc(cfg, grid, "head", shape.head_layer(), init)
 
     # -- data split -----------------------------------------------------------------------------------
     def check_batch(self, tokens: torch.Tensor, start: int = 0) -> None:
@@ -238,9 +213,10 @@ class GPT(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
         b, s = tokens.shape
-        if start + s > self.config.seq:
-            raise ValueError(f"sequence length {start + s} exceeds GPTConfig.seq={self.config.seq} (position table "
-                             f"rows); use sequences of at most {self.config.seq} tokens or a larger seq")
+        seq = self.config.shape.seq
+        if start + s > seq:
+            raise ValueError(f"sequence length {start + s} exceeds the model's seq={seq} (position table rows); use "
+                             f"sequences of at most {seq} tokens or a larger seq")
         gz = 1 if self.grid is None else self.grid.size("z")
         if b == 0 or b % gz:
             raise ValueError(f"this rank's batch of {b} sequences is not divisible by Gz={gz} (grid "
@@ -301,10 +277,10 @@ class GPT(nn.Module):
         return self.config.flops_per_iteration(batch, seq)
 
     def extra_repr(self) -> str:
-        c = self.config
+        c = self.config.shape
         where = "serial" if self.grid is None else f"grid {self.grid.shape}"
         return (f"{c.name}: layers={c.layers}, hidden={c.hidden}, heads={c.heads}, seq={c.seq}, vocab={c.vocab}, "
-                f"ffn={c.ffn}, params={c.parameters():,}, {where}")
+                f"ffn={c.ffn}, params={c.params:,}, {where}")
 
 
 __all__ = ["GPT", "GPTConfig", "Block", "param_seed"]

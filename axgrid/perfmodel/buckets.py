@@ -14,10 +14,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import FCVolumes, ceil_div
+from axgrid.spec import FCVolumes, TransformerShape, ceil_div
 
 from .gpt import gpt_parameters
-from .spec import TransformerSpec
 
 
 class BucketTotals(NamedTuple):
@@ -36,7 +35,7 @@ class BucketTotals(NamedTuple):
     last: np.ndarray
 
 
-def gradient_elements(spec: TransformerSpec, vols: dict[str, FCVolumes], hx, n: int) -> list[np.ndarray]:
+def gradient_elements(spec: TransformerShape, vols: dict[str, FCVolumes], hx, n: int) -> list[np.ndarray]:
     """Elements of every gradient on one rank, in the buckets' packing order (reverse ``model.parameters()``),
     each an int64 array [n]; ``vols``: the volumes of the block's FC layers and the head by layer name (per grid),
     ``hx``: h/Gx [n]."""

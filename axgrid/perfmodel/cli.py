@@ -6,13 +6,13 @@ import argparse
 import sys
 from dataclasses import replace
 
-from axgrid.spec import GridError, GridShape
+from axgrid.spec import GridError, GridShape, TransformerShape
 from axgrid.spec.layout import grid_sizes
 
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
 from .rank import Ranking, price_grid, rank
-from .spec import DTYPE_BYTES, Options, Problem, TransformerSpec, get_model
+from .spec import DTYPE_BYTES, Options, Problem, get_model
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,10 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     if a.model:
         spec = get_model(a.model)
     elif a.layers and a.hidden and a.heads:
-        spec = TransformerSpec("custom", a.layers, a.hidden, a.heads)
+        try:
+            spec = TransformerShape("custom", a.layers, a.hidden, a.heads)
+        except ValueError as e:
+            raise PerfModelError(str(e)) from None
     else:
         raise PerfModelError("give --model NAME or all of --layers, --hidden, --heads")
     if a.seq is not None or a.vocab is not None:
@@ -88,7 +91,7 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     return Problem(spec, a.batch, a.gpus, a.dtype, opt), machine
 
 
-def _lora_targets(spec: TransformerSpec, a: argparse.Namespace) -> tuple[str, ...] | None:
+def _lora_targets(spec: TransformerShape, a: argparse.Namespace) -> tuple[str, ...] | None:
     """``--lora-targets`` checked against the model's FC layers (None: the default); only with ``--lora-r``."""
     given = getattr(a, "lora_targets", None)
     if given and not getattr(a, "lora_r", 0):

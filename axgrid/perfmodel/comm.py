@@ -11,12 +11,11 @@ from typing import Iterable
 
 import numpy as np
 
-from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, FCVolumes, fc_volumes
+from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, FCVolumes, TransformerShape, fc_volumes
 from axgrid.spec.buckets import pack_buckets
 
 from .errors import PerfModelError
 from .machines import Machine
-from .spec import TransformerSpec
 
 DIMS = ("x", "y", "z", "d")
 #: The groups a step posts collectives over, as the ledger names them: the four grid dimensions and the
@@ -147,9 +146,10 @@ def collective_events(
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes).
 
-    ``layers`` a :class:`~perfmodel.spec.TransformerSpec`: the whole GPT step as ``axgrid.models.gpt.GPT`` posts
-    it -- FC layers, layer norms, embeddings, vocabulary-parallel cross entropy, loss, and the data-parallel
-    buckets of every parameter (:func:`perfmodel.gpt.gpt_collective_events`).
+    ``layers`` an ``axgrid.spec.TransformerShape``: the whole step as the runtime posts it -- FC layers, norms,
+    embeddings, vocabulary-parallel cross entropy, loss, and the data-parallel buckets of every parameter -- for the
+    GPT (``axgrid.models.gpt.GPT``: :func:`perfmodel.gpt.gpt_collective_events`) or a Llama-structured Hugging Face
+    decoder (its plan: :func:`perfmodel.decoder.decoder_collective_events`).
 
     ``layers`` a list of FC layers (a stack of FC layers only): per micro-batch the forward
     (AG_z, forward AR) over layers in order, then the backward in reverse order (with recompute, for layers with
@@ -160,13 +160,15 @@ def collective_events(
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d.
     ``clip``: the step clips the global gradient norm (the drivers' default, ``--clip 1.0``): its all-reduces
     (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction.
-    ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerSpec), or None."""
-    if isinstance(layers, TransformerSpec):
+    ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerShape), or None."""
+    if isinstance(layers, TransformerShape):
+        from .decoder import decoder_collective_events
         from .gpt import gpt_collective_events
-        return gpt_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
-                                     keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip, lora)
+        step = gpt_collective_events if layers.is_gpt else decoder_collective_events
+        return step(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
+                    grad_dtype_bytes, bucket_bytes, zero, clip, lora)
     if lora is not None:
-        raise PerfModelError("lora: a LoRA step is priced for a TransformerSpec, not a list of FC layers")
+        raise PerfModelError("lora: a LoRA step is priced for a TransformerShape, not a list of FC layers")
     layers = [as_layer(t) for t in layers]
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:

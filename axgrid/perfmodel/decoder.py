@@ -1,8 +1,9 @@
 """A Hugging Face decoder of the Llama structure (Llama, Mistral, Qwen2) as perfmodel models it: the FC layers of
 its plan (``axgrid.plans.hf``), the tensors one rank trains, every collective of its training step and the
-parameter, gradient and optimizer bytes. Torch-free: the spec is read from a ``config.json``.
+parameter, gradient and optimizer bytes. Torch-free: the model is an ``axgrid.spec.TransformerShape`` of a
+Llama-structured family (``axgrid.spec.DECODER_FAMILIES``), read from a ``config.json``.
 
-    spec = DecoderSpec.from_config("path/to/config.json", seq=2048)
+    spec = TransformerShape.from_config_json("path/to/config.json", seq=2048)
     events = decoder_collective_events(spec, (4, 4, 8, 64), tokens, 1, 2, recompute=True, grad_dtype_bytes=4)
 
 The plan lays the model out like axgrid's GPT (``m'`` tokens per rank, ``h_x = h/Gx``, ``d`` the head size):
@@ -30,14 +31,11 @@ the GPT only).
 """
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, ceil_div
+from axgrid.spec import DEFAULT_BUCKET_BYTES, TransformerShape, ceil_div
 
 from .buckets import pack
 from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
@@ -45,97 +43,11 @@ from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
 
-#: ``model_type`` of a config.json -> the families modelled here (``axgrid.plans.hf``'s Llama plan serves them)
-FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 #: what perfmodel does not model for these families (the dry run prints it beside the figures)
 NOT_MODELLED = ("activations", "gathered", "temporaries", "peak")
 
 
-@dataclass(frozen=True)
-class DecoderSpec:
-    """A decoder of the Llama structure: ``layers`` × (RMSNorm, q/k/v, attention on local heads, o, RMSNorm,
-    gate/up, SwiGLU, down), a final RMSNorm and the LM head (``tied`` to the token table or not); ``path``: the
-    config.json it was read from (the runtime builds the model from it)."""
-
-    name: str
-    family: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    seq: int
-    tied: bool
-    attention_bias: bool = False      # q, k, v (and o with Llama's attention_bias) carry biases
-    output_bias: bool = False         # o carries a bias (Llama's attention_bias)
-    mlp_bias: bool = False
-    path: str = ""
-
-    @staticmethod
-    def from_config(path: str, seq: int) -> "DecoderSpec":
-        """The spec of the config.json at ``path`` (or in the folder ``path``) trained on ``seq``-token sequences;
-        a family not modelled here, or a config without the sizes, raises :class:`PerfModelError` in one line."""
-        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise PerfModelError(f"{path}: no such config.json; give a Hugging Face config.json (or its folder)")
-        try:
-            with open(file) as f:
-                c: dict[str, Any] = json.load(f)
-        except (OSError, ValueError) as e:
-            raise PerfModelError(f"{file}: not a readable JSON config ({e})") from None
-        family = c.get("model_type")
-        if family not in FAMILIES:
-            raise PerfModelError(f"{file}: model_type {family!r} ({', '.join(c.get('architectures') or [])}) is not "
-                                 f"a family the dry run models; use a config of {', '.join(sorted(FAMILIES))} "
-                                 f"(Llama-structured decoders) or a named GPT size")
-        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-        missing = [k for k in need if not isinstance(c.get(k), int)]
-        if missing:
-            raise PerfModelError(f"{file}: {', '.join(missing)} missing or not an integer; a {family} config.json "
-                                 f"states them")
-        h, heads = c["hidden_size"], c["num_attention_heads"]
-        kv = c.get("num_key_value_heads") or heads
-        d = c.get("head_dim") or h // heads
-        attn_bias = family == "qwen2" or bool(c.get("attention_bias", False))
-        stem = os.path.splitext(os.path.basename(file))[0]
-        name = os.path.basename(os.path.dirname(os.path.abspath(file))) if stem == "config" else stem
-        spec = DecoderSpec(str(name), family, c["num_hidden_layers"], h, heads, kv, d, c["intermediate_size"],
-                           c["vocab_size"], seq, bool(c.get("tie_word_embeddings", False)), attn_bias,
-                           family == "llama" and attn_bias, bool(c.get("mlp_bias", False)) and family == "llama",
-                           os.path.abspath(file))
-        if heads % kv:
-            raise PerfModelError(f"{file}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
-        if not isinstance(seq, int) or seq < 1:
-            raise PerfModelError(f"sequence length {seq!r}: give a positive --seq")
-        return spec
-
-    def block_layers(self) -> list[FCLayer]:
-        """One decoder layer's FC layers in forward order: q, k, v, o, gate, up, down."""
-        h, f, qd, kvd = self.hidden, self.ffn, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        ab, mb = self.attention_bias, self.mlp_bias
-        return [FCLayer(qd, h, False, ab, "q_proj", norm="input_layernorm", attention=True),
-                FCLayer(kvd, h, False, ab, "k_proj"), FCLayer(kvd, h, False, ab, "v_proj"),
-                FCLayer(h, qd, True, self.output_bias, "o_proj"),
-                FCLayer(f, h, False, mb, "gate_proj", norm="post_attention_layernorm"),
-                FCLayer(f, h, False, mb, "up_proj"), FCLayer(h, f, True, mb, "down_proj")]
-
-    def head_layer(self) -> FCLayer:
-        """The LM head ``[V, h]`` after the final norm, no bias, never recomputed."""
-        return FCLayer(self.vocab, self.hidden, False, False, "lm_head", recompute=False, norm="norm")
-
-    def divisibility(self, grid: tuple[int, int, int, int]) -> list[str]:
-        """What of the model does not divide ``grid`` (the plan's rules, ``axgrid.plans.transformer.resolve``), each
-        naming the value and the dimension; [] when it fits."""
-        gx, gy = grid[0], grid[1]
-        rules = [("hidden_size", self.hidden, gx, "x"), ("num_attention_heads", self.heads, gy, "y"),
-                 ("num_key_value_heads", self.kv_heads, gy, "y"), ("intermediate_size", self.ffn, gy, "y"),
-                 ("vocab_size", self.vocab, gy, "y")]
-        return [f"{what} {value} not divisible by G{dim}={g}" for what, value, g, dim in rules if value % g]
-
-
-def decoder_parameters(spec: DecoderSpec, grid: tuple[int, int, int, int]) -> list[GPTParam]:
+def decoder_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
     """The trainable tensors of one rank in ``model.parameters()`` order: the token table (tied: the head's weight
     shard), per layer q, k, v, o, gate, up, down (weight shard, then bias) and the two norms, the final norm, the
     head's weight shard (untied)."""
@@ -175,7 +87,7 @@ def _live_inputs(lora: Optional[LoraPlan], live: bool) -> tuple[dict[str, bool],
     return out, live
 
 
-def decoder_step(spec: DecoderSpec, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
+def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
                  dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
                  grad_dtype_bytes: Optional[int] = None, lora: Optional[LoraPlan] = None) -> list[tuple[str, str, int]]:
     """Every collective of the step but the data-parallel ones, as (dim, op, bytes) (module docstring); ``lora``: a
@@ -269,7 +181,7 @@ def decoder_step(spec: DecoderSpec, grid: tuple[int, int, int, int], mprime: int
     return ev
 
 
-def decoder_collective_events(spec: DecoderSpec, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
+def decoder_collective_events(spec: TransformerShape, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
                               n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                               recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
                               bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0,
@@ -292,7 +204,7 @@ def decoder_collective_events(spec: DecoderSpec, grid: tuple[int, int, int, int]
     return ev + step_tail(dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches), grid, zero, clip)
 
 
-def decoder_static_bytes(spec: DecoderSpec, grid: tuple[int, int, int, int], zero: int = 0,
+def decoder_static_bytes(spec: TransformerShape, grid: tuple[int, int, int, int], zero: int = 0,
                          bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                          lora: Optional[LoraPlan] = None) -> tuple[int, int, int]:
     """(parameters, gradients, optimizer) bytes of one rank, as ``perfmodel.memory.data_parallel_bytes`` prices the
@@ -314,5 +226,5 @@ def decoder_static_bytes(spec: DecoderSpec, grid: tuple[int, int, int, int], zer
     return 4 * padded, 4 * (padded if zero == 1 else share), 8 * share + steps
 
 
-__all__ = ["FAMILIES", "NOT_MODELLED", "DecoderSpec", "decoder_parameters", "decoder_step",
+__all__ = ["NOT_MODELLED", "decoder_parameters", "decoder_step",
            "decoder_collective_events", "decoder_static_bytes"]

@@ -16,7 +16,7 @@ loss (forward)              AR_z of one number; only when Gz > 1
 ==========================  =====================================================================================
 
 Per step, the data-parallel mean over d reduces every trainable parameter (``model.parameters()`` order: token
-table, position table, per block its modules' (``TransformerSpec.block_modules``: ln1 w/b, QKV w/b, out w/b,
+table, position table, per block its modules' (``TransformerShape.block_modules``: ln1 w/b, QKV w/b, out w/b,
 ln2 w/b, up w/b, down w/b); ln_f w/b; head weight) in buckets laid out in the reverse of that order
 (``axgrid.spec.buckets``), in the gradient dtype: with ``zero=0`` an all-reduce per bucket; with ``zero`` >= 1 a
 reduce-scatter per bucket padded to a multiple of Gd (in every micro-batch with ``zero=2``) and, after the
@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from axgrid.spec import DEFAULT_BUCKET_BYTES, ceil_div
+from axgrid.spec import DEFAULT_BUCKET_BYTES, TransformerShape, ceil_div
 
 from .comm import PARAM_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, needs_input_grad
-from .spec import TransformerSpec
 
 #: Bytes per element of the runtime's fp32 side collectives (layer-norm statistics and parameter gradients,
 #: cross-entropy reductions, the loss, the embedding gradients over z).
@@ -50,7 +49,7 @@ class GPTParam(NamedTuple):
     kind: str
 
 
-def gpt_parameters(spec: TransformerSpec, grid: tuple[int, int, int, int]) -> list[GPTParam]:
+def gpt_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
     """The trainable tensors of one rank in ``model.parameters()`` order (zero-size tensors left out)."""
     gx, gy, gz, _ = (int(v) for v in grid)
     hx = ceil_div(spec.hidden, gx)
@@ -70,7 +69,7 @@ def gpt_parameters(spec: TransformerSpec, grid: tuple[int, int, int, int]) -> li
     return out
 
 
-def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
+def gpt_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
              dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
              grad_dtype_bytes: int | None = None, lora: LoraPlan | None = None) -> list[tuple[str, str, int]]:
     """Every collective of the step but the data-parallel ones, as (dim, op, bytes) in posting order.
@@ -164,7 +163,7 @@ def gpt_step(spec: TransformerSpec, grid: tuple[int, int, int, int], mprime: int
     return ev
 
 
-def gpt_dp_gradient_sizes(spec: TransformerSpec, grid: tuple[int, int, int, int], grad_dtype_bytes: int,
+def gpt_dp_gradient_sizes(spec: TransformerShape, grid: tuple[int, int, int, int], grad_dtype_bytes: int,
                           lora: LoraPlan | None = None) -> list[int]:
     """Bytes of each gradient the data-parallel buckets hold, in their layout order (reverse
     ``model.parameters()``); with ``lora`` the adapters' only."""
@@ -173,7 +172,7 @@ def gpt_dp_gradient_sizes(spec: TransformerSpec, grid: tuple[int, int, int, int]
     return [p.elems * grad_dtype_bytes for p in gpt_parameters(spec, grid)][::-1]
 
 
-def gpt_collective_events(spec: TransformerSpec, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
+def gpt_collective_events(spec: TransformerShape, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
                           n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
                           grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                           zero: int = 0, clip: bool = False, lora: LoraPlan | None = None

@@ -44,7 +44,7 @@ class LoraPlan(NamedTuple):
 
 
 def layer_names(spec) -> list[str]:
-    """The names LoRA may target in ``spec`` (a ``TransformerSpec`` or ``DecoderSpec``): its block's FC layers and
+    """The names LoRA may target in ``spec`` (a ``TransformerShape``, GPT or Llama-structured): its block's FC layers and
     the head."""
     return [layer.name for layer in spec.block_layers()] + [spec.head_layer().name]
 

@@ -71,14 +71,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import GRADIENT_WINDOW, FCLayer, ceil_div
+from axgrid.spec import GRADIENT_WINDOW, FCLayer, TransformerShape, ceil_div
 
 from .buckets import gradient_elements, pack
 from .comm import layer_volumes
 from .errors import PerfModelError
 from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
                    lora_static_bytes)
-from .spec import Options, TransformerSpec
+from .spec import Options
 
 ATTENTION_KINDS = ("flash", "math")
 LAYOUTS = ("axgrid", "megatron")
@@ -140,7 +140,7 @@ def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
     return 2 * dtype_bytes, (8 if fp32 else 12)
 
 
-def parameter_tensors(spec: TransformerSpec) -> int:
+def parameter_tensors(spec: TransformerShape) -> int:
     """Parameter tensors on every rank (each has a 0-d AdamW ``step``): tables 2; per block and for the head, each
     FC layer's weight (+ bias) and its layer norm's weight and bias (a block: 2 layer norms × 2 + 4 weights
     (+ 4 biases); the head: ``ln_f`` 2 + weight 1)."""
@@ -149,7 +149,7 @@ def parameter_tensors(spec: TransformerSpec) -> int:
     return 2 + spec.layers * tensors(spec.block_layers()) + tensors([spec.head_layer()])
 
 
-def stored_elements(spec: TransformerSpec, gx, gy, gz) -> np.ndarray:
+def stored_elements(spec: TransformerShape, gx, gy, gz) -> np.ndarray:
     """Parameter elements stored on one rank (weight shards, biases, layer norms, embedding tables)."""
     h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
     vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
@@ -172,7 +172,7 @@ class DataParallelBytes(NamedTuple):
     at_end: np.ndarray
 
 
-def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options, device: "Device | None" = None
+def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, device: "Device | None" = None
                         ) -> DataParallelBytes:
     """:class:`DataParallelBytes` in ``opt.zero``'s mode (see the module docstring; arrays broadcast over the
     grids): the buffers :mod:`axgrid.grad_buckets` keeps, for the rank that owns the most (d = 0: its shares hold
@@ -206,7 +206,7 @@ def data_parallel_bytes(spec: TransformerSpec, gx, gy, gz, gd, opt: Options, dev
     return DataParallelBytes(padded, share, 2.0 * share + steps, at_block, bt.largest.reshape(shape) * 4.0 * alive)
 
 
-def block_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int,
+def block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int,
                            device: Device = GPU) -> np.ndarray:
     """Bytes one block saves for backward on one rank (recompute off); see the module docstring."""
     gx, gy = np.asarray(gx, dtype=np.int64), np.asarray(gy, dtype=np.int64)
@@ -222,7 +222,7 @@ def block_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int
     return mp * per_token
 
 
-def head_activation_bytes(spec: TransformerSpec, gx, gy, mprime, act_bytes: int) -> np.ndarray:
+def head_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int) -> np.ndarray:
     """Bytes the final layer norm, the head and the cross entropy save on one rank (per micro-batch)."""
     gx, gy = np.asarray(gx, dtype=np.int64), np.asarray(gy, dtype=np.int64)
     mp = np.asarray(mprime, dtype=float)
@@ -236,7 +236,7 @@ def embedding_activation_bytes(mprime) -> np.ndarray:
     return 16.0 * np.asarray(mprime, dtype=float)
 
 
-def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
+def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
                    opt: Options, inflight=1.0, seq_split=1, layout: str = "axgrid", device: Device = GPU) -> Memory:
     """Memory per GPU with ``mprime`` tokens per GPU per micro-batch (all arguments broadcast); ``layout`` as in
     the module docstring, ``device``: what the runtime does there (:class:`Device`).
@@ -327,7 +327,7 @@ def memory_per_gpu(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: i
                   embedding_activations=bc(emb))
 
 
-def _megatron(spec: TransformerSpec, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool, opt: Options,
+def _megatron(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool, opt: Options,
               inflight, seq_split) -> Memory:
     """Megatron-LM's layout (see the module docstring)."""
     gx, gy, gz, gd = (np.asarray(a, dtype=np.int64) for a in (gx, gy, gz, gd))

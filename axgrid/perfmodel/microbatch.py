@@ -1,6 +1,6 @@
 """One micro-batch's forward and backward on N grids (numpy arrays [N], seconds): a loop over the spec's FC layers.
 
-The layers are ``TransformerSpec.block_layers`` (run once per block, ``layers`` times) then ``head_layer``, each
+The layers are ``TransformerShape.block_layers`` (run once per block, ``layers`` times) then ``head_layer``, each
 priced by :class:`LayerCost`; no layer is named here, so a layer added to ``axgrid.spec.block_layers`` is priced,
 counted and overlapped like the others, the attention core goes with the layer whose ``FCLayer.attention`` is set
 (QKV) and a layer norm with the layer whose ``FCLayer.norm`` names it.
@@ -27,14 +27,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import FCLayer, FCVolumes
+from axgrid.spec import FCLayer, FCVolumes, TransformerShape
 
 from .comm import GROUPS, collective_time, dim_strides, layer_volumes, ring_alpha_beta
 from .compute import gemm_rate, gemm_time
 from .gpt import STAT_BYTES
 from .machines import Machine
 from .space import Grids
-from .spec import Options, TransformerSpec
+from .spec import Options
 
 
 def _pos(a):
@@ -91,7 +91,7 @@ class LayerCost(NamedTuple):
     bias_z: np.ndarray
 
 
-def attention_time(spec: TransformerSpec, g: Grids, mprime: np.ndarray, machine: Machine, dtype: str) -> np.ndarray:
+def attention_time(spec: TransformerShape, g: Grids, mprime: np.ndarray, machine: Machine, dtype: str) -> np.ndarray:
     """Seconds [N] of one block's forward attention core per micro-batch (QKᵀ and ·V on the H/Gy local heads of
     whole sequences, replicated over x): 4·m'·S·h/Gy FLOPs at the rate of an ``[S, S]·[S, h/H]`` GEMM."""
     h, S = spec.hidden, spec.seq
@@ -99,7 +99,7 @@ def attention_time(spec: TransformerSpec, g: Grids, mprime: np.ndarray, machine:
     return 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, h // spec.heads, machine, dtype, batch)
 
 
-def layer_costs(spec: TransformerSpec, g: Grids, mprime: np.ndarray, mp_int: np.ndarray, dtype_bytes: int,
+def layer_costs(spec: TransformerShape, g: Grids, mprime: np.ndarray, mp_int: np.ndarray, dtype_bytes: int,
                 machine: Machine, dtype: str, rings: Rings, att: np.ndarray,
                 grad_bytes: int | None = None) -> list[LayerCost]:
     """Every FC layer of the step in forward order (the spec's block layers, then the head), priced per
@@ -140,7 +140,7 @@ class SideCosts(NamedTuple):
     loss_z: np.ndarray
 
 
-def side_costs(spec: TransformerSpec, g: Grids, mp_int: np.ndarray, hx: np.ndarray, rings: Rings) -> SideCosts:
+def side_costs(spec: TransformerShape, g: Grids, mp_int: np.ndarray, hx: np.ndarray, rings: Rings) -> SideCosts:
     """:class:`SideCosts` with ``mp_int`` tokens per GPU per micro-batch and ``hx`` = h/Gx features [N]."""
     ar = "all_reduce"
     return SideCosts(
@@ -233,7 +233,7 @@ def forward(costs: list[LayerCost], blocks: int, opt: Options, comm: CommTally) 
     return sum(c.reps * c.fwd for c in costs)
 
 
-def add_side(spec: TransformerSpec, side: SideCosts, opt: Options, comm: CommTally) -> None:
+def add_side(spec: TransformerShape, side: SideCosts, opt: Options, comm: CommTally) -> None:
     """Add the GPT's other collectives of a micro-batch (blocking; ``perfmodel.gpt``) to ``comm``: every layer
     norm's AR_x (forward, again for the blocks' in the recompute forward, and backward), the cross entropy's y
     collectives, the embeddings' and the loss's AR_z, and the layer norms' gradient AR_z unless ORS takes them."""
@@ -282,7 +282,7 @@ def _backward_all_reduces(c: LayerCost, overlap_ar: bool, comm: CommTally) -> np
     return slack
 
 
-def _reduce_scatters(spec: TransformerSpec, costs: list[LayerCost], side: SideCosts, windows: list[np.ndarray],
+def _reduce_scatters(spec: TransformerShape, costs: list[LayerCost], side: SideCosts, windows: list[np.ndarray],
                      overlap_rs: bool, comm: CommTally) -> np.ndarray:
     """Add the exposed RS_z of every layer to ``comm`` and return the slack [N] of the backward ``windows``: with
     ORS along the chain of the backward (:func:`drain_chain`), where a layer norm's gradient AR_z goes through the
@@ -297,7 +297,7 @@ def _reduce_scatters(spec: TransformerSpec, costs: list[LayerCost], side: SideCo
     return slack
 
 
-def backward(spec: TransformerSpec, costs: list[LayerCost], side: SideCosts, opt: Options,
+def backward(spec: TransformerShape, costs: list[LayerCost], side: SideCosts, opt: Options,
              comm: CommTally) -> tuple[np.ndarray, np.ndarray]:
     """(compute, slack) [N] of a micro-batch's backward (seconds): its GEMMs, and the compute that hides no
     collective (which ODP's data-parallel buckets can use); adds its collectives to ``comm``: AG_z again (unless

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from axgrid.spec import ceil_div
+from axgrid.spec import TransformerShape, ceil_div
 
 from .buckets import BucketTotals, gradient_elements, pack
 from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collective_time, ring_alpha_beta,
@@ -45,7 +45,7 @@ from .memory import Memory, memory_per_gpu
 from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
                          side_costs)
 from .space import Grids, describe, divisibility
-from .spec import Options, Problem, TransformerSpec, model_flops
+from .spec import Options, Problem, model_flops
 
 
 @dataclass
@@ -120,7 +120,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
     return chosen, valid
 
 
-def _data_parallel(spec: TransformerSpec, costs: list[LayerCost], hx: np.ndarray, g: Grids, grad_bytes: int,
+def _data_parallel(spec: TransformerShape, costs: list[LayerCost], hx: np.ndarray, g: Grids, grad_bytes: int,
                    opt: Options, rings: Rings, slack: np.ndarray, fwd_window: np.ndarray, mb: np.ndarray,
                    comm: CommTally) -> tuple[BucketTotals, np.ndarray]:
     """(the buckets, bytes over d per step [N]) of the data-parallel collectives in ``opt.zero``'s mode; adds their
@@ -183,7 +183,7 @@ def _clipping(g: Grids, opt: Options, machine: Machine, rings: Rings, comm: Comm
     return {k: np.where(posted, float(CLIP_NORM_BYTES), 0.0) for k, posted in on.items()}
 
 
-def _elementwise(spec: TransformerSpec, g: Grids, mprime: np.ndarray, hx: np.ndarray, seq_split, dtype_bytes: int,
+def _elementwise(spec: TransformerShape, g: Grids, mprime: np.ndarray, hx: np.ndarray, seq_split, dtype_bytes: int,
                  opt: Options, machine: Machine) -> tuple[np.ndarray, np.ndarray]:
     """(all blocks' element-wise kernels, one block's forward attention-score kernels) [N], seconds per
     micro-batch, moving ``compute.elementwise_bytes`` through HBM: 3× a block's forward bytes (4× with recompute)."""
@@ -206,7 +206,7 @@ def host_bound(device: np.ndarray, host: np.ndarray, machine: Machine) -> np.nda
     return top * ((device / top) ** k + (host / top) ** k) ** (1.0 / k)
 
 
-def _kernel_latency(spec: TransformerSpec, opt: Options, machine: Machine, n: int) -> np.ndarray:
+def _kernel_latency(spec: TransformerShape, opt: Options, machine: Machine, n: int) -> np.ndarray:
     """Seconds [N] per micro-batch that the kernels' launch and synchronisation add (``Machine.kernel_latency``
     times the kernels: ``compute.BLOCK_KERNELS_*`` per block forward, again with recompute, twice in the backward;
     ``compute.OUTER_KERNELS`` for the embedding, head and loss, twice in the backward); 0 without the figure."""
@@ -215,7 +215,7 @@ def _kernel_latency(spec: TransformerSpec, opt: Options, machine: Machine, n: in
     return np.full(n, kernels * machine.kernel_latency)
 
 
-def _optimizer_time(spec: TransformerSpec, g: Grids, opt: Options, machine: Machine, layout: str) -> np.ndarray:
+def _optimizer_time(spec: TransformerShape, g: Grids, opt: Options, machine: Machine, layout: str) -> np.ndarray:
     """Seconds [N] of the optimizer step: the parameters one GPU updates (its x·y·z shard of the model, and of that
     its d-share when the optimizer state is sharded over d) times ``compute.OPTIMIZER_BYTES`` through HBM."""
     local = spec.params / (g.gx * g.gy * g.gz)
@@ -223,7 +223,7 @@ def _optimizer_time(spec: TransformerSpec, g: Grids, opt: Options, machine: Mach
     return memory_time(local / (g.gd if sharded else 1) * OPTIMIZER_BYTES[layout], machine)
 
 
-def _step_bytes(spec: TransformerSpec, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
+def _step_bytes(spec: TransformerShape, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
                 hx: np.ndarray, d_bytes: np.ndarray, dtype_bytes: int, opt: Options) -> dict[str, np.ndarray]:
     """Bytes per grid dimension per step [N], as the runtime's ledger counts them (a dimension of size 1 posts
     nothing), by grid dimension: each FC layer's collectives (weights gathered and activations reduced in the problem's dtype, gradients

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from axgrid.spec import TransformerShape
+
 from .band import Residual, residuals_path, write_residuals
 from .machines import load_machine
 from .pipeline import price_named
 from .rank import rank
 from .row import Row
-from .spec import Options, Problem, TransformerSpec, get_model
+from .spec import Options, Problem, get_model
 
 #: the goal: |predicted / published − 1| ≤ TOLERANCE for every point
 TOLERANCE = 0.15
@@ -48,7 +50,7 @@ class Published:
 
     name: str
     machine: str
-    model: str | TransformerSpec
+    model: str | TransformerShape
     gpus: int
     tflops_per_gpu: float | None
     layout: str                       # "4D" (AxoNN) or "TPxPPxDP" (Megatron-style)
@@ -75,13 +77,13 @@ class Published:
         return self.global_batch or self.gpus
 
     @property
-    def spec(self) -> TransformerSpec:
-        return self.model if isinstance(self.model, TransformerSpec) else get_model(self.model)
+    def spec(self) -> TransformerShape:
+        return self.model if isinstance(self.model, TransformerShape) else get_model(self.model)
 
 
 def _korthikanti(size: str, layers: int, hidden: int, heads: int, tp: int, pp: int, vpp: int, gpus: int,
                  batch: int, mbs: int, full_s: float, selective_s: float) -> tuple[Published, Published]:
-    spec = TransformerSpec(f"korthikanti-{size.lower()}", layers, hidden, heads, seq=2048, vocab=51200)
+    spec = TransformerShape(f"korthikanti-{size.lower()}", layers, hidden, heads, seq=2048, vocab=51200)
     src = (f"Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, {size}: TP {tp}, PP {pp}"
            + (f", interleaved {vpp}" if vpp > 1 else "") + f", {gpus} A100 80 GB, batch {batch}, micro-batch {mbs}")
     common = dict(machine="dgx-a100", model=spec, gpus=gpus, tflops_per_gpu=None, layout="TPxPPxDP",

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from axgrid.spec import TransformerShape
+
 from .errors import PerfModelError
-from .spec import TransformerSpec
 
 
 def divisors(n: int) -> np.ndarray:
@@ -77,7 +78,7 @@ RULES = (
 )
 
 
-def divisibility(spec: TransformerSpec, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
+def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
     """Rule name → bool array [N], True where the rule is VIOLATED."""
     h = spec.hidden
     out = {
@@ -93,7 +94,7 @@ def divisibility(spec: TransformerSpec, batch: int, grids: Grids, microbatches: 
     return out
 
 
-def describe(rule: str, spec: TransformerSpec, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
+def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
     """A readable reason for one violated rule on one grid."""
     gx, gy, gz, gd = g
     return {

@@ -1,87 +1,34 @@
 """Inputs of the model: the transformer, the run options, the data types.
 
-The named GPT sizes (layers / hidden / heads / seq / vocab) are ``axgrid.spec.NAMED_SIZES``, the table the runtime
-builds from; the FLOP and parameter counts are ``axgrid.spec.flops``.
+The transformer is an ``axgrid.spec.TransformerShape`` of the GPT block (the shape the runtime builds; the named
+sizes are ``axgrid.spec.NAMED_SIZES``): the time model, the collective replay and the parameter counts read the
+block only through its ``block_layers``, ``block_modules`` and ``head_layer``; the activation memory, the
+element-wise kernels, the divisibility rules and the FLOP formula (``axgrid.spec.flops``) are written for the GPT
+block with a 4·hidden MLP, so a :class:`Problem` of another shape is refused (a Hugging Face decoder's collectives and
+static bytes are :mod:`perfmodel.decoder`'s).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from axgrid.spec import (DEFAULT_BUCKET_BYTES, GPT2_PADDED_VOCAB, NAMED_SIZES, FCLayer, block_layers, block_modules,
-                         gpt_flops_per_iteration, gpt_parameters, head_layer, model_layers, named_size)
+from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, TransformerShape
 
 from .errors import PerfModelError
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-@dataclass(frozen=True)
-class TransformerSpec:
-    """A GPT-style decoder: ``layers`` blocks of the FC layers ``axgrid.spec.block_layers`` lists (QKV,
-    attention-out, MLP-up, MLP-down; a block's layer norms sit before the layers whose ``norm`` names them) + the
-    LM head (``axgrid.spec.head_layer``). The time model, the collective replay and the parameter counts read the
-    block only through :meth:`block_layers`, :meth:`block_modules` and :meth:`head_layer`; the activation memory,
-    the element-wise kernels, the divisibility rules and the FLOP formula (``axgrid.spec.flops``) are written for
-    this block."""
-
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    seq: int = 2048
-    vocab: int = GPT2_PADDED_VOCAB
-    bias: bool = True
-
-    def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "seq", "vocab"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise PerfModelError(f"TransformerSpec.{f} must be a positive int, got {v!r}")
-        if self.hidden % self.heads:
-            raise PerfModelError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
-
-    @property
-    def params(self) -> int:
-        """Parameter count (``axgrid.spec.gpt_parameters``): blocks 12h² weights (+ 13h biases and layer norms),
-        embeddings V·h + S·h, untied head V·h."""
-        return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, bias=self.bias)
-
-    def block_layers(self) -> list[FCLayer]:
-        """One block's FC layers in forward order: QKV, attention-out, MLP-up, MLP-down."""
-        return block_layers(self.hidden, bias=self.bias)
-
-    def head_layer(self) -> FCLayer:
-        """The LM head [V×h], no bias, never recomputed."""
-        return head_layer(self.hidden, self.vocab)
-
-    def block_modules(self) -> tuple[str, ...]:
-        """One block's parameterised modules (layer norms and FC layers) in ``model.parameters()`` order."""
-        return block_modules(self.block_layers())
-
-    def block_norms(self) -> int:
-        """Layer norms in one block (those the block layers' ``norm`` name): 2."""
-        return sum(1 for layer in self.block_layers() if layer.norm)
-
-    def layer_norms(self) -> int:
-        """Layer norms in the model: every block's and the head's (``ln_f``): 2L + 1."""
-        return self.layers * self.block_norms() + (1 if self.head_layer().norm else 0)
-
-
-MODELS: dict[str, TransformerSpec] = {name: TransformerSpec(name, *size) for name, size in NAMED_SIZES.items()}
-
-
-def transformer_layers(spec: TransformerSpec, head: bool = True) -> list[FCLayer]:
+def transformer_layers(spec: TransformerShape, head: bool = True) -> list[FCLayer]:
     """All FC layers of the model in forward order: layers × block layers, then the head (when ``head``)."""
-    return model_layers(spec.layers, spec.hidden, spec.vocab, spec.bias, head)
+    return spec.block_layers() * spec.layers + ([spec.head_layer()] if head else [])
 
 
-def get_model(name: str) -> TransformerSpec:
-    """Look up a named model; an unknown name raises with the list of known ones."""
+def get_model(name: str) -> TransformerShape:
+    """Look up a named model (``axgrid.spec.NAMED_SIZES``); an unknown name raises with the list of known ones."""
     try:
-        named_size(name)
+        return TransformerShape.named(name)
     except ValueError as e:
         raise PerfModelError(str(e)) from None
-    return MODELS[name.lower()]
 
 
 @dataclass(frozen=True)
@@ -173,13 +120,18 @@ class Options:
 class Problem:
     """What to rank: a model trained with ``batch`` sequences per step on ``gpus`` GPUs in ``dtype``."""
 
-    model: TransformerSpec
+    model: TransformerShape
     batch: int
     gpus: int
     dtype: str = "bf16"
     options: Options = field(default_factory=Options)
 
     def __post_init__(self) -> None:
+        m = self.model
+        if not m.is_gpt or m.ffn != 4 * m.hidden:
+            raise PerfModelError(f"{m.name}: perfmodel prices the GPT block with a 4·hidden MLP, not a {m.family} "
+                                 f"shape with ffn {m.ffn}; a Hugging Face decoder's collectives and bytes are "
+                                 f"perfmodel.decoder's")
         if self.dtype not in DTYPE_BYTES:
             raise PerfModelError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
         if not isinstance(self.gpus, int) or self.gpus <= 0:
@@ -200,6 +152,6 @@ class Problem:
         return self.batch * self.model.seq
 
 
-def model_flops(spec: TransformerSpec, batch: int, recompute: bool) -> float:
-    """FLOPs per batch of ``batch`` sequences (``axgrid.spec.gpt_flops_per_iteration``)."""
-    return gpt_flops_per_iteration(batch, spec.seq, spec.layers, spec.hidden, spec.vocab, recompute)
+def model_flops(spec: TransformerShape, batch: int, recompute: bool) -> float:
+    """FLOPs per batch of ``batch`` sequences (``TransformerShape.flops_per_iteration``)."""
+    return spec.flops_per_iteration(batch, recompute)

@@ -32,10 +32,12 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from axgrid.spec import TransformerShape
+
 from .errors import PerfModelError
 from .machines import Machine, load_machine
 from .pipeline import TPPPDP, price
-from .spec import Options, Problem, TransformerSpec
+from .spec import Options, Problem
 
 #: the share of rows within this relative error is reported
 WITHIN = 0.15
@@ -128,9 +130,7 @@ def vtrain_rows(path: str | Path | None = None) -> list[dict[str, int | float]]:
 
 def vtrain_problem(r: dict, vocab: int = VTRAIN_VOCAB) -> Problem:
     """The problem of one vTrain row (module docstring)."""
-    spec = TransformerSpec(f"vtrain-h{r['hidden']}-a{r['heads']}-l{r['layers']}", int(r["layers"]), int(r["hidden"]),
-                           int(r["heads"]), seq=int(r["seq"]), vocab=vocab)
-    return Problem(spec, int(r["batch"]), int(r["gpus"]), "fp16",
+    return Problem(TransformerShape.from_vtrain_row(r, vocab), int(r["batch"]), int(r["gpus"]), "fp16",
                    Options(dropout=True, fused_attention=False, grad_reduce="fp16"))
 
 

@@ -15,9 +15,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from axgrid.spec import NAMED_SIZES
+
 from .errors import PerfModelError
 from .row import Row
-from .spec import MODELS, Problem
+from .spec import Problem
 from .units import memory_unit
 
 
@@ -41,7 +43,7 @@ class Verified:
 def dryrun_command(prob: Problem, machine: str, row: Row, json_path: str) -> list[str]:
     """The ``python -m axgrid.dryrun`` command of one 4D row of ``prob``."""
     spec = prob.model
-    named = MODELS.get(spec.name)
+    named = NAMED_SIZES.get(spec.name)
     if named != spec:
         raise PerfModelError(f"--verify dry-runs a named model (the runtime builds it): {spec.name} with these sizes "
                              f"is not one; use --model NAME without --layers/--hidden/--heads/--seq/--vocab")

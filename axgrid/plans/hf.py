@@ -33,12 +33,8 @@ from typing import Callable, Optional
 from torch import nn
 
 from ..grid import Grid
+from ..spec import hf_head_dim
 from .transformer import Pair, TransformerPlan, resolve
-
-
-def head_dim(config) -> int:
-    """The attention head size of a ``config``."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _llama(p: str, cfg, name: str) -> TransformerPlan:
@@ -47,7 +43,7 @@ def _llama(p: str, cfg, name: str) -> TransformerPlan:
         embedding=p + "embed_tokens",
         norms=(layer + "input_layernorm", layer + "post_attention_layernorm", p + "norm"),
         pairs=(Pair((layer + "self_attn.q_proj", layer + "self_attn.k_proj", layer + "self_attn.v_proj"),
-                    layer + "self_attn.o_proj", unit=head_dim(cfg)),
+                    layer + "self_attn.o_proj", unit=hf_head_dim(cfg)),
                Pair((layer + "mlp.gate_proj", layer + "mlp.up_proj"), layer + "mlp.down_proj")),
         head="lm_head" if p else None, name=name)
 
@@ -66,7 +62,7 @@ def _gemma3(p: str, cfg, name: str) -> TransformerPlan:
 
 def _phi3(p: str, cfg, name: str) -> TransformerPlan:
     layer = p + "layers.*."
-    d, f = head_dim(cfg), cfg.intermediate_size
+    d, f = hf_head_dim(cfg), cfg.intermediate_size
     qkv = (cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.num_key_value_heads * d)
     return TransformerPlan(
         embedding=p + "embed_tokens",

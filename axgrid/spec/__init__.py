@@ -2,9 +2,11 @@
 
 =====================  =======================================================================================
 grid shape, layout     :class:`GridShape`, :class:`RankLayout`, :class:`Coord` (:mod:`.layout`)
-named model sizes      :data:`NAMED_SIZES`, :class:`GPTSize`, :func:`named_size` (:mod:`.sizes`)
+a transformer's shape  :class:`TransformerShape` (named size, Hugging Face config, vTrain row; parameters, layers),
+                       :func:`hf_head_dim`, :data:`DECODER_FAMILIES` (:mod:`.shape`)
+named model sizes      :data:`NAMED_SIZES` (:mod:`.sizes`)
 the layer list         :class:`FCLayer`, :data:`BLOCK_MODULES`, :func:`block_layers`, :func:`head_layer`,
-                       :func:`model_layers`, :func:`block_modules` (:mod:`.layers`)
+                       :func:`block_modules` (:mod:`.layers`)
 per-rank sharding      :func:`fc_volumes`, :class:`LinearSharding` (:mod:`.fc`)
 which part a rank holds :class:`TileSpec`, :func:`split_part`, :class:`Box`, :func:`part_boxes`, :func:`part_shape`,
                        :func:`flat_boxes`, :func:`tile_box`, :func:`overlap`, :func:`map_rows`,
@@ -20,16 +22,17 @@ Pure Python: no torch, no numpy (the volume functions take ints or integer array
 from .layout import Coord, GridError, GridShape, RankLayout
 from .fc import FCVolumes, LinearSharding, fc_volumes
 from .flops import gpt_flops_per_iteration, gpt_parameters, llama_flops
-from .layers import BLOCK_MODULES, FCLayer, block_layers, block_modules, head_layer, model_layers
+from .layers import BLOCK_MODULES, FCLayer, block_layers, block_modules, head_layer
 from .buckets import Bucket, pack_buckets
 from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, OverlapConfig
-from .sizes import GPT2_PADDED_VOCAB, NAMED_SIZES, GPTSize, named_size
+from .shape import DECODER_FAMILIES, GPT2_PADDED_VOCAB, TransformerShape, hf_head_dim
+from .sizes import NAMED_SIZES
 from .tiles import (Box, TileSpec, ceil_div, flat_boxes, map_rows, overlap, part_boxes, part_shape, row_segments,
                     segment_row_map, split_part, tile_box)
 
 __all__ = ["Coord", "GridError", "GridShape", "RankLayout", "FCVolumes", "LinearSharding", "fc_volumes",
            "gpt_flops_per_iteration", "gpt_parameters", "llama_flops", "BLOCK_MODULES", "FCLayer", "block_layers",
-           "block_modules", "head_layer", "model_layers", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "OverlapConfig", "GPT2_PADDED_VOCAB",
-           "NAMED_SIZES", "GPTSize", "named_size", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
+           "block_modules", "head_layer", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "OverlapConfig", "GPT2_PADDED_VOCAB",
+           "NAMED_SIZES", "TransformerShape", "hf_head_dim", "DECODER_FAMILIES", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
            "part_shape", "split_part", "tile_box", "map_rows", "segment_row_map", "row_segments", "Bucket",
            "pack_buckets"]

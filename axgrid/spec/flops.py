@@ -40,11 +40,12 @@ def gpt_parameters(layers: int, hidden: int, seq: int, vocab: int, ffn: int | No
 def llama_flops(config: Any, batch: int, seq: int, recompute: bool) -> float:
     """FLOPs of one training step of a LLaMA-family decoder (a Hugging Face config: ``hidden_size``,
     ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``,
-    optionally ``head_dim``) on ``batch x seq`` tokens: ``(6 + 2r)·P·B·S + (6 + 2r)·2·L·S·a·B·S`` with ``P`` the
+    optionally ``head_dim``: ``axgrid.spec.hf_head_dim``) on ``batch x seq`` tokens: ``(6 + 2r)·P·B·S + (6 + 2r)·2·L·S·a·B·S`` with ``P`` the
     parameters of the decoder's and head's matrices, ``a = heads·head_dim`` the attention width and ``r = 1`` with
     recompute (one more forward of the layers)."""
     h, layers = config.hidden_size, config.num_hidden_layers
-    hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    from .shape import hf_head_dim          # shape.py reads this module's GPT counts
+    hd = hf_head_dim(config)
     q, kv, f = config.num_attention_heads * hd, config.num_key_value_heads * hd, config.intermediate_size
     matrices = layers * (h * q + 2 * h * kv + q * h + 3 * h * f) + h * config.vocab_size
     per_token = 6 + 2 * int(recompute)

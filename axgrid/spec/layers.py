@@ -58,12 +58,6 @@ def head_layer(hidden: int, vocab: int) -> FCLayer:
     return FCLayer(vocab, hidden, False, False, "head", recompute=False, norm="ln_f")
 
 
-def model_layers(layers: int, hidden: int, vocab: int, bias: bool = True, head: bool = True) -> list[FCLayer]:
-    """Every FC layer of the model in forward order: ``layers`` × :func:`block_layers`, then the head."""
-    out = block_layers(hidden, bias=bias) * layers
-    return out + [head_layer(hidden, vocab)] if head else out
-
-
 def block_modules(layers: Sequence[FCLayer]) -> tuple[str, ...]:
     """The parameterised modules of a block of FC ``layers``, in ``model.parameters()`` (and forward) order: each
     layer's ``norm`` (when it has one), then the layer."""

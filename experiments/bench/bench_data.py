@@ -180,9 +180,9 @@ def run_loader(a: argparse.Namespace) -> Optional[dict[str, Any]]:
         s = StepSettings(steps=a.steps, batch=a.batch, microbatches=a.microbatches)
         args = argparse.Namespace(data_path=[str(prefix)], split="949,50,1", data_cache=None, eval_interval=0,
                                   eval_iters=1)
-        data = RunData.open(args, grid, s, seq=cfg.seq, seed=0, vocab=cfg.vocab, start=0, resumed={},
+        data = RunData.open(args, grid, s, seq=cfg.shape.seq, seed=0, vocab=cfg.shape.vocab, start=0, resumed={},
                             fallback=lambda: None)
-        metrics = Metrics(grid, flops_per_step=cfg.flops_per_iteration(a.batch), tokens_per_step=a.batch * cfg.seq,
+        metrics = Metrics(grid, flops_per_step=cfg.flops_per_iteration(a.batch), tokens_per_step=a.batch * cfg.shape.seq,
                           dtype="fp32")
         t_data, t_step = [], []
         for step in range(a.steps):
@@ -198,7 +198,7 @@ def run_loader(a: argparse.Namespace) -> Optional[dict[str, Any]]:
         loader = agree(grid, [int(1e9 * statistics.median(t_data[skip:]))])[0] / grid.world_size / 1e9
         step = agree(grid, [int(1e9 * statistics.median(t_step[skip:]))])[0] / grid.world_size / 1e9
         out = {"grid": str(grid.shape), "world": grid.world_size, "batch": a.batch, "microbatches": a.microbatches,
-               "seq": cfg.seq, "steps": a.steps, "rows_read_per_rank": len(data.rows),
+               "seq": cfg.shape.seq, "steps": a.steps, "rows_read_per_rank": len(data.rows),
                "median_loader_s": loader, "median_step_s": step, "loader_over_step": loader / step}
         return out if grid.rank == 0 else None
     finally:

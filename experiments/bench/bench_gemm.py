@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     t_start, load0 = time.perf_counter(), _load()
     rows, results = [], {}
     for model in args.models.split(","):
-        layers, hidden, heads = NAMED_SIZES[model][:3]
+        named = NAMED_SIZES[model]
+        layers, hidden, heads = named.layers, named.hidden, named.heads
         sizes = (layers, hidden // args.scale, heads)
         for grid in args.grids.split(","):
             for g in layer_gemms(sizes, grid, args.tokens):

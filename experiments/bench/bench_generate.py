@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         sizes = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers)) if v is not None}
         cfg = GPTConfig.named(args.size, vocab=args.vocab, seq=max(args.prompt + args.new, 128), **sizes)
         model = GPT(cfg, grid)
-        prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
+        prompts = torch.randint(0, cfg.shape.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
         axgrid.generate(model, prompts, grid, 2)              # warm-up (first calls allocate and build caches)
         seconds, outs, gathered = {}, {}, 0
         for cached in (True, False):
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         assert torch.equal(outs[True], outs[False]), "cached and uncached tokens differ"
         if grid.rank == 0:
             b = args.batch // grid.size("zd")
-            logits_bytes = b * cfg.vocab * 4                # an all-gather over y of [b, V/Gy] fp32: its output
-            print(f"GPT {args.size} (layers {cfg.layers}, hidden {cfg.hidden}) vocab {cfg.vocab} on {grid.shape}: {args.batch} prompts x {args.prompt} tokens, "
+            logits_bytes = b * cfg.shape.vocab * 4                # an all-gather over y of [b, V/Gy] fp32: its output
+            print(f"GPT {args.size} (layers {cfg.shape.layers}, hidden {cfg.shape.hidden}) vocab {cfg.shape.vocab} on {grid.shape}: {args.batch} prompts x {args.prompt} tokens, "
                   f"{args.new} new (greedy); best of {args.repeat}")
             for cached in (True, False):
                 print(f"  {'cached  ' if cached else 'uncached'} {seconds[cached]:7.3f} s  "

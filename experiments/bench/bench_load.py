@@ -221,7 +221,8 @@ def job_a(args: argparse.Namespace) -> None:
     from axgrid.checkpoint import save_checkpoint
     from axgrid.io import agree
     from axgrid.perfmodel.memory import memory_per_gpu
-    from axgrid.perfmodel.spec import Options, TransformerSpec
+    from axgrid.perfmodel.spec import Options
+    from axgrid.spec import TransformerShape
     me = Rank(args, args.grid)
     grid, rec, ckpt = me.grid, me.rec, args.ckpt
     if grid.rank == 0:
@@ -235,7 +236,7 @@ def job_a(args: argparse.Namespace) -> None:
     rec["read"] = model.axgrid_load_report.bytes_read
     h, layers, heads, _, _, vocab = parse_size(args.size)
     gx, gy, gz, gd = (grid.size(c) for c in "xyzd")
-    mem = memory_per_gpu(TransformerSpec("llama", layers, h, heads, args.seq, vocab, bias=False), gx, gy, gz, gd,
+    mem = memory_per_gpu(TransformerShape("llama", layers, h, heads, args.seq, vocab, bias=False), gx, gy, gz, gd,
                          args.batch * args.seq / gz, 4, True, Options())
     rec["act"] = float(mem.activations + mem.buffers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

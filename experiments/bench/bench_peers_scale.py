@@ -80,7 +80,7 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
         seq = {"input_layouts": Shard(0)}
         plan = {"head": ColwiseParallel(input_layouts=Shard(0), output_layouts=Shard(-1), use_local_output=False),
                 "ln_f": SequenceParallel(sequence_dim=0)}
-        for i in range(cfg.layers):
+        for i in range(cfg.shape.layers):
             plan.update({f"blocks.{i}.ln1": SequenceParallel(sequence_dim=0),
                          f"blocks.{i}.ln2": SequenceParallel(sequence_dim=0),
                          f"blocks.{i}.qkv": ColwiseParallel(**seq), f"blocks.{i}.up": ColwiseParallel(**seq),
@@ -90,7 +90,7 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
         # bf16 weights gathered, gradients reduced in fp32: what axgrid does under autocast (torchtitan's default)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for blk in model.blocks:
-            blk.heads_local = cfg.heads // tp
+            blk.heads_local = cfg.shape.heads // tp
             fully_shard(blk, mesh=mesh["dp"], mp_policy=mp)
         tp_mesh = mesh["tp"]
 
@@ -116,7 +116,7 @@ def pytorch_tp_fsdp(model_name: str, gpus: int, tp: int, batch: int) -> dict:
         with FakeTensorMode(allow_non_fake_inputs=True):
             net.to_empty(device="cpu")
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False, fused=True)
-            ids = torch.zeros((batch // dp, cfg.seq + 1), dtype=torch.long)
+            ids = torch.zeros((batch // dp, cfg.shape.seq + 1), dtype=torch.long)
 
             def one_step(live=None) -> None:
                 with torch.autocast("cpu", dtype=torch.bfloat16):

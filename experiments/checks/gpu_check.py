@@ -134,6 +134,7 @@ def single_gpu(report: Report, a: argparse.Namespace, out: str) -> None:
     import torch
     import axgrid
     from axgrid.models.gpt import GPT, GPTConfig
+    from axgrid.spec import TransformerShape
     from axgrid.metrics import StepMeter
     from axgrid.train import train_step
     dev, peak = device_row(report, a.peak_tflops)
@@ -162,10 +163,10 @@ def single_gpu(report: Report, a: argparse.Namespace, out: str) -> None:
             got, want = tuner(x, y, role).float(), (x @ y).float()
             worst = max(worst, float((got - want).abs().max() / want.abs().max()))
         report.add("gemm", worst <= 2e-2, f"tuned layer GEMMs agree with torch.matmul within {worst:.1e}")
-        cfg = GPTConfig(s["layers"], s["hidden"], max(1, s["hidden"] // 128), s["seq"], 51200, name="gpu-check")
+        cfg = GPTConfig(TransformerShape("gpu-check", s["layers"], s["hidden"], max(1, s["hidden"] // 128), s["seq"], 51200))
         model = GPT(cfg, grid)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        data = torch.randint(0, cfg.vocab, (s["batch"], s["seq"] + 1), device=grid.device)
+        data = torch.randint(0, cfg.shape.vocab, (s["batch"], s["seq"] + 1), device=grid.device)
         meter = StepMeter(grid, flops_per_step=model.flops_per_iteration(s["batch"]),
                           tokens_per_step=s["batch"] * s["seq"], dtype="bf16", peak_flops=peak.flops)
 

@@ -36,8 +36,9 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
     import axgrid
     from axgrid.metrics import memtrack
     from axgrid.models.gpt import GPT, GPTConfig
-    from axgrid.perfmodel import Options, TransformerSpec
+    from axgrid.perfmodel import Options
     from axgrid.perfmodel.memory import CPU_GLOO, GPU, memory_per_gpu
+    from axgrid.spec import TransformerShape
     from axgrid.train import train_step
     gd, gz = grid.size("d"), grid.size("z")
     if batch % (2 * gd * gz):
@@ -46,8 +47,8 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
     dev = grid.device
     config = grid.runtime.config
     heads = heads or max(1, hidden // 128)
-    cfg = GPTConfig(layers, hidden, heads, seq, vocab, name="memory-check")
-    model = GPT(cfg, grid)
+    spec = TransformerShape("memory-check", layers, hidden, heads, seq=seq, vocab=vocab)
+    model = GPT(GPTConfig(spec), grid)
     grid.watch(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda" if fused is None else fused)
     opt = axgrid.shard_optimizer(opt, model, grid)
@@ -82,7 +83,6 @@ def check(grid, layers: int, hidden: int, seq: int, batch: int, vocab: int = 512
         peak = torch.tensor([float(measured)], device=dev)
         peak = grid.comm.all_gather(peak, "xyz").max().reshape(1)
         measured = int(grid.comm.all_gather(peak, "d").max())
-    spec = TransformerSpec("memory-check", layers, hidden, heads, seq=seq, vocab=vocab)
     b = 2 if dtype == "bf16" else 4
     ov = config.overlap
     opts = Options(recompute=False, keep_gathered=ov.keep_gathered_weights, overlap_ar=ov.oar, overlap_rs=ov.ors,

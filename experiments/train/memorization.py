@@ -53,7 +53,7 @@ from axgrid.memorization import score_continuations
 from axgrid.metrics import Metrics
 from axgrid.models import GPT, GPTConfig
 from axgrid.plans.causal_lm import causal_lm_loss, load_causal_lm
-from axgrid.spec import llama_flops
+from axgrid.spec import TransformerShape, llama_flops
 from axgrid.train import decay_groups
 
 LOSSES = ("standard", "goldfish")
@@ -68,7 +68,9 @@ DEFAULTS = {
     "scratch": dict(passages=32, epochs=120, eval_every=20, batch=24, other=8, heldout=64, lr=4e-3, warmup=10),
     "pretrained": dict(passages=16, epochs=12, eval_every=3, batch=16, other=0, heldout=16, lr=3e-4, warmup=1),
 }
-GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed", "emb_std", "name")
+#: what a saved GPT records (its ``extra["gpt_config"]``): its shape's fields and the runtime's knobs
+GPT_SHAPE_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "name")
+GPT_KNOBS = ("eps", "seed", "emb_std")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -167,7 +169,8 @@ def save_model(model: torch.nn.Module, directory: str, grid: axgrid.Grid, tokeni
     Face folder."""
     if isinstance(model, GPT):
         from axgrid.checkpoint import save_checkpoint
-        cfg = {k: getattr(model.config, k) for k in GPT_FIELDS}
+        cfg = {**{k: getattr(model.config.shape, k) for k in GPT_SHAPE_FIELDS},
+               **{k: getattr(model.config, k) for k in GPT_KNOBS}}
         save_checkpoint(directory, model, None, grid, step=0, extra={"gpt_config": cfg})
         return
     axgrid.export_pretrained(model, directory, grid, tokenizer=tokenizer)
@@ -181,7 +184,8 @@ def load_any(path: str, grid: axgrid.Grid) -> tuple[torch.nn.Module, Optional[An
     from axgrid.checkpoint import CheckpointError, load_checkpoint, verify_checkpoint
     try:
         saved = verify_checkpoint(path)["extra"]["gpt_config"]
-        cfg = GPTConfig(**{k: v for k, v in saved.items() if k in GPT_FIELDS})
+        cfg = GPTConfig(TransformerShape(**{k: v for k, v in saved.items() if k in GPT_SHAPE_FIELDS}),
+                        **{k: v for k, v in saved.items() if k in GPT_KNOBS})
     except (CheckpointError, KeyError, TypeError, OSError) as e:
         raise SystemExit(f"--eval-only {path}: neither a Hugging Face folder (config.json) nor an axgrid checkpoint "
                          f"of the study's GPT ({e})") from None
@@ -386,7 +390,8 @@ def _settings(args: argparse.Namespace, grid: axgrid.Grid, dtype: str, text: Stu
     out = {k: getattr(args, k) for k in keep}
     if not args.checkpoint and not args.eval_only:
         cfg = gpt_config(args, args.prompt + args.continuation - 1)
-        out.update(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, parameters=cfg.parameters())
+        m = cfg.shape
+        out.update(layers=m.layers, hidden=m.hidden, heads=m.heads, parameters=m.params)
     out.update(grid=str(grid.shape), world=grid.world_size, dtype=dtype, steps=steps,
                steps_per_epoch=text.steps_per_epoch, wall_s=wall)
     return out

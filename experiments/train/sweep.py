@@ -63,8 +63,8 @@ class ModelSize:
     def dims(self) -> tuple[int, int, int, int, int]:
         """layers, hidden, heads, seq, vocab."""
         from axgrid.spec import NAMED_SIZES
-        layers, hidden, heads, seq, vocab = NAMED_SIZES[self.base]
-        return (self.layers or layers, self.hidden or hidden, self.heads or heads, seq, vocab)
+        s = NAMED_SIZES[self.base]
+        return (self.layers or s.layers, self.hidden or s.hidden, self.heads or s.heads, s.seq, s.vocab)
 
     def train_args(self) -> list[str]:
         out = ["--model", self.base]
@@ -74,9 +74,9 @@ class ModelSize:
         return out
 
     def parameters(self) -> int:
-        from axgrid.models.gpt import GPTConfig
+        from axgrid.spec import TransformerShape
         over = {k: v for k, v in (("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads)) if v}
-        return GPTConfig.named(self.base, **over).parameters()
+        return TransformerShape.named(self.base, **over).params
 
 
 WEAK_TABLES: dict[str, dict[int, ModelSize]] = {

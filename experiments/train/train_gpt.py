@@ -101,8 +101,8 @@ def build_config(args: argparse.Namespace) -> GPTConfig:
 def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
     """What a resumed run must share with the run that saved: the model, seed, data, schedule and batch (not
     the grid, overlap, dtype or timeout: loading reshards, and those do not change what is trained)."""
-    model = {k: getattr(cfg, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias", "eps", "seed",
-                                          "emb_std")}
+    model = {**{k: getattr(cfg.shape, k) for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "bias")},
+             **{k: getattr(cfg, k) for k in ("eps", "seed", "emb_std")}}
     corpus = data_settings(args)
     return {"model": model, "seed": args.seed, "data": args.data,
             "text_file": os.path.abspath(args.text_file) if args.data == "text" else None,
@@ -128,9 +128,9 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
                          f"corpus")
     check_data_arguments(args)
-    args.unrecorded = check_corpus_tokenizer(args, cfg.vocab)     # a corpus of more ids than the model has
-    if args.data == "text" and cfg.vocab < ByteTokenizer.vocab_size:
-        raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.name} has vocab {cfg.vocab}")
+    args.unrecorded = check_corpus_tokenizer(args, cfg.shape.vocab)     # a corpus of more ids than the model has
+    if args.data == "text" and cfg.shape.vocab < ByteTokenizer.vocab_size:
+        raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.shape.name} has vocab {cfg.shape.vocab}")
     try:
         axgrid.OverlapConfig.parse(args.overlap)
     except ValueError as e:
@@ -177,28 +177,29 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
 
     def in_memory():
         try:
-            return (TextBatches(args.text_file, cfg.seq, args.seed) if args.data == "text"
-                    else SyntheticBatches(cfg.vocab, cfg.seq, args.seed))
+            return (TextBatches(args.text_file, cfg.shape.seq, args.seed) if args.data == "text"
+                    else SyntheticBatches(cfg.shape.vocab, cfg.shape.seq, args.seed))
         except (OSError, ValueError) as e:    # the same on every rank, before any collective
             raise SystemExit(f"--text-file {args.text_file}: {e}") from None
 
-    data = RunData.open(args, grid, settings, seq=cfg.seq, seed=args.seed, vocab=cfg.vocab, start=start,
+    data = RunData.open(args, grid, settings, seq=cfg.shape.seq, seed=args.seed, vocab=cfg.shape.vocab, start=start,
                         resumed=ckpt.extra, fallback=in_memory)
     formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
                else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
-    config = {"model": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
-              "vocab": cfg.vocab, "parameters": cfg.parameters(), "order": grid.order, "backend": grid.backend,
+    m = cfg.shape
+    config = {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
+              "vocab": m.vocab, "parameters": m.params, "order": grid.order, "backend": grid.backend,
               "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
               "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "goldfish_k": args.goldfish_k, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
     metrics = Metrics.from_args(grid, args, flops_per_step=cfg.flops_per_iteration(args.batch),
-                                tokens_per_step=args.batch * cfg.seq, dtype=dtype, config=config,
+                                tokens_per_step=args.batch * cfg.shape.seq, dtype=dtype, config=config,
                                 progress=None if args.no_progress else args.steps, initial=start,
                                 append=bool(args.resume))
     if rank0:
-        print(f"train_gpt: {cfg.name} ({cfg.parameters():,} parameters) on grid {grid.shape} ({grid.world_size} "
-              f"ranks, {grid.backend}, {dtype}), batch {args.batch} x {cfg.seq} tokens in {args.microbatches} "
+        print(f"train_gpt: {m.name} ({m.params:,} parameters) on grid {grid.shape} ({grid.world_size} "
+              f"ranks, {grid.backend}, {dtype}), batch {args.batch} x {cfg.shape.seq} tokens in {args.microbatches} "
               f"micro-batch(es), data {args.data}{': ' + data.describe() if data.corpus else ''}; energy: "
               f"{metrics.meter.energy_source}", flush=True)
     if rank0 and args.unrecorded:
@@ -211,7 +212,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
             break
     ckpt.close()
     losses = [r["loss"] for r in metrics.rows]
-    summary = metrics.close(model=cfg.name, grid=str(grid.shape), world=grid.world_size, dtype=dtype,
+    summary = metrics.close(model=cfg.shape.name, grid=str(grid.shape), world=grid.world_size, dtype=dtype,
                             first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
                             losses=losses)
     if rank0 and not losses:

@@ -13,6 +13,7 @@ import axgrid
 from axgrid.checkpoint import (CheckpointError, CheckpointManager, SaveOnSignal, latest_checkpoint,
                                list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint)
 from axgrid.models import MLPStack
+from axgrid.spec import TransformerShape
 
 
 class Net(nn.Module):
@@ -122,7 +123,7 @@ def rank_resume_gpt(spec: str, root: str) -> dict:
         def steps(model, opt, gen, n):
             losses = []
             for _ in range(n):
-                tok = torch.randint(0, cfg.vocab, (4, 17), generator=gen)
+                tok = torch.randint(0, cfg.shape.vocab, (4, 17), generator=gen)
                 d, per = grid.coord.d, 4 // grid.size("d")
                 opt.zero_grad(set_to_none=True)
                 loss = model(tok[d * per:(d + 1) * per, :-1], tok[d * per:(d + 1) * per, 1:])
@@ -142,7 +143,7 @@ def rank_resume_gpt(spec: str, root: str) -> dict:
         opt2 = torch.optim.AdamW(model2.optimizer_groups(0.1), lr=3e-3)
         gen2 = torch.Generator()
         load_checkpoint(root, model2, opt2, grid, generators={"data": gen2})
-        probe = torch.randint(0, cfg.vocab, (4, 17), generator=torch.Generator().manual_seed(123))
+        probe = torch.randint(0, cfg.shape.vocab, (4, 17), generator=torch.Generator().manual_seed(123))
         d, per = grid.coord.d, 4 // grid.size("d")
         with torch.no_grad():
             p = model2(probe[d * per:(d + 1) * per, :-1], probe[d * per:(d + 1) * per, 1:])
@@ -407,7 +408,7 @@ def rank_config(root: str) -> list[str]:
     grid = axgrid.init("2x1x1x1", timeout_s=30)
     try:
         def run(heads: int, seed: int = 0, steps: int = 10) -> tuple[GPT, dict]:
-            cfg = GPTConfig(layers=1, hidden=16, heads=heads, seq=8, vocab=32)
+            cfg = GPTConfig(TransformerShape("test", layers=1, hidden=16, heads=heads, seq=8, vocab=32))
             return GPT(cfg, grid), {"model": asdict(cfg), "seed": seed, "data": "synthetic", "steps": steps}
 
         model, config = run(heads=2)
@@ -418,7 +419,7 @@ def rank_config(root: str) -> list[str]:
             other, cfg = run(heads, seed, steps)
             try:
                 info = load_checkpoint(root, other, None, grid, config=cfg, allow_changes=allow)
-                out.append(f"ok {info.config['model.heads']} {info.config['steps']}")
+                out.append(f"ok {info.config['model.shape.heads']} {info.config['steps']}")
             except ConfigMismatch as e:
                 out.append(f"{sorted(e.fields)}: {e}")
         return out
@@ -430,9 +431,11 @@ def test_resume_compares_run_config(ranks, tmp_path):
     out = ranks(2, rank_config, str(tmp_path / "ck"))
     assert out[0] == out[1]
     heads, three, steps_ok, model_ok = out[0]
-    # 2 and 4 heads have the same weight shapes: only the recorded config tells them apart
-    assert heads.startswith("['model.heads']") and "model.heads 2 -> 4" in heads and "allow_changes" in heads
-    assert three.startswith("['model.heads', 'seed', 'steps']") and "seed 0 -> 1" in three
+    # 2 and 4 heads have the same weight shapes: only the recorded config (the shape's heads, and the head size and
+    # key-value heads that follow from them) tells them apart
+    changed = "['model.shape.head_dim', 'model.shape.heads', 'model.shape.kv_heads'"
+    assert heads.startswith(changed + "]") and "model.shape.heads 2 -> 4" in heads and "allow_changes" in heads
+    assert three.startswith(changed + ", 'seed', 'steps']") and "seed 0 -> 1" in three
     assert "steps 10 -> 20" in three and "step-00000001" in three
     assert steps_ok == "ok 2 10" and model_ok == "ok 2 10"
 

@@ -19,16 +19,17 @@ import torch
 import axgrid
 from axgrid.spec.layout import all_shapes
 from axgrid.models import GPT, GPTConfig, KVCache
+from axgrid.spec import TransformerShape
 
 HAS_HF = importlib.util.find_spec("transformers") is not None
-CFG = GPTConfig(layers=2, hidden=32, heads=4, seq=32, vocab=128, seed=3)
+CFG = GPTConfig(TransformerShape("test", layers=2, hidden=32, heads=4, seq=32, vocab=128), seed=3)
 HF_KINDS = ("llama-gqa", "mistral", "qwen2") if HAS_HF else ()
 KINDS = ("gpt", *HF_KINDS)
 B, S, NEW = 4, 5, 5
 
 
 def prompts(seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, CFG.vocab, (B, S), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, CFG.shape.vocab, (B, S), generator=torch.Generator().manual_seed(seed))
 
 
 #: Planned beyond the LLaMA family (tied, q/k norms, Gemma's norms and scaled embedding, fused rows), and drop-in:
@@ -81,11 +82,11 @@ def test_gpt_cache_equals_the_full_forward():
     model, ids = GPT(CFG, None), prompts()
     with torch.no_grad():
         full = model(ids)
-        cache = KVCache(CFG.layers)
+        cache = KVCache(CFG.shape.layers)
         parts = [model(ids[:, :2], cache=cache), model(ids[:, 2:3], cache=cache), model(ids[:, 3:], cache=cache)]
     assert cache.length == S
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="exceeds GPTConfig.seq=32"):
+    with pytest.raises(ValueError, match="exceeds the model's seq=32"):
         model(torch.zeros(B, 28, dtype=torch.long), cache=cache)
 
 
@@ -197,7 +198,7 @@ def rank_eos(spec: str, kinds: tuple[str, ...], eos: dict[str, int], pad: int) -
         out = {k: axgrid.generate(build(k, grid), prompts(), grid, NEW, eos_token_id=eos[k], pad_token_id=pad)
                for k in kinds}
         model, calls = GPT(CFG, grid), []
-        for kw in (dict(max_new_tokens=1), dict(max_new_tokens=NEW, eos_token_id=range(CFG.vocab))):
+        for kw in (dict(max_new_tokens=1), dict(max_new_tokens=NEW, eos_token_id=range(CFG.shape.vocab))):
             grid.ledger.reset()                      # every id an EOS: all stop after one token, no second step
             out["every id"] = axgrid.generate(model, prompts(), grid, pad_token_id=pad, **kw)
             calls.append({k: e.calls for k, e in grid.ledger.entries.items()})
@@ -263,8 +264,8 @@ def rank_bad_input(spec: str) -> list[str]:
     try:
         model, ids = GPT(CFG, grid), prompts()
         cases = [dict(max_new_tokens=-1), dict(input_ids=ids.float()),
-                 dict(input_ids=ids + CFG.vocab), dict(temperature=-1.0), dict(top_k=0), dict(eos_token_id=CFG.vocab),
-                 dict(max_new_tokens=CFG.seq), dict(model=torch.nn.Linear(4, 4)), dict(model=GPT(CFG, None))]
+                 dict(input_ids=ids + CFG.shape.vocab), dict(temperature=-1.0), dict(top_k=0), dict(eos_token_id=CFG.shape.vocab),
+                 dict(max_new_tokens=CFG.shape.seq), dict(model=torch.nn.Linear(4, 4)), dict(model=GPT(CFG, None))]
         messages = []
         before = grid.ledger.snapshot()
         for case in cases:
@@ -291,7 +292,7 @@ def rank_bad_input(spec: str) -> list[str]:
 def test_bad_input_raises_a_clear_error_before_any_collective(ranks):
     want = ["max_new_tokens=-1 must be an integer >= 0", "must be integer token ids", "outside the vocabulary [0, 128)",
             "temperature=-1.0 must be",
-            "top_k=0 must be an integer >= 1", "eos_token_id=128 must be a token id", "exceeds GPTConfig.seq=32",
+            "top_k=0 must be an integer >= 1", "eos_token_id=128 must be a token id", "exceeds the model's seq=32",
             "Linear is not a model it supports", "built on another grid (or serial", "were given different input_ids",
             "padded 1: True", "padded 3: True"]
     for messages in ranks(4, rank_bad_input, "1x1x2x2"):

@@ -12,6 +12,7 @@ import torch
 import axgrid
 from axgrid.memorization.goldfish import context_hash, goldfish_mask, kept_count
 from axgrid.models import GPT, GPTConfig
+from axgrid.spec import TransformerShape
 
 
 def test_same_passage_same_mask_anywhere():
@@ -62,7 +63,7 @@ def test_static_mask_and_errors():
         goldfish_mask(torch.zeros(1, 4, dtype=torch.long), 3, mode="random")
 
 
-CFG = dict(layers=1, hidden=24, heads=6, seq=16, vocab=24)
+SHAPE = TransformerShape("test", layers=1, hidden=24, heads=6, seq=16, vocab=24)
 
 
 def rank_goldfish_loss(spec: str, micro: int) -> list:
@@ -70,11 +71,11 @@ def rank_goldfish_loss(spec: str, micro: int) -> list:
     grid = axgrid.init(spec, timeout_s=60)
     try:
         gd, d = grid.size("d"), grid.coord.d
-        cfg = GPTConfig(**CFG)
+        cfg = GPTConfig(SHAPE)
         par, ser = GPT(cfg, grid), GPT(cfg, None)
         gen = torch.Generator().manual_seed(7)
         per_mb = 2 * gd * grid.size("z")
-        text = torch.randint(0, 3, (micro * per_mb, cfg.seq + 1), generator=gen)   # few ids: repeats
+        text = torch.randint(0, 3, (micro * per_mb, cfg.shape.seq + 1), generator=gen)   # few ids: repeats
         inputs, targets = text[:, :-1], text[:, 1:]
         mask = goldfish_mask(inputs, k=3, h=4)
         kept = kept_count(mask)

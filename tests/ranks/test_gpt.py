@@ -14,9 +14,10 @@ import torch
 import axgrid
 from axgrid.spec.layout import all_shapes
 from axgrid.models import GPT, GPTConfig, gpt_flops_per_iteration
+from axgrid.spec import TransformerShape
 
 TOL = dict(rtol=1e-4, atol=2e-5)
-CFG = dict(layers=2, hidden=48, heads=24, seq=8, vocab=48)
+SHAPE = TransformerShape("test", layers=2, hidden=48, heads=24, seq=8, vocab=48)
 
 
 def _compare(grid: axgrid.Grid, cfg: GPTConfig, seqs_per_rank: int, masked: bool, seed: int) -> float:
@@ -28,9 +29,9 @@ def _compare(grid: axgrid.Grid, cfg: GPTConfig, seqs_per_rank: int, masked: bool
         t = p.axgrid_tile
         assert torch.equal(t.part_of(sp[name].detach()[t.slices()]), p.detach()), name
     gen = torch.Generator().manual_seed(seed)
-    bsz, s = gd * gz * seqs_per_rank, cfg.seq
-    tokens = torch.randint(0, cfg.vocab, (bsz, s), generator=gen)
-    targets = torch.randint(0, cfg.vocab, (bsz, s), generator=gen)
+    bsz, s = gd * gz * seqs_per_rank, cfg.shape.seq
+    tokens = torch.randint(0, cfg.shape.vocab, (bsz, s), generator=gen)
+    targets = torch.randint(0, cfg.shape.vocab, (bsz, s), generator=gen)
     mask = (torch.rand(bsz, s, generator=gen) < 0.6).float() if masked else None
     kept = float(mask.sum()) if masked else float(bsz * s)
     bd = bsz // gd
@@ -38,7 +39,7 @@ def _compare(grid: axgrid.Grid, cfg: GPTConfig, seqs_per_rank: int, masked: bool
     # logits: this rank's sequences (z) and vocabulary slice (y)
     with torch.no_grad():
         lp, ls = par(tokens[mine]), ser(tokens)[mine][par.local_rows(bd)]
-    v = cfg.vocab // grid.size("y")
+    v = cfg.shape.vocab // grid.size("y")
     torch.testing.assert_close(lp, ls[..., grid.coord.y * v:(grid.coord.y + 1) * v], **TOL)
     # loss and gradients, normalised by the kept tokens of the whole global batch
     loss = par(tokens[mine], targets[mine], None if mask is None else mask[mine], normalizer=kept / gd)
@@ -69,7 +70,7 @@ def rank_all_grids(world: int, recompute_every: int, only: list | None = None) -
         grid = axgrid.init(shape, timeout_s=60)
         try:
             recompute = i % recompute_every == 0
-            cfg = GPTConfig(**CFG, recompute=recompute, seed=i)
+            cfg = GPTConfig(SHAPE, recompute=recompute, seed=i)
             worst = _compare(grid, cfg, seqs_per_rank=1 + i % 2, masked=i % 3 != 1, seed=100 + i)
             done.append((str(shape), recompute, worst))
         except AssertionError as e:
@@ -94,7 +95,7 @@ def rank_recompute_same(spec: str) -> list:
     try:
         grads = []
         for recompute in (False, True):
-            model = GPT(GPTConfig(**CFG, recompute=recompute), grid)
+            model = GPT(GPTConfig(SHAPE, recompute=recompute), grid)
             gen = torch.Generator().manual_seed(3)
             tok = torch.randint(0, 48, (4, 8), generator=gen)
             loss = model(tok, torch.roll(tok, -1, 1))
@@ -114,7 +115,7 @@ def rank_errors(spec: str) -> list:
     grid = axgrid.init(spec, timeout_s=30)
     msgs = []
     try:
-        model = GPT(GPTConfig(**CFG), grid)
+        model = GPT(GPTConfig(SHAPE), grid)
         for bad in (torch.zeros(3, 8, dtype=torch.long), torch.zeros(2, 9, dtype=torch.long)):
             try:
                 model(bad, bad)
@@ -122,7 +123,7 @@ def rank_errors(spec: str) -> list:
             except ValueError as e:
                 msgs.append(str(e))
         try:
-            GPT(GPTConfig(layers=1, hidden=20, heads=5, seq=8, vocab=48), grid)
+            GPT(GPTConfig(TransformerShape("test", layers=1, hidden=20, heads=5, seq=8, vocab=48)), grid)
             msgs.append("no error")
         except ValueError as e:
             msgs.append(str(e))
@@ -137,19 +138,20 @@ def test_errors_are_clear_and_raised_before_collectives(ranks):
         assert m == msgs[0]
     batch, seq, fit = msgs[0]
     assert "not divisible by Gz=2" in batch and "whole sequences" in batch
-    assert "exceeds GPTConfig.seq=8" in seq
+    assert "exceeds the model's seq=8" in seq
     assert "heads=5 is not divisible by Gy=2" in fit or "hidden=20" in fit
 
 
 def test_named_configs_and_flops():
     tiny = GPTConfig.named("gpt-tiny")
-    assert (tiny.layers, tiny.hidden, tiny.heads, tiny.seq, tiny.vocab, tiny.ffn) == (2, 64, 4, 64, 256, 256)
-    assert GPTConfig.named("GPT-5B").hidden == 4096 and GPTConfig.named("gpt-640b").layers == 192
+    t = tiny.shape
+    assert (t.layers, t.hidden, t.heads, t.seq, t.vocab, t.ffn) == (2, 64, 4, 64, 256, 256)
+    assert GPTConfig.named("GPT-5B").shape.hidden == 4096 and GPTConfig.named("gpt-640b").shape.layers == 192
     assert GPTConfig.named("gpt-mini", recompute=True).recompute
     with pytest.raises(ValueError, match="gpt-tiny, gpt-mini, gpt-5b"):
         GPTConfig.named("gpt-7b")
     with pytest.raises(ValueError, match="not divisible by heads"):
-        GPTConfig(layers=1, hidden=10, heads=4, seq=4, vocab=8)
+        TransformerShape("test", layers=1, hidden=10, heads=4, seq=4, vocab=8)
     # the formula's terms: 24·B·S·L·h² per forward of the FC layers, x3 (x4 with recompute)
     b, s, l, h, v = 8, 2048, 24, 4096, 50304
     fc = 24 * b * s * l * h * h
@@ -158,8 +160,8 @@ def test_named_configs_and_flops():
     assert gpt_flops_per_iteration(b, s, l, h, v, False) == pytest.approx(3 * (fc + attn + logit))
     assert gpt_flops_per_iteration(b, s, l, h, v, True) == pytest.approx(4 * (fc + attn) + 3 * logit)
     # parameter count of the serial model
-    cfg = GPTConfig(**CFG)
-    assert sum(p.numel() for p in GPT(cfg).parameters()) == cfg.parameters()
+    cfg = GPTConfig(SHAPE)
+    assert sum(p.numel() for p in GPT(cfg).parameters()) == cfg.shape.params
 
 
 def _train_with(spec: str, overlap: "axgrid.OverlapConfig", recompute: bool) -> tuple:
@@ -167,7 +169,7 @@ def _train_with(spec: str, overlap: "axgrid.OverlapConfig", recompute: bool) -> 
     grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=overlap, bucket_bytes=4096))
     try:
         gd, d = grid.size("d"), grid.coord.d
-        model = GPT(GPTConfig(**CFG, recompute=recompute, seed=5), grid)
+        model = GPT(GPTConfig(SHAPE, recompute=recompute, seed=5), grid)
         grid.watch(model)
         opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2)
         gen = torch.Generator().manual_seed(9)

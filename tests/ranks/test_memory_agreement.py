@@ -41,6 +41,7 @@ import torch
 import axgrid
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.memory import CPU_GLOO, memory_per_gpu
+from axgrid.spec import TransformerShape
 
 # layers, hidden, heads, seq, vocab: Gx, Gy up to 8 divide hidden, 4·hidden, heads and vocab
 SIZES = (2, 32, 8, 32, 64)
@@ -97,7 +98,8 @@ def measure(cases: list[tuple]) -> list[dict]:
         grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=axgrid.OverlapConfig.parse(overlap),
                                                              seed=0, zero=zero, **kw))
         try:
-            model = GPT(GPTConfig(layers, hidden, heads, seq, vocab, recompute=recompute), grid)
+            shape = TransformerShape("test", layers, hidden, heads, seq, vocab)
+            model = GPT(GPTConfig(shape, recompute=recompute), grid)
             grid.watch(model)
             opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3), model, grid)
             batches = [_batch(grid, i) for i in range(MICROBATCHES)]
@@ -153,7 +155,7 @@ def predicted(spec: str, overlap: str, recompute: bool, dtype: str, attention: s
     opt = pm.Options(overlap_ar=ov.oar, overlap_rs=ov.ors, overlap_ag=ov.oag, overlap_dp=ov.odp,
                      recompute=recompute, keep_gathered=ov.keep_gathered_weights, zero=zero,
                      bucket_bytes=ZERO_BUCKET if zero else axgrid.RuntimeConfig().bucket_bytes)
-    model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab)
+    model = TransformerShape("test", layers, hidden, heads, seq=seq, vocab=vocab)
     b = 4 if dtype == "fp32" else 2
     device = dataclasses.replace(CPU_GLOO, attention=attention)
     return memory_per_gpu(model, gx, gy, gz, gd, SEQS * seq, b, dtype == "fp32", opt, device=device)
@@ -198,7 +200,7 @@ def compare(spec: str, case: tuple, got: dict) -> list[str]:
         bad.append(f"dp_buckets: runtime peak {got['dp_buckets']} (with {got['flags']} of flags), allowed {low:.0f} "
                    f"to {high:.0f} (+ {late_copy} for one bucket copy gloo has not dropped yet)")
     if zero and got["d"] > 0:       # a later d-rank's shares may end in padding: up to Gd - 1 elements per bucket
-        model = pm.TransformerSpec("test", *SIZES[:3], seq=SIZES[3], vocab=SIZES[4])
+        model = TransformerShape("test", *SIZES[:3], seq=SIZES[3], vocab=SIZES[4])
         buckets = pm.collective_calls(model, (gx, gy, gz, gd), SIZES[3] * gd * gz, 1, 4, bucket_bytes=ZERO_BUCKET,
                                       zero=1)[("d", "all_gather")]
         want = float(exact.pop("optimizer"))

@@ -26,17 +26,18 @@ def rank_record(tmp: str) -> dict:
     import axgrid
     from axgrid.metrics import Metrics
     from axgrid.models.gpt import GPT, GPTConfig
+    from axgrid.spec import TransformerShape
     from axgrid.train import train_step
     grid = axgrid.init("1x2x1x1", config=axgrid.RuntimeConfig(timeout_s=60, record_timing=True, seed=0))
     try:
-        cfg = GPTConfig(recompute=True, **SIZES)
+        cfg = GPTConfig(TransformerShape("tiny", **SIZES), recompute=True)
         model = GPT(cfg, grid)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        metrics = Metrics(grid, flops_per_step=cfg.flops_per_iteration(BATCH), tokens_per_step=BATCH * cfg.seq,
+        metrics = Metrics(grid, flops_per_step=cfg.flops_per_iteration(BATCH), tokens_per_step=BATCH * cfg.shape.seq,
                           dtype="fp32", jsonl=os.path.join(tmp, "run.jsonl"), tensorboard=os.path.join(tmp, "tb"),
                           config={"model": "tiny", "batch": BATCH})
         gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, cfg.vocab, (BATCH, cfg.seq + 1), generator=gen)
+        ids = torch.randint(0, cfg.shape.vocab, (BATCH, cfg.shape.seq + 1), generator=gen)
         ledgers, rows = [], []
         for step in range(3):
             big = bytearray(64 * 2**20) if step == 1 else None        # touched: 64 MiB more RSS in step 1 only

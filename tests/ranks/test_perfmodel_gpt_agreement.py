@@ -1,7 +1,7 @@
 """perfmodel prices the whole GPT step: for the real ``axgrid.models.gpt.GPT`` (FC layers, layer norms, embeddings,
 vocabulary-parallel cross entropy, the loss, and the data-parallel buckets of every parameter), the bytes AND calls
 per (grid dimension, operation) that ``perfmodel.collective_bytes`` / ``collective_calls`` predict for the same
-``TransformerSpec``, grid and step equal what the runtime's ledger counts.
+``TransformerShape``, grid and step equal what the runtime's ledger counts.
 
 One optimizer step per case, as a training loop runs it (``experiments/train/train_gpt.py``): ``grid.watch(model)``;
 each micro-batch's forward with targets and ``loss.backward()``, all but the last under ``grid.no_sync()``; then
@@ -25,6 +25,7 @@ import torch
 
 import axgrid
 from axgrid import perfmodel as pm
+from axgrid.spec import TransformerShape
 from helpers.ledger_compare import assert_ledger_matches
 
 # layers, hidden, heads, seq, vocab: every Gx, Gy below divides hidden 24 and 4·24, heads 12 and vocab 48
@@ -70,7 +71,7 @@ def rank_ledgers(cases: list[tuple]) -> list[dict]:
         grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=_options(overlap), seed=0,
                                                              zero=zero, **kw))
         try:
-            cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, bias=bias,
+            cfg = GPTConfig(TransformerShape("test", layers, hidden, heads, seq, vocab, bias=bias),
                             recompute=recompute)
             model = GPT(cfg, grid)
             grid.watch(model)
@@ -99,7 +100,7 @@ def predicted(case: tuple) -> tuple[dict, dict]:
     layers, hidden, heads, seq, vocab = SIZES
     shape = tuple(int(v) for v in spec.split("x"))
     ov = _options(overlap)
-    model = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
+    model = TransformerShape("test", layers, hidden, heads, seq=seq, vocab=vocab, bias=bias)
     kw = dict(layers=model, grid=shape, tokens_per_microbatch_global=seqs * shape[2] * shape[3] * seq,
               n_microbatches=mbs, dtype_bytes=4 if dtype == "fp32" else 2, grad_dtype_bytes=4,
               keep_gathered=ov.keep_gathered_weights, recompute=recompute, zero=zero, clip=True,

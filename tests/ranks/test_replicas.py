@@ -18,9 +18,10 @@ def _fingerprints(model, grid) -> list[list[int]]:
 
 def rank_drift(root: str) -> dict:
     from axgrid.models.gpt import GPT, GPTConfig
+    from axgrid.spec import TransformerShape
     grid = axgrid.init("2x2x1x1", config=axgrid.RuntimeConfig(timeout_s=60, seed=0))
     try:
-        model = GPT(GPTConfig(1, 16, 2, 8, 32, name="replicas"), grid)
+        model = GPT(GPTConfig(TransformerShape("replicas", 1, 16, 2, 8, 32)), grid)
         clean = check_replicas(model, grid)
         with torch.no_grad():                           # what a non-deterministic backward leaves behind
             if grid.index("x") == 1:
@@ -92,11 +93,12 @@ def rank_check_beside_gathers() -> list[list[str]]:
     check right then must see (and repair) nothing. It once read half-gathered values: ``0.bias`` flagged at step 0,
     every parameter by step 5, and its repair broadcast them into memory the all-gather was still writing."""
     from axgrid.models.gpt import GPT, GPTConfig
+    from axgrid.spec import TransformerShape
     from axgrid.train import train_step
     grid = axgrid.init("2x1x1x2", config=axgrid.RuntimeConfig(timeout_s=60, seed=0, zero=1, bucket_bytes=4096,
                                                                overlap=axgrid.OverlapConfig.parse("odp")))
     try:
-        model = GPT(GPTConfig(2, 16, 2, 8, 32, name="race"), grid)
+        model = GPT(GPTConfig(TransformerShape("race", 2, 16, 2, 8, 32)), grid)
         grid.watch(model)
         opt = axgrid.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=0.1), model, grid)
         gen = torch.Generator().manual_seed(grid.index("d"))

@@ -8,9 +8,8 @@ import sys
 import torch
 
 import axgrid
-import axgrid.perfmodel as pm
 from axgrid.models.gpt import GPT, GPTConfig
-from axgrid.spec import BLOCK_MODULES, block_layers, fc_volumes, head_layer
+from axgrid.spec import BLOCK_MODULES, TransformerShape, block_layers, fc_volumes, head_layer
 from axgrid.perfmodel.gpt import gpt_parameters
 
 # layers, hidden, heads, seq, vocab, ffn: on both grids below the QKV block (27 or 54 elements) and the head's
@@ -29,7 +28,7 @@ def test_leaf_imports_without_torch():
 def test_serial_block_is_the_layer_list():
     layers, hidden, heads, seq, vocab, ffn = SIZES
     for bias in (True, False):
-        model = GPT(GPTConfig(layers, hidden, heads, seq, vocab, ffn=ffn, bias=bias), None)
+        model = GPT(GPTConfig(TransformerShape("test", layers, hidden, heads, seq, vocab, bias=bias, ffn=ffn)), None)
         block = model.blocks[0]
         assert tuple(name for name, _ in block.named_children()) == BLOCK_MODULES
         for layer in block_layers(hidden, ffn=ffn, bias=bias) + [head_layer(hidden, vocab)]:
@@ -51,7 +50,7 @@ def rank_parameters(grids: list[str]) -> list[list[tuple]]:
     for spec in grids:
         grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60))
         try:
-            model = GPT(GPTConfig(layers, hidden, heads, seq, vocab, ffn=ffn), grid)
+            model = GPT(GPTConfig(TransformerShape("test", layers, hidden, heads, seq, vocab, ffn=ffn)), grid)
             params = [(_perfmodel_key(n), p.numel()) for n, p in model.named_parameters()]
             fcs = [(name, mod.transpose, mod.weight.numel(), mod.bias.numel() if mod.bias is not None else 0)
                    for name, mod in [(n, getattr(model.blocks[0], n)) for n in ("qkv", "proj", "up", "down")]
@@ -65,7 +64,7 @@ def rank_parameters(grids: list[str]) -> list[list[tuple]]:
 def test_runtime_parameters_are_the_spec_volumes(ranks):
     layers, hidden, heads, seq, vocab, ffn = SIZES
     per_rank = ranks(8, rank_parameters, GRIDS)
-    spec = pm.TransformerSpec("test", layers, hidden, heads, seq=seq, vocab=vocab)
+    spec = TransformerShape("test", layers, hidden, heads, seq=seq, vocab=vocab)
     for i, g in enumerate(GRIDS):
         shape = tuple(int(v) for v in g.split("x"))
         want_fc = []

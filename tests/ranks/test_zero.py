@@ -16,9 +16,10 @@ import torch
 
 import axgrid
 from axgrid.io import part_of_dense
-from axgrid.spec import GridError
+from axgrid.spec import GridError, TransformerShape
 
 SIZES = dict(layers=1, hidden=16, heads=4, seq=8, vocab=32)
+SHAPE = TransformerShape("test", **SIZES)
 SEQS = 2                  # sequences per z-rank per micro-batch
 STEPS = 2
 BUCKET = 2048             # bytes: a few buckets per model
@@ -38,7 +39,7 @@ def _batches(gd: int, gz: int, micro: int) -> list[torch.Tensor]:
 def _serial(gd: int, gz: int, micro: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The reference: the serial GPT and an unsharded AdamW on the whole batch (grad norms, parameters)."""
     from axgrid.models.gpt import GPT, GPTConfig
-    model = GPT(GPTConfig(**SIZES), None)
+    model = GPT(GPTConfig(SHAPE), None)
     opt = _opt(model)
     per = gd * SEQS * gz
     norms = []
@@ -56,7 +57,7 @@ def _sharded(spec: str, zero: int, overlap: str, micro: int) -> dict:
                                overlap=axgrid.OverlapConfig.parse(overlap))
     grid = axgrid.init(spec, config=cfg)
     try:
-        model = GPT(GPTConfig(**SIZES), grid)
+        model = GPT(GPTConfig(SHAPE), grid)
         grid.watch(model)
         opt = axgrid.shard_optimizer(_opt(model), model, grid)
         gd, gz, d = grid.size("d"), grid.size("z"), grid.index("d")
@@ -97,7 +98,7 @@ def rank_bad_input() -> list[str]:
     grid = axgrid.init("1x1x2x2", config=axgrid.RuntimeConfig(timeout_s=60, seed=0, zero=1))
     try:
         from axgrid.models.gpt import GPT, GPTConfig
-        model = GPT(GPTConfig(**SIZES), grid)
+        model = GPT(GPTConfig(SHAPE), grid)
         for bad in (torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))]), "state"):
             if bad == "state":
                 bad = _opt(model)
@@ -178,7 +179,7 @@ def _resumable(spec: str, zero: int, overlap: str, path: str, save_at: int = 0) 
                                overlap=axgrid.OverlapConfig.parse(overlap))
     grid = axgrid.init(spec, config=cfg)
     try:
-        model = GPT(GPTConfig(**SIZES), grid)
+        model = GPT(GPTConfig(SHAPE), grid)
         opt = axgrid.shard_optimizer(_opt(model), model, grid)
         gd, gz, d = grid.size("d"), grid.size("z"), grid.index("d")
         start, info = 0, None

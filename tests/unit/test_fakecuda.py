@@ -30,8 +30,9 @@ FULL = 5                            # the rank that also loads, generates and ru
 def _llama_and_gpt(tmp: str):
     from helpers.tiny_hf import tiny_llama
     from axgrid.models.gpt import GPTConfig
+    from axgrid.spec import TransformerShape
     path = tiny_llama(os.path.join(tmp, "llama"), vocab=64)
-    return path, GPTConfig(2, 32, 4, 16, 64, name="fake")
+    return path, GPTConfig(TransformerShape("fake", 2, 32, 4, 16, 64))
 
 
 def _left_on_host(model, device) -> list[str]:

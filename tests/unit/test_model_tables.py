@@ -6,10 +6,7 @@ from axgrid.spec import NAMED_SIZES
 
 
 def test_named_sizes_agree():
-    for name, (layers, hidden, heads, seq, vocab) in NAMED_SIZES.items():
-        cfg = GPTConfig.named(name)
-        assert (cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.vocab) == (layers, hidden, heads, seq, vocab), name
-        assert shapes.model_sizes(name) == (layers, hidden, heads), name
-        spec = perfmodel.get_model(name)
-        assert (spec.layers, spec.hidden, spec.heads, spec.seq, spec.vocab) == (layers, hidden, heads, seq, vocab), name
-    assert set(perfmodel.MODELS) == set(NAMED_SIZES) == set(GPTConfig.names())
+    for name, shape in NAMED_SIZES.items():
+        assert shape.name == name and GPTConfig.named(name).shape == shape == perfmodel.get_model(name), name
+        assert shapes.model_sizes(name) == (shape.layers, shape.hidden, shape.heads), name
+    assert set(NAMED_SIZES) == set(GPTConfig.names())

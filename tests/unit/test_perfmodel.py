@@ -6,6 +6,7 @@ from axgrid import perfmodel as pm
 from axgrid.perfmodel.comm import FCLayer, dim_strides, ring_alpha_beta, ring_time
 from axgrid.perfmodel.memory import memory_per_gpu
 from axgrid.perfmodel.space import enumerate_grids
+from axgrid.spec import TransformerShape
 
 
 def test_ring_costs_by_hand():
@@ -88,7 +89,7 @@ def test_dp_term_priced_per_bucket_by_hand():
     assert pm.collective_calls([FCLayer(8, 8, False, True)], (1, 1, 1, 4), 4, 1, 4, bucket_bytes=256) == \
         {("d", "all_reduce"): 1 + 1}                       # the bias' 32 B is below the limit: the weight joins
     # the whole model: time of AR_d = 2(p−1)/p·D/β + buckets·2(p−1)·α
-    spec = pm.TransformerSpec("t", 1, 8, 2, seq=4, vocab=8)
+    spec = TransformerShape("t", 1, 8, 2, seq=4, vocab=8)
     m = pm.load_machine("dgx-h100")
     a = m.placement_of("intra").alpha
     be = m.placement_of("intra").beta

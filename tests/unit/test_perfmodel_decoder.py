@@ -9,15 +9,15 @@ import os
 
 import pytest
 
-from axgrid.perfmodel.decoder import DecoderSpec, decoder_parameters, decoder_static_bytes
-from axgrid.perfmodel.errors import PerfModelError
+from axgrid.perfmodel.decoder import decoder_parameters, decoder_static_bytes
+from axgrid.spec import TransformerShape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LLAMA_405B = os.path.join(HERE, "..", "..", "experiments", "configs", "llama-3.1-405b", "config.json")
 
 
 def test_the_405b_config_has_llama_3_1_405bs_published_parameter_count():
-    spec = DecoderSpec.from_config(LLAMA_405B, 8192)
+    spec = TransformerShape.from_config_json(LLAMA_405B, 8192)
     assert (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn, spec.vocab, spec.tied) == \
         (126, 16384, 128, 8, 53248, 128256, False)
     assert sum(p.elems for p in decoder_parameters(spec, (1, 1, 1, 1))) == 405_853_388_800
@@ -34,7 +34,7 @@ def test_a_tied_config_counts_what_transformers_builds(smollm2):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     config = os.path.join(smollm2, "config.json")
-    spec = DecoderSpec.from_config(config, 2048)
+    spec = TransformerShape.from_config_json(config, 2048)
     assert spec.tied and spec.kv_heads == 3
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(smollm2))
@@ -44,10 +44,10 @@ def test_a_tied_config_counts_what_transformers_builds(smollm2):
 def test_a_family_it_does_not_model_is_refused_in_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}))
-    with pytest.raises(PerfModelError, match=r"model_type 'gemma3_text' \(Gemma3ForCausalLM\) is not a family the "
+    with pytest.raises(ValueError, match=r"model_type 'gemma3_text' \(Gemma3ForCausalLM\) is not a family the "
                                              r"dry run models; use a config of llama, mistral, qwen2"):
-        DecoderSpec.from_config(str(tmp_path), 2048)
+        TransformerShape.from_config_json(str(tmp_path), 2048)
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
-    with pytest.raises(PerfModelError, match="num_hidden_layers, num_attention_heads, intermediate_size, vocab_size "
+    with pytest.raises(ValueError, match="num_hidden_layers, num_attention_heads, intermediate_size, vocab_size "
                                              "missing"):
-        DecoderSpec.from_config(str(path), 2048)
+        TransformerShape.from_config_json(str(path), 2048)

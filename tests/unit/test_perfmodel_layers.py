@@ -9,10 +9,10 @@ from axgrid import perfmodel as pm
 from axgrid.perfmodel.compute import gemm_time
 from axgrid.perfmodel.memory import parameter_tensors
 from axgrid.perfmodel.microbatch import drain_chain, prefetch_chain
-from axgrid.spec import BLOCK_MODULES, FCLayer, block_layers, block_modules, fc_volumes
+from axgrid.spec import BLOCK_MODULES, FCLayer, TransformerShape, block_layers, block_modules, fc_volumes
 
 
-class GatedSpec(pm.TransformerSpec):
+class GatedSpec(TransformerShape):
     """The GPT with a gate ``[4h, h]`` (normal, reading ln2's output) right after MLP-up: the one edit a new layer
     takes is to the block's layer list."""
 
@@ -23,7 +23,7 @@ class GatedSpec(pm.TransformerSpec):
 
 
 SIZES = {"layers": 3, "hidden": 64, "heads": 4, "seq": 32, "vocab": 256}
-PLAIN, GATED = pm.TransformerSpec("plain", **SIZES), GatedSpec("gated", **SIZES)
+PLAIN, GATED = TransformerShape("plain", **SIZES), GatedSpec("gated", **SIZES)
 GATE = FCLayer(4 * 64, 64, False, True, "gate")
 MACHINE = pm.load_machine("perlmutter")         # a roofline GEMM curve: a layer's time depends on its shape only
 GRIDS = [(1, 1, 1, 1), (2, 2, 2, 2), (4, 1, 2, 2), (1, 4, 1, 4), (2, 1, 4, 1)]

@@ -13,6 +13,7 @@ from axgrid.perfmodel.compute import (BLOCK_KERNELS_UNFUSED, OPTIMIZER_BYTES, OU
                                       tile_efficiency, wave_efficiency)
 from axgrid.perfmodel.machines import machine_to_toml
 from axgrid.perfmodel.model import host_bound
+from axgrid.spec import TransformerShape
 
 
 def test_wave_occupancy_on_108_sms_by_hand():
@@ -52,7 +53,7 @@ def test_more_tiles_never_slower(mm, nn, batch):
 
 def test_a_small_stage_is_held_to_the_hosts_kernel_rate():
     m = pm.load_machine("dgx-a100")
-    spec = pm.TransformerSpec("small", 12, 512, 8, seq=1024, vocab=51200)
+    spec = TransformerShape("small", 12, 512, 8, seq=1024, vocab=51200)
     prob = pm.Problem(spec, 16, 8, "fp16", pm.Options(dropout=True, fused_attention=False, grad_reduce="fp16"))
     row = pl.price(prob, m, [pl.TPPPDP(8, 1, 1, mbs=1, recompute="full")])[0]
     kernels = spec.layers * BLOCK_KERNELS_UNFUSED * 4 + 3 * OUTER_KERNELS            # forward, recompute, backward×2

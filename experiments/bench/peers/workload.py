@@ -15,6 +15,7 @@ from axgrid.grid import Grid
 from axgrid.launch.env import detect_launch
 from axgrid.models import MLPStack
 from axgrid.models.gpt import GPT, GPTConfig
+from axgrid.spec import TransformerShape
 from axgrid.device import choose_device, of
 from axgrid.runtime import build_grid
 from axgrid.spec.layout import GridShape, RankLayout, all_shapes
@@ -111,5 +112,5 @@ def workload_from_args(kind: str, a: argparse.Namespace) -> Workload:
     """The ``kind`` ("mlp" or "gpt") workload sized by :func:`add_workload_args`'s options."""
     if kind == "mlp":
         return Workload("mlp", a.hidden, a.depth, a.tokens, lr=a.lr, seed=a.seed)
-    cfg = GPTConfig(a.layers, a.hidden, a.heads, a.seq, a.vocab, seed=a.seed, name="bench")
+    cfg = GPTConfig(TransformerShape("bench", a.layers, a.hidden, a.heads, a.seq, a.vocab), seed=a.seed)
     return Workload("gpt", a.hidden, gpt=cfg, batch=a.batch, lr=a.lr, seed=a.seed)

@@ -1,0 +1,278 @@
+"""The shape of a transformer: the one description that the runtime's GPT (``axgrid.models.GPTConfig`` holds one),
+the Hugging Face config reader, the dry run and perfmodel all read, so that a suite row, a dry run and a training
+run price and build the same model.
+
+=================================================  ==============================================================
+constructor                                        the shape of
+=================================================  ==============================================================
+``TransformerShape.named("gpt-5b", **changes)``    a named GPT size (:data:`axgrid.spec.NAMED_SIZES`)
+``TransformerShape.from_hf_config(config, seq)``   a Hugging Face config: a ``config.json``'s dict or a
+                                                   ``PretrainedConfig`` (read by attribute)
+``TransformerShape.from_config_json(path, seq)``   the ``config.json`` at ``path`` (or in the folder ``path``)
+``TransformerShape.from_vtrain_row(row)``          one row of vTrain's ground truth (``hidden``, ``heads``,
+                                                   ``layers``, ``seq``; Megatron-LM's GPT)
+=================================================  ==============================================================
+
+What follows from a shape is here too: the head size, the MLP width, the parameter count, the FLOPs of a step
+(GPT), the block's FC layers and the LM head (``axgrid.spec.layers``), the grid rules (which sizes a grid
+dimension must divide).
+
+Two block structures (``family``):
+
+- ``"gpt"``: axgrid's GPT (``axgrid.models.gpt``): per block LayerNorm, fused QKV ``[3h, h]``, attention-out
+  ``[h, h]``, LayerNorm, MLP-up ``[f, h]``, GELU, MLP-down ``[h, f]`` (a bias on each when ``bias``); a learned
+  position table of ``seq`` rows; the final LayerNorm and an untied head ``[V, h]``.
+- ``"llama"``, ``"mistral"``, ``"qwen2"`` (:data:`DECODER_FAMILIES`): Hugging Face's Llama structure: per layer
+  RMSNorm, q ``[H·d, h]``, k and v ``[H_kv·d, h]``, o ``[h, H·d]``, RMSNorm, gate and up ``[f, h]``, SwiGLU, down
+  ``[h, f]`` (biases as ``attention_bias``, ``output_bias``, ``mlp_bias`` say); rotary positions (no table); the
+  final RMSNorm and the head, ``tied`` to the token table or not. ``bias`` is the GPT's and is False here.
+
+Runtime knobs (recompute, dtype, dropout, initialisation, the norms' epsilon) are not shape: ``GPTConfig`` and
+``perfmodel.Options`` hold them. Pure Python (no torch, no numpy); bad sizes raise a ValueError naming the value.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Optional
+
+from .flops import gpt_flops_per_iteration, gpt_parameters
+from .layers import FCLayer, block_layers, block_modules, head_layer
+
+#: GPT-2/NeoX's ~50,257 tokens padded to a multiple of 1024 (51200 = 2^11·5^2: divisible by every power-of-two
+#: Gy up to 2048, and by 5, 10, 20, ...).
+GPT2_PADDED_VOCAB = 51200
+
+#: ``model_type`` of a config.json -> its causal-LM class: the Hugging Face families of the Llama structure that a
+#: shape describes (``axgrid.plans.hf``'s Llama plan serves them)
+DECODER_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+#: every block structure a shape can have
+FAMILIES = ("gpt",) + tuple(DECODER_FAMILIES)
+
+
+def _field(config: Any, key: str, default: Any = None) -> Any:
+    """``key`` of a Hugging Face config: a mapping (a config.json's dict) or an object (a ``PretrainedConfig``)."""
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def hf_head_dim(config: Any) -> int:
+    """The attention head size of a Hugging Face ``config``: its ``head_dim`` when set (Gemma's is not
+    ``hidden / heads``), else ``hidden_size / num_attention_heads``."""
+    return _field(config, "head_dim") or _field(config, "hidden_size") // _field(config, "num_attention_heads")
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A decoder-only transformer's shape (module docstring): ``layers`` blocks of hidden size ``hidden`` with
+    ``heads`` attention heads (``kv_heads`` key-value heads, each ``head_dim`` wide), MLP width ``ffn``, at most
+    ``seq`` tokens per sequence, ``vocab`` tokens; ``name`` for logs and tables; ``path``: the config.json it was
+    read from ("" for the others; the runtime builds a Hugging Face model from it).
+
+    Defaults: ``ffn`` 4·hidden, ``kv_heads`` = heads, ``head_dim`` = hidden / heads, filled in on construction, so
+    ``dataclasses.replace`` keeps them: with a new ``hidden`` or ``heads`` pass them as None too where they should
+    follow (:meth:`named` does so for ``kv_heads`` and ``head_dim``)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq: int = 2048
+    vocab: int = GPT2_PADDED_VOCAB
+    bias: bool = True
+    ffn: Optional[int] = None
+    family: str = "gpt"
+    kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    tied: bool = False
+    attention_bias: bool = False
+    output_bias: bool = False
+    mlp_bias: bool = False
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"TransformerShape.family={self.family!r}: choose one of {', '.join(FAMILIES)}")
+        for f in ("layers", "hidden", "heads", "seq", "vocab"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"TransformerShape.{f}={v!r} must be an integer >= 1")
+        for f, default in (("ffn", 4 * self.hidden), ("kv_heads", self.heads),
+                           ("head_dim", self.hidden // self.heads)):
+            v = getattr(self, f)
+            if v is None:
+                object.__setattr__(self, f, default)
+            elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"TransformerShape.{f}={v!r} must be an integer >= 1 (or None for {default})")
+        if self.family == "gpt":
+            if self.hidden % self.heads:
+                raise ValueError(f"TransformerShape {self.name}: hidden={self.hidden} is not divisible by "
+                                 f"heads={self.heads}; choose heads dividing hidden (head size = hidden / heads)")
+            hf_only = [f for f, v, plain in (("kv_heads", self.kv_heads, self.heads),
+                                             ("head_dim", self.head_dim, self.hidden // self.heads),
+                                             ("tied", self.tied, False), ("attention_bias", self.attention_bias, False),
+                                             ("output_bias", self.output_bias, False),
+                                             ("mlp_bias", self.mlp_bias, False)) if v != plain]
+            if hf_only:
+                raise ValueError(f"TransformerShape {self.name}: {', '.join(hf_only)} describe the Llama-structured "
+                                 f"families ({', '.join(DECODER_FAMILIES)}), not the GPT block; leave them unset "
+                                 f"for family 'gpt'")
+        else:
+            if self.heads % self.kv_heads:
+                raise ValueError(f"TransformerShape {self.name}: heads={self.heads} is not a multiple of "
+                                 f"kv_heads={self.kv_heads}")
+            if self.bias:
+                raise ValueError(f"TransformerShape {self.name}: bias is the GPT block's; a {self.family} shape "
+                                 f"says its biases with attention_bias, output_bias and mlp_bias (give bias=False)")
+
+    # -- constructors -------------------------------------------------------------------------------------
+    @staticmethod
+    def named(name: str, **changes: Any) -> "TransformerShape":
+        """The named GPT size ``name`` (any case; ``axgrid.spec.NAMED_SIZES``) with ``changes`` to its fields; an
+        unknown name or field raises a ValueError listing the known ones. The head size and key-value heads follow
+        changed ``hidden`` / ``heads``; ``ffn`` stays the named size's (4·its hidden) unless given, as the runtime's
+        ``GPTConfig.named`` has always built it (the runs recorded with ``--hidden`` were made so)."""
+        from .sizes import NAMED_SIZES
+        try:
+            shape = NAMED_SIZES[name.lower()]
+        except (KeyError, AttributeError):
+            raise ValueError(f"unknown model {name!r}; choose one of the known models: "
+                             f"{', '.join(NAMED_SIZES)}") from None
+        known = {f.name for f in fields(TransformerShape)}
+        bad = set(changes) - known
+        if bad:
+            raise ValueError(f"unknown TransformerShape field(s) {sorted(bad)}; fields are {sorted(known)}")
+        return replace(shape, **{"kv_heads": None, "head_dim": None, **changes}) if changes else shape
+
+    @staticmethod
+    def from_hf_config(config: Any, seq: int, name: str = "", path: str = "") -> "TransformerShape":
+        """The shape of a Hugging Face ``config`` (a config.json's dict or a ``PretrainedConfig``) trained on
+        ``seq``-token sequences; a family not of the Llama structure (:data:`DECODER_FAMILIES`), or a config
+        without the sizes, raises a ValueError in one line. ``name`` defaults to the ``model_type``."""
+        family = _field(config, "model_type")
+        if family not in DECODER_FAMILIES:
+            kind = ", ".join(_field(config, "architectures") or [])
+            raise ValueError(f"model_type {family!r} ({kind}) is not a family the dry run models; use a config of "
+                             f"{', '.join(sorted(DECODER_FAMILIES))} (Llama-structured decoders) or a named GPT size")
+        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        missing = [k for k in need if not isinstance(_field(config, k), int)]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} missing or not an integer; a {family} config.json states them")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise ValueError(f"sequence length {seq!r}: give a positive --seq")
+        heads = _field(config, "num_attention_heads")
+        attention_bias = family == "qwen2" or bool(_field(config, "attention_bias", False))
+        return TransformerShape(
+            name or family, _field(config, "num_hidden_layers"), _field(config, "hidden_size"), heads, seq,
+            _field(config, "vocab_size"), bias=False, ffn=_field(config, "intermediate_size"), family=family,
+            kv_heads=_field(config, "num_key_value_heads") or heads, head_dim=hf_head_dim(config),
+            tied=bool(_field(config, "tie_word_embeddings", False)), attention_bias=attention_bias,
+            output_bias=family == "llama" and attention_bias,
+            mlp_bias=family == "llama" and bool(_field(config, "mlp_bias", False)), path=path)
+
+    @staticmethod
+    def from_config_json(path: str, seq: int) -> "TransformerShape":
+        """:meth:`from_hf_config` of the config.json at ``path`` (or in the folder ``path``), named after its folder
+        (or after the file when it is not called config.json); errors name the file."""
+        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise ValueError(f"{path}: no such config.json; give a Hugging Face config.json (or its folder)")
+        try:
+            with open(file) as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{file}: not a readable JSON config ({e})") from None
+        stem = os.path.splitext(os.path.basename(file))[0]
+        name = os.path.basename(os.path.dirname(os.path.abspath(file))) if stem == "config" else stem
+        try:
+            return TransformerShape.from_hf_config(config, seq, str(name), os.path.abspath(file))
+        except ValueError as e:
+            raise ValueError(f"{file}: {e}") from None
+
+    @staticmethod
+    def from_vtrain_row(row: Mapping[str, Any], vocab: int = GPT2_PADDED_VOCAB) -> "TransformerShape":
+        """The GPT of one vTrain ground-truth row (its ``hidden``, ``heads``, ``layers`` and ``seq`` columns;
+        Megatron-LM's GPT-2 vocabulary padded to ``vocab``), named ``vtrain-h<hidden>-a<heads>-l<layers>``."""
+        return TransformerShape(f"vtrain-h{row['hidden']}-a{row['heads']}-l{row['layers']}", int(row["layers"]),
+                                int(row["hidden"]), int(row["heads"]), seq=int(row["seq"]), vocab=vocab)
+
+    # -- what follows -------------------------------------------------------------------------------------
+    @property
+    def is_gpt(self) -> bool:
+        """Whether this is axgrid's GPT block (else a Hugging Face Llama-structured decoder)."""
+        return self.family == "gpt"
+
+    def block_layers(self) -> list[FCLayer]:
+        """One block's FC layers in forward order: the GPT's QKV, attention-out, MLP-up, MLP-down
+        (``axgrid.spec.block_layers``); a Llama-structured decoder's q, k, v, o, gate, up, down."""
+        if self.is_gpt:
+            return block_layers(self.hidden, ffn=self.ffn, bias=self.bias)
+        h, f, qd, kvd = self.hidden, self.ffn, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        ab, mb = self.attention_bias, self.mlp_bias
+        return [FCLayer(qd, h, False, ab, "q_proj", norm="input_layernorm", attention=True),
+                FCLayer(kvd, h, False, ab, "k_proj"), FCLayer(kvd, h, False, ab, "v_proj"),
+                FCLayer(h, qd, True, self.output_bias, "o_proj"),
+                FCLayer(f, h, False, mb, "gate_proj", norm="post_attention_layernorm"),
+                FCLayer(f, h, False, mb, "up_proj"), FCLayer(h, f, True, mb, "down_proj")]
+
+    def head_layer(self) -> FCLayer:
+        """The LM head ``[V, h]`` after the final norm: no bias, never recomputed."""
+        if self.is_gpt:
+            return head_layer(self.hidden, self.vocab)
+        return FCLayer(self.vocab, self.hidden, False, False, "lm_head", recompute=False, norm="norm")
+
+    def block_modules(self) -> tuple[str, ...]:
+        """One block's parameterised modules (norms and FC layers) in ``model.parameters()`` order."""
+        return block_modules(self.block_layers())
+
+    def block_norms(self) -> int:
+        """Norms in one block (those the block layers' ``norm`` name): 2."""
+        return sum(1 for layer in self.block_layers() if layer.norm)
+
+    def layer_norms(self) -> int:
+        """Norms in the model: every block's and the final one: 2L + 1."""
+        return self.layers * self.block_norms() + (1 if self.head_layer().norm else 0)
+
+    @property
+    def params(self) -> int:
+        """Dense parameter count: the GPT's ``axgrid.spec.gpt_parameters`` (blocks, embeddings V·h + S·h, untied
+        head V·h); a Llama-structured decoder's FC layers (weights and biases), its RMSNorms (h each), the token
+        table V·h and the head V·h unless tied."""
+        if self.is_gpt:
+            return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, self.ffn, self.bias)
+        block = sum(layer.n * layer.k + (layer.n if layer.bias else 0) for layer in self.block_layers())
+        head = self.head_layer()
+        return (self.layers * (block + self.block_norms() * self.hidden) + self.hidden + self.vocab * self.hidden
+                + (0 if self.tied else head.n * head.k))
+
+    def flops_per_iteration(self, batch: int, recompute: bool, seq: Optional[int] = None) -> float:
+        """FLOPs of one training iteration of the GPT on ``batch`` sequences of ``seq`` tokens (default the
+        shape's), ``recompute`` with full activation recompute (``axgrid.spec.gpt_flops_per_iteration``); a
+        Llama-structured decoder's are ``axgrid.spec.llama_flops`` of its config."""
+        if not self.is_gpt:
+            raise ValueError(f"TransformerShape {self.name}: flops_per_iteration counts the GPT block; a "
+                             f"{self.family} decoder's FLOPs are axgrid.spec.llama_flops of its config")
+        return gpt_flops_per_iteration(batch, seq or self.seq, self.layers, self.hidden, self.vocab, recompute)
+
+    def grid_rules(self) -> list[tuple[str, int, str]]:
+        """(what, size, dim): each size that grid dimension ``dim`` splits, so ``G_dim`` must divide it (the GPT's
+        layers: ``axgrid.models.gpt``; a Llama-structured decoder's: ``axgrid.plans.transformer.resolve``)."""
+        if self.is_gpt:
+            return [("hidden", self.hidden, "x"), ("hidden", self.hidden, "y"), ("heads", self.heads, "y"),
+                    ("ffn", self.ffn, "x"), ("ffn", self.ffn, "y"), ("vocab", self.vocab, "y")]
+        return [("hidden_size", self.hidden, "x"), ("num_attention_heads", self.heads, "y"),
+                ("num_key_value_heads", self.kv_heads, "y"), ("intermediate_size", self.ffn, "y"),
+                ("vocab_size", self.vocab, "y")]
+
+    def divisibility(self, grid: tuple[int, int, int, int]) -> list[str]:
+        """What of the shape does not divide ``grid`` (:meth:`grid_rules`), each naming the value and the
+        dimension; [] when it fits."""
+        size = dict(zip("xyzd", grid))
+        return [f"{what} {value} not divisible by G{dim}={size[dim]}" for what, value, dim in self.grid_rules()
+                if value % size[dim]]
+
+
+__all__ = ["DECODER_FAMILIES", "FAMILIES", "GPT2_PADDED_VOCAB", "TransformerShape", "hf_head_dim"]
