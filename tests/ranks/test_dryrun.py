@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from helpers import slow_where
+from helpers.dryrun_real import measure_real_step
 
 from axgrid.dryrun import DryRunError, predict, resolve
 from axgrid.testing.isolated import run_isolated
@@ -39,24 +40,11 @@ def dry(cfg, rank: int):
     return measure_rank(cfg, rank)
 
 
-def real(cfg):
-    import torch
-
-    import axgrid
-    from axgrid.dryrun.step import measure_step, runtime_config
-    torch.set_num_threads(1)
-    grid = axgrid.init(cfg.grid, config=runtime_config(cfg))
-    try:
-        return measure_step(cfg, grid, lambda dtype: torch.autocast("cpu", dtype=dtype))
-    finally:
-        grid.destroy()
-
-
 @pytest.mark.parametrize("grid,batch,mb,recompute,overlap,zero",
                          slow_where(CASES, lambda c: c[0] != "2x1x2x1"), ids=[c[0] for c in CASES])
 def test_dry_run_equals_real_ranks(ranks, grid, batch, mb, recompute, overlap, zero):
     cfg = _config(grid, batch, mb, recompute, overlap, zero)
-    got = ranks(cfg.gpus, real, cfg)
+    got = ranks(cfg.gpus, measure_real_step, cfg)
     for r in sorted({0, cfg.gpus - 1}):
         d = run_isolated(dry, cfg, r, timeout_s=300)
         assert d.comm == got[r].comm, f"rank {r}: ledger {d.comm} in the dry run, {got[r].comm} on gloo"
@@ -183,7 +171,7 @@ def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tm
     path = _llama_config(tmp_path / family, tied, model_type=family)
     cfg = resolve(path, None, batch, grid=grid, machine="local-4", dtype="fp32", recompute=recompute,
                   overlap=overlap, microbatches=mb, zero=zero, seq=16)
-    got = ranks(cfg.gpus, real, cfg)
+    got = ranks(cfg.gpus, measure_real_step, cfg)
     p = predict(cfg)
     assert p.peak is None and p.memory["activations"] is None and f"not modelled by perfmodel for {family}" in \
         p.not_modelled

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.dryrun_real import measure_real_step
+
 from axgrid import perfmodel as pm
 from axgrid.dryrun import predict, resolve
 from axgrid.dryrun.report import bucket_bounds
@@ -81,23 +83,10 @@ def test_lora_memory_is_below_full_training_by_what_perfmodel_predicts():
     assert saved > 0.7 * sum(m_full.memory[k] for k in ("gradients", "optimizer"))   # gradients and moments gone
 
 
-def _real(cfg):
-    import torch
-
-    import axgrid
-    from axgrid.dryrun.step import measure_step, runtime_config
-    torch.set_num_threads(1)
-    grid = axgrid.init(cfg.grid, config=runtime_config(cfg))
-    try:
-        return measure_step(cfg, grid, lambda dtype: torch.autocast("cpu", dtype=dtype))
-    finally:
-        grid.destroy()
-
-
 def test_the_lora_dry_run_equals_gloo_ranks(ranks):
     cfg = resolve("gpt-tiny", None, 4, grid="2x1x1x2", machine="local-4", microbatches=2, zero=1, lora_r=4,
                   lora_targets=("qkv", "down"), dtype="fp32", recompute=True, overlap="all", bucket_bytes=4096)
-    got = ranks(cfg.gpus, _real, cfg)
+    got = ranks(cfg.gpus, measure_real_step, cfg)
     for r in (0, cfg.gpus - 1):
         from axgrid.dryrun.step import measure_rank
         d = run_isolated(measure_rank, cfg, r, timeout_s=300)
