@@ -19,7 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from axgrid import perfmodel as pm
+from axgrid.perfmodel.comm import USED_FLAG_BYTES
 from axgrid.perfmodel.decoder import NOT_MODELLED, decoder_collective_events, decoder_static_bytes
+from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
@@ -141,6 +143,9 @@ class Prediction:
     comm: dict[tuple[str, str], tuple[int, int]]     # (dim, op) -> (calls, bytes)
     not_modelled: str = ""
     step: str = ""        # perfmodel's time per batch on the machine, with its error band, as one phrase
+    #: zero 0's used-flags (``GradBuckets._post_used_flags``: one int32 per trained parameter, in flight over d
+    #: behind the last bucket; the buckets' category holds them while they are): at most this many bytes
+    used_flags: int = 0
 
 
 def step_time(cfg: "DryRunConfig") -> str:
@@ -177,7 +182,9 @@ def predict(cfg: DryRunConfig) -> Prediction:
               lora=lora_plan(cfg.model, opt))
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    return Prediction(peak, memory, comm, step=step_time(cfg))
+    trained = gpt_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
+    flags = USED_FLAG_BYTES * sum(1 for s in trained if s > 0) if cfg.zero == 0 and gd > 1 else 0
+    return Prediction(peak, memory, comm, step=step_time(cfg), used_flags=flags)
 
 
 def _predict_decoder(cfg: DryRunConfig) -> Prediction:

@@ -52,10 +52,11 @@ NOT_MODELLED = "not modelled"
 
 def bucket_bounds(zero: int, p: Prediction) -> tuple[int, Optional[int]]:
     """What the data-parallel buckets may allocate in the backward, as perfmodel models it (and
-    tests/ranks/test_memory_agreement.py checks it): zero=0 nothing (the gradients are the buckets); zero=1 up to a
-    backend's copies of the buckets it reduce-scatters (at most the gradients); zero=2 its full buckets, at most
-    what perfmodel lets be alive at once (``dp_buckets``, an upper bound)."""
-    return {0: (0, 0), 1: (0, p.memory["gradients"]), 2: (0, p.memory["buckets"])}[zero]
+    tests/ranks/test_memory_agreement.py checks it): zero=0 nothing but the used-flags in flight behind the last
+    bucket (``Prediction.used_flags``; the gradients are the buckets); zero=1 up to a backend's copies of the
+    buckets it reduce-scatters (at most the gradients); zero=2 its full buckets, at most what perfmodel lets be
+    alive at once (``dp_buckets``, an upper bound)."""
+    return {0: (0, p.used_flags), 1: (0, p.memory["gradients"]), 2: (0, p.memory["buckets"])}[zero]
 
 
 def disagreements(m, p: Prediction, zero: int = 0) -> list[str]:

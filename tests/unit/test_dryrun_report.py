@@ -38,3 +38,23 @@ def test_a_hugging_face_config_says_its_time_is_not_modelled(tmp_path):
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}))
     cfg = resolve(str(tmp_path), None, 4, grid="1x2x2x1", machine="local-4", seq=16)
     assert "s/batch not modelled for a Hugging Face decoder" in predict(cfg).step
+
+
+def test_zero0_buckets_may_hold_the_used_flags_in_flight_and_nothing_else():
+    """With zero 0 the buckets' category holds one int32 per trained parameter while their all-reduce over d is
+    in flight behind the last bucket: the dry run of GPT-320B on 2x2x64x128 measured 4,628 B there (96 blocks x
+    12 tensors + 5; docs/results.md); perfmodel's bound is exactly that, nothing with Gd = 1 or zero >= 1, and a
+    byte more is a disagreement."""
+    from axgrid.dryrun.report import bucket_bounds, disagreements
+    cfg = resolve("gpt-320b", None, 32768, grid="2x2x64x128", zero=0, machine="frontier")
+    p = predict(cfg)
+    assert p.used_flags == 4 * (96 * 12 + 5) == 4628
+    assert bucket_bounds(0, p) == (0, 4628)
+    assert predict(resolve("gpt-320b", None, 32768, grid="2x2x64x128", zero=1, machine="frontier")).used_flags == 0
+    assert predict(resolve("gpt-tiny", None, 8, grid="2x2x2x1", zero=0)).used_flags == 0
+    memory = {c: p.memory[c] for c in CATEGORIES}
+    m = _measure({**memory, "buckets": 4628})
+    m.peak, m.comm = p.peak, p.comm
+    assert not [d for d in disagreements(m, p, 0) if "buckets" in d]
+    m.memory["buckets"] = 4629
+    assert [d for d in disagreements(m, p, 0) if "buckets" in d]
