@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from axgrid import perfmodel as pm
-from axgrid.perfmodel.comm import USED_FLAG_BYTES
+from axgrid.perfmodel.comm import used_flag_bytes
 from axgrid.perfmodel.decoder import NOT_MODELLED, decoder_collective_events, decoder_static_bytes
 from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
@@ -183,7 +183,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
     comm = {k: (calls[k], nbytes[k]) for k in nbytes}
     trained = gpt_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
-    flags = USED_FLAG_BYTES * sum(1 for s in trained if s > 0) if cfg.zero == 0 and gd > 1 else 0
+    flags = used_flag_bytes(trained) if cfg.zero == 0 and gd > 1 else 0
     return Prediction(peak, memory, comm, step=step_time(cfg), used_flags=flags)
 
 
@@ -193,14 +193,15 @@ def _predict_decoder(cfg: DryRunConfig) -> Prediction:
     buckets: nothing with zero 0 or Gd = 1; with zero >= 1 not modelled, though with zero 1 the report still bounds
     them by the gradients, as for the GPT); the rest is named as not modelled."""
     m, opt = cfg.model, cfg.options()
+    lora = lora_plan(m, opt)
     ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
                                    DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
-                                   opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora_plan(m, opt))
+                                   opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora)
     comm: dict[tuple[str, str], tuple[int, int]] = {}
     for dim, op, nb in ev:
         calls, total = comm.get((dim, op), (0, 0))
         comm[(dim, op)] = (calls + 1, total + nb)
-    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora_plan(m, opt))
+    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora)
     memory: dict[str, Optional[int]] = {"parameters": params, "gradients": grads, "optimizer": optimizer,
                                         "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
     unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])

@@ -72,6 +72,13 @@ def dp_gradient_sizes(layers: Iterable[FCLayer | tuple], grid: tuple[int, int, i
     return sizes[::-1]
 
 
+def used_flag_bytes(sizes_bytes: Iterable[int]) -> int:
+    """Bytes of the data-parallel "used" flags for gradients of ``sizes_bytes``: one int32 per parameter that
+    holds a gradient piece here (:data:`USED_FLAG_BYTES` each; the buffer ``GradBuckets._post_used_flags``
+    all-reduces over d)."""
+    return USED_FLAG_BYTES * sum(1 for s in sizes_bytes if s > 0)
+
+
 def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket_bytes: int, zero: int,
               n_microbatches: int) -> list[tuple[str, str, int]]:
     """The data-parallel collectives of one step as (dim, op, bytes), for gradients of ``sizes_bytes`` (packing
@@ -85,7 +92,7 @@ def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket
         return []
     gb = grad_dtype_bytes
     sizes = [int(s) for s in sizes_bytes]
-    used = ("d", "all_reduce", USED_FLAG_BYTES * sum(1 for s in sizes if s > 0))
+    used = ("d", "all_reduce", used_flag_bytes(sizes))
     buckets = dp_buckets(sizes, bucket_bytes, gd if zero else 1, gb)
     if zero == 0:
         return [("d", "all_reduce", nb) for nb in buckets] + [used]
