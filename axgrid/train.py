@@ -25,8 +25,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .data_parallel import clip_grad_norm_, sync_gradients, zero_gradients
-from .grid import Grid
+from .data_parallel.gradients import clip_grad_norm_, sync_gradients, zero_gradients
+from .core.grid import Grid
 
 
 #: How ``train_step`` combines the micro-batches' losses: "mean" (each a mean over its own micro-batch) or "sum"

@@ -8,8 +8,8 @@
 
 :func:`lora` freezes every parameter of the model (``requires_grad=False``, as ``peft.get_peft_model`` does: no
 gradient, so no bucket, no optimizer state, no reduce-scatter over z) and gives each targeted ``axgrid.nn.Linear``
-an :class:`axgrid.nn.lora.LoraAdapter` in its own layout (the math and its collectives are that module's). Targets
-match module names as PEFT's ``target_modules`` list does: the whole name or its last components
+an :class:`axgrid.adapters.layer.LoraAdapter` in its own layout (the math and its collectives are that module's).
+Targets match module names as PEFT's ``target_modules`` list does: the whole name or its last components
 (``"q_proj"``, ``"self_attn.q_proj"``). A fused layer (Phi-3's ``qkv_proj``) gets one adapter over its whole output,
 as in PEFT. Call it before ``grid.watch`` / ``shard_optimizer`` (they pack the trainable parameters).
 """
@@ -22,9 +22,9 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..grid import Grid
-from ..nn.linear import Linear
-from ..nn.lora import LoraAdapter
+from ..core.grid import Grid
+from ..tensor_parallel.linear import Linear
+from .layer import LoraAdapter
 
 
 @dataclass(frozen=True)

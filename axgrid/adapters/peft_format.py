@@ -5,7 +5,7 @@
 
 PEFT's names: the Linear ``model.layers.0.self_attn.q_proj`` holds ``...q_proj.lora_A.weight`` ``[r, k]`` and
 ``...q_proj.lora_B.weight`` ``[n, r]`` under the prefix ``base_model.model.``; axgrid's adapter parameters are
-``...q_proj.lora.A`` / ``.lora.B`` (this rank's tiles of the same dense tensors, :mod:`axgrid.nn.lora`). A fused
+``...q_proj.lora.A`` / ``.lora.B`` (this rank's tiles of the same dense tensors, :mod:`axgrid.adapters.layer`). A fused
 layer's B is one ``[n, r]`` in the file's row order (the tile's row map places this rank's rows).
 
 Saving gathers the dense adapters on rank 0 (:func:`axgrid.iter_dense_state_dict`, collective) and writes them
@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..io import raise_on_any_rank
 from ..io.export import iter_dense_state_dict
 from ..io.part_copy import read_part
@@ -112,7 +112,7 @@ def _check_against_layers(model: nn.Module, shapes: dict[str, tuple[int, ...]], 
                           cfg: LoraConfig) -> None:
     """Before adding adapters: every tensor of the file names a Linear of this model, in the shape its adapter
     will have (``[r, in]`` / ``[out, r]``)."""
-    from ..nn.linear import Linear
+    from ..tensor_parallel.linear import Linear
     modules = dict(model.named_modules())
     for k in sorted(shapes):
         layer, _, ab = k[len(PREFIX):].rpartition(".lora_") if k.startswith(PREFIX) else ("", "", "")

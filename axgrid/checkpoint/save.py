@@ -17,7 +17,7 @@ from torch import nn
 
 from ..spec import Box, part_boxes
 from ..io import TensorPart, agree, dtype_name, fingerprint, raise_on_any_rank
-from ..replicas import check_replicas
+from ..data_parallel.replicas import check_replicas
 from .format import (_STEP_DIR, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, _fsync_dir, _grid_str, _rank_world,
                      _sha256_file, _write_bytes)
 from .runconfig import config_record

@@ -45,7 +45,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..io.parts import agree, raise_on_any_rank
 from .blend import Blend, parse_blend
 from .indexed import DataError, IndexedTokens

@@ -7,7 +7,7 @@
   from an event recorded at its post to one recorded right after its ``wait()`` (which makes the compute stream
   wait for the communication stream), and its exposed part from an event recorded just before the ``wait()``:
   the time the compute stream stood still for it. Nothing synchronises: the times are read when the ledger is
-  read (:meth:`axgrid.comm.Ledger.settle`), after the step. Spans become host times through an anchor: one
+  read (:meth:`axgrid.core.comm.Ledger.settle`), after the step. Spans become host times through an anchor: one
   synchronise when the clock is made, then ``host time of the anchor + (event - anchor event)``.
 
 The communicator picks the clock from its backend (:func:`clock_for`), not from whether a GPU exists.

@@ -26,7 +26,7 @@ import torch
 
 from ..checkpoint import (CheckpointError, CheckpointManager, ConfigMismatch, SaveOnSignal, list_checkpoints,
                           load_checkpoint)
-from ..grid import Grid
+from ..core.grid import Grid
 
 
 class RunCheckpoints:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 import torch
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..metrics import Metrics
 from .evaluate import evaluate
 from .options import data_settings

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..plans.causal_lm import causal_lm_loss
 from .step import StepSettings
 

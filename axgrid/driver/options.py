@@ -19,7 +19,7 @@ import os
 import socket
 from typing import Mapping, Optional, Sequence
 
-from ..config import RuntimeConfig
+from ..core.config import RuntimeConfig
 from ..launch.errors import usage_errors_raise
 from ..spec.layout import GridShape
 

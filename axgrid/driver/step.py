@@ -20,13 +20,13 @@ from typing import Any, Optional
 
 import torch
 
-from ..data_parallel import local_batch
+from ..data_parallel.gradients import local_batch
 from ..device import host_read
-from ..grid import Grid
+from ..core.grid import Grid
 from ..memorization.goldfish import step_mask
 from ..metrics import Metrics
 from ..plans.causal_lm import causal_lm_loss
-from ..replicas import check_replicas
+from ..data_parallel.replicas import check_replicas
 from ..train import cosine_lr, train_step
 
 

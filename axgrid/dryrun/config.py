@@ -25,7 +25,7 @@ from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
-from axgrid.perfmodel.spec import DTYPE_BYTES
+from axgrid.perfmodel.problem import DTYPE_BYTES
 from axgrid.spec import DEFAULT_BUCKET_BYTES, GridError, GridShape, OverlapConfig, TransformerShape
 from axgrid.spec.layout import grid_sizes
 

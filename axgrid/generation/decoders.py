@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..models.gpt import GPT
 from ..models.kv_cache import KVCache
 

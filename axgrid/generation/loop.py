@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..device import host_read
-from ..grid import Grid
+from ..core.grid import Grid
 from .decoders import decoder_for, vocab_size
 from .select import gumbel_noise, vocab_parallel_argmax, vocab_parallel_top_k_floor
 from .special import special_tokens

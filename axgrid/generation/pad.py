@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..grid import Grid
+from ..core.grid import Grid
 from .loop import generate as generate_split
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..grid import Grid
+from ..core.grid import Grid
 
 
 def vocab_parallel_argmax(scores: torch.Tensor, grid: Grid, dim: Optional[str] = "y") -> torch.Tensor:

@@ -92,14 +92,14 @@ from lightning_fabric.utilities.rank_zero import rank_zero_only
 from lightning_fabric.utilities.seed import reset_seed
 
 from ..checkpoint import CheckpointError, load_checkpoint, read_manifest, save_checkpoint
-from ..config import RuntimeConfig
-from ..data_parallel import clip_grad_norm_, sync_gradients
-from ..grid import Grid
+from ..core.config import RuntimeConfig
+from ..data_parallel.gradients import clip_grad_norm_, sync_gradients
+from ..core.grid import Grid
 from ..io import raise_on_any_rank
 from ..launch.env import MPI_LAUNCHERS, LaunchError, Placement, read_placement
 from ..plans.parallelize import parallelize
-from ..runtime import init
-from ..sharded_optimizer import shard_optimizer
+from ..core.runtime import init
+from ..data_parallel.sharded_optimizer import shard_optimizer
 from ..spec import OverlapConfig
 from ..spec.layout import GridShape
 

@@ -33,10 +33,10 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from ..grid import Grid
+from ..core.grid import Grid
 from . import TensorPart, agree, fingerprint, model_parts, place_part, raise_on_any_rank
 from ..spec import Box, row_segments
-from ..nn.linear import Linear
+from ..tensor_parallel.linear import Linear
 from .safetensors_writer import SafetensorsWriter
 from ..spec import TileSpec
 

@@ -29,7 +29,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..plans.parallelize import parallelize
 from .hf_files import DTYPES, HFCheckpoint, PretrainedError
 from .meta import materialize, parameters_on_meta

@@ -1,7 +1,7 @@
 """The flight recorder: every rank's last collectives, dumped when one fails, times out or stops making progress,
 so a stuck job says who is stuck where.
 
-Every collective the communicator posts (:mod:`axgrid.comm`) gets a :class:`Record`: its sequence number (per
+Every collective the communicator posts (:mod:`axgrid.core.comm`) gets a :class:`Record`: its sequence number (per
 grid dimension, and overall), dimension, operation, bytes and state -- ``posted``, ``waited`` (the rank called
 ``wait()``; on a GPU the compute stream now waits for it), ``completed``, or ``failed``. The last ``capacity`` are
 kept in a ring. The ranks dump them -- printed to stderr and written to ``<run dir>/flight/JOB/rank-RRRRR.json`` --

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..config import RuntimeConfig
-from ..runtime import init
+from ..core.config import RuntimeConfig
+from ..core.runtime import init
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import OverlapConfig, RuntimeConfig
-from ..runtime import init
+from ..core.config import OverlapConfig, RuntimeConfig
+from ..core.runtime import init
 from .. import perfmodel as pm
 from ..metrics import StepMeter, summarize
 from ..models.gpt import GPT, GPTConfig

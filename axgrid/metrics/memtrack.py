@@ -220,8 +220,8 @@ class LiveBytes(TorchDispatchMode):
 @contextmanager
 def watch_weight_source(runtime: Any, live: Optional[LiveBytes] = None, name: str = "gathered",
                         kept: Optional[list] = None) -> Iterator[None]:
-    """Inside: what the runtime's weight source (``runtime.weights``, :mod:`axgrid.overlap`) allocates -- the
-    gathered blocks, and with OAG the prefetched one -- is counted in ``live``'s category ``name``; what it gives
+    """Inside: what the runtime's weight source (``runtime.weights``, :mod:`axgrid.tensor_parallel.overlap`) allocates
+    -- the gathered blocks, and with OAG the prefetched one -- is counted in ``live``'s category ``name``; what it gives
     layers to save for backward (the shard, or with ``keep_gathered_weights`` the gathered block: a weight
     buffer, not an activation) is appended to ``kept`` as weak references to the storages (see
     :func:`live_keys`, e.g. for :meth:`SavedBytes.exclude`)."""
@@ -248,7 +248,7 @@ def watch_weight_source(runtime: Any, live: Optional[LiveBytes] = None, name: st
 
 @contextmanager
 def watch_bucket_allocations(buckets: Any, live: LiveBytes, name: str = "buckets") -> Iterator[None]:
-    """Inside: what the data-parallel buckets (a :class:`axgrid.grad_buckets.GradBuckets`, or None: nothing to
+    """Inside: what the data-parallel buckets (a :class:`axgrid.data_parallel.buckets.GradBuckets`, or None: nothing to
     watch) allocate in the backward while gradients arrive and are reduced -- zero=2's full buckets, a backend's
     copies -- is counted in ``live``'s category ``name`` (through :meth:`GradBuckets.observed`)."""
     if buckets is None:

@@ -46,12 +46,12 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..device import host_read
-from ..grid import Grid
-from ..nn.embedding import Embedding
+from ..core.grid import Grid
+from ..tensor_parallel.embedding import Embedding
 from ..nn.init import reference_linear
-from ..nn.layernorm import LayerNorm
-from ..nn.linear import Linear
-from ..nn.vocab_parallel import vocab_parallel_cross_entropy
+from ..tensor_parallel.layernorm import LayerNorm
+from ..tensor_parallel.linear import Linear
+from ..tensor_parallel.vocab_parallel import vocab_parallel_cross_entropy
 from ..train import decay_groups
 from ..spec import NAMED_SIZES, FCLayer, TransformerShape
 from .kv_cache import KVCache, LayerKV

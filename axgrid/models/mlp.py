@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..nn.init import reference_linear
-from ..nn.linear import Linear
-from ..redistribute import gather_tokens_features, shard_tokens_features
+from ..tensor_parallel.linear import Linear
+from ..tensor_parallel.redistribute import gather_tokens_features, shard_tokens_features
 
 
 class MLPStack(nn.Module):

@@ -24,7 +24,7 @@ from .pipeline import TPPPDP, price_named
 from .pipeline import price as price_tp_pp_dp
 from .rank import Ranking, Row, price_grid, rank
 from .space import Grids, enumerate_grids
-from .spec import Options, Problem, get_model, model_flops, transformer_layers
+from .problem import Options, Problem, get_model, model_flops, transformer_layers
 
 __all__ = [
     "FCLayer", "collective_bytes", "collective_calls", "collective_events", "ring_time",

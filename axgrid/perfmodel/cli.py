@@ -12,7 +12,7 @@ from axgrid.spec.layout import grid_sizes
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
 from .rank import Ranking, price_grid, rank
-from .spec import DTYPE_BYTES, Options, Problem, get_model
+from .problem import DTYPE_BYTES, Options, Problem, get_model
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ GROUPS = DIMS + ("xyz",)
 PARAM_BYTES = 4
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: Bytes of the gradient clipping's all-reduce: one fp64 element, the sum of squares of the gradients this rank
-#: counts (``axgrid.data_parallel.clip_grad_norm_``).
+#: counts (``axgrid.data_parallel.gradients.clip_grad_norm_``).
 CLIP_NORM_BYTES = 8
 
 
@@ -86,7 +86,7 @@ def dp_events(sizes_bytes: Iterable[int], gd: int, grad_dtype_bytes: int, bucket
     bucket padded to a multiple of Gd (in each of the ``n_microbatches`` backwards with ``zero=2``), then an
     all-gather of the parameters (fp32, :data:`PARAM_BYTES`) per bucket. Each mode also all-reduces one int32 flag
     per parameter (which parameters some d-rank has a gradient for: the optimizer skips the others,
-    :meth:`axgrid.grad_buckets.GradBuckets.used_params`): ``zero=0`` after the buckets, ``zero`` >= 1 at the
+    :meth:`axgrid.data_parallel.buckets.GradBuckets.used_params`): ``zero=0`` after the buckets, ``zero`` >= 1 at the
     optimizer's step, before the all-gathers. None when Gd = 1."""
     if gd == 1:
         return []

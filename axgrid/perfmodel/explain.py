@@ -6,7 +6,7 @@ import numpy as np
 from .comm import DIMS, dim_strides, ring_alpha_beta
 from .machines import Machine
 from .row import Row
-from .spec import Problem
+from .problem import Problem
 
 #: what each grid dimension means in a TP×PP×DP row (its stage is priced on the grid (1, TP, 1, DP))
 _TPPPDP_NAMES = {"x": "-", "y": "TP", "z": "-", "d": "DP"}

@@ -1,6 +1,6 @@
 """LoRA in perfmodel (``Options.lora_r``, ``Options.lora_targets``): what ``axgrid.lora`` changes in a training
 step, for the GPT (``perfmodel.gpt``, ``perfmodel.memory``) and a Hugging Face decoder (``perfmodel.decoder``).
-Torch-free; the runtime it models is ``axgrid/nn/lora.py`` (docs/lora.md).
+Torch-free; the runtime it models is ``axgrid/adapters/layer.py`` (docs/lora.md).
 
 Each targeted FC layer ``W [n, k]`` gets ``A [r, k/G_in]`` (columns as the weight's) and ``B [n/G_out, r]`` (rows as
 the weight's) on every rank, fp32 (the runtime keeps fp32 weights; a bf16 base would get fp32 adapters too); the

@@ -10,7 +10,8 @@ params/grads/optimizer: the runtime keeps fp32 weights (autocast casts them per 
          ``step``). Stored elements: every FC weight shard (padded block / Gz), the biases ``[n/G_out]``
          (replicated over z), the 2L+1 layer norms' weight and bias ``[hx]``, the token and position tables
          ``[V, hx]``, ``[S, hx]`` (all rows, replicated over y, z, d).
-zero:    (``Options.zero``, ``RuntimeConfig.zero``; :mod:`axgrid.grad_buckets` lists the buffers) with Gd > 1 the
+zero:    (``Options.zero``, ``RuntimeConfig.zero``; :mod:`axgrid.data_parallel.buckets` lists the buffers) with Gd > 1
+the
          gradients are views of the data-parallel buckets: one copy in every mode (no bucket copy besides).
          ``zero=0``: as above. ``zero=1``: the parameters and gradients are views of the buckets, each padded to a
          multiple of Gd elements (:mod:`perfmodel.buckets`): 4 B each per padded element; AdamW's moments only for
@@ -24,8 +25,8 @@ zero:    (``Options.zero``, ``RuntimeConfig.zero``; :mod:`axgrid.grad_buckets` l
          copies its input (gloo) one copy. (``zero=1`` with ODP on gloo holds such copies too, until the backward
          ends: not counted.)
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
-         weight source (``axgrid/overlap.py``); without keep, one block at a time (the largest), with OAG the
-         prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
+         weight source (``axgrid/tensor_parallel/overlap.py``); without keep, one block at a time (the largest), with
+         OAG the prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
          forwards prefetch); keep: every layer's block, alive from its forward to its backward; keep + recompute:
          the head's, or one recomputed block's four (+ with OAG the next block's first, prefetched by the last).
 activations, saved for backward, per block per token (recompute off):
@@ -78,7 +79,7 @@ from .comm import layer_volumes
 from .errors import PerfModelError
 from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
                    lora_static_bytes)
-from .spec import Options
+from .problem import Options
 
 ATTENTION_KINDS = ("flash", "math")
 LAYOUTS = ("axgrid", "megatron")
@@ -175,8 +176,8 @@ class DataParallelBytes(NamedTuple):
 def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, device: "Device | None" = None
                         ) -> DataParallelBytes:
     """:class:`DataParallelBytes` in ``opt.zero``'s mode (see the module docstring; arrays broadcast over the
-    grids): the buffers :mod:`axgrid.grad_buckets` keeps, for the rank that owns the most (d = 0: its shares hold
-    no padding)."""
+    grids): the buffers :mod:`axgrid.data_parallel.buckets` keeps, for the rank that owns the most (d = 0: its shares
+    hold no padding)."""
     zero = opt.zero
     if zero not in (0, 1, 2):
         raise PerfModelError(f"Options.zero={zero!r}: memory is priced for one mode, 0, 1 or 2")

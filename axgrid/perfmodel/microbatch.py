@@ -34,7 +34,7 @@ from .compute import gemm_rate, gemm_time
 from .gpt import STAT_BYTES
 from .machines import Machine
 from .space import Grids
-from .spec import Options
+from .problem import Options
 
 
 def _pos(a):

@@ -45,7 +45,7 @@ from .memory import Memory, memory_per_gpu
 from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
                          side_costs)
 from .space import Grids, describe, divisibility
-from .spec import Options, Problem, model_flops
+from .problem import Options, Problem, model_flops
 
 
 @dataclass

@@ -42,7 +42,7 @@ from .machines import Machine
 from .model import evaluate
 from .row import Row
 from .space import Grids, divisors
-from .spec import Problem, model_flops
+from .problem import Problem, model_flops
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
 VPP_CHOICES = (1, 2, 4)

@@ -34,7 +34,7 @@ from .machines import load_machine
 from .pipeline import price_named
 from .rank import rank
 from .row import Row
-from .spec import Options, Problem, get_model
+from .problem import Options, Problem, get_model
 
 #: the goal: |predicted / published − 1| ≤ TOLERANCE for every point
 TOLERANCE = 0.15

@@ -23,7 +23,7 @@ from .model import Evaluation, evaluate
 from .pipeline import best_of, enumerate_configs, price
 from .space import Grids, enumerate_grids
 from .row import Row
-from .spec import Problem
+from .problem import Problem
 from .units import device_word, flops
 
 

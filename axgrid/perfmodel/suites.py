@@ -37,7 +37,7 @@ from axgrid.spec import TransformerShape
 from .errors import PerfModelError
 from .machines import Machine, load_machine
 from .pipeline import TPPPDP, price
-from .spec import Options, Problem
+from .problem import Options, Problem
 
 #: the share of rows within this relative error is reported
 WITHIN = 0.15

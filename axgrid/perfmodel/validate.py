@@ -17,7 +17,7 @@ from scipy import stats
 
 from .errors import PerfModelError
 from .rank import Ranking, Row
-from .spec import Problem
+from .problem import Problem
 
 
 def metrics(predicted, measured) -> dict[str, float]:

@@ -19,7 +19,7 @@ from axgrid.spec import NAMED_SIZES
 
 from .errors import PerfModelError
 from .row import Row
-from .spec import Problem
+from .problem import Problem
 from .units import memory_unit
 
 

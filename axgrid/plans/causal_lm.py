@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..models.gpt import GPT
 
 

@@ -3,7 +3,8 @@ and Phi-3.
 
 All share one structure (``modeling_llama``): ``embed_tokens``; per layer an input norm, ``self_attn`` with its
 projections, a norm before the MLP, ``mlp``; a final ``norm``; ``lm_head`` on the causal-LM class (tied to
-``embed_tokens`` when ``tie_word_embeddings``: one sharded parameter, :mod:`axgrid.nn.tied_embedding`). What differs:
+``embed_tokens`` when ``tie_word_embeddings``: one sharded parameter, :mod:`axgrid.tensor_parallel.tied_embedding`).
+What differs:
 
 =========================  ============================================================================
 family                     what its plan adds
@@ -32,7 +33,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..spec import hf_head_dim
 from .transformer import Pair, TransformerPlan, resolve
 

@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from ..grid import Grid
-from ..nn.vocab_parallel import vocab_parallel_cross_entropy
+from ..core.grid import Grid
+from ..tensor_parallel.vocab_parallel import vocab_parallel_cross_entropy
 
 
 class VocabParallelCausalLMLoss:

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-from ..grid import Grid
-from ..nn.linear import Linear
+from ..core.grid import Grid
+from ..tensor_parallel.linear import Linear
 from ..io.export import guard_save_pretrained
 from .ties import report, tied_linears
 

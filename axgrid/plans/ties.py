@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..nn.linear import Linear
+from ..tensor_parallel.linear import Linear
 
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 

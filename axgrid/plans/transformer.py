@@ -26,7 +26,7 @@ whole sequences. The model's outputs are this rank's pieces (``logits [B/Gz, S, 
 
 Tied embeddings (the head's weight *is* the embedding's): one parameter, stored once in the head's layout
 (vocabulary over y, features over x, split over z); the lookup reads it vocabulary-parallel with one all-reduce
-over y (see :mod:`axgrid.nn.tied_embedding` for the shapes and the gradient). A fused producer (Phi-3's
+over y (see :mod:`axgrid.tensor_parallel.tied_embedding` for the shapes and the gradient). A fused producer (Phi-3's
 ``qkv_proj``, ``gate_up_proj``) keeps, per rank, its share of each segment (:class:`Pair`'s ``segments``).
 
 A model that does not fit the grid raises before anything is built, naming the size, what Gx and Gy must divide
@@ -43,11 +43,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..grid import Grid
-from ..nn.embedding import Embedding
-from ..nn.rmsnorm import HeadRMSNorm, RMSNorm
-from ..nn.tied_embedding import TiedEmbedding
-from ..redistribute import gather_tokens_features
+from ..core.grid import Grid
+from ..tensor_parallel.embedding import Embedding
+from ..tensor_parallel.rmsnorm import HeadRMSNorm, RMSNorm
+from ..tensor_parallel.tied_embedding import TiedEmbedding
+from ..tensor_parallel.redistribute import gather_tokens_features
 from ..spec.layout import all_shapes
 from .loss import VocabParallelCausalLMLoss
 from .parallelize import LinearPlan, parallel_copy, set_submodule
@@ -59,7 +59,8 @@ class Pair:
     the stream) through per-token, per-unit operations. ``unit``: rows split over y only in whole units
     (``head_dim`` for attention). ``segments``: one fused producer whose rows are consecutive segments, each split
     over y on its own (Phi-3's ``qkv_proj``: ``(H·d, H_kv·d, H_kv·d)``; ``gate_up_proj``: ``(f, f)``), so that a
-    rank's output is its share of every segment in turn (:class:`~axgrid.nn.linear.Linear`'s ``out_segments``)."""
+    rank's output is its share of every segment in turn (:class:`~axgrid.tensor_parallel.linear.Linear`'s
+    ``out_segments``)."""
 
     producers: tuple[str, ...]
     consumer: str
@@ -74,8 +75,8 @@ class TransformerPlan:
     ``embedding``: the token ``nn.Embedding``; ``norms``: RMS norms over the hidden features (``weight [h]`` and
     ``variance_epsilon`` or ``eps``); ``pairs``: every Linear of the blocks; ``head``: the ``[V, h]`` LM head
     (None for a base model), which may share its weight with the embedding (tied embeddings:
-    :class:`~axgrid.nn.tied_embedding.TiedEmbedding`); ``batch_inputs``: forward arguments whose first dimension is
-    the batch, split over z by sequence before the model runs. Every ``nn.Linear`` and every module holding
+    :class:`~axgrid.tensor_parallel.tied_embedding.TiedEmbedding`); ``batch_inputs``: forward arguments whose first
+    dimension is the batch, split over z by sequence before the model runs. Every ``nn.Linear`` and every module holding
     parameters must be named, and nothing else may mix hidden features, since the stream is sharded.
 
     Family options: ``head_norms``: RMS norms over each head's features (Qwen3's and Gemma 3's ``q_norm``,

@@ -1,6 +1,6 @@
 """How a model's parameters are packed into the flat data-parallel buckets, and which share of each bucket a d-rank
-owns: the one place that knows it (pure arithmetic, no torch), read by the runtime (:mod:`axgrid.grad_buckets`) and
-by perfmodel (its bucket counts, bytes and the memory of each ``zero`` mode).
+owns: the one place that knows it (pure arithmetic, no torch), read by the runtime (:mod:`axgrid.data_parallel.buckets`)
+and by perfmodel (its bucket counts, bytes and the memory of each ``zero`` mode).
 
 The packing: the trainable parameters in **reverse** ``model.parameters()`` order (roughly the order their gradients
 become final in the backward, as DDP and Megatron lay out theirs), packed one after another; a parameter joins the

@@ -58,8 +58,9 @@ def _rank_main(rank: int, world: int, port: int, timeout_s: float, conn) -> None
 
 #: The runtime a rank uses (``import axgrid`` alone loads none of it: its names load on first use), and the memory
 #: measurement tools (whose dispatch mode imports torch._dynamo: once in the forkserver, not once per rank).
-RUNTIME_MODULES = ("axgrid.grid", "axgrid.nn", "axgrid.plans.parallelize", "axgrid.plans", "axgrid.checkpoint",
-                   "axgrid.data_parallel", "axgrid.io.export", "axgrid.redistribute", "axgrid.launch.env",
+RUNTIME_MODULES = ("axgrid.core.grid", "axgrid.core.runtime", "axgrid.nn", "axgrid.tensor_parallel.linear",
+                   "axgrid.plans.parallelize", "axgrid.plans", "axgrid.checkpoint", "axgrid.data_parallel.gradients",
+                   "axgrid.io.export", "axgrid.tensor_parallel.redistribute", "axgrid.launch.env",
                    "axgrid.metrics.memtrack")
 
 

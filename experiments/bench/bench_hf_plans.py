@@ -11,7 +11,7 @@ activations, so each one gathers its output) and **paired** (``parallelize(model
 residual stream sharded, q/k/v -> o and gate/up -> down with no redistribution, vocab-parallel loss).
 
 ``--tied``: tied embeddings (drop-in keeps the tied head dense on every rank; the plan stores it once, sharded,
-:mod:`axgrid.nn.tied_embedding`).
+:mod:`axgrid.tensor_parallel.tied_embedding`).
 
 Printed (rank 0), measured in one run, every step through ``axgrid.metrics.StepMeter``: bytes per step from the
 ledger (the step after warm-up; all collectives of forward, backward and the data-parallel gradient mean) split by

@@ -221,7 +221,7 @@ def job_a(args: argparse.Namespace) -> None:
     from axgrid.checkpoint import save_checkpoint
     from axgrid.io import agree
     from axgrid.perfmodel.memory import memory_per_gpu
-    from axgrid.perfmodel.spec import Options
+    from axgrid.perfmodel.problem import Options
     from axgrid.spec import TransformerShape
     me = Rank(args, args.grid)
     grid, rec, ckpt = me.grid, me.rec, args.ckpt

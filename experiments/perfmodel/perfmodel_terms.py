@@ -15,7 +15,7 @@ import argparse
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.band import band_for
 from axgrid.perfmodel.published import POINTS, check, check_all
-from axgrid.perfmodel.spec import model_flops
+from axgrid.perfmodel.problem import model_flops
 
 
 def terms(r) -> str:

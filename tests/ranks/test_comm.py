@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 
 import axgrid
-from axgrid.comm import Communicator
+from axgrid.core.comm import Communicator
 
 
 def rank_traps() -> dict:

@@ -82,7 +82,7 @@ def test_drop_in_setup_no_backward_sync_and_bad_input(ranks, tmp_path):
             "holds a tensor that is not a parameter of the model", "build the scheduler on the optimizer fabric.setup",
             "holds no 'epoch'"]
     for got in ranks(4, rank_fabric_seams, "1x1x2x2", str(tmp_path / "ck")):
-        assert got["drop-in"] == "axgrid.nn.linear"
+        assert got["drop-in"] == "axgrid.tensor_parallel.linear"
         assert got["d calls under no_backward_sync"] == 0 and got["d calls after"] > 0, got
         assert got["no collective before the errors"]
         assert len(got["errors"]) == len(want)

@@ -77,7 +77,7 @@ def rank_keep_gathered(spec: str) -> tuple:
     ov = axgrid.OverlapConfig(keep_gathered_weights=True)
     grid = axgrid.init(spec, config=axgrid.RuntimeConfig(timeout_s=60, overlap=ov))
     try:
-        from axgrid.nn.linear import kept_weight_bytes
+        from axgrid.tensor_parallel.linear import kept_weight_bytes
         model = MLPStack(12, 2, ffn=24, grid=grid, seed=4)
         grid.ledger.reset()
         model(torch.randn(6, 12)).sum().backward()

@@ -8,7 +8,7 @@ import warnings
 import torch
 
 import axgrid
-from axgrid.replicas import ReplicaWarning, check_replicas, fingerprint
+from axgrid.data_parallel.replicas import ReplicaWarning, check_replicas, fingerprint
 
 
 def _fingerprints(model, grid) -> list[list[int]]:
@@ -65,7 +65,7 @@ def rank_embedding_backward_ops() -> list[str]:
     from torch.utils._python_dispatch import TorchDispatchMode
     grid = axgrid.init("1x2x1x1", config=axgrid.RuntimeConfig(timeout_s=60, seed=0))
     try:
-        from axgrid.nn.embedding import Embedding
+        from axgrid.tensor_parallel.embedding import Embedding
         emb = Embedding(16, 8, grid)
         out = emb(torch.tensor([1, 3, 3, 7]))
         seen: list[str] = []

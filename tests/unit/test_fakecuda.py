@@ -41,7 +41,7 @@ def _left_on_host(model, device) -> list[str]:
 
 def _gathered_bytes(model) -> int:
     """What one forward's weight gathers over z move in bf16 (each FC layer's padded block, 2 bytes an element)."""
-    from axgrid.nn.linear import Linear
+    from axgrid.tensor_parallel.linear import Linear
     return sum(2 * m.sharding.padded_numel for m in model.modules() if isinstance(m, Linear))
 
 
@@ -58,7 +58,7 @@ def cuda_cases(tmp: str) -> dict:
     path, cfg = _llama_and_gpt(tmp)
     ids = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(0))
     out: dict = {}
-    from axgrid.nn.linear import Linear
+    from axgrid.tensor_parallel.linear import Linear
     initialise = Linear.reset_parameters
     initialised: list = []
     for rank in RANKS:

@@ -67,32 +67,90 @@ def closure(name: str, packages: bool = True) -> set[str]:
     return seen
 
 
+# --- the rooms: one package per parallelism, each importing the core and never a sibling ---------------------------
+
+#: A package of axgrid named ``*_parallel`` is a room (tensor_parallel, data_parallel; context_parallel and
+#: expert_parallel when they come): the rule below holds for every one of them by its name alone.
+ROOMS = sorted(f"axgrid.{p.name}" for p in PKG.iterdir()
+               if p.name.endswith("_parallel") and (p / "__init__.py").is_file())
+ROOM_PREFIXES = tuple(ROOMS)
+#: The core: the grid, the communicator, the configuration, the end of the backward, and the runtime that wires the
+#: rooms (the one core module allowed to import them).
+CORE = tuple(f"axgrid.core.{p.stem}" for p in (PKG / "core").glob("*.py") if p.stem != "__init__")
+WIRING = "axgrid.core.runtime"
+
+
+def _room_of(module: str) -> str | None:
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def _modules(package: str) -> list[str]:
+    folder = ROOT.joinpath(*package.split("."))
+    return sorted(f"{package}.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__") + [package]
+
+
+def test_the_rooms_are_there():
+    """Tensor and data parallelism have their rooms; no module of axgrid's top level belongs to one parallelism."""
+    assert {"axgrid.tensor_parallel", "axgrid.data_parallel"} <= set(ROOMS), ROOMS
+    assert {"axgrid.core.grid", "axgrid.core.comm", "axgrid.core.config", "axgrid.core.backward", WIRING} <= set(CORE)
+    top = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+    assert set(top) <= {"cli", "demo", "optimizer", "train"}, f"axgrid/ has top-level modules {top}: give each a room"
+
+
+def test_a_room_imports_the_core_and_never_a_sibling():
+    """What a room's modules reach (inside functions too, and through any package on the way), except through the
+    runtime, holds no module of another room."""
+    bad = []
+    for room in ROOMS:
+        for module in _modules(room):
+            seen, todo = set(), [module]
+            while todo:
+                for m in _imports(todo.pop(), packages=True) - seen:
+                    seen.add(m)
+                    if m != WIRING:
+                        todo.append(m)
+            bad += [f"{module} -> {m}" for m in sorted(seen) if _room_of(m) not in (None, room)]
+    assert not bad, "a room imports a sibling room:\n" + "\n".join(bad)
+
+
+def test_the_core_below_the_runtime_imports_no_room():
+    """The grid, the communicator, the configuration and the end of the backward import no room: only the runtime
+    wires them (and the grid holds a runtime only under TYPE_CHECKING)."""
+    bad = [f"{c} -> {m}" for c in CORE if c != WIRING for m in sorted(closure(c)) if _room_of(m)]
+    assert not bad, "\n".join(bad)
+    assert {_room_of(m) for m in closure(WIRING)} >= {"axgrid.tensor_parallel", "axgrid.data_parallel"}
+
+
 def test_the_grid_imports_no_runtime_machinery_and_no_layer():
-    reach = closure("axgrid.grid")
-    banned = {m for m in reach if m in ("axgrid.runtime", "axgrid.overlap", "axgrid.data_parallel")
+    reach = closure("axgrid.core.grid")
+    banned = {m for m in reach if m == "axgrid.core.runtime" or m.startswith(ROOM_PREFIXES)
               or m == "axgrid.nn" or m.startswith("axgrid.nn.")}
-    assert not banned, f"axgrid.grid reaches {sorted(banned)}"
+    assert not banned, f"axgrid.core.grid reaches {sorted(banned)}"
 
 
 def test_overlap_imports_no_layer_and_nothing_reaches_back():
-    assert not {m for m in closure("axgrid.overlap") if m.startswith(("axgrid.nn", "axgrid.runtime"))}
-    for name in ("axgrid.grid", "axgrid.overlap", "axgrid.runtime", "axgrid.nn.linear", "axgrid.data_parallel"):
+    assert not {m for m in closure("axgrid.tensor_parallel.overlap")
+                if m.startswith(("axgrid.nn", "axgrid.core.runtime"))}
+    for name in ("axgrid.core.grid", "axgrid.tensor_parallel.overlap", "axgrid.core.runtime",
+    "axgrid.tensor_parallel.linear",
+                 "axgrid.data_parallel.gradients"):
         assert name not in closure(name, packages=False), f"{name} imports itself through a cycle"
 
 
 def test_the_checker_sees_imports_inside_functions():
     """The check must not pass by missing imports: the runtime's optional tuner import is inside a function."""
-    assert "axgrid.overlap" in closure("axgrid.runtime") and "axgrid.grid" in closure("axgrid.nn.linear")
-    assert "axgrid.nn.linear" in closure("axgrid.nn")
+    assert {"axgrid.tensor_parallel.overlap", "axgrid.kernels"} <= closure("axgrid.core.runtime")
+    assert "axgrid.core.grid" in closure("axgrid.tensor_parallel.linear")
 
 
 def test_importing_the_grid_loads_no_machinery():
-    """The same, as Python sees it: a fresh interpreter that imports axgrid.grid has no overlap, runtime or layer."""
-    code = "import sys, axgrid.grid; print(' '.join(m for m in sys.modules if m.startswith('axgrid')))"
+    """The same, as Python sees it: a fresh interpreter that imports axgrid.core.grid has no overlap, runtime or
+    layer."""
+    code = "import sys, axgrid.core.grid; print(' '.join(m for m in sys.modules if m.startswith('axgrid')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
-    assert "axgrid.grid" in out
-    assert not [m for m in out if m in ("axgrid.runtime", "axgrid.overlap", "axgrid.data_parallel")
+    assert "axgrid.core.grid" in out
+    assert not [m for m in out if m == "axgrid.core.runtime" or m.startswith(ROOM_PREFIXES)
                 or m.startswith("axgrid.nn")], out
 
 
@@ -166,8 +224,9 @@ def test_no_sys_path_edits_and_no_scripts_loaded_by_path_outside_tests():
     assert not bad, "\n".join(bad)
 
 
-MACHINERY = ("axgrid.backward", "axgrid.overlap", "axgrid.grad_buckets", "axgrid.data_parallel", "axgrid.runtime",
-             "axgrid.nn.linear", "axgrid.sharded_optimizer")
+MACHINERY = ("axgrid.core.backward", "axgrid.tensor_parallel.overlap", "axgrid.data_parallel.buckets",
+             "axgrid.data_parallel.gradients", "axgrid.core.runtime", "axgrid.tensor_parallel.linear",
+             "axgrid.data_parallel.sharded_optimizer")
 
 
 def _type_checking_imports(name: str) -> set[str]:
@@ -191,11 +250,12 @@ def _type_checking_imports(name: str) -> set[str]:
 
 
 def test_the_backward_machinery_calls_down_only():
-    """One end of the backward (axgrid.backward) at the bottom; the weight source and gradient sink (overlap) and the
-    data-parallel buckets (grad_buckets) know neither each other nor the layers: they are handed callables. No
-    module of the machinery hides an import of another under TYPE_CHECKING (there were four such arrows)."""
+    """One end of the backward (axgrid.core.backward) at the bottom; the weight source and gradient sink (overlap) and
+    the data-parallel buckets (data_parallel.buckets) know neither each other nor the layers: they are handed callables.
+    No module of the machinery hides an import of another under TYPE_CHECKING (there were four such arrows)."""
     hidden = {(m, t) for m in MACHINERY for t in _type_checking_imports(m) if t in MACHINERY}
     assert not hidden, sorted(hidden)
-    assert not {m for m in closure("axgrid.backward", packages=False) if m.startswith("axgrid.")}
-    assert not {m for m in closure("axgrid.overlap") if m in MACHINERY[2:] or m.startswith("axgrid.nn")}
-    assert not {m for m in closure("axgrid.grad_buckets") if m in MACHINERY[1:] and m != "axgrid.grad_buckets"}
+    assert not {m for m in closure("axgrid.core.backward", packages=False) if m.startswith("axgrid.")}
+    assert not {m for m in closure("axgrid.tensor_parallel.overlap") if m in MACHINERY[2:] or m.startswith("axgrid.nn")}
+    assert not {m for m in closure("axgrid.data_parallel.buckets")
+                if m in MACHINERY[1:] and m != "axgrid.data_parallel.buckets"}

@@ -11,13 +11,13 @@ import torch.distributed as dist
 from torch import nn
 
 import axgrid
-from axgrid.grid import Grid
+from axgrid.core.grid import Grid
 from axgrid.launch.env import detect_launch
 from axgrid.models import MLPStack
 from axgrid.models.gpt import GPT, GPTConfig
 from axgrid.spec import TransformerShape
 from axgrid.device import choose_device, of
-from axgrid.runtime import build_grid
+from axgrid.core.runtime import build_grid
 from axgrid.spec.layout import GridShape, RankLayout, all_shapes
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .grid import Grid
+from ..core.grid import Grid
 
 
 def token_split(m: int, parts: int) -> list[int]:

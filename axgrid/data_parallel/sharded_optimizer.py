@@ -5,7 +5,7 @@
     axgrid.train_step(model, opt, loss_of, grid, microbatches=4, clip=1.0)
 
 Each d-rank owns a 1/Gd share of every flat data-parallel bucket (:mod:`axgrid.spec.buckets`,
-:mod:`axgrid.grad_buckets`): after the gradients are reduce-scattered over d, it runs the wrapped optimizer's
+:mod:`axgrid.data_parallel.buckets`): after the gradients are reduce-scattered over d, it runs the wrapped optimizer's
 algorithm (its class, groups and hyper-parameters) on *pieces* -- the part of each parameter inside its shares,
 leaf tensors that share storage with the bucket's parameter buffer, their gradients views of the reduced share --
 so its state (AdamW's two moments: 8 bytes per element) exists for 1/Gd of the elements; then the updated shares
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .data_parallel import trainable_params
-from .grad_buckets import GradBuckets, Piece
-from .io import replicated_letters, tile_of
-from .spec import TileSpec
+from .gradients import trainable_params
+from .buckets import GradBuckets, Piece
+from ..io import replicated_letters, tile_of
+from ..spec import TileSpec
 
 if TYPE_CHECKING:
-    from .grid import Grid
+    from ..core.grid import Grid
 
 
 def piece_tile(param: torch.Tensor, lo: int, hi: int) -> TileSpec:
@@ -104,7 +104,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             buckets.hook_modules(model)
 
     def piece_of(self, tensor: torch.Tensor) -> Piece:
-        """The :class:`~axgrid.grad_buckets.Piece` a tensor of ``param_groups`` is."""
+        """The :class:`~axgrid.data_parallel.buckets.Piece` a tensor of ``param_groups`` is."""
         return self._pieces[id(tensor)]
 
     @property

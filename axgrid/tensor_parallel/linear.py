@@ -23,13 +23,13 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from ..grid import Grid, current_grid
+from ..core.grid import Grid, current_grid
 from ..spec.tiles import Box
 from ..io.part_copy import copy_part_, read_part
-from ..redistribute import gather_tokens_features, shard_tokens_features
+from .redistribute import gather_tokens_features, shard_tokens_features
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import LinearSharding
-from . import init as _init
+from ..nn import init as _init
 from .replicated_grad import token_grad, uses_token
 
 ActivationLayout = Literal["replicated", "sharded"]
@@ -43,7 +43,8 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_loc: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # type: ignore[override]
                 layer: "Linear", uses: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``uses``: the gradient sink's uses token for this layer (ORS; see :mod:`axgrid.overlap`), or None."""
+        """``uses``: the gradient sink's uses token for this layer (ORS; see :mod:`axgrid.tensor_parallel.overlap`), or
+        None."""
         grid, rt, sh = layer.grid, layer.runtime, layer.sharding
         dev = x_loc.device.type
         if torch.is_autocast_enabled(dev) and x_loc.is_floating_point():
@@ -150,7 +151,7 @@ class Linear(nn.Module):
             self.bias.axgrid_tile = sh.bias_tile
         else:
             self.register_parameter("bias", None)
-        self.lora: Optional[nn.Module] = None      # a LoRA adapter (axgrid.nn.lora), set by axgrid.lora
+        self.lora: Optional[nn.Module] = None      # a LoRA adapter (axgrid.adapters.layer), set by axgrid.lora
         if init:
             self.reset_parameters()
         add_state_hooks(self)
@@ -249,7 +250,7 @@ class Linear(nn.Module):
             x_loc = x.reshape(-1, sh.k_blk)
         y_loc = _LinearFunction.apply(x_loc, self.weight, self.bias, self,
                                       uses_token(self.grid, [self.weight, self.bias]))
-        if self.lora is not None:                  # + s·(drop(x) A^T) B^T, in the same layout (axgrid.nn.lora)
+        if self.lora is not None:                  # + s·(drop(x) A^T) B^T, in the same layout (axgrid.adapters.layer)
             y_loc = y_loc + self.lora(x_loc)
         if self.output_layout == "sharded":
             return y_loc.reshape(*lead, sh.n_blk) if self.input_layout == "sharded" else y_loc

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .spec import DEFAULT_BUCKET_BYTES, OverlapConfig
+from ..spec import DEFAULT_BUCKET_BYTES, OverlapConfig
 
 #: ``gemm(a, b, role) -> a @ b`` for 2-D tensors; ``role`` is "forward", "input_grad" or "weight_grad".
 GemmFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
@@ -15,7 +15,7 @@ GemmFn = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """Everything that changes how the runtime behaves; the grid's :class:`~axgrid.runtime.Runtime` holds it
+    """Everything that changes how the runtime behaves; the grid's :class:`~axgrid.core.runtime.Runtime` holds it
     (``grid.runtime.config``).
 
     ``timeout_s``: limit for every collective and for the start-up rendezvous (a lost or hung rank ends the
@@ -44,7 +44,7 @@ class RuntimeConfig:
     whole optimizer state and all-reduces the gradients; 1 -- the gradients are reduce-scattered over d, each
     d-rank keeps and steps the optimizer state of its 1/Gd share of the buckets (:func:`axgrid.shard_optimizer`)
     and the updated parameters are all-gathered over d; 2 -- also only the 1/Gd share of the gradients is kept.
-    Needs Gd > 1 (:func:`axgrid.init` refuses it otherwise). See :mod:`axgrid.grad_buckets`.
+    Needs Gd > 1 (:func:`axgrid.init` refuses it otherwise). See :mod:`axgrid.data_parallel.buckets`.
     ``gemm_tuning``: "off", "on-first-use" or "cache-only": run the layers' three GEMMs through a
     ``kernels.GemmTuner`` built by the runtime (``grid.runtime.gemm_fn``), whose decisions every rank of an
     x-y group shares (rank 0 of the group decides, so replicas never diverge). ``gemm_cache``: its cache file

@@ -1,13 +1,12 @@
 """What parallel layers run with on a grid, and :func:`init`, which builds a grid and its runtime.
 
-A :class:`Runtime` is the one visible object holding the runtime machinery: the configuration, the GEMM, the
-tracer, the weight source (:class:`~axgrid.overlap.WeightGather` or, with OAG, the prefetcher), the gradient
-sink (:class:`~axgrid.overlap.GradientSink` or, with ORS, the pipeline), the data parallelism over d
-(:class:`~axgrid.data_parallel.DataParallel`: the buckets of :mod:`axgrid.grad_buckets`), the one end of every
-backward pass that runs their steps in order (:class:`~axgrid.backward.BackwardPass`) and the stream of per-layer
-seeds. Every piece is always present,
-so layers call them without asking which overlap switches are on. Layers take it from their grid
-(``layer.runtime = grid.runtime``).
+A :class:`Runtime` is the one visible object holding the runtime machinery: the configuration, the GEMM, the tracer, the
+weight source (:class:`~axgrid.tensor_parallel.overlap.WeightGather` or, with OAG, the prefetcher), the gradient sink
+(:class:`~axgrid.tensor_parallel.overlap.GradientSink` or, with ORS, the pipeline), the data parallelism over d
+(:class:`~axgrid.data_parallel.gradients.DataParallel`: the buckets of :mod:`axgrid.data_parallel.buckets`), the one end
+of every backward pass that runs their steps in order (:class:`~axgrid.core.backward.BackwardPass`) and the stream of
+per-layer seeds. Every piece is always present, so layers call them without asking which overlap switches are on. Layers
+take it from their grid (``layer.runtime = grid.runtime``).
 """
 from __future__ import annotations
 
@@ -20,16 +19,16 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from .launch import flight, teardown
+from ..launch import flight, teardown
 from .config import GemmFn, RuntimeConfig
-from .device import Device, choose_device, default_backend, of
+from ..device import Device, choose_device, default_backend, of
 from .backward import BackwardPass
-from .data_parallel import DataParallel
+from ..data_parallel.gradients import DataParallel
 from .grid import Grid, make_current, refuse_if_active, release_at_exit
-from .launch.env import MPI_LAUNCHERS, LaunchEnv, detect_launch, grid_shape_for, init_distributed, launch_dir
-from .spec.layout import GridError, GridShape, RankLayout, check_order
-from .overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
-from .metrics.trace import Tracer
+from ..launch.env import MPI_LAUNCHERS, LaunchEnv, detect_launch, grid_shape_for, init_distributed, launch_dir
+from ..spec.layout import GridError, GridShape, RankLayout, check_order
+from ..tensor_parallel.overlap import GradientPipeline, GradientSink, WeightGather, WeightPrefetcher
+from ..metrics.trace import Tracer
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, role: str) -> torch.Tensor:
@@ -119,7 +118,7 @@ class Runtime:
 
 def _gemm_tuner(grid: Grid, config: RuntimeConfig) -> GemmFn:
     """A kernels.GemmTuner whose decisions rank 0 of each x-y group makes for the whole group."""
-    from . import kernels   # optional: only with gemm_tuning on
+    from .. import kernels   # optional: only with gemm_tuning on
     agreement = kernels.Agreement(grid.index("xy"), lambda obj, src: grid.comm.broadcast_object(obj, "xy", src))
     return kernels.GemmTuner(config.gemm_tuning, cache_path=config.gemm_cache, group=agreement)
 

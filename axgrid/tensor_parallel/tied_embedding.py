@@ -1,9 +1,10 @@
 """``axgrid.nn.TiedEmbedding``: the token lookup of tied embeddings, reading the LM head's sharded weight.
 
-Tied embeddings use one matrix ``E [V, h]`` twice: the lookup ``x_t = E[id_t]`` and the head ``logits = x Eᵀ``.
-Today's two layouts disagree: :class:`~axgrid.nn.embedding.Embedding` keeps all ``V`` rows with the features over x
-(``[V, h/Gx]``, replicated over y, z and d), while the head, a normal :class:`~axgrid.nn.linear.Linear`, splits the
-vocabulary over y and the features over x and stores 1/Gz of its block. ``E`` is stored once, in the head's layout:
+Tied embeddings use one matrix ``E [V, h]`` twice: the lookup ``x_t = E[id_t]`` and the head ``logits = x Eᵀ``. Today's
+two layouts disagree: :class:`~axgrid.tensor_parallel.embedding.Embedding` keeps all ``V`` rows with the features over x
+(``[V, h/Gx]``, replicated over y, z and d), while the head, a normal :class:`~axgrid.tensor_parallel.linear.Linear`,
+splits the vocabulary over y and the features over x and stores 1/Gz of its block. ``E`` is stored once, in the head's
+layout:
 
 ==========  =================================================  ==========================================
 tensor      on this rank                                       notes

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from ..grid import Grid
+from ..core.grid import Grid
 
 
 class _VocabParallelCE(torch.autograd.Function):

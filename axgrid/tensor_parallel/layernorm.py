@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..grid import Grid
-from ..redistribute import feature_part
+from ..core.grid import Grid
+from .redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
 from .replicated_grad import reduce_over_z, token_grad, uses_token

@@ -23,7 +23,7 @@ zero   persistent                                 during a backward
 So every gradient has one copy in every mode (DDP's ``gradient_as_bucket_view``, Megatron's grad buffer): autograd
 accumulates into the views in place, and the collectives run on the buckets in place. The optimizer state is
 the optimizer's: whole per parameter with ``zero=0``, only this d-rank's pieces with ``zero`` >= 1
-(:mod:`axgrid.sharded_optimizer`).
+(:mod:`axgrid.data_parallel.sharded_optimizer`).
 
 The reductions over d (mean, through ``grid.comm``) run in ``RuntimeConfig.grad_reduce_dtype`` (fp32 by default:
 a bucket of bf16 gradients goes through an fp32 copy, written back; ``zero=2``'s full buckets are kept in it):
@@ -33,7 +33,7 @@ mean; with ``zero=1`` the rest of the buffer holds this rank's own sums until th
 ``grid.no_sync()``. With ODP (``OverlapConfig.odp``) a bucket is posted during the backward as soon as every member's
 gradient is final (autograd's post-accumulate hook, or the ORS pipeline's hand-over) *and* every bucket before it has
 been posted -- so every rank posts the same buckets in the same order, whichever parameters its data used; without
-ODP, or for buckets with a member that got no gradient here, at the end of the backward (:mod:`axgrid.backward`),
+ODP, or for buckets with a member that got no gradient here, at the end of the backward (:mod:`axgrid.core.backward`),
 where members without a gradient contribute zeros. A second reduction in one step (several backwards without
 ``no_sync``) adds to the first, as DDP's does: with ``zero=1`` a buffer whose share holds a mean is first turned back
 into this rank's contribution (the share times Gd, the rest zero) when the next backward begins. ``zero=2``
@@ -59,10 +59,10 @@ from typing import Callable, ContextManager, Iterable, Iterator, Optional, Seque
 
 import torch
 
-from .comm import Communicator, Pending, same_memory
-from .device import host_read
-from .spec import GRADIENT_WINDOW
-from .spec.buckets import Bucket, pack_buckets
+from ..core.comm import Communicator, Pending, same_memory
+from ..device import host_read
+from ..spec import GRADIENT_WINDOW
+from ..spec.buckets import Bucket, pack_buckets
 
 
 @dataclass
@@ -91,10 +91,11 @@ def _arriving(arm: Callable[[], None], grad: torch.Tensor) -> None:
 
 class GradBuckets:
     """The data-parallel buckets of one list of parameters (a model's trainable parameters, in
-    ``model.parameters()`` order); see the module docstring. Built by :class:`axgrid.data_parallel.DataParallel`.
+    ``model.parameters()`` order); see the module docstring. Built by
+    :class:`axgrid.data_parallel.gradients.DataParallel`.
 
     ``delivered(param)``: whether a gradient sink writes ``param.grad`` and hands it on itself (ORS), rather than
-    autograd; ``arm()``: the runtime's end of the backward (:class:`axgrid.backward.BackwardPass`), which calls
+    autograd; ``arm()``: the runtime's end of the backward (:class:`axgrid.core.backward.BackwardPass`), which calls
     :meth:`begin_backward` and :meth:`end_of_backward`; ``syncing()``: False under ``no_sync``."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], comm: Communicator, zero: int, bucket_bytes: int,
@@ -240,7 +241,7 @@ class GradBuckets:
                 view.copy_(g)
         param.grad = view
 
-    # -- the runtime's backward steps (axgrid.backward) ----------------------------------------------------
+    # -- the runtime's backward steps (axgrid.core.backward) ----------------------------------------------------
     def begin_backward(self) -> None:
         """A backward begins (before any gradient is written): ``zero=1`` buffers whose share holds a mean of an
         earlier reduction of this step become this rank's contribution again -- the share times Gd, the rest

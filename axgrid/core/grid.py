@@ -1,6 +1,6 @@
 """The grid: this rank's place in the Gx x Gy x Gz x Gd layout, its process groups along x, y, z, d (and the
 tensor-parallel block), and the communicator over them. Nothing else: what layers run with (config, GEMM,
-weight gathering, gradient sink, seeds) is the grid's :class:`~axgrid.runtime.Runtime`, built next to it by
+weight gathering, gradient sink, seeds) is the grid's :class:`~axgrid.core.runtime.Runtime`, built next to it by
 :func:`axgrid.init`; the grid keeps a reference, ``grid.runtime``, so that one handle reaches both.
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ import torch.distributed as dist
 
 from .comm import Communicator, Ledger
 from .config import RuntimeConfig
-from .device import Device
-from .device.clocks import clock_for
-from .launch.flight import FlightRecorder
-from .launch.report import cause_elsewhere
-from .launch.env import LaunchEnv
-from .spec.layout import Coord, GridError, RankLayout
-from .metrics.trace import Tracer
+from ..device import Device
+from ..device.clocks import clock_for
+from ..launch.flight import FlightRecorder
+from ..launch.report import cause_elsewhere
+from ..launch.env import LaunchEnv
+from ..spec.layout import Coord, GridError, RankLayout
+from ..metrics.trace import Tracer
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -85,7 +85,7 @@ class Grid:
         return self.runtime.dp.no_sync()
 
     def watch(self, model: "torch.nn.Module") -> None:
-        """Build ``model``'s data-parallel buckets now (:mod:`axgrid.grad_buckets`; otherwise the first
+        """Build ``model``'s data-parallel buckets now (:mod:`axgrid.data_parallel.buckets`; otherwise the first
         :func:`axgrid.sync_gradients` does), so that the first step's backward reduces over d too. The
         parameters must hold their data (not on meta): they become views of the buckets with ``zero`` >= 1."""
         params = [p for p in model.parameters() if p.requires_grad]

@@ -37,11 +37,11 @@ from torch import nn
 
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
-from . import init as _init
-from .replicated_grad import reduce_over_z, token_grad, uses_token
+from ..nn import init as _init
+from ..tensor_parallel.replicated_grad import reduce_over_z, token_grad, uses_token
 
 if TYPE_CHECKING:
-    from .linear import Linear
+    from ..tensor_parallel.linear import Linear
 
 #: the hashed initialisation's stream for A (B starts at zero, as PEFT's)
 LORA_A_STREAM = 3

@@ -1,6 +1,6 @@
 """The one place that knows whether a backward pass is running, and the one end-of-backward of the runtime.
 
-A :class:`BackwardPass` holds the runtime's ordered steps (built once by :class:`axgrid.runtime.Runtime`):
+A :class:`BackwardPass` holds the runtime's ordered steps (built once by :class:`axgrid.core.runtime.Runtime`):
 
 - ``begin``: run at the first event of a backward that :meth:`BackwardPass.arm` sees, before any gradient is
   written -- the data-parallel buckets prepare buffers that a reduction in an earlier backward of this step left

@@ -5,7 +5,7 @@ table over the other letter and z, a dense leftover over x, y and z) gets, on ev
 from the same values -- in exact arithmetic. On a GPU some backward kernels are not deterministic (atomics in flash
 attention's backward: the QKV bias sees a dy that differs in its last bits between x replicas), so replicas receive
 slightly different updates and drift apart, silently; a checkpoint then keeps one replica and a resume changes the
-others. (The embeddings' own backward accumulates deterministically: :mod:`axgrid.nn.embedding`.)
+others. (The embeddings' own backward accumulates deterministically: :mod:`axgrid.tensor_parallel.embedding`.)
 
 :func:`check_replicas` compares, over the tensor-parallel block, a 64-bit fingerprint of every replicated parameter's
 bits (one all-gather of one number per parameter), and repairs the ones whose replicas differ by broadcasting the
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .data_parallel import finish_gradients, replicated_over
-from .device import host_read
+from .gradients import finish_gradients, replicated_over
+from ..device import host_read
 
 if TYPE_CHECKING:
-    from .grid import Grid
+    from ..core.grid import Grid
 
 TP_LETTERS = "xyz"
 _INT_OF = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

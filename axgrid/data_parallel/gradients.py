@@ -1,5 +1,5 @@
 """Data parallelism over d: :class:`DataParallel`, the runtime's part that owns the models' data-parallel buckets
-(:mod:`axgrid.grad_buckets`: the buckets and their collectives), the user's functions around them, and a global
+(:mod:`axgrid.data_parallel.buckets`: the buckets and their collectives), the user's functions around them, and a global
 gradient norm that counts every parameter element once.
 
 Each parameter may carry ``axgrid_replicated``: the grid letters it is replicated over (``"d"`` for a
@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequen
 
 import torch
 
-from .comm import Communicator
-from .grad_buckets import GradBuckets
+from ..core.comm import Communicator
+from .buckets import GradBuckets
 
 if TYPE_CHECKING:
-    from .grid import Grid
+    from ..core.grid import Grid
 
 
 class DataParallel:
     """The runtime's data parallelism over d (``grid.runtime.dp``): the buckets of the models it syncs (one
-    :class:`~axgrid.grad_buckets.GradBuckets` per list of trainable parameters, built on first use), ``no_sync``,
-    and the steps it takes at the beginning and end of every backward pass (:mod:`axgrid.backward`).
+    :class:`~axgrid.data_parallel.buckets.GradBuckets` per list of trainable parameters, built on first use),
+    ``no_sync``, and the steps it takes at the beginning and end of every backward pass (:mod:`axgrid.core.backward`).
 
     ``delivered(param)``: whether the gradient sink writes ``param.grad`` itself (ORS); ``arm()``: the runtime's
     end of the backward."""
@@ -146,7 +146,7 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
 
     Call once per optimizer step, after the last micro-batch's backward. Completes pending overlapped gradient
     collectives first; what the backward reduced already (ODP, ``zero=2``) is not reduced again. The buckets
-    (:mod:`axgrid.grad_buckets`, built on first use for this list of trainable parameters) are the gradients'
+    (:mod:`axgrid.data_parallel.buckets`, built on first use for this list of trainable parameters) are the gradients'
     storage: ``.grad`` are views of them. ``zero=0``: each bucket is all-reduced, so every ``.grad`` holds the
     mean. ``zero`` >= 1: each bucket is reduce-scattered, so only this d-rank's share holds the mean -- what its
     :func:`axgrid.shard_optimizer` steps (with ``zero=2`` ``.grad`` is None: only the share exists). Every

@@ -25,10 +25,10 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .device.base import Event
-from .device.clocks import HostClock
-from .device.select import backend_device_type
-from .launch.report import mark_in_collective
+from ..device.base import Event
+from ..device.clocks import HostClock
+from ..device.select import backend_device_type
+from ..launch.report import mark_in_collective
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 

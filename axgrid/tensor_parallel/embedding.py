@@ -22,12 +22,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..grid import Grid
+from ..core.grid import Grid
 from ..io.part_copy import copy_part_
-from ..redistribute import feature_part
+from .redistribute import feature_part
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
 from ..spec import TileSpec
-from . import init as _init
+from ..nn import init as _init
 from .replicated_grad import reduce_over_z, token_grad, uses_token
 
 EMBEDDING_STREAM = 3

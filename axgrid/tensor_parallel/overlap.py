@@ -1,6 +1,6 @@
 """Where parallel layers get their weights and send their gradients: plain, or overlapped with compute.
 
-A :class:`~axgrid.runtime.Runtime` always holds one weight source and one gradient sink, so layers call them
+A :class:`~axgrid.core.runtime.Runtime` always holds one weight source and one gradient sink, so layers call them
 unconditionally; ``OverlapConfig`` only chooses which class is built.
 
 - :class:`WeightGather` (OAG off): a layer all-gathers its weight block over z when it runs (the layer is a
@@ -18,7 +18,7 @@ unconditionally; ``OverlapConfig`` only chooses which class is built.
   layer's *uses token* (a 0-d leaf each use's backward returns a zero gradient for) tells when the last one ran,
   because autograd sums a leaf's gradients from all uses before accumulating it once. A parameter two layers read
   (``axgrid_shared``: tied embeddings) is reduced at once and handed back to autograd, which adds its uses. What is
-  still in flight is completed by the runtime's end of the backward (:mod:`axgrid.backward`), so ``.grad`` is
+  still in flight is completed by the runtime's end of the backward (:mod:`axgrid.core.backward`), so ``.grad`` is
   complete whenever ``loss.backward()`` returns.
 - Both sinks post the input-gradient all-reduce: with OAR it stays in flight under the weight-gradient GEMM.
 """
@@ -29,9 +29,9 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
-from .backward import in_backward
-from .comm import Communicator, Pending, ready
-from .spec import GRADIENT_WINDOW, LinearSharding
+from ..core.backward import in_backward
+from ..core.comm import Communicator, Pending, ready
+from ..spec import GRADIENT_WINDOW, LinearSharding
 
 
 class ShardedWeight(Protocol):
@@ -113,7 +113,7 @@ class WeightPrefetcher(WeightGather):
                  before_use: Callable[[torch.nn.Parameter], None] = lambda p: None,
                  arm: Callable[[], None] = lambda: None) -> None:
         super().__init__(comm, keep, before_use)
-        self.arm = arm                            # the runtime's end of the backward (axgrid.backward)
+        self.arm = arm                            # the runtime's end of the backward (axgrid.core.backward)
         # layer id -> the layer that ran after it (weak: a deleted model is not kept alive)
         self.next_of: dict[str, dict[int, weakref.ref]] = {"fwd": {}, "bwd": {}}
         self.seen: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
@@ -245,7 +245,7 @@ class GradientPipeline(GradientSink):
     :data:`~axgrid.spec.GRADIENT_WINDOW` posts later or at the end of the backward; each result is added into
     ``.grad``, and a parameter is handed to ``on_ready(param)`` (the data-parallel buckets) once its collectives
     have completed and its layer's uses token has fired (see the module docstring). ``arm``: the runtime's end of
-    the backward (:class:`axgrid.backward.BackwardPass`), which calls :meth:`finish`."""
+    the backward (:class:`axgrid.core.backward.BackwardPass`), which calls :meth:`finish`."""
 
     def __init__(self, comm: Communicator, oar: bool,
                  on_ready: Callable[[torch.nn.Parameter], None] = lambda p: None,

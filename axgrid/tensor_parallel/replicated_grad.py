@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..grid import Grid
+from ..core.grid import Grid
 
 
 def reduce_over_z(grid: Grid, params: Sequence[torch.nn.Parameter],
@@ -28,8 +28,9 @@ def reduce_over_z(grid: Grid, params: Sequence[torch.nn.Parameter],
 
 def uses_token(grid: Grid, params: Sequence[Optional[torch.nn.Parameter]]) -> Optional[torch.Tensor]:
     """The gradient sink's uses token for a layer owning ``params`` whose gradients go through the sink
-    (:func:`reduce_over_z`, ``axgrid.nn.Linear``; :mod:`axgrid.overlap`: with ORS it tells when the backward of
-    the layer's last use in this pass has run), or None when none is needed (no ORS, nothing trained, no grad). Pass it to the layer's autograd function as an input; its
+    (:func:`reduce_over_z`, ``axgrid.nn.Linear``; :mod:`axgrid.tensor_parallel.overlap`: with ORS it tells when the
+    backward of the layer's last use in this pass has run), or None when none is needed (no ORS, nothing trained, no
+    grad). Pass it to the layer's autograd function as an input; its
     backward returns :func:`token_grad` for it."""
     trained = [p for p in params if p is not None and p.requires_grad]
     if not trained or not torch.is_grad_enabled():
