@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from axgrid import perfmodel as pm
+from axgrid.perfmodel.cli import parse_grid
 from axgrid.perfmodel.comm import used_flag_bytes
 from axgrid.perfmodel.decoder import NOT_MODELLED, decoder_collective_events, decoder_static_bytes
 from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
@@ -26,8 +27,7 @@ from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.problem import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GridError, GridShape, OverlapConfig, TransformerShape
-from axgrid.spec.layout import grid_sizes
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape, OverlapConfig, TransformerShape
 
 
 class DryRunError(ValueError):
@@ -226,6 +226,18 @@ def _grid_problems(model: TransformerShape, shape: tuple[int, int, int, int], ba
     return [describe(k, model, batch, shape, microbatches) for k, v in bad.items() if v[0]]
 
 
+def _read_grid(grid: str, gpus: Optional[int], fitting: Callable[[int], list[str]]) -> tuple[int, int, int, int]:
+    """``--grid`` against ``--gpus`` as perfmodel reads them (:func:`axgrid.perfmodel.cli.parse_grid`, the rule of
+    :meth:`GridShape.parse`); refused as a DryRunError that adds, where ``--gpus`` is given, the grids of that many
+    ranks that ``fitting(gpus)`` lists."""
+    try:
+        return parse_grid(grid, gpus)
+    except pm.PerfModelError as e:
+        listed = f"; grids of {gpus} ranks that fit this model and batch: {_list(fitting(gpus))}" \
+            if gpus is not None and gpus >= 1 else ""
+        raise DryRunError(f"{e}{listed}") from None
+
+
 def _list(grids: list[str], show: int = 12) -> str:
     if not grids:
         return "none"
@@ -280,15 +292,8 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
     if grid is not None:
-        try:
-            shape = GridShape.parse(grid, gpus if len(grid_sizes(grid)) == 3 else None).as_tuple()
-        except GridError as e:
-            raise DryRunError(f"--grid {grid}: {e}") from None
-        n = shape[0] * shape[1] * shape[2] * shape[3]
-        if gpus is not None and n != gpus:
-            raise DryRunError(f"--grid {grid} has {n} ranks, not --gpus {gpus}; grids of {gpus} ranks that this "
-                              f"model and batch divide: {_list(valid_grids(spec, gpus, batch, microbatches))}")
-        gpus = n
+        shape = _read_grid(grid, gpus, lambda n: valid_grids(spec, n, batch, microbatches))
+        gpus = shape[0] * shape[1] * shape[2] * shape[3]
         problems = _grid_problems(spec, shape, batch, microbatches)
         if problems:
             raise DryRunError(f"--grid {grid} does not fit {spec.name} with batch {batch}: {'; '.join(problems)}; "
@@ -386,22 +391,16 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
         listed = f"; grids of {gpus} ranks that it divides: {_list(fits)}" if gpus else ""
         raise DryRunError(f"--model {spec.path}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
                           f"sizes only){listed}")
-    try:
-        shape = GridShape.parse(grid, gpus if len(grid_sizes(grid)) == 3 else None).as_tuple()
-    except GridError as e:
-        raise DryRunError(f"--grid {grid}: {e}") from None
+    shape = _read_grid(grid, gpus, lambda n: _decoder_grids(spec, n, batch // microbatches))
     n = shape[0] * shape[1] * shape[2] * shape[3]
     problems = spec.divisibility(shape)
     gz, gd = shape[2], shape[3]
     if (batch // microbatches) % (gz * gd):
         problems.append(f"a micro-batch of {batch // microbatches} sequences not divisible by Gz*Gd={gz * gd} (z "
                         f"splits whole sequences)")
-    if (gpus is not None and n != gpus) or problems:
-        size = gpus or n
-        what = f"has {n} ranks, not --gpus {gpus}" if gpus is not None and n != gpus else \
-            f"does not fit {spec.name}: {'; '.join(problems)}"
-        raise DryRunError(f"--grid {grid} {what}; grids of {size} ranks that do: "
-                          f"{_list(_decoder_grids(spec, size, batch // microbatches))}")
+    if problems:
+        raise DryRunError(f"--grid {grid} does not fit {spec.name}: {'; '.join(problems)}; grids of {n} ranks that "
+                          f"do: {_list(_decoder_grids(spec, n, batch // microbatches))}")
     try:
         pm.load_machine(machine)
     except pm.PerfModelError as e:

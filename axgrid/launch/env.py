@@ -365,15 +365,9 @@ def detect_launch(env: Optional[Mapping[str, str]] = None, use_mpi: bool = True)
                      env.get(RUN_DIR_VAR) or None)
 
 
-def default_backend() -> str:
-    """NCCL where this process sees a GPU (RCCL answers to the same name on ROCm builds), gloo otherwise."""
-    from ..device import default_backend as device_default
-    return device_default()
-
-
-def init_distributed(launch: LaunchEnv, backend: Optional[str] = None, timeout_s: float = 600.0,
-                     device=None) -> str:
-    """Create the default process group for ``launch``; returns the backend used.
+def init_distributed(launch: LaunchEnv, backend: str, timeout_s: float = 600.0, device=None) -> str:
+    """Create the default process group for ``launch`` with ``backend`` (the caller's choice: ``axgrid.init`` takes
+    :func:`axgrid.device.default_backend` when none is given); returns it.
 
     ``device``: the rank's GPU (a ``torch.device``, made current by :func:`axgrid.device.choose_device`) for a GPU
     backend: the group is bound to it (``device_id``), so NCCL starts at once and splits its communicator for the
@@ -381,7 +375,6 @@ def init_distributed(launch: LaunchEnv, backend: Optional[str] = None, timeout_s
     later with the same timeout) fails after ``timeout_s`` instead of hanging.
     """
     import torch.distributed as dist
-    backend = backend or default_backend()
     bind = {"device_id": device} if device is not None and getattr(device, "type", "cpu") == "cuda" else {}
     dist.init_process_group(
         backend=backend,

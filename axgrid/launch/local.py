@@ -44,7 +44,7 @@ from typing import IO, Optional, Sequence
 
 from . import errors, flight, proctree
 from .env import LAUNCH_DIR_VAR, RUN_DIR_VAR, LaunchError, free_port
-from ..spec.layout import GridError, GridShape
+from ..spec.layout import GridError, GridShape, WorldSizeMismatch
 
 #: Signals the launcher forwards to the ranks.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -325,12 +325,12 @@ def preflight(n: int, cmd: Sequence[str]) -> None:
         raise LaunchError(f"{cmd[1]}: no such script (from {os.getcwd()}); check the path")
     for spec in _grid_arguments(cmd):
         try:
-            shape = GridShape.parse(spec) if spec.count("x") == 3 else GridShape.parse(spec, n)
+            GridShape.parse(spec, n)
+        except WorldSizeMismatch as e:
+            raise GridError(f"--grid {spec} needs {e.shape.size} ranks but -n is {n}: use -n {e.shape.size}, or a "
+                            f"grid of {n} ranks") from None
         except GridError as e:
             raise GridError(f"--grid {spec}: {e}") from None
-        if shape.size != n:
-            raise GridError(f"--grid {spec} needs {shape.size} ranks but -n is {n}: use -n {shape.size}, or a grid "
-                            f"of {n} ranks")
 
 
 def _write_once(path: str, text: str) -> None:

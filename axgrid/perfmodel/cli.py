@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from axgrid.spec import GridError, GridShape, TransformerShape
-from axgrid.spec.layout import grid_sizes
+from axgrid.spec.layout import WorldSizeMismatch
 
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
@@ -188,10 +188,13 @@ def _output(what: str, path: str, write) -> None:
 
 
 def parse_grid(text: str, gpus: int | None = None) -> tuple[int, int, int, int]:
-    """"2x4x8x16" → (2, 4, 8, 16) (``"2x4x8"`` with ``gpus``: Gd inferred), read by ``axgrid.spec.GridShape.parse``,
-    the one grammar of a grid."""
+    """"2x4x8x16" → (2, 4, 8, 16) (``"2x4x8"`` with ``gpus``: Gd inferred; four sizes must have ``gpus`` ranks where
+    it is given), read by ``axgrid.spec.GridShape.parse``, the one grammar of a grid."""
     try:
-        return GridShape.parse(text, gpus if len(grid_sizes(text)) == 3 else None).as_tuple()
+        return GridShape.parse(text, gpus).as_tuple()
+    except WorldSizeMismatch as e:
+        raise PerfModelError(f"--grid {text} has {e.shape.size} ranks, not --gpus {gpus}: give a grid of {gpus} ranks, "
+                             f"or three sizes GXxGYxGZ (Gd = --gpus / (Gx*Gy*Gz))") from None
     except GridError as e:
         raise PerfModelError(f"--grid {text}: {e}") from None
 

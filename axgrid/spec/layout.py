@@ -21,6 +21,21 @@ class GridError(ValueError):
     """A grid that cannot be built: bad shape, order, or a world size it does not divide."""
 
 
+class WorldSizeMismatch(GridError):
+    """A well-formed grid (four sizes, or a :class:`GridShape`) whose ranks are not the world size's. A caller that
+    knows where that number came from (``-n``, ``--gpus``) catches it and says the fix in those terms, from
+    ``shape`` and ``world_size``."""
+
+    def __init__(self, shape: "GridShape", world_size: int) -> None:
+        super().__init__(shape, world_size)         # the arguments as args: the error pickles across processes
+        self.shape = shape
+        self.world_size = world_size
+
+    def __str__(self) -> str:
+        return (f"grid {self.shape} has {self.shape.size} ranks but the world size is {self.world_size}; "
+                f"choose Gx*Gy*Gz*Gdata = {self.world_size} (or leave Gdata out to infer it)")
+
+
 def _name(spec: Union[str, Sequence[int]]) -> str:
     """A spec as the user wrote it."""
     return spec if isinstance(spec, str) else "x".join(map(str, spec))
@@ -65,7 +80,10 @@ class GridShape:
         drivers, the dry run, perfmodel) reads with this function and no other, so a spec means the same, and fails
         with the same line, everywhere.
 
-        With three sizes Gd is ``world_size // (Gx*Gy*Gz)``; ``world_size`` (the ranks) is then required.
+        The one rule for the world size: with three sizes Gd is ``world_size // (Gx*Gy*Gz)`` (``world_size``, the
+        ranks, is then required); four sizes (or a GridShape) are taken as written and, where ``world_size`` is
+        given, must have that many ranks (:class:`WorldSizeMismatch` otherwise). Every refusal is a one-line
+        GridError that says the fix.
         """
         if isinstance(spec, GridShape):
             shape = spec
@@ -82,8 +100,7 @@ class GridShape:
                 sizes.append(world_size // tp)
             shape = GridShape(*sizes)
         if world_size is not None and shape.size != world_size:
-            raise GridError(f"grid {shape} has {shape.size} ranks but the world size is {world_size}; "
-                            f"choose Gx*Gy*Gz*Gdata = {world_size} (or leave Gdata out to infer it)")
+            raise WorldSizeMismatch(shape, world_size)
         return shape
 
     def as_tuple(self) -> tuple[int, int, int, int]:

@@ -2,6 +2,9 @@
 finetune and ``axgrid.init`` use), perfmodel's ``--grid`` and the dry run's read a spec with
 ``GridShape.parse`` and so agree on every spec: the same shape, or a refusal with the same reason. (Before, a
 three-size grid ``2x2x1`` ran as 2x2x1x1 in train_gpt while perfmodel and the dry run refused it.)"""
+import json
+import math
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -11,6 +14,7 @@ from axgrid.launch.local import preflight
 from axgrid.perfmodel.cli import parse_grid
 from axgrid.perfmodel.errors import PerfModelError
 from axgrid.spec import GridError, GridShape
+from axgrid.spec.layout import WorldSizeMismatch
 
 SIZE = st.one_of(st.integers(0, 5).map(str), st.sampled_from(["", "-1", "a", " 2", "1.5"]))
 
@@ -37,8 +41,11 @@ def test_every_reader_of_a_grid_agrees(sizes, sep, n):
     priced, priced_why = _verdict(lambda: parse_grid(spec, n))
     assert driver == want and driver_why == why and (launcher_why is None) == (want is not None)
     if why is not None and len(sizes) == 4 and "ranks but the world size" in why:
-        return          # a well-formed grid of the wrong size: the launcher ("-n is N") and perfmodel ("not --gpus
-        #                 N", once priced) say so in their own terms
+        # a well-formed grid of the wrong size: the launcher and perfmodel say so in the terms of their options
+        ranks = math.prod(map(int, sizes))
+        assert launcher_why.startswith(f"--grid {spec} needs {ranks} ranks but -n is {n}: use -n {ranks}")
+        assert priced_why.startswith(f"--grid {spec} has {ranks} ranks, not --gpus {n}: give a grid of {n} ranks")
+        return
     assert (priced is None) == (want is None)
     if want is not None:
         assert priced == want.as_tuple()
@@ -53,3 +60,42 @@ def test_a_three_size_grid_means_the_same_to_a_driver_the_launcher_perfmodel_and
     assert resolve("gpt-tiny", 4, 8, grid=spec, machine="local-4", dtype="fp32").shape == (2, 2, 1, 1)
     with pytest.raises(DryRunError, match="leaves Gdata out, so the world size is needed"):
         resolve("gpt-tiny", None, 8, grid="2x2x1", machine="local-4", dtype="fp32")
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=3, max_size=4), world=st.one_of(st.none(), st.integers(1, 64)))
+def test_the_one_rule_for_the_world_size(sizes, world):
+    """Three sizes take Gd from the world size (which must be known, and divisible by Gx*Gy*Gz); four are taken as
+    written, and must have the world size's ranks where it is known (WorldSizeMismatch, which callers put in their
+    own terms). Every refusal is one line naming the grid."""
+    spec = "x".join(map(str, sizes))
+    ranks = math.prod(sizes)
+    try:
+        shape = GridShape.parse(spec, world)
+    except GridError as e:
+        assert "\n" not in str(e) and spec in str(e)
+        if len(sizes) == 3:
+            assert not isinstance(e, WorldSizeMismatch)
+            assert ("leaves Gdata out" in str(e)) == (world is None)
+            assert world is None or world % ranks
+        else:
+            assert isinstance(e, WorldSizeMismatch) and world is not None and ranks != world
+            assert (e.shape, e.world_size) == (GridShape(*sizes), world)
+            assert f"choose Gx*Gy*Gz*Gdata = {world}" in str(e)
+        return
+    assert shape == (GridShape(*sizes, world // ranks) if len(sizes) == 3 else GridShape(*sizes))
+    assert world is None or shape.size == world
+
+
+def test_the_dry_run_puts_a_wrong_number_of_ranks_in_its_terms(tmp_path):
+    """Both of the dry run's readers (a named GPT size, a Hugging Face config) take the rule from GridShape.parse:
+    three sizes fill Gd from --gpus; four of another number of ranks are refused naming --gpus and the grids that
+    fit (perfmodel's reading of --grid against --gpus, and the same line)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}))
+    for model, seq in (("gpt-tiny", None), (str(tmp_path), 16)):
+        assert resolve(model, 4, 8, grid="1x2x1", machine="local-4", dtype="fp32", seq=seq).shape == (1, 2, 1, 2)
+        with pytest.raises(DryRunError, match=r"^--grid 1x2x2x1 has 4 ranks, not --gpus 8: give a grid of 8 ranks, "
+                                              r".*; grids of 8 ranks that fit this model and batch: .*1x2x2x2"):
+            resolve(model, 8, 8, grid="1x2x2x1", machine="local-4", dtype="fp32", seq=seq)

@@ -259,3 +259,12 @@ def test_the_backward_machinery_calls_down_only():
     assert not {m for m in closure("axgrid.tensor_parallel.overlap") if m in MACHINERY[2:] or m.startswith("axgrid.nn")}
     assert not {m for m in closure("axgrid.data_parallel.buckets")
                 if m in MACHINERY[1:] and m != "axgrid.data_parallel.buckets"}
+
+
+def test_the_launcher_does_not_reach_the_device_layer():
+    """axgrid.device reads the launch (LaunchEnv, LaunchError); launch/ never imports device/ back, not even inside a
+    function (launch.env.default_backend did: the caller of init_distributed chooses the backend)."""
+    launch = sorted(p.stem for p in (PKG / "launch").glob("*.py"))
+    reach = {m: sorted(t for t in closure(f"axgrid.launch.{m}".removesuffix(".__init__"))
+                       if t.startswith("axgrid.device")) for m in launch}
+    assert not {m: r for m, r in reach.items() if r}, reach
