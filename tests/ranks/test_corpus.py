@@ -90,7 +90,7 @@ def test_a_cache_not_shared_by_the_ranks_ends_within_the_bound(ranks, tmp_path):
     """Each rank its own cache: rank 1 never sees rank 0's marker; after 0.8 x io_timeout_s it stops with one line
     naming the marker, rank 0 and --data-cache, and rank 0 with the line that one rank cannot see the index."""
     random_dataset(tmp_path / "a", docs=60)
-    out = ranks(2, rank_open, (str(tmp_path / "a"),), str(tmp_path / "cache"), True, 10.0)   # rank 1 waits 8 s
+    out = ranks(2, rank_open, (str(tmp_path / "a"),), str(tmp_path / "cache"), True, 4.0)   # rank 1 waits 3.2 s
     first, second = out
     assert second["error"].startswith(f"rank 1: {tmp_path / 'cache1'}/.build-") and "did not appear" in \
         second["error"] and "rank 0" in second["error"] and "--data-cache" in second["error"]
