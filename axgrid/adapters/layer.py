@@ -1,4 +1,4 @@
-"""``axgrid.nn.LoraAdapter``: a low-rank adapter (LoRA) on one ``axgrid.nn.Linear``, in the layer's own 3D layout.
+"""``LoraAdapter``: a low-rank adapter (LoRA) on one ``axgrid.nn.Linear``, in the layer's own 3D layout.
 
 The adapted layer computes ``Y = X W^T + s · (drop(X) A^T) B^T`` with ``A [r, k]``, ``B [n, r]`` and ``s = alpha / r``
 (PEFT's ``LoraLayer``, ``use_rslora=False``). The base ``W`` is frozen. With ``m'`` this rank's tokens, ``G_in``/
