@@ -187,7 +187,7 @@ def run_loader(a: argparse.Namespace) -> Optional[dict[str, Any]]:
         t_data, t_step = [], []
         for step in range(a.steps):
             t0 = time.perf_counter()
-            inputs, targets = data.batch(step)
+            inputs, targets, _ = data.batch(step)          # no loss mask: a corpus
             t1 = time.perf_counter()
             run_step(model, opt, grid, s, step, inputs, targets, metrics)
             t2 = time.perf_counter()

@@ -47,7 +47,9 @@ def batch_of(step: int, args: argparse.Namespace, grid: axgrid.Grid) -> torch.Te
     return torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
 
 
-def run(model: torch.nn.Module, grid: axgrid.Grid, args: argparse.Namespace, compiled: bool = False) -> dict:
+def time_training(model: torch.nn.Module, grid: axgrid.Grid, args: argparse.Namespace,
+                  compiled: bool = False) -> dict:
+    """Train ``model`` through the first, warm-up, ledger and timed steps: bytes, step time, peak memory."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     fwd = torch.compile(model, backend=args.backend) if compiled else model
 
@@ -106,11 +108,11 @@ def main(argv=None) -> None:
         for name, plan in (("drop-in", {}), ("paired", None)):
             model = build(args)
             axgrid.parallelize(model, grid, plan=plan)
-            results[name] = run(model, grid, args)
+            results[name] = time_training(model, grid, args)
         if args.compile:
             model = build(args)
             axgrid.parallelize(model, grid)
-            results["paired, compiled"] = run(model, grid, args, compiled=True)
+            results["paired, compiled"] = time_training(model, grid, args, compiled=True)
         if grid.rank == 0:
             report(results, args, grid)
     finally:

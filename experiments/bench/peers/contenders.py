@@ -122,7 +122,7 @@ def _tp_plan(w: Workload, model: nn.Module) -> dict[str, Any]:
             plan.update({f"ups.{i}": ColwiseParallel(), f"downs.{i}": RowwiseParallel()})
         return plan
     plan = {"head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
-    for i in range(w.gpt.layers):
+    for i in range(w.gpt.shape.layers):
         plan.update({f"blocks.{i}.qkv": ColwiseParallel(), f"blocks.{i}.proj": RowwiseParallel(),
                      f"blocks.{i}.up": ColwiseParallel(), f"blocks.{i}.down": RowwiseParallel()})
     return plan
@@ -174,7 +174,7 @@ class DTensorContender(Contender):
         parallelize_module(model, mesh, _tp_plan(w, model))
         if w.kind == "gpt":
             for blk in model.blocks:                 # each rank computes heads/tp whole heads (QKV rows head-major)
-                blk.heads_local = w.gpt.heads // tp
+                blk.heads_local = w.gpt.shape.heads // tp
             self.net: nn.Module = DTensorGPTLoss(model)
         else:
             self.net = model

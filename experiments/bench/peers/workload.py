@@ -38,7 +38,7 @@ class Workload:
         if self.kind == "mlp":
             return (f"MLP block(s) {self.hidden}->{4 * self.hidden}->{self.hidden} GELU + residual, depth "
                     f"{self.depth}, {self.tokens} tokens, fp32, SGD")
-        c = self.gpt
+        c = self.gpt.shape
         return (f"GPT layers {c.layers} hidden {c.hidden} heads {c.heads} seq {c.seq} vocab {c.vocab}, batch "
                 f"{self.batch} ({self.batch * c.seq} tokens), fp32, SGD")
 
@@ -47,7 +47,7 @@ class Workload:
         gen = torch.Generator().manual_seed(self.seed + 12345)
         if self.kind == "mlp":
             return torch.randn(self.tokens, self.hidden, generator=gen), torch.empty(0)
-        win = torch.randint(0, self.gpt.vocab, (self.batch, self.gpt.seq + 1), generator=gen)
+        win = torch.randint(0, self.gpt.shape.vocab, (self.batch, self.gpt.shape.seq + 1), generator=gen)
         return win[:, :-1].contiguous(), win[:, 1:].contiguous()
 
     def rows(self) -> int:
@@ -63,14 +63,14 @@ class Workload:
             f = 4 * self.hidden
             sizes = [(self.hidden, s.gx), (self.hidden, s.gy), (f, s.gx), (f, s.gy)]
             return all(v % g == 0 for v, g in sizes) and self.tokens % (s.gd * s.gz) == 0
-        c = self.gpt
+        c = self.gpt.shape
         sizes = [(c.hidden, s.gx), (c.hidden, s.gy), (c.heads, s.gy), (c.ffn, s.gx), (c.ffn, s.gy), (c.vocab, s.gy)]
         return all(v % g == 0 for v, g in sizes) and self.batch % (s.gd * s.gz) == 0
 
     def tp_fits(self, tp: int) -> bool:
         if self.kind == "mlp":
             return (4 * self.hidden) % tp == 0
-        c = self.gpt
+        c = self.gpt.shape
         return c.heads % tp == 0 and c.ffn % tp == 0 and c.vocab % tp == 0 and c.hidden % tp == 0
 
 
