@@ -38,14 +38,43 @@ def _config(grid, zero, r, dtype, recompute, targets, overlap):
                    lora_targets=targets, dtype=dtype, recompute=recompute, overlap=overlap, bucket_bytes=4096)
 
 
-def _dry_all(cfgs):
+def _full_and_lora():
+    """Full training and LoRA (every block layer adapted) on the same grid, zero 1, without recompute."""
+    full = resolve("gpt-tiny", None, 8, grid="2x2x2x2", machine="local-4", microbatches=2, zero=1,
+                   recompute=False, bucket_bytes=4096)
+    return full, _config("2x2x2x2", 1, 4, "bf16", False, None, "all")
+
+
+def _gloo_config():
+    """The LoRA step compared with launched gloo ranks."""
+    return resolve("gpt-tiny", None, 4, grid="2x1x1x2", machine="local-4", microbatches=2, zero=1, lora_r=4,
+                   lora_targets=("qkv", "down"), dtype="fp32", recompute=True, overlap="all", bucket_bytes=4096)
+
+
+def _dry_all(runs):
+    """``runs``: {name: [(config, rank), ...]}; their dry runs, one after another in this process."""
     from axgrid.dryrun.step import measure_rank
-    return [measure_rank(cfg, cfg.gpus - 1) for cfg in cfgs]
+    return {name: [measure_rank(cfg, rank) for cfg, rank in pairs] for name, pairs in runs.items()}
 
 
-def test_the_lora_dry_run_equals_perfmodel_to_the_byte():
-    cfgs = [_config(*c) for c in CASES]
-    measured = run_isolated(_dry_all, cfgs, timeout_s=600)
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict:
+    """Every dry run of this module, measured in one isolated process (the fake-tensor caches warm once, not once
+    per test): "cases" (CASES, last rank), "full_and_lora" (last rank), "gloo" (ranks 0 and 3), "hf" (HF_CASES,
+    last rank); beside each, its configurations."""
+    cases = [_config(*c) for c in CASES]
+    hf = _hf_configs(tmp_path_factory.mktemp("hf_lora"))
+    gloo = _gloo_config()
+    runs = {"cases": [(cfg, cfg.gpus - 1) for cfg in cases],
+            "full_and_lora": [(cfg, cfg.gpus - 1) for cfg in _full_and_lora()],
+            "gloo": [(gloo, 0), (gloo, gloo.gpus - 1)],
+            "hf": [(cfg, cfg.gpus - 1) for cfg in hf]}
+    measured = run_isolated(_dry_all, runs, timeout_s=600)
+    return {name: ([cfg for cfg, _ in pairs], measured[name]) for name, pairs in runs.items()}
+
+
+def test_the_lora_dry_run_equals_perfmodel_to_the_byte(dry_runs):
+    cfgs, measured = dry_runs["cases"]
     errors = []
     for case, cfg, m in zip(CASES, cfgs, measured):
         p = predict(cfg)
@@ -69,11 +98,8 @@ def _adapters(cfg) -> int:
     return cfg.model.layers * blocks + plan.targeted(cfg.model.head_layer()) if cfg.shape[3] > 1 else 0
 
 
-def test_lora_memory_is_below_full_training_by_what_perfmodel_predicts():
-    full = resolve("gpt-tiny", None, 8, grid="2x2x2x2", machine="local-4", microbatches=2, zero=1,
-                   recompute=False, bucket_bytes=4096)
-    lora = _config("2x2x2x2", 1, 4, "bf16", False, None, "all")
-    m_full, m_lora = run_isolated(_dry_all, [full, lora], timeout_s=300)
+def test_lora_memory_is_below_full_training_by_what_perfmodel_predicts(dry_runs):
+    (full, lora), (m_full, m_lora) = dry_runs["full_and_lora"]
     p_full, p_lora = predict(full), predict(lora)
     for k in EXACT:
         assert m_full.memory[k] - m_lora.memory[k] == p_full.memory[k] - p_lora.memory[k], k
@@ -83,13 +109,10 @@ def test_lora_memory_is_below_full_training_by_what_perfmodel_predicts():
     assert saved > 0.7 * sum(m_full.memory[k] for k in ("gradients", "optimizer"))   # gradients and moments gone
 
 
-def test_the_lora_dry_run_equals_gloo_ranks(ranks):
-    cfg = resolve("gpt-tiny", None, 4, grid="2x1x1x2", machine="local-4", microbatches=2, zero=1, lora_r=4,
-                  lora_targets=("qkv", "down"), dtype="fp32", recompute=True, overlap="all", bucket_bytes=4096)
+def test_the_lora_dry_run_equals_gloo_ranks(ranks, dry_runs):
+    (cfg, _), dry = dry_runs["gloo"]
     got = ranks(cfg.gpus, measure_real_step, cfg)
-    for r in (0, cfg.gpus - 1):
-        from axgrid.dryrun.step import measure_rank
-        d = run_isolated(measure_rank, cfg, r, timeout_s=300)
+    for r, d in zip((0, cfg.gpus - 1), dry):
         assert d.comm == got[r].comm, (r, d.comm, got[r].comm)
         for k in ("parameters", "gradients", "optimizer", "activations"):
             assert d.memory[k] == got[r].memory[k], (r, k, d.memory[k], got[r].memory[k])
@@ -127,7 +150,8 @@ HF_CASES = [
 ]
 
 
-def test_a_hugging_face_lora_dry_run_equals_perfmodel_decoder(tmp_path):
+def _hf_configs(tmp_path) -> list:
+    """HF_CASES as dry-run configurations of small Llama config.json files written under ``tmp_path``."""
     import json
     import os
     cfgs = []
@@ -142,7 +166,11 @@ def test_a_hugging_face_lora_dry_run_equals_perfmodel_decoder(tmp_path):
         cfgs.append(resolve(str(folder / "config.json"), None, 8, grid=grid, machine="local-4", microbatches=2,
                             zero=zero, seq=16, lora_r=4, lora_targets=targets, bucket_bytes=4096,
                             recompute=i < 2))
-    measured = run_isolated(_dry_all, cfgs, timeout_s=600)
+    return cfgs
+
+
+def test_a_hugging_face_lora_dry_run_equals_perfmodel_decoder(dry_runs):
+    cfgs, measured = dry_runs["hf"]
     for case, cfg, m in zip(HF_CASES, cfgs, measured):
         p = predict(cfg)
         assert m.comm == p.comm, (case, m.comm, p.comm)
