@@ -1,11 +1,7 @@
 """A function in a fresh process of the forkserver, for tests whose subject can abort the process (the dry run's
-CUDA device guard, torch's PrivateUse1 registration, which cannot be undone): an abort cannot take pytest with it.
-And ``python SCRIPT ARGS`` (or ``-m MODULE``) run the same way, without the seconds a fresh interpreter spends
-importing torch."""
+CUDA device guard, torch's PrivateUse1 registration, which cannot be undone): an abort cannot take pytest with it."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import traceback
 from typing import Any, Callable
 
@@ -52,51 +48,4 @@ def run_isolated(fn: Callable[..., Any], *args: Any, timeout_s: float = 300.0, p
     return value
 
 
-def _python_main(argv: list[str]) -> tuple[int, str, str]:
-    """``python *argv`` (a script and its arguments, or ``-m MODULE`` and its) in this process, as its own
-    interpreter would run it: ``sys.argv``, the script's folder (or the working directory) first on ``sys.path``,
-    run as ``__main__``; file descriptors 1 and 2 captured. (exit code, stdout, stderr)."""
-    import os
-    import runpy
-    import tempfile
-
-    module = argv[0] == "-m"
-    target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-        sys.argv = [target, *args]
-        sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(target)))
-        try:
-            if module:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(target, run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            if e.code is None or isinstance(e.code, int):
-                code = e.code or 0
-            else:                       # sys.exit("message"): said on stderr, exit status 1
-                print(e.code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        out.seek(0)
-        err.seek(0)
-        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
-
-
-def run_python_isolated(argv: list[str], timeout_s: float = 300.0,
-                        preload: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``subprocess.run([sys.executable, *argv], capture_output=True, text=True)`` without a fresh interpreter: the
-    script (or ``-m MODULE``) runs as ``__main__`` in a fresh process of the forkserver (:func:`run_isolated`), which
-    has torch, the runtime and ``preload`` imported already (seconds a fresh ``import torch`` or ``transformers``
-    takes). Its exit status, stdout and stderr, as the subprocess's."""
-    code, out, err = run_isolated(_python_main, list(argv), timeout_s=timeout_s, preload=preload)
-    return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
-
-
-__all__ = ["IsolatedFailure", "run_isolated", "run_python_isolated"]
+__all__ = ["IsolatedFailure", "run_isolated"]

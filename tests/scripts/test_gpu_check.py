@@ -13,9 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import PRELOAD
 from helpers import ROOT
-from axgrid.testing.isolated import run_python_isolated
 
 SCRIPT = os.path.join(ROOT, "experiments", "checks", "gpu_check.sh")
 
@@ -109,9 +107,10 @@ MEMORY_CHECK = os.path.join(ROOT, "experiments", "checks", "memory_check.py")
 def test_memory_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 6, on the CPU: the step's peak of live tensor bytes is within 10% of
     perfmodel.memory's prediction for the CPU (gloo) device, and the line says so."""
-    p = run_python_isolated([MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq", "64",
-                             "--batch", "4", "--vocab", "256", "--dtype", "bf16"], timeout_s=120,
-                            preload=tuple(PRELOAD))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq",
+                        "64", "--batch", "4", "--vocab", "256", "--dtype", "bf16"], capture_output=True, text=True,
+                       env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     line = p.stdout.strip().splitlines()[-1]
     assert line.startswith("memory_check:") and line.endswith("PASS (within 10%)") and "device CPU_GLOO" in line
@@ -126,8 +125,9 @@ def test_load_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 7 (from_pretrained onto the device, host memory bounded), on the
     CPU with a small LLaMA: logits equal transformers', the bytes read equal the model's own, and the line says
     PASS."""
-    p = run_python_isolated([LOAD_CHECK, "--device", "cpu", "--hidden", "128", "--layers", "2", "--vocab", "512",
-                             "--shard", "200KB"], timeout_s=180, preload=tuple(PRELOAD))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, LOAD_CHECK, "--device", "cpu", "--hidden", "128", "--layers", "2", "--vocab",
+                        "512", "--shard", "200KB"], capture_output=True, text=True, env=env, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     line = p.stdout.strip().splitlines()[-1]
     assert line.startswith("load_check:") and line.endswith("PASS") and " = own" in line, line
