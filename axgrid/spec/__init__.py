@@ -4,7 +4,7 @@
 grid shape, layout     :class:`GridShape`, :class:`RankLayout`, :class:`Coord` (:mod:`.layout`)
 a transformer's shape  :class:`TransformerShape` (named size, Hugging Face config, vTrain row; parameters, layers),
                        :func:`hf_head_dim`, :data:`DECODER_FAMILIES` (:mod:`.shape`)
-named model sizes      :data:`NAMED_SIZES` (:mod:`.sizes`)
+named model sizes      :data:`NAMED_SIZES` (GPT sizes), :data:`PUBLIC_MODELS` (public models' shapes) (:mod:`.sizes`)
 the layer list         :class:`FCLayer`, :data:`BLOCK_MODULES`, :func:`block_layers`, :func:`head_layer`,
                        :func:`block_modules` (:mod:`.layers`)
 per-rank sharding      :func:`fc_volumes`, :class:`LinearSharding` (:mod:`.fc`)
@@ -26,13 +26,13 @@ from .layers import BLOCK_MODULES, FCLayer, block_layers, block_modules, head_la
 from .buckets import Bucket, pack_buckets
 from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, OverlapConfig
 from .shape import DECODER_FAMILIES, GPT2_PADDED_VOCAB, TransformerShape, hf_head_dim
-from .sizes import NAMED_SIZES
+from .sizes import NAMED_SIZES, PUBLIC_MODELS
 from .tiles import (Box, TileSpec, ceil_div, flat_boxes, map_rows, overlap, part_boxes, part_shape, row_segments,
                     segment_row_map, split_part, tile_box)
 
 __all__ = ["Coord", "GridError", "GridShape", "RankLayout", "FCVolumes", "LinearSharding", "fc_volumes",
            "gpt_flops_per_iteration", "gpt_parameters", "llama_flops", "BLOCK_MODULES", "FCLayer", "block_layers",
            "block_modules", "head_layer", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "OverlapConfig", "GPT2_PADDED_VOCAB",
-           "NAMED_SIZES", "TransformerShape", "hf_head_dim", "DECODER_FAMILIES", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
+           "NAMED_SIZES", "PUBLIC_MODELS", "TransformerShape", "hf_head_dim", "DECODER_FAMILIES", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
            "part_shape", "split_part", "tile_box", "map_rows", "segment_row_map", "row_segments", "Bucket",
            "pack_buckets"]

@@ -70,7 +70,10 @@ class TransformerShape:
     """A decoder-only transformer's shape (module docstring): ``layers`` blocks of hidden size ``hidden`` with
     ``heads`` attention heads (``kv_heads`` key-value heads, each ``head_dim`` wide), MLP width ``ffn``, at most
     ``seq`` tokens per sequence, ``vocab`` tokens; ``name`` for logs and tables; ``path``: the config.json it was
-    read from ("" for the others; the runtime builds a Hugging Face model from it).
+    read from ("" for the others; the runtime builds a Hugging Face model from it). ``head_norms``: RMS norms over
+    each head's features of q and k (Qwen3, Gemma 3); ``sliding_window``: the attention window of the
+    ``sliding_layers`` layers that have one (Mistral's, Gemma 3's local layers; 0: every layer attends to the whole
+    sequence).
 
     Defaults: ``ffn`` 4·hidden, ``kv_heads`` = heads, ``head_dim`` = hidden / heads, filled in on construction, so
     ``dataclasses.replace`` keeps them: with a new ``hidden`` or ``heads`` pass them as None too where they should
@@ -92,6 +95,9 @@ class TransformerShape:
     output_bias: bool = False
     mlp_bias: bool = False
     path: str = ""
+    head_norms: bool = False
+    sliding_window: int = 0
+    sliding_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -107,6 +113,10 @@ class TransformerShape:
                 object.__setattr__(self, f, default)
             elif not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"TransformerShape.{f}={v!r} must be an integer >= 1 (or None for {default})")
+        if not (0 <= self.sliding_layers <= self.layers) or self.sliding_window < 0:
+            raise ValueError(f"TransformerShape {self.name}: sliding_window={self.sliding_window} over "
+                             f"sliding_layers={self.sliding_layers} of {self.layers} layers; give a window >= 0 and "
+                             f"0 <= sliding_layers <= layers")
         if self.family == "gpt":
             if self.hidden % self.heads:
                 raise ValueError(f"TransformerShape {self.name}: hidden={self.hidden} is not divisible by "
@@ -115,7 +125,9 @@ class TransformerShape:
                                              ("head_dim", self.head_dim, self.hidden // self.heads),
                                              ("tied", self.tied, False), ("attention_bias", self.attention_bias, False),
                                              ("output_bias", self.output_bias, False),
-                                             ("mlp_bias", self.mlp_bias, False)) if v != plain]
+                                             ("mlp_bias", self.mlp_bias, False),
+                                             ("head_norms", self.head_norms, False),
+                                             ("sliding_window", self.sliding_window, 0)) if v != plain]
             if hf_only:
                 raise ValueError(f"TransformerShape {self.name}: {', '.join(hf_only)} describe the Llama-structured "
                                  f"families ({', '.join(DECODER_FAMILIES)}), not the GPT block; leave them unset "
@@ -135,17 +147,21 @@ class TransformerShape:
         unknown name or field raises a ValueError listing the known ones. The head size and key-value heads follow
         changed ``hidden`` / ``heads``; ``ffn`` stays the named size's (4·its hidden) unless given, as the runtime's
         ``GPTConfig.named`` has always built it (the runs recorded with ``--hidden`` were made so)."""
-        from .sizes import NAMED_SIZES
+        from .sizes import NAMED_SIZES, PUBLIC_MODELS
         try:
-            shape = NAMED_SIZES[name.lower()]
+            shape = {**NAMED_SIZES, **PUBLIC_MODELS}[name.lower()]
         except (KeyError, AttributeError):
-            raise ValueError(f"unknown model {name!r}; choose one of the known models: "
-                             f"{', '.join(NAMED_SIZES)}") from None
+            raise ValueError(f"unknown model {name!r}; choose a GPT size ({', '.join(NAMED_SIZES)}), a public model "
+                             f"({', '.join(PUBLIC_MODELS)}), or give --config path/to/config.json (a Hugging Face "
+                             f"config or its folder)") from None
         known = {f.name for f in fields(TransformerShape)}
         bad = set(changes) - known
         if bad:
             raise ValueError(f"unknown TransformerShape field(s) {sorted(bad)}; fields are {sorted(known)}")
-        return replace(shape, **{"kv_heads": None, "head_dim": None, **changes}) if changes else shape
+        if not changes:
+            return shape
+        follow = {"kv_heads": None, "head_dim": None} if shape.is_gpt else {}
+        return replace(shape, **{**follow, **changes})
 
     @staticmethod
     def from_hf_config(config: Any, seq: int, name: str = "", path: str = "") -> "TransformerShape":
@@ -204,6 +220,12 @@ class TransformerShape:
     def is_gpt(self) -> bool:
         """Whether this is axgrid's GPT block (else a Hugging Face Llama-structured decoder)."""
         return self.family == "gpt"
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP is gated (SwiGLU/GeGLU: act(gate)·up, three weight matrices) rather than the GPT's
+        up-GELU-down."""
+        return not self.is_gpt
 
     def block_layers(self) -> list[FCLayer]:
         """One block's FC layers in forward order: the GPT's QKV, attention-out, MLP-up, MLP-down

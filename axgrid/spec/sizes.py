@@ -34,3 +34,26 @@ NAMED_SIZES: dict[str, TransformerShape] = {shape.name: shape for shape in (
     TransformerShape("gpt-1t", 128, 25600, 160, 2048, GPT2_PADDED_VOCAB),
 )}
 
+
+
+def _decoder(name: str, family: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+             seq: int, **extra) -> TransformerShape:
+    return TransformerShape(name, layers, hidden, heads, seq, vocab, bias=False, ffn=ffn, family=family,
+                            kv_heads=kv_heads, **extra)
+
+
+#: name -> the shape of a public model, read from its published config.json (Hugging Face hub), at the sequence
+#: length it was pre-trained with (Llama 3.1: 8,192 before its long-context stage; Mistral 7B v0.3, Qwen2.5:
+#: their configs' pre-training length 32,768 is long for ranking, so 4,096 / 8,192 as their reports' main stage).
+#: A config.json gives the same shape (``TransformerShape.from_config_json``); tests/unit check that.
+PUBLIC_MODELS: dict[str, TransformerShape] = {shape.name: shape for shape in (
+    _decoder("llama-3.1-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _decoder("llama-3.1-70b", "llama", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _decoder("llama-3.1-405b", "llama", 126, 16384, 128, 8, 53248, 128256, 8192),
+    _decoder("llama-2-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _decoder("llama-2-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _decoder("llama-2-70b", "llama", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _decoder("mistral-7b", "mistral", 32, 4096, 32, 8, 14336, 32768, 4096),
+    _decoder("qwen2.5-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 4096, attention_bias=True),
+    _decoder("qwen2.5-32b", "qwen2", 64, 5120, 40, 8, 27648, 152064, 4096, attention_bias=True),
+)}
