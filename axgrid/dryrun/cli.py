@@ -1,6 +1,6 @@
 """``python -m axgrid.dryrun`` (also ``axgrid dryrun``): one real training step of the runtime per rank, as rank r
 of a job of any size, on this machine, beside perfmodel's prediction. Exit 0 when they agree and the peak fits the
-machine, 1 when they do not (each difference named) and on bad input (one line, before anything is allocated).
+machine (the fraction of its memory perfmodel plans with, ``perfmodel.Options.memory_usable``), 1 when they do not (each difference named) and on bad input (one line, before anything is allocated).
 
     python -m axgrid.dryrun --model gpt-320b --gpus 32768 --machine frontier --batch 4096
     python -m axgrid.dryrun --model gpt-80b --grid 4x2x16x8 --machine perlmutter --batch 1024 --json out.json
@@ -81,26 +81,29 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
         print(table(cfg, m, prediction), flush=True)
         problems += disagreements(m, prediction, cfg.zero)
     peak = max(m.peak for m in measures)
-    fits = peak <= machine.memory_bytes
+    usable = int(cfg.options().memory_usable * machine.memory_bytes)     # as perfmodel plans (allocator, workspace)
+    room = (f"{machine.name}'s usable {human(usable)} ({cfg.options().memory_usable:.0%} of "
+            f"{human(machine.memory_bytes)}, as perfmodel plans)")
+    fits = peak <= usable
     if a.json:
         doc = {"config": cfg.as_json(), "ranks": [rank_json(m, prediction) for m in measures],
                "agree": not problems, "disagreements": problems, "fits": fits,
-               "machine_memory_bytes": machine.memory_bytes}
+               "machine_memory_bytes": machine.memory_bytes, "usable_memory_bytes": usable}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {a.json}")
     if not fits:
-        problems.append(f"the measured peak {human(peak)} does not fit {machine.name}'s {human(machine.memory_bytes)}"
-                        f" per GPU; {_best_fitting(cfg, pm, machine)}")
+        problems.append(f"the measured peak {human(peak)} does not fit {room} per GPU; "
+                        f"{_best_fitting(cfg, pm, machine)}")
     for p in problems:
         print(f"DIFFERS: {p}" if not p.startswith("the measured peak") else f"DOES NOT FIT: {p}")
     if not problems and prediction.peak is None:
         print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte; "
-              f"{prediction.not_modelled}; the measured peak fits {machine.name}'s {human(machine.memory_bytes)}")
+              f"{prediction.not_modelled}; the measured peak fits {room}")
     elif not problems:
         print(f"agree: every collective's bytes and calls equal perfmodel's, the modelled categories to the byte (the "
               f"buckets within perfmodel's bound), "
-              f"the peak within 5%; the peak fits {machine.name}'s {human(machine.memory_bytes)}")
+              f"the peak within 5%; the peak fits {room}")
     return 1 if problems else 0
 
 

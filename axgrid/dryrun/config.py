@@ -21,7 +21,8 @@ from typing import Callable, Optional
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.cli import parse_grid
 from axgrid.perfmodel.comm import used_flag_bytes
-from axgrid.perfmodel.decoder import NOT_MODELLED, decoder_collective_events, decoder_static_bytes
+from axgrid.perfmodel.decoder import (NOT_MODELLED, decoder_collective_events, decoder_dp_gradient_sizes,
+                                      decoder_static_bytes)
 from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
@@ -206,8 +207,11 @@ def _predict_decoder(cfg: DryRunConfig) -> Prediction:
                                         "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
     unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])
     memory.update({c: None for c in unknown})
+    trained = decoder_dp_gradient_sizes(m, cfg.shape, opt.grad_bytes, lora)
+    flags = used_flag_bytes(trained) if cfg.zero == 0 and cfg.shape[3] > 1 else 0
     return Prediction(None, memory, comm, f"{', '.join(unknown)} and the peak: not modelled by perfmodel for "
-                                          f"{m.family} (its formulas are the GPT block's)", step=step_time(cfg))
+                                          f"{m.family} (its formulas are the GPT block's)", step=step_time(cfg),
+                      used_flags=flags)
 
 
 # ------------------------------------------------------------------------------------------------ choosing

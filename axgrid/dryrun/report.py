@@ -4,9 +4,10 @@ JSON: ``{"config": {...}, "ranks": [{"rank", "coord", "peak_bytes", "predicted_p
 {category: bytes}, "predicted_memory": {...}, "comm_bytes": {dim: bytes}, "predicted_comm_bytes": {dim: bytes},
 "comm": [{"dim", "op", "calls", "bytes", "predicted_calls", "predicted_bytes"}], "seconds", "predicted_step",
 "not_modelled"}],
-"agree": bool, "disagreements": [str], "fits": bool, "machine_memory_bytes"}``. A figure perfmodel does not model
-for the model's family (a Hugging Face config's activations, say) is ``null`` in the JSON and "not modelled" in the
-table, and ``not_modelled`` says which; it is not compared. ``seconds`` is this host's time to run the step on fake
+"agree": bool, "disagreements": [str], "fits": bool, "machine_memory_bytes", "usable_memory_bytes"}`` (``fits``: the
+largest measured peak within ``usable_memory_bytes``, the fraction of the machine's memory perfmodel plans with). A
+figure perfmodel does not model for the model's family (a Hugging Face config's activations, say) is ``null`` in
+the JSON and "not modelled" in the table, and ``not_modelled`` says which; it is not compared. ``seconds`` is this host's time to run the step on fake
 devices (no GPU's); ``predicted_step`` perfmodel's seconds per batch on the machine with its error band.
 """
 from __future__ import annotations

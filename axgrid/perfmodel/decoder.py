@@ -18,7 +18,8 @@ RMSNorm (2 per layer, and  forward AR_x of ``[m']``; backward AR_x of ``[m']`` a
 the final one)             ``[h_x]`` (fp32: ``STAT_BYTES``)
 token table                untied: ``[V, h_x]`` on every rank (features over x), its gradient AR_z'd (fp32); tied:
                            the head's weight itself, the lookup gathers the head's block over z and all-reduces
-                           ``[m', h_x]`` over y in the forward, and reduce-scatters its gradient over z in the backward
+                           ``[m', h_x]`` over y in the forward (in the block's dtype: the compute dtype when gathered,
+                           the fp32 parameter when Gz = 1), and reduce-scatters its gradient over z in the backward
 loss                       the vocabulary-parallel cross entropy (AG_y of ``[m']``, AR_y of ``[m', 2]`` when Gy > 1)
                            and one AR_z of ``[sum, count]`` (fp32, when Gz > 1)
 recompute                  per decoder layer (Hugging Face's gradient checkpointing): its forward again in backward
@@ -38,7 +39,7 @@ import numpy as np
 from axgrid.spec import DEFAULT_BUCKET_BYTES, TransformerShape, ceil_div
 
 from .buckets import pack
-from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
+from .comm import PARAM_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
@@ -47,40 +48,78 @@ from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, ada
 NOT_MODELLED = ("activations", "gathered", "temporaries", "peak")
 
 
+#: the head norms' module names (RMS norms over each head's ``head_dim`` features, after q_proj and k_proj)
+HEAD_NORMS = ("q_norm", "k_norm")
+
+
+def layer_modules(spec: TransformerShape) -> list[str]:
+    """One decoder layer's parameterised modules in ``model.parameters()`` order, as transformers registers them:
+    the attention's FC layers (Phi-3: ``o_proj`` before ``qkv_proj``), its head norms (``q_norm``, ``k_norm``: Qwen3,
+    Gemma 3), the MLP's FC layers, then the hidden-width norms in forward order (Gemma 3's four)."""
+    layers = spec.block_layers()
+    o = next(i for i, layer in enumerate(layers) if layer.transposed)       # the attention's output projection
+    attention = [layer.name for layer in layers[:o + 1]]
+    if spec.family == "phi3":
+        attention = attention[-1:] + attention[:-1]
+    norms = [n for layer in layers for n in (layer.norm, layer.post_norm) if n]
+    return (attention + (list(HEAD_NORMS) if spec.head_norms else []) + [layer.name for layer in layers[o + 1:]]
+            + norms)
+
+
 def decoder_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
     """The trainable tensors of one rank in ``model.parameters()`` order: the token table (tied: the head's weight
-    shard), per layer q, k, v, o, gate, up, down (weight shard, then bias) and the two norms, the final norm, the
-    head's weight shard (untied)."""
+    shard), per layer its modules (:func:`layer_modules`: an FC layer's weight shard, then its bias; a head norm's
+    ``[d]``, replicated; a hidden-width norm's ``[h/Gx]``), the final norm, the head's weight shard (untied)."""
     gx, gy, gz, _ = (int(v) for v in grid)
     hx = ceil_div(spec.hidden, gx)
     head = int(layer_volumes(spec.head_layer(), gx, gy, gz, 1).shard)
     out = [GPTParam("embed_tokens", head, "fc_w") if spec.tied else GPTParam("embed_tokens", spec.vocab * hx, "emb")]
-    layers = spec.block_layers()
-    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in layers]
+    fc = {layer.name: (layer, layer_volumes(layer, gx, gy, gz, 1)) for layer in spec.block_layers()}
+    modules = layer_modules(spec)
     for i in range(spec.layers):
-        for layer, v in zip(layers, vols):
-            out.append(GPTParam(f"l{i}.{layer.name}.w", int(v.shard), "fc_w"))
-            if layer.bias:
-                out.append(GPTParam(f"l{i}.{layer.name}.b", int(v.bias_loc), "fc_b"))
-        out += [GPTParam(f"l{i}.input_layernorm", hx, "ln"), GPTParam(f"l{i}.post_attention_layernorm", hx, "ln")]
+        for name in modules:
+            if name in fc:
+                layer, v = fc[name]
+                out.append(GPTParam(f"l{i}.{name}.w", int(v.shard), "fc_w"))
+                if layer.bias:
+                    out.append(GPTParam(f"l{i}.{name}.b", int(v.bias_loc), "fc_b"))
+            else:
+                out.append(GPTParam(f"l{i}.{name}", spec.head_dim if name in HEAD_NORMS else hx, "ln"))
     out.append(GPTParam("norm", hx, "ln"))
     if not spec.tied:
         out.append(GPTParam("lm_head", head, "fc_w"))
     return out
 
 
-#: one decoder layer's modules by the input they read, in forward order (q, k and v read the same norm output;
-#: gate and up the same): a LoRA step's liveness walks these groups (:func:`_live_inputs`)
-LAYER_GROUPS = (("input_layernorm",), ("q_proj", "k_proj", "v_proj"), ("o_proj",), ("post_attention_layernorm",),
-                ("gate_proj", "up_proj"), ("down_proj",))
+def layer_groups(spec: TransformerShape) -> list[tuple[str, ...]]:
+    """One decoder layer's modules by the input they read, in forward order: each norm alone (a post norm reads
+    its layer's output), consecutive normal FC layers together (q, k and v read the same norm output; gate and up
+    the same), each transposed one alone. A LoRA step's liveness walks these groups (:func:`_live_inputs`)."""
+    groups: list[tuple[str, ...]] = []
+    joins = False                        # whether the next normal layer reads the previous one's input
+    for layer in spec.block_layers():
+        if layer.norm:
+            groups.append((layer.norm,))
+            joins = False
+        if joins and not layer.transposed:
+            groups[-1] = groups[-1] + (layer.name,)
+        else:
+            groups.append((layer.name,))
+        joins = not layer.transposed
+        if layer.post_norm:
+            groups.append((layer.post_norm,))
+            joins = False
+    return groups
 
 
-def _live_inputs(lora: Optional[LoraPlan], live: bool) -> tuple[dict[str, bool], bool]:
-    """Whether each module of a decoder layer has an input that needs a gradient, given the layer's input does
-    (``live``), and whether its output does: full training always; LoRA from the first adapter on (its group's
-    other layers read the same input, which needs none in the layer where the first adapter sits)."""
+def _live_inputs(groups: list[tuple[str, ...]], lora: Optional[LoraPlan],
+                 live: bool) -> tuple[dict[str, bool], bool]:
+    """Whether each module of a decoder layer (``groups``: :func:`layer_groups`) has an input that needs a
+    gradient, given the layer's input does (``live``), and whether its output does: full training always; LoRA from
+    the first adapter on (its group's other layers read the same input, which needs none in the layer where the
+    first adapter sits)."""
     out: dict[str, bool] = {}
-    for group in LAYER_GROUPS:
+    for group in groups:
         for name in group:
             out[name] = live
         live = live or lora is None or any(lora.targeted(n) for n in group)
@@ -133,25 +172,33 @@ def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime
         if lora is None:
             post("z", "all_reduce", hx * STAT_BYTES)
 
+    def head_norms_bwd() -> None:                    # q_norm, k_norm: local statistics; dw [d] over y, then z
+        if spec.head_norms and lora is None:
+            for _ in HEAD_NORMS:
+                post("y", "all_reduce", spec.head_dim * STAT_BYTES)
+                post("z", "all_reduce", spec.head_dim * STAT_BYTES)
+
     def layer_fwd() -> None:
         for layer, v in zip(layers, vols):
             if layer.norm:
                 norm_fwd()
             fc_fwd(v, layer)
+            if layer.post_norm:
+                norm_fwd()
 
     # with recompute, transformers' gradient checkpointing makes the layers' input need a gradient (measured: block
     # 0's norm and q, k, v post their input-gradient collectives under LoRA then), so only without it does LoRA skip
     # the backward before the first adapter
-    lives, live = [], lora is None or recompute
+    lives, live, groups = [], lora is None or recompute, layer_groups(spec)
     for _ in range(spec.layers):
-        needs, out = _live_inputs(lora, live)
+        needs, out = _live_inputs(groups, lora, live)
         lives.append((needs, live or out))
         live = out
 
     for _ in range(n_microbatches):
-        if spec.tied:                                # the lookup reads the head's block
-            post("z", "all_gather", head.padded * b)
-            post("y", "all_reduce", mprime * hx * b)
+        if spec.tied:                                # the lookup reads the head's block: gathered over z in the
+            post("z", "all_gather", head.padded * b)  # compute dtype; with Gz = 1 the fp32 parameter itself
+            post("y", "all_reduce", mprime * hx * (b if gz > 1 else PARAM_BYTES))
         for _ in range(spec.layers):
             layer_fwd()
         norm_fwd()
@@ -169,6 +216,10 @@ def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime
             if recompute:
                 layer_fwd()
             for layer, v in reversed(list(zip(layers, vols))):
+                if layer.post_norm and (needs[layer.post_norm] or lora is None):
+                    norm_bwd(needs[layer.post_norm])
+                if layer.attention:
+                    head_norms_bwd()
                 fc_bwd(v, layer, needs[layer.name])
                 if layer.norm and (needs[layer.norm] or lora is None):
                     norm_bwd(needs[layer.norm])
@@ -197,11 +248,17 @@ def decoder_collective_events(spec: TransformerShape, grid: tuple[int, int, int,
     gb = grad_dtype_bytes or dtype_bytes
     ev = decoder_step(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
                       keep_gathered, recompute, gb, lora)
-    if lora is not None:                             # the adapters are all that is trained
-        sizes = [int(e) * gb for e in adapter_tensors(spec, lora, gx, gy)][::-1]
-    else:
-        sizes = [p.elems * gb for p in decoder_parameters(spec, grid)][::-1]
+    sizes = decoder_dp_gradient_sizes(spec, grid, gb, lora)
     return ev + step_tail(dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches), grid, zero, clip)
+
+
+def decoder_dp_gradient_sizes(spec: TransformerShape, grid: tuple[int, int, int, int], grad_dtype_bytes: int,
+                              lora: Optional[LoraPlan] = None) -> list[int]:
+    """Bytes of each gradient the data-parallel buckets hold, in their layout order (reverse
+    ``model.parameters()``: :func:`decoder_parameters`); with ``lora`` the adapters' only."""
+    if lora is not None:                             # the adapters are all that is trained
+        return [int(e) * grad_dtype_bytes for e in adapter_tensors(spec, lora, int(grid[0]), int(grid[1]))][::-1]
+    return [p.elems * grad_dtype_bytes for p in decoder_parameters(spec, grid)][::-1]
 
 
 def decoder_static_bytes(spec: TransformerShape, grid: tuple[int, int, int, int], zero: int = 0,
@@ -226,5 +283,5 @@ def decoder_static_bytes(spec: TransformerShape, grid: tuple[int, int, int, int]
     return 4 * padded, 4 * (padded if zero == 1 else share), 8 * share + steps
 
 
-__all__ = ["NOT_MODELLED", "decoder_parameters", "decoder_step",
+__all__ = ["HEAD_NORMS", "NOT_MODELLED", "decoder_dp_gradient_sizes", "decoder_parameters", "decoder_step", "layer_groups", "layer_modules",
            "decoder_collective_events", "decoder_static_bytes"]

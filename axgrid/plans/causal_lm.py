@@ -41,7 +41,8 @@ def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False,
                           attention: str = "sdpa") -> torch.nn.Module:
     """The Hugging Face causal LM of the config.json at ``config_json`` on ``grid``, in fp32 and training mode,
     without weights from any file: built with its parameters on the meta device and parallelized by its plan, so no
-    dense copy exists (a dry run builds a 405B model this way). ``init``: fill the parts (normal, std 0.02; norms
+    dense copy exists (a dry run builds a 405B model this way). A Gemma 3 multimodal config (``"gemma3"``) builds
+    its text decoder (``Gemma3ForCausalLM`` of its ``text_config``), as ``axgrid.spec.TransformerShape`` reads it. ``init``: fill the parts (normal, std 0.02; norms
     ones), else leave them uninitialised (fake tensors have no values). ``recompute``: as :func:`load_causal_lm`;
     ``attention``: transformers' attention implementation."""
     import json
@@ -52,6 +53,8 @@ def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False,
     from .parallelize import parallelize
     with open(config_json) as f:
         fields = json.load(f)
+    if fields.get("model_type") == "gemma3" and isinstance(fields.get("text_config"), dict):
+        fields = {**fields["text_config"], "model_type": "gemma3_text"}    # Gemma 3's text decoder
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_cache = False
     with parameters_on_meta():

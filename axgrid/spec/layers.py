@@ -21,7 +21,9 @@ class FCLayer(NamedTuple):
     ``recompute``: part of a block whose forward is recomputed in backward (the LM head is not); ``norm``: the
     layer norm right before this layer (its module comes first in ``model.parameters()`` order, and it normalises
     this layer's input; "" for none); ``attention``: the attention core (QKᵀ, softmax, ·V on the local heads) runs
-    on this layer's output before the next layer."""
+    on this layer's output before the next layer; ``post_norm``: a layer norm right after this layer, normalising
+    its output before the residual add (Gemma 3's ``post_attention_layernorm`` after ``o_proj`` and
+    ``post_feedforward_layernorm`` after ``down_proj``; "" for none, as in the GPT and the Llama structure)."""
 
     n: int
     k: int
@@ -31,6 +33,7 @@ class FCLayer(NamedTuple):
     recompute: bool = True
     norm: str = ""
     attention: bool = False
+    post_norm: str = ""
 
     @property
     def in_dim(self) -> str:
@@ -59,9 +62,9 @@ def head_layer(hidden: int, vocab: int) -> FCLayer:
 
 
 def block_modules(layers: Sequence[FCLayer]) -> tuple[str, ...]:
-    """The parameterised modules of a block of FC ``layers``, in ``model.parameters()`` (and forward) order: each
-    layer's ``norm`` (when it has one), then the layer."""
-    return tuple(name for layer in layers for name in (layer.norm, layer.name) if name)
+    """The parameterised modules of a block of FC ``layers``, in forward order (the GPT's ``model.parameters()``
+    order): each layer's ``norm`` (when it has one), the layer, its ``post_norm`` (when it has one)."""
+    return tuple(name for layer in layers for name in (layer.norm, layer.name, layer.post_norm) if name)
 
 
 #: The parameterised modules of one block in ``model.parameters()`` (and forward) order (names only: any size).

@@ -26,6 +26,21 @@ Two block structures (``family``):
   RMSNorm, q ``[H·d, h]``, k and v ``[H_kv·d, h]``, o ``[h, H·d]``, RMSNorm, gate and up ``[f, h]``, SwiGLU, down
   ``[h, f]`` (biases as ``attention_bias``, ``output_bias``, ``mlp_bias`` say); rotary positions (no table); the
   final RMSNorm and the head, ``tied`` to the token table or not. ``bias`` is the GPT's and is False here.
+  Mistral's ``sliding_window`` (when its config sets one) covers every layer.
+- ``"qwen3"``: the Llama structure with ``head_norms`` (q_norm, k_norm: RMS norms over each head's ``d`` features,
+  after q and k) and its own ``head_dim``; q, k, v and o carry biases with ``attention_bias``.
+- ``"gemma3_text"`` (Gemma 3's text decoder; a multimodal ``"gemma3"`` config is read through its ``text_config``):
+  head norms, four hidden-width RMSNorms per layer (``input_layernorm`` before q, k, v;
+  ``post_attention_layernorm`` after o; ``pre_feedforward_layernorm`` before gate and up;
+  ``post_feedforward_layernorm`` after down: the layers' ``norm`` and ``post_norm``), GeGLU (gelu_pytorch_tanh),
+  ``head_dim`` from the config, tied embeddings by default; sliding-window layers as ``layer_types`` says (else
+  ``sliding_window_pattern``: all but every 6th layer).
+- ``"phi3"``: fused ``qkv_proj`` ``[(H + 2·H_kv)·d, h]`` and ``gate_up_proj`` ``[2f, h]`` (one FC layer each, as the
+  plan splits them: each segment over y on its own, so a rank's block is as large as the unfused layers'), o and
+  down as Llama's, no biases; ``sliding_window`` (when set) on every layer.
+
+A config.json that leaves a field out gets transformers' default for its family (:data:`HF_DEFAULTS`): the
+published Gemma 3 configs state neither ``head_dim`` nor ``vocab_size``.
 
 Runtime knobs (recompute, dtype, dropout, initialisation, the norms' epsilon) are not shape: ``GPTConfig`` and
 ``perfmodel.Options`` hold them. Pure Python (no torch, no numpy); bad sizes raise a ValueError naming the value.
@@ -45,11 +60,47 @@ from .layers import FCLayer, block_layers, block_modules, head_layer
 #: Gy up to 2048, and by 5, 10, 20, ...).
 GPT2_PADDED_VOCAB = 51200
 
-#: ``model_type`` of a config.json -> its causal-LM class: the Hugging Face families of the Llama structure that a
-#: shape describes (``axgrid.plans.hf``'s Llama plan serves them)
-DECODER_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+#: ``model_type`` of a config.json -> its causal-LM class: the Hugging Face decoder families that a shape describes
+#: (``axgrid.plans.hf`` has a plan for each)
+DECODER_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                    "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+#: the model_type of Gemma 3's multimodal config, whose ``text_config`` is a ``"gemma3_text"`` decoder's
+GEMMA3_MULTIMODAL = "gemma3"
+#: family -> transformers' defaults (``*Config`` class fields, transformers 5.x) for the config.json fields a shape
+#: reads that a published config may leave out
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": 4096},
+    "qwen2": {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+    "qwen3": {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
+                    "sliding_window_pattern": 6, "tie_word_embeddings": True},
+}
 #: every block structure a shape can have
 FAMILIES = ("gpt",) + tuple(DECODER_FAMILIES)
+
+
+def _sliding(config: Any, family: str, layers: int) -> tuple[int, int]:
+    """(window, layers that have it) of a Hugging Face ``config`` as transformers builds the ``family``'s masks:
+    Mistral and Phi-3 every layer when ``sliding_window`` is set; Qwen2/Qwen3 only with ``use_sliding_window``, the
+    layers ``layer_types`` names (else those from ``max_window_layers`` on); Gemma 3 the ``"sliding_attention"``
+    layers of ``layer_types`` (else all but every ``sliding_window_pattern``-th); Llama none."""
+    window = _field(config, "sliding_window") or 0
+    if family in ("qwen2", "qwen3") and not _field(config, "use_sliding_window"):
+        window = 0
+    if not window or family == "llama":
+        return 0, 0
+    types = _field(config, "layer_types")
+    if family in ("gemma3_text", "qwen2", "qwen3") and types:
+        count = sum(1 for t in types if t == "sliding_attention")
+    elif family == "gemma3_text":
+        pattern = _field(config, "sliding_window_pattern") or 6
+        count = sum(1 for i in range(layers) if (i + 1) % pattern)
+    elif family in ("qwen2", "qwen3"):
+        count = max(0, layers - (_field(config, "max_window_layers") or 0))
+    else:
+        count = layers
+    return (window, count) if count else (0, 0)
 
 
 def _field(config: Any, key: str, default: Any = None) -> Any:
@@ -129,8 +180,8 @@ class TransformerShape:
                                              ("head_norms", self.head_norms, False),
                                              ("sliding_window", self.sliding_window, 0)) if v != plain]
             if hf_only:
-                raise ValueError(f"TransformerShape {self.name}: {', '.join(hf_only)} describe the Llama-structured "
-                                 f"families ({', '.join(DECODER_FAMILIES)}), not the GPT block; leave them unset "
+                raise ValueError(f"TransformerShape {self.name}: {', '.join(hf_only)} describe the Hugging Face "
+                                 f"decoders ({', '.join(DECODER_FAMILIES)}), not the GPT block; leave them unset "
                                  f"for family 'gpt'")
         else:
             if self.heads % self.kv_heads:
@@ -169,25 +220,32 @@ class TransformerShape:
         ``seq``-token sequences; a family not of the Llama structure (:data:`DECODER_FAMILIES`), or a config
         without the sizes, raises a ValueError in one line. ``name`` defaults to the ``model_type``."""
         family = _field(config, "model_type")
+        if family == GEMMA3_MULTIMODAL and _field(config, "text_config") is not None:
+            config, family = _field(config, "text_config"), "gemma3_text"      # the text decoder
         if family not in DECODER_FAMILIES:
             kind = ", ".join(_field(config, "architectures") or [])
             raise ValueError(f"model_type {family!r} ({kind}) is not a family the dry run models; use a config of "
-                             f"{', '.join(sorted(DECODER_FAMILIES))} (Llama-structured decoders) or a named GPT size")
+                             f"{', '.join(sorted(DECODER_FAMILIES))} (or gemma3 with a text_config) or a named size")
+        if isinstance(config, Mapping):
+            config = {**HF_DEFAULTS.get(family, {}), **config}
         need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
         missing = [k for k in need if not isinstance(_field(config, k), int)]
         if missing:
             raise ValueError(f"{', '.join(missing)} missing or not an integer; a {family} config.json states them")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
             raise ValueError(f"sequence length {seq!r}: give a positive --seq")
-        heads = _field(config, "num_attention_heads")
-        attention_bias = family == "qwen2" or bool(_field(config, "attention_bias", False))
+        heads, layers = _field(config, "num_attention_heads"), _field(config, "num_hidden_layers")
+        asked = bool(_field(config, "attention_bias", False))
+        attention_bias = family == "qwen2" or (asked and family in ("llama", "qwen3", "gemma3_text"))
+        window, sliding = _sliding(config, family, layers)
         return TransformerShape(
-            name or family, _field(config, "num_hidden_layers"), _field(config, "hidden_size"), heads, seq,
+            name or family, layers, _field(config, "hidden_size"), heads, seq,
             _field(config, "vocab_size"), bias=False, ffn=_field(config, "intermediate_size"), family=family,
             kv_heads=_field(config, "num_key_value_heads") or heads, head_dim=hf_head_dim(config),
             tied=bool(_field(config, "tie_word_embeddings", False)), attention_bias=attention_bias,
-            output_bias=family == "llama" and attention_bias,
-            mlp_bias=family == "llama" and bool(_field(config, "mlp_bias", False)), path=path)
+            output_bias=attention_bias and family != "qwen2",
+            mlp_bias=family == "llama" and bool(_field(config, "mlp_bias", False)), path=path,
+            head_norms=family in ("qwen3", "gemma3_text"), sliding_window=window, sliding_layers=sliding)
 
     @staticmethod
     def from_config_json(path: str, seq: int) -> "TransformerShape":
@@ -218,7 +276,7 @@ class TransformerShape:
     # -- what follows -------------------------------------------------------------------------------------
     @property
     def is_gpt(self) -> bool:
-        """Whether this is axgrid's GPT block (else a Hugging Face Llama-structured decoder)."""
+        """Whether this is axgrid's GPT block (else a Hugging Face decoder, :data:`DECODER_FAMILIES`)."""
         return self.family == "gpt"
 
     @property
@@ -228,17 +286,27 @@ class TransformerShape:
         return not self.is_gpt
 
     def block_layers(self) -> list[FCLayer]:
-        """One block's FC layers in forward order: the GPT's QKV, attention-out, MLP-up, MLP-down
-        (``axgrid.spec.block_layers``); a Llama-structured decoder's q, k, v, o, gate, up, down."""
+        """One block's FC layers in forward order, as the runtime builds them (``axgrid.models.gpt``; for a Hugging
+        Face decoder ``axgrid.plans.hf``'s plan): the GPT's QKV, attention-out, MLP-up, MLP-down
+        (``axgrid.spec.block_layers``); the Llama structure's q, k, v, o, gate, up, down (Qwen3's and Gemma 3's
+        too, Gemma's with its post norms after o and down); Phi-3's fused qkv, o, fused gate_up, down."""
         if self.is_gpt:
             return block_layers(self.hidden, ffn=self.ffn, bias=self.bias)
         h, f, qd, kvd = self.hidden, self.ffn, self.heads * self.head_dim, self.kv_heads * self.head_dim
         ab, mb = self.attention_bias, self.mlp_bias
+        if self.family == "phi3":
+            return [FCLayer(qd + 2 * kvd, h, False, False, "qkv_proj", norm="input_layernorm", attention=True),
+                    FCLayer(h, qd, True, False, "o_proj"),
+                    FCLayer(2 * f, h, False, False, "gate_up_proj", norm="post_attention_layernorm"),
+                    FCLayer(h, f, True, False, "down_proj")]
+        gemma = self.family == "gemma3_text"
         return [FCLayer(qd, h, False, ab, "q_proj", norm="input_layernorm", attention=True),
                 FCLayer(kvd, h, False, ab, "k_proj"), FCLayer(kvd, h, False, ab, "v_proj"),
-                FCLayer(h, qd, True, self.output_bias, "o_proj"),
-                FCLayer(f, h, False, mb, "gate_proj", norm="post_attention_layernorm"),
-                FCLayer(f, h, False, mb, "up_proj"), FCLayer(h, f, True, mb, "down_proj")]
+                FCLayer(h, qd, True, self.output_bias, "o_proj", post_norm="post_attention_layernorm" if gemma else ""),
+                FCLayer(f, h, False, mb, "gate_proj",
+                        norm="pre_feedforward_layernorm" if gemma else "post_attention_layernorm"),
+                FCLayer(f, h, False, mb, "up_proj"),
+                FCLayer(h, f, True, mb, "down_proj", post_norm="post_feedforward_layernorm" if gemma else "")]
 
     def head_layer(self) -> FCLayer:
         """The LM head ``[V, h]`` after the final norm: no bias, never recomputed."""
@@ -247,27 +315,30 @@ class TransformerShape:
         return FCLayer(self.vocab, self.hidden, False, False, "lm_head", recompute=False, norm="norm")
 
     def block_modules(self) -> tuple[str, ...]:
-        """One block's parameterised modules (norms and FC layers) in ``model.parameters()`` order."""
+        """One block's hidden-width norms and FC layers in forward order (the GPT's ``model.parameters()`` order;
+        a Hugging Face decoder registers its norms after the FC layers, :func:`axgrid.perfmodel.decoder`)."""
         return block_modules(self.block_layers())
 
     def block_norms(self) -> int:
-        """Norms in one block (those the block layers' ``norm`` name): 2."""
-        return sum(1 for layer in self.block_layers() if layer.norm)
+        """Hidden-width norms in one block (those the block layers' ``norm`` and ``post_norm`` name): 2 (Gemma 3:
+        4). The head norms (``head_norms``: q_norm and k_norm over ``head_dim``) are not among them."""
+        return sum(bool(layer.norm) + bool(layer.post_norm) for layer in self.block_layers())
 
     def layer_norms(self) -> int:
-        """Norms in the model: every block's and the final one: 2L + 1."""
+        """Hidden-width norms in the model: every block's and the final one: 2L + 1 (Gemma 3: 4L + 1)."""
         return self.layers * self.block_norms() + (1 if self.head_layer().norm else 0)
 
     @property
     def params(self) -> int:
         """Dense parameter count: the GPT's ``axgrid.spec.gpt_parameters`` (blocks, embeddings V·h + S·h, untied
-        head V·h); a Llama-structured decoder's FC layers (weights and biases), its RMSNorms (h each), the token
-        table V·h and the head V·h unless tied."""
+        head V·h); a Hugging Face decoder's FC layers (weights and biases), its hidden-width RMSNorms (h each), its
+        head norms (2 per layer, ``head_dim`` each), the token table V·h and the head V·h unless tied."""
         if self.is_gpt:
             return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, self.ffn, self.bias)
         block = sum(layer.n * layer.k + (layer.n if layer.bias else 0) for layer in self.block_layers())
+        block += self.block_norms() * self.hidden + (2 * self.head_dim if self.head_norms else 0)
         head = self.head_layer()
-        return (self.layers * (block + self.block_norms() * self.hidden) + self.hidden + self.vocab * self.hidden
+        return (self.layers * block + self.hidden + self.vocab * self.hidden
                 + (0 if self.tied else head.n * head.k))
 
     def flops_per_iteration(self, batch: int, recompute: bool, seq: Optional[int] = None) -> float:
@@ -281,7 +352,7 @@ class TransformerShape:
 
     def grid_rules(self) -> list[tuple[str, int, str]]:
         """(what, size, dim): each size that grid dimension ``dim`` splits, so ``G_dim`` must divide it (the GPT's
-        layers: ``axgrid.models.gpt``; a Llama-structured decoder's: ``axgrid.plans.transformer.resolve``)."""
+        layers: ``axgrid.models.gpt``; a Hugging Face decoder's: ``axgrid.plans.transformer.resolve``)."""
         if self.is_gpt:
             return [("hidden", self.hidden, "x"), ("hidden", self.hidden, "y"), ("heads", self.heads, "y"),
                     ("ffn", self.ffn, "x"), ("ffn", self.ffn, "y"), ("vocab", self.vocab, "y")]

@@ -122,7 +122,7 @@ class Embedding(nn.Module):
             out = _ShardedLookup.apply(ids.reshape(-1).long(), self.weight, self,
                                        uses_token(self.grid, [self.weight])).reshape(*ids.shape, self.local)
         if self.scale is not None:
-            out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
+            out = out * torch.tensor(self.scale).to(self.weight.dtype)     # fp32, then cast: as HF (a 0-d host operand)
         return out
 
     def extra_repr(self) -> str:

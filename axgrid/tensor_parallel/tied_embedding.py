@@ -112,7 +112,7 @@ class TiedEmbedding(nn.Module):
                 raise IndexError(f"token ids in [{lo}, {hi}] are outside the vocabulary [0, {self.num_embeddings})")
         out = _TiedLookup.apply(flat, self.weight, self)
         if self.scale is not None:
-            out = out * torch.tensor(self.scale, device=out.device).to(self.weight.dtype)   # fp32, then cast: as HF
+            out = out * torch.tensor(self.scale).to(self.weight.dtype)     # fp32, then cast: as HF (a 0-d host operand)
         return out.reshape(*ids.shape, self.head.sharding.k_blk)
 
     def extra_repr(self) -> str:

@@ -43,9 +43,10 @@ def test_a_tied_config_counts_what_transformers_builds(smollm2):
 
 def test_a_family_it_does_not_model_is_refused_in_one_line(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}))
-    with pytest.raises(ValueError, match=r"model_type 'gemma3_text' \(Gemma3ForCausalLM\) is not a family the "
-                                             r"dry run models; use a config of llama, mistral, qwen2"):
+    path.write_text(json.dumps({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"model_type 'gemma2' \(Gemma2ForCausalLM\) is not a family the "
+                                             r"dry run models; use a config of gemma3_text, llama, mistral, phi3, "
+                                             r"qwen2, qwen3 \(or gemma3 with a text_config\)"):
         TransformerShape.from_config_json(str(tmp_path), 2048)
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     with pytest.raises(ValueError, match="num_hidden_layers, num_attention_heads, intermediate_size, vocab_size "

@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from axgrid import perfmodel as pm
 from axgrid.dryrun.config import resolve
@@ -81,7 +83,11 @@ def tiny_config(family: str, **extra) -> dict:
 
 @pytest.mark.parametrize("family, extra", [("llama", {}), ("llama", {"tie_word_embeddings": True}),
                                            ("llama", {"attention_bias": True, "mlp_bias": True}),
-                                           ("qwen2", {"tie_word_embeddings": False}), ("mistral", {"head_dim": 32})])
+                                           ("qwen2", {"tie_word_embeddings": False}), ("mistral", {"head_dim": 32}),
+                                           ("qwen3", {"head_dim": 8, "attention_bias": True}),
+                                           ("gemma3_text", {"head_dim": 32, "sliding_window": 16}),
+                                           ("phi3", {"tie_word_embeddings": True, "sliding_window": 16,
+                                                     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})])
 def test_a_hugging_face_config_counts_what_transformers_builds(family, extra, tmp_path):
     import transformers
     config = tiny_config(family, **extra)
@@ -115,7 +121,7 @@ def test_bad_shapes_are_refused_in_one_line():
         TransformerShape("t", 1, 10, 4)
     with pytest.raises(ValueError, match=r"TransformerShape.layers=0 must be an integer >= 1"):
         TransformerShape("t", 0, 8, 2)
-    with pytest.raises(ValueError, match="kv_heads, tied describe the Llama-structured families"):
+    with pytest.raises(ValueError, match="kv_heads, tied describe the Hugging Face decoders"):
         TransformerShape("t", 1, 8, 2, kv_heads=1, tied=True)
     with pytest.raises(ValueError, match="family='bert': choose one of gpt, llama, mistral, qwen2"):
         TransformerShape("t", 1, 8, 2, family="bert")
@@ -147,3 +153,115 @@ def test_a_decoders_shape_replays_the_decoders_step():
     assert events == decoder_collective_events(llama, (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
     assert events != pm.collective_events(replace(llama, family="gpt", kv_heads=None, head_dim=None, ffn=None,
                                                   tied=False), (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
+
+
+# ------------------------------------------------------------------ Qwen3, Gemma 3, Phi-3 beside the Llama structure
+
+def transformers_model(config: dict):
+    """The causal LM transformers builds from ``config`` (a config.json's dict), on the meta device."""
+    import transformers
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        return hf_config, transformers.AutoModelForCausalLM.from_config(hf_config)
+
+
+def block_linears(model) -> dict[str, tuple[int, int, bool]]:
+    """Layer 0's Linear modules: name -> (out_features, in_features, bias)."""
+    return {n.split(".")[-1]: (m.out_features, m.in_features, m.bias is not None)
+            for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers.0." in n}
+
+
+FAMILY_SIZES = st.fixed_dictionaries({
+    "family": st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"]),
+    "layers": st.integers(1, 7), "kv_heads": st.sampled_from([1, 2, 4]), "group": st.sampled_from([1, 2, 3]),
+    "head_dim": st.sampled_from([4, 8, 12]), "hidden": st.sampled_from([24, 48]), "ffn": st.integers(8, 40),
+    "vocab": st.integers(16, 70), "tied": st.booleans(), "bias": st.booleans(),
+    "window": st.sampled_from([None, 8]), "pattern": st.sampled_from([None, 2, 3]), "layer_types": st.booleans(),
+    "use_sliding_window": st.booleans()})
+
+
+def family_config(p: dict) -> dict:
+    """A config.json dict of family ``p["family"]`` with the drawn sizes (head_dim stated: Gemma's is not h/H)."""
+    heads = p["kv_heads"] * p["group"]
+    config = {"model_type": p["family"], "hidden_size": p["hidden"], "num_hidden_layers": p["layers"],
+              "num_attention_heads": heads, "num_key_value_heads": p["kv_heads"], "head_dim": p["head_dim"],
+              "intermediate_size": p["ffn"], "vocab_size": p["vocab"], "max_position_embeddings": 64,
+              "tie_word_embeddings": p["tied"], "attention_bias": p["bias"], "pad_token_id": 0, "bos_token_id": 0,
+              "eos_token_id": 0}
+    if p["family"] == "gemma3_text" and p["hidden"] % heads:
+        config["num_attention_heads"] = config["num_key_value_heads"] = p["kv_heads"]   # Gemma: H divides h
+    if p["window"] is not None:
+        config["sliding_window"] = p["window"]
+    if p["family"] in ("qwen2", "qwen3"):
+        config.update(use_sliding_window=p["use_sliding_window"], max_window_layers=p["layers"] // 2)
+    if p["family"] == "gemma3_text":
+        if p["layer_types"]:
+            config["layer_types"] = ["sliding_attention" if i % 3 else "full_attention" for i in range(p["layers"])]
+        elif p["pattern"] is not None:
+            config["sliding_window_pattern"] = p["pattern"]
+    if p["family"] == "phi3":
+        del config["head_dim"]                       # Phi-3's head is h / H
+        config["num_attention_heads"] = config["num_key_value_heads"] = p["kv_heads"] * (1 if p["hidden"] % (
+            p["kv_heads"] * p["group"]) else p["group"])
+    return config
+
+
+@given(FAMILY_SIZES)
+@settings(max_examples=25, deadline=None)
+def test_every_familys_shape_is_the_model_transformers_builds(p):
+    """Generated configs of every family a plan trains: the shape's FC layers are the model's Linear modules
+    (Phi-3's fused ones at their fused sizes), its parameter count is the model's ``numel``, its norms are the
+    model's norms, and its sliding layers are those transformers' config marks ``sliding_attention`` (Mistral,
+    Phi-3: every layer when a window is set)."""
+    config = family_config(p)
+    hf_config, model = transformers_model(config)
+    shape = TransformerShape.from_hf_config(config, 32)
+    assert TransformerShape.from_hf_config(hf_config, 32) == shape         # a PretrainedConfig reads the same
+    assert block_linears(model) == {layer.name: (layer.n, layer.k, layer.bias) for layer in shape.block_layers()}
+    assert shape.params == sum(p.numel() for p in model.parameters()) == perfmodel_parameters(shape)
+    layer0 = [n.split(".")[-1] for n, m in model.named_modules() if ".layers.0." in n and n.endswith("norm")]
+    hidden_norms = [n for n in layer0 if n.endswith("layernorm")]
+    assert len(hidden_norms) == shape.block_norms()
+    assert [n for n in layer0 if n in ("q_norm", "k_norm")] == (["q_norm", "k_norm"] if shape.head_norms else [])
+    assert {layer.post_norm for layer in shape.block_layers()} - {""} == set(hidden_norms) - {
+        layer.norm for layer in shape.block_layers()}
+    # perfmodel's tensors are the model's, in model.parameters() order
+    names = [n for n, _ in model.named_parameters()]
+    assert [t.elems for t in decoder_parameters(shape, (1, 1, 1, 1))] == [
+        p.numel() for p in model.parameters()], names
+    types = getattr(hf_config, "layer_types", None)
+    window = getattr(hf_config, "sliding_window", None) if shape.family != "llama" else None   # Llama: no window
+    if types is not None and shape.family not in ("mistral", "phi3"):
+        sliding = sum(t == "sliding_attention" for t in types)
+    else:
+        sliding = hf_config.num_hidden_layers if window else 0
+    assert (shape.sliding_window, shape.sliding_layers) == ((window, sliding) if window and sliding else (0, 0))
+
+
+def test_a_gemma3_multimodal_config_is_its_text_decoder():
+    """Gemma 3's published configs are multimodal (``gemma3``): the shape is its ``text_config``'s, with
+    transformers' defaults for what the text config leaves out (head_dim 256, the 262,208-token vocabulary, tied,
+    5 sliding layers in 6)."""
+    import transformers
+    text = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 12,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 32}
+    shape = TransformerShape.from_hf_config({"model_type": "gemma3", "text_config": text}, 32)
+    assert shape == TransformerShape.from_hf_config(text, 32)
+    assert shape == TransformerShape.from_hf_config(transformers.AutoConfig.for_model("gemma3", text_config=text), 32)
+    assert (shape.family, shape.head_dim, shape.vocab, shape.tied, shape.head_norms) == \
+        ("gemma3_text", 256, 262208, True, True)
+    assert (shape.sliding_window, shape.sliding_layers, shape.block_norms()) == (32, 10, 4)
+    _, model = transformers_model(text)
+    assert type(model).__name__ == "Gemma3ForCausalLM" and shape.params == sum(p.numel() for p in model.parameters())
+
+
+def test_fc_layers_of_the_gpt_and_llama_have_no_post_norm():
+    """The post norm is Gemma's alone: the GPT's and the Llama structure's modules stay as they were."""
+    assert TransformerShape.named("gpt-tiny").block_modules() == ("ln1", "qkv", "proj", "ln2", "up", "down")
+    llama = TransformerShape.from_hf_config(tiny_config("llama"), 32)
+    assert not any(layer.post_norm for layer in llama.block_layers()) and llama.layer_norms() == 2 * 2 + 1
+    gemma = TransformerShape.from_hf_config(tiny_config("gemma3_text", head_dim=16), 32)
+    assert gemma.block_modules() == ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
+                                     "post_attention_layernorm", "pre_feedforward_layernorm", "gate_proj", "up_proj",
+                                     "down_proj", "post_feedforward_layernorm")
+    assert gemma.layer_norms() == 4 * 2 + 1
