@@ -56,4 +56,19 @@ PUBLIC_MODELS: dict[str, TransformerShape] = {shape.name: shape for shape in (
     _decoder("mistral-7b", "mistral", 32, 4096, 32, 8, 14336, 32768, 4096),
     _decoder("qwen2.5-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 4096, attention_bias=True),
     _decoder("qwen2.5-32b", "qwen2", 64, 5120, 40, 8, 27648, 152064, 4096, attention_bias=True),
+    # Qwen3 (Qwen/Qwen3-8B, Qwen/Qwen3-32B config.json: head_dim 128, q/k norms, untied, use_sliding_window false;
+    # 4,096 tokens: the Qwen3 technical report's general pre-training stage S1)
+    _decoder("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 151936, 4096, head_dim=128, head_norms=True),
+    _decoder("qwen3-32b", "qwen3", 64, 5120, 64, 8, 25600, 151936, 4096, head_dim=128, head_norms=True),
+    # Gemma 3's text decoder (google/gemma-3-12b-it, google/gemma-3-27b-it config.json's text_config; what it leaves
+    # out is Gemma3TextConfig's default: vocabulary 262,208, head_dim 256 for 12B, tied, 5 local layers in 6 with a
+    # 1,024-token window; 8,192 tokens: its pre-training's 32K is long for ranking)
+    _decoder("gemma-3-12b", "gemma3_text", 48, 3840, 16, 8, 15360, 262208, 8192, head_dim=256, tied=True,
+             head_norms=True, sliding_window=1024, sliding_layers=40),
+    _decoder("gemma-3-27b", "gemma3_text", 62, 5376, 32, 16, 21504, 262208, 8192, head_dim=128, tied=True,
+             head_norms=True, sliding_window=1024, sliding_layers=52),
+    # Phi-3 (microsoft/Phi-3-mini-4k-instruct, microsoft/Phi-3-medium-4k-instruct config.json: fused qkv and
+    # gate_up, untied, a 2,047-token window on every layer, 4,096-token context)
+    _decoder("phi-3-mini", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096, sliding_window=2047, sliding_layers=32),
+    _decoder("phi-3-medium", "phi3", 40, 5120, 40, 10, 17920, 32064, 4096, sliding_window=2047, sliding_layers=40),
 )}

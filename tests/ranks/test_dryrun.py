@@ -144,16 +144,30 @@ def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
 
 # ---------------------------------------------------------------------------------- a Hugging Face config.json
 
+#: what a family's tiny config adds to the Llama one: Qwen3's head size (not h/H); Gemma 3's head size, sliding
+#: layer, GeGLU (tied by default); Phi-3's window on every layer and its special tokens inside the vocabulary. Phi-3's
+#: window is no shorter than the 16-token sequences: its case runs without recompute, where gloo's ranks would save
+#: the window's [S, S] mask for SDPA, which the dry run's attention (causal, no mask: a GPU's flash kernel) does not
+FAMILY_FIELDS = {
+    "qwen3": {"head_dim": 16},
+    "gemma3_text": {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16},
+    "phi3": {"sliding_window": 16, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+}
+
+
 def _llama_config(folder, tied: bool, kv_heads: int = 2, heads: int = 4, ffn: int = 64, vocab: int = 64,
                   model_type: str = "llama") -> str:
-    """A small config.json of the Llama structure (GQA: 4 heads, 2 key-value heads; SwiGLU; rope) in ``folder``."""
+    """A small config.json of the Llama structure (GQA: 4 heads, 2 key-value heads; SwiGLU; rope) in ``folder``; of
+    Qwen3, Gemma 3 or Phi-3 (``model_type``) with :data:`FAMILY_FIELDS` added."""
     import json
     import os
     os.makedirs(folder, exist_ok=True)
     fields = {"model_type": model_type, "hidden_size": 32,
               "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": 64, "hidden_act": "silu",
-              "rms_norm_eps": 1e-5, "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False}
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False,
+              **FAMILY_FIELDS.get(model_type, {})}
     path = os.path.join(folder, "config.json")
     with open(path, "w") as f:
         json.dump(fields, f)
@@ -167,6 +181,9 @@ HF_CASES = [
     ("llama", "2x1x1x2", 4, 2, True, "oar,oag", 1, False),
     ("qwen2", "1x2x2x1", 4, 2, True, "all", 0, False),       # q, k, v biases
     ("mistral", "2x1x2x1", 4, 2, True, "all", 0, False),
+    ("qwen3", "2x2x1x2", 4, 1, True, "all", 0, False),       # q/k norms: their gradients over y
+    ("gemma3_text", "1x2x2x1", 4, 2, True, "oar,oag", 0, True),   # four norms, scaled tied embedding, GeGLU
+    ("phi3", "2x2x1x2", 4, 2, False, "all", 1, False),       # fused qkv and gate_up
 ]
 
 
@@ -192,6 +209,36 @@ def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tm
             assert d.memory[k] == got[r].memory[k], (r, k, d.memory[k], got[r].memory[k])
         for k in ("parameters", "gradients", "optimizer"):
             assert d.memory[k] == p.memory[k], (r, k, d.memory[k], p.memory[k])
+
+
+def dry_and_predict(cfgs: list) -> list:
+    """Rank 0's dry run of each of ``cfgs`` (one process) and what the report finds between it and perfmodel."""
+    from axgrid.dryrun.report import disagreements
+    from axgrid.dryrun.step import measure_rank
+    out = []
+    for cfg in cfgs:
+        m = measure_rank(cfg, 0)
+        out.append((m.comm, m.memory, disagreements(m, predict(cfg), cfg.zero)))
+    return out
+
+
+#: (family, grid, zero, tied): every family at zero 0 with Gd > 1 (the used-flags bound; SmolLM2's 1x1x1x4 too)
+FAMILY_DRY_RUNS = [("llama", "1x1x1x4", 0, True), ("qwen3", "2x2x1x2", 0, False), ("gemma3_text", "1x2x2x2", 0, True),
+                   ("phi3", "2x2x1x2", 0, False)]
+
+
+@pytest.mark.parametrize("cases", slow_where([FAMILY_DRY_RUNS[:1], FAMILY_DRY_RUNS[1:]], lambda c: len(c) > 1),
+                         ids=["llama", "qwen3-gemma3-phi3"])
+def test_each_familys_dry_run_agrees_with_perfmodel_at_zero_0_on_data_parallel_grids(tmp_path, cases):
+    """A Llama, Qwen3, Gemma 3 and Phi-3 config: the dry run's collectives equal perfmodel.decoder's and the report
+    finds no difference (the used-flags in flight behind the last bucket are within the decoder's bound, not the
+    GPT's: a Hugging Face config at zero 0 with Gd > 1 was reported as DIFFERS)."""
+    cfgs = [resolve(_llama_config(tmp_path / family, tied, model_type=family), None, 4, grid=grid,
+                    machine="local-4", zero=zero, seq=16) for family, grid, zero, tied in cases]
+    for cfg, (comm, memory, problems) in zip(cfgs, run_isolated(dry_and_predict, cfgs, timeout_s=300)):
+        p = predict(cfg)
+        assert problems == [], (cfg.model.family, cfg.grid, problems)
+        assert comm == p.comm and 0 < memory["buckets"] <= p.used_flags, (cfg.model.family, memory, p.used_flags)
 
 
 def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):

@@ -265,3 +265,49 @@ def test_fc_layers_of_the_gpt_and_llama_have_no_post_norm():
                                      "post_attention_layernorm", "pre_feedforward_layernorm", "gate_proj", "up_proj",
                                      "down_proj", "post_feedforward_layernorm")
     assert gemma.layer_norms() == 4 * 2 + 1
+
+
+#: the fields of each public model's published config.json (Hugging Face hub: Qwen/Qwen3-8B, Qwen/Qwen3-32B,
+#: google/gemma-3-12b-it and google/gemma-3-27b-it -- multimodal, their text decoder in text_config, which leaves out
+#: what Gemma3TextConfig defaults --, microsoft/Phi-3-mini-4k-instruct, microsoft/Phi-3-medium-4k-instruct), and the
+#: published parameter count (Qwen3 model cards: 8.2B, 32.8B; the Gemma 3 technical report's Table 1, embedding +
+#: non-embedding: 1,012M + 10,759M and 1,416M + 25,600M; Phi-3-mini's 3,821,079,552 (its safetensors); Phi-3
+#: technical report: 14B)
+PUBLISHED = {
+    "qwen3-8b": ({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                  "max_window_layers": 36, "sliding_window": None, "use_sliding_window": False,
+                  "tie_word_embeddings": False, "attention_bias": False}, 8.2e9),
+    "qwen3-32b": ({"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+                   "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                   "max_window_layers": 64, "sliding_window": None, "use_sliding_window": False,
+                   "tie_word_embeddings": False, "attention_bias": False}, 32.8e9),
+    "gemma-3-12b": ({"model_type": "gemma3", "text_config": {
+        "model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "sliding_window": 1024,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}, (1012 + 10759) * 1e6),
+    "gemma-3-27b": ({"model_type": "gemma3", "text_config": {
+        "model_type": "gemma3_text", "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+        "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
+        "sliding_window": 1024, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}, (1416 + 25600) * 1e6),
+    "phi-3-mini": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                    "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+                    "max_position_embeddings": 4096, "sliding_window": 2047, "tie_word_embeddings": False},
+                   3_821_079_552),
+    "phi-3-medium": ({"model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
+                      "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 32064,
+                      "max_position_embeddings": 4096, "sliding_window": 2047, "tie_word_embeddings": False}, 14e9),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_a_public_models_config_json_is_its_named_shape(name):
+    """A config.json with the published values gives the named shape (``PUBLIC_MODELS``), whose parameter count is
+    the published one to 1%."""
+    from axgrid.spec import PUBLIC_MODELS
+    config, published = PUBLISHED[name]
+    named = TransformerShape.named(name)
+    assert named == PUBLIC_MODELS[name]
+    assert TransformerShape.from_hf_config(config, named.seq, name=name) == named
+    assert abs(named.params / published - 1) < 0.01, (named.params, published)
+    assert named.params == perfmodel_parameters(named)
