@@ -4,7 +4,7 @@ machine (the fraction of its memory perfmodel plans with, ``perfmodel.Options.me
 
     python -m axgrid.dryrun --model gpt-320b --gpus 32768 --machine frontier --batch 4096
     python -m axgrid.dryrun --model gpt-80b --grid 4x2x16x8 --machine perlmutter --batch 1024 --json out.json
-    python -m axgrid.dryrun --model path/to/config.json --grid 4x4x8x64 --seq 8192 --batch 1024   # a HF config
+    python -m axgrid.dryrun --config path/to/config.json --grid 4x4x8x64 --seq 8192 --batch 1024   # a HF config
 """
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ import json
 import os
 from typing import Optional, Sequence
 
-from .config import DryRunError, predict, resolve, role_ranks
+from .config import DryRunError, is_config_path, predict, resolve, role_ranks
 
 
 def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a named size (gpt-tiny ... gpt-1t, gpt-405b), or a Hugging "
-                    "Face config.json (or its folder) of a Llama, Mistral or Qwen2 model, built and parallelized by "
-                    "its plan (give --grid)")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="a named size (gpt-tiny ... gpt-1t, gpt-405b), or a Hugging Face config.json "
+                       "(or its folder), as --config")
+    which.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json (or its folder) of a "
+                       "Llama, Mistral, Qwen2, Qwen3, Gemma 3 or Phi-3 model, built and parallelized by its plan "
+                       "(give --grid)")
     ap.add_argument("--seq", type=int, help="sequence length, for a config.json (default 2048)")
     ap.add_argument("--gpus", type=int, help="GPUs of the job (or give --grid)")
     ap.add_argument("--grid", help="GXxGYxGZxGD (default: perfmodel's best for the model, GPUs, machine, batch)")
@@ -49,7 +52,10 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dryrun") -> int:
     a = build_parser(prog).parse_args(argv)
-    cfg = resolve(a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
+    if a.config is not None and not is_config_path(a.config):
+        raise DryRunError(f"--config {a.config}: give the path of a Hugging Face config.json (or its folder); a named "
+                          f"size goes to --model")
+    cfg = resolve(a.config if a.config is not None else a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
                   overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq, lora_r=a.lora_r,
                   lora_targets=tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
                   if a.lora_targets else None)

@@ -261,6 +261,9 @@ def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path)
         resolve(str(tmp_path / "nowhere" / "config.json"), None, 4, grid="1x1x1x1")
     with pytest.raises(DryRunError, match=r"--seq 16: a named size has its own"):
         resolve("gpt-tiny", None, 4, grid="1x1x1x1", seq=16)
+    from axgrid.dryrun.cli import main
+    with pytest.raises(DryRunError, match=r"--config gpt-tiny: give the path of a Hugging Face config.json .*--model"):
+        main(["--config", "gpt-tiny", "--grid", "1x1x1x1", "--batch", "4"])
 
 
 def cli(argv: list) -> tuple:
@@ -286,7 +289,7 @@ def test_the_command_line_dry_runs_a_config_and_says_what_perfmodel_does_not_mod
     toml.write_text(re.sub(r"(?m)^memory_bytes = \d+", "memory_bytes = 100000",
                            known_machine_files()["local-4"].read_text()).replace('"local-4"', '"small"'))
     path = _llama_config(tmp_path / "llama", False)
-    argv = ["--model", path, "--grid", "1x2x2x1", "--batch", "4", "--seq", "16", "--machine", str(toml), "--json",
+    argv = ["--config", path, "--grid", "1x2x2x1", "--batch", "4", "--seq", "16", "--machine", str(toml), "--json",
             str(tmp_path / "dry.json")]
     code, out, warned = run_isolated(cli, argv, timeout_s=300)
     assert code == 1, out
@@ -329,7 +332,7 @@ def peak_then_tight_machine(argv: list, folder: str) -> tuple:
 @pytest.mark.slow
 def test_a_peak_inside_the_memory_but_over_perfmodels_usable_part_does_not_fit(tmp_path):
     path = _llama_config(tmp_path / "llama", False)
-    argv = ["--model", path, "--grid", "1x2x1x2", "--batch", "4", "--seq", "16"]
+    argv = ["--config", path, "--grid", "1x2x1x2", "--batch", "4", "--seq", "16"]
     peak, code, out = run_isolated(peak_then_tight_machine, argv, str(tmp_path), timeout_s=300)
     line = [x for x in out.splitlines() if x.startswith("DOES NOT FIT")]
     assert code == 1 and line and "does not fit tight's usable" in line[0] and "(90% of" in line[0], out
