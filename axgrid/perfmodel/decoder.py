@@ -1,7 +1,7 @@
-"""A Hugging Face decoder of the Llama structure (Llama, Mistral, Qwen2) as perfmodel models it: the FC layers of
-its plan (``axgrid.plans.hf``), the tensors one rank trains, every collective of its training step and the
-parameter, gradient and optimizer bytes. Torch-free: the model is an ``axgrid.spec.TransformerShape`` of a
-Llama-structured family (``axgrid.spec.DECODER_FAMILIES``), read from a ``config.json``.
+"""A Hugging Face decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 3's text decoder, Phi-3) as perfmodel models it: the
+FC layers of its plan (``axgrid.plans.hf``), the tensors one rank trains, every collective of its training step and
+the parameter, gradient and optimizer bytes. Torch-free: the model is an ``axgrid.spec.TransformerShape`` of one of
+``axgrid.spec.DECODER_FAMILIES``, read from a ``config.json`` (its FC layers: ``TransformerShape.block_layers``).
 
     spec = TransformerShape.from_config_json("path/to/config.json", seq=2048)
     events = decoder_collective_events(spec, (4, 4, 8, 64), tokens, 1, 2, recompute=True, grad_dtype_bytes=4)
@@ -12,10 +12,16 @@ The plan lays the model out like axgrid's GPT (``m'`` tokens per rank, ``h_x = h
 q, k, v                    normal ``[H·d, h]``, ``[H_kv·d, h]``, ``[H_kv·d, h]`` (y splits whole heads), each its own
                            FC layer (AG_z of its block; forward AR_x of ``[m', n/Gy]``); biases for Qwen2 (and Llama's
                            ``attention_bias``)
-o                          transposed ``[h, H·d]``
+Phi-3's qkv                one fused normal layer ``[(H + 2·H_kv)·d, h]``, each segment split over y on its own (the
+                           same block and collectives as q, k, v's sum); its gate_up likewise ``[2f, h]``
+o                          transposed ``[h, H·d]`` (a bias with Qwen3's and Gemma 3's ``attention_bias``)
 gate, up, down             normal ``[f, h]`` twice, transposed ``[h, f]`` (biases with Llama's ``mlp_bias``)
-RMSNorm (2 per layer, and  forward AR_x of ``[m']``; backward AR_x of ``[m']`` and AR_z of the weight's gradient
-the final one)             ``[h_x]`` (fp32: ``STAT_BYTES``)
+RMSNorm (2 per layer; 4    forward AR_x of ``[m']``; backward AR_x of ``[m']`` and AR_z of the weight's gradient
+for Gemma 3, its post      ``[h_x]`` (fp32: ``STAT_BYTES``)
+norms after o and down;
+and the final one)
+q/k norms (Qwen3, Gemma 3) over each local head's ``d`` features: no forward collective; the weight's gradient ``[d]``
+                           all-reduced over y, then over z (fp32)
 token table                untied: ``[V, h_x]`` on every rank (features over x), its gradient AR_z'd (fp32); tied:
                            the head's weight itself, the lookup gathers the head's block over z and all-reduces
                            ``[m', h_x]`` over y in the forward (in the block's dtype: the compute dtype when gathered,
@@ -26,8 +32,9 @@ recompute                  per decoder layer (Hugging Face's gradient checkpoint
 clipping (``clip``)        one all-reduce of the fp64 sum of squares over x·y·z (8 B), and over d with zero >= 1
 =========================  ==========================================================================================
 
-Not modelled (a dry run says so rather than compare with the GPT's formulas): the activations a SwiGLU/GQA block
-saves, the gathered weight blocks, the temporaries and so the peak; the time of a step (perfmodel ranks grids for
+Element-wise work posts nothing: GeGLU/SwiGLU, Gemma's embedding scale and logit soft-capping, the rotary
+embedding, sliding-window masks. Not modelled (a dry run says so rather than compare with the GPT's formulas): the
+activations a SwiGLU/GQA block saves, the gathered weight blocks, the temporaries and so the peak; the time of a step (perfmodel ranks grids for
 the GPT only).
 """
 from __future__ import annotations
