@@ -20,8 +20,9 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", help="a named size (gpt-tiny ... gpt-1t, gpt-405b), or a Hugging Face config.json "
-                       "(or its folder), as --config")
+    which.add_argument("--model", help="a named GPT size (gpt-tiny ... gpt-1t, gpt-405b), a public model "
+                       "(llama-3.1-8b, qwen3-8b, gemma-3-27b, phi-3-mini, ...: built from its published config, give "
+                       "--grid), or a Hugging Face config.json (or its folder), as --config")
     which.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json (or its folder) of a "
                        "Llama, Mistral, Qwen2, Qwen3, Gemma 3 or Phi-3 model, built and parallelized by its plan "
                        "(give --grid)")

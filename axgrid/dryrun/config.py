@@ -28,7 +28,7 @@ from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.problem import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape, OverlapConfig, TransformerShape
+from axgrid.spec import DEFAULT_BUCKET_BYTES, PUBLIC_MODELS, GridShape, OverlapConfig, TransformerShape
 
 
 class DryRunError(ValueError):
@@ -275,7 +275,8 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
     trained on ``seq``-token sequences (default :data:`HF_SEQ`). ``lora_r`` > 0: LoRA adapters of that rank on
     ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
     :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names)."""
-    if (isinstance(model, TransformerShape) and not model.is_gpt) or (isinstance(model, str) and is_config_path(model)):
+    if (isinstance(model, TransformerShape) and not model.is_gpt) or (isinstance(model, str) and (
+            is_config_path(model) or model.lower() in PUBLIC_MODELS)):
         cfg = _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
                                seq=seq)
@@ -379,11 +380,17 @@ HF_SEQ = 2048
 def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: int, *, grid: Optional[str],
                      machine: str, dtype: str, recompute: bool, overlap: str, microbatches: Optional[int],
                      bucket_bytes: int, zero: Optional[int], seq: Optional[int]) -> DryRunConfig:
-    """:func:`resolve` for a Hugging Face config: the grid must be given and divide the model (the plan's rules:
+    """:func:`resolve` for a Hugging Face config (a config.json, or a public model's name: ``PUBLIC_MODELS``, at its
+    sequence length unless ``seq`` says otherwise): the grid must be given and divide the model (the plan's rules:
     hidden over Gx; the heads, key-value heads, intermediate size and vocabulary over Gy), the batch must split
     over Gz·Gd; micro-batches default to 1, zero to 0."""
     try:
-        spec = model if isinstance(model, TransformerShape) else TransformerShape.from_config_json(model, seq or HF_SEQ)
+        if isinstance(model, TransformerShape):
+            spec = model
+        elif is_config_path(model):
+            spec = TransformerShape.from_config_json(model, seq or HF_SEQ)
+        else:
+            spec = TransformerShape.named(model, **({"seq": seq} if seq else {}))
     except ValueError as e:
         raise DryRunError(f"--model {model}: {e}") from None
     _check_options(dtype, overlap, zero, batch)
@@ -393,7 +400,7 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
     if grid is None:
         fits = _decoder_grids(spec, gpus, batch // microbatches) if gpus else []
         listed = f"; grids of {gpus} ranks that it divides: {_list(fits)}" if gpus else ""
-        raise DryRunError(f"--model {spec.path}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
+        raise DryRunError(f"--model {spec.path or spec.name}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
                           f"sizes only){listed}")
     shape = _read_grid(grid, gpus, lambda n: _decoder_grids(spec, n, batch // microbatches))
     n = shape[0] * shape[1] * shape[2] * shape[3]

@@ -37,9 +37,9 @@ def enable_recompute(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
-def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False, init: bool = True,
+def causal_lm_from_config(config_json: str | dict, grid: Grid, recompute: bool = False, init: bool = True,
                           attention: str = "sdpa") -> torch.nn.Module:
-    """The Hugging Face causal LM of the config.json at ``config_json`` on ``grid``, in fp32 and training mode,
+    """The Hugging Face causal LM of the config.json at ``config_json`` (or of its fields, a dict) on ``grid``, in fp32 and training mode,
     without weights from any file: built with its parameters on the meta device and parallelized by its plan, so no
     dense copy exists (a dry run builds a 405B model this way). A Gemma 3 multimodal config (``"gemma3"``) builds
     its text decoder (``Gemma3ForCausalLM`` of its ``text_config``), as ``axgrid.spec.TransformerShape`` reads it. ``init``: fill the parts (normal, std 0.02; norms
@@ -51,8 +51,11 @@ def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False,
 
     from ..io.meta import parameters_on_meta
     from .parallelize import parallelize
-    with open(config_json) as f:
-        fields = json.load(f)
+    if isinstance(config_json, dict):
+        fields = dict(config_json)
+    else:
+        with open(config_json) as f:
+            fields = json.load(f)
     if fields.get("model_type") == "gemma3" and isinstance(fields.get("text_config"), dict):
         fields = {**fields["text_config"], "model_type": "gemma3_text"}    # Gemma 3's text decoder
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
@@ -62,7 +65,8 @@ def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False,
     parallelize(model, grid)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if left:
-        raise ValueError(f"{config_json}: {left[:4]} stay on the meta device after the plan; the dry run builds "
+        where = config_json if isinstance(config_json, str) else f"the {type(model).__name__} config"
+        raise ValueError(f"{where}: {left[:4]} stay on the meta device after the plan; the dry run builds "
                          f"only models whose plan places every parameter")
     if init:
         with torch.no_grad():

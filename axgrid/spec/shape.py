@@ -273,6 +273,40 @@ class TransformerShape:
         return TransformerShape(f"vtrain-h{row['hidden']}-a{row['heads']}-l{row['layers']}", int(row["layers"]),
                                 int(row["hidden"]), int(row["heads"]), seq=int(row["seq"]), vocab=vocab)
 
+    def hf_config(self) -> dict[str, Any]:
+        """The config.json fields of this Hugging Face decoder's shape (a public model's, say): what
+        :meth:`from_hf_config` reads back to this shape (name and path aside), so transformers builds the model it
+        describes. Gemma 3's sliding layers are written as a ``sliding_window_pattern`` when one gives their count,
+        else as ``layer_types`` with the first ``sliding_layers`` local; a GPT raises."""
+        if self.is_gpt:
+            raise ValueError(f"TransformerShape {self.name}: the GPT block has no Hugging Face config; a named GPT size "
+                             f"is built by axgrid.models.GPT")
+        out: dict[str, Any] = {
+            "model_type": self.family, "architectures": [DECODER_FAMILIES[self.family]], "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers, "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim, "intermediate_size": self.ffn, "vocab_size": self.vocab,
+            "max_position_embeddings": self.seq, "tie_word_embeddings": self.tied,
+            "attention_bias": self.attention_bias if self.family != "qwen2" else False,
+            "mlp_bias": self.mlp_bias, "sliding_window": self.sliding_window or None}
+        if self.family == "phi3":
+            del out["head_dim"]                                  # Phi-3 reads h / H
+            out.update(pad_token_id=0, bos_token_id=min(1, self.vocab - 1), eos_token_id=min(2, self.vocab - 1))
+        if self.family == "gemma3_text":
+            patterns = [p for p in range(2, self.layers + 2)
+                        if sum(1 for i in range(self.layers) if (i + 1) % p) == self.sliding_layers]
+            if patterns and self.sliding_window:
+                out["sliding_window_pattern"] = patterns[0]
+            else:
+                out["layer_types"] = ["sliding_attention" if i < self.sliding_layers else "full_attention"
+                                      for i in range(self.layers)]
+                out["sliding_window"] = self.sliding_window or 4096     # the default; no layer uses it when 0
+        if self.family in ("qwen2", "qwen3"):
+            out.update(use_sliding_window=bool(self.sliding_window), max_window_layers=self.layers - self.sliding_layers)
+        if self.family in ("mistral", "phi3") and self.sliding_layers not in (0, self.layers):
+            raise ValueError(f"TransformerShape {self.name}: {self.family} applies its sliding_window to every layer, "
+                             f"not {self.sliding_layers} of {self.layers}; give sliding_layers 0 or {self.layers}")
+        return out
+
     # -- what follows -------------------------------------------------------------------------------------
     @property
     def is_gpt(self) -> bool:

@@ -233,8 +233,15 @@ def test_each_familys_dry_run_agrees_with_perfmodel_at_zero_0_on_data_parallel_g
     """A Llama, Qwen3, Gemma 3 and Phi-3 config: the dry run's collectives equal perfmodel.decoder's and the report
     finds no difference (the used-flags in flight behind the last bucket are within the decoder's bound, not the
     GPT's: a Hugging Face config at zero 0 with Gd > 1 was reported as DIFFERS)."""
-    cfgs = [resolve(_llama_config(tmp_path / family, tied, model_type=family), None, 4, grid=grid,
-                    machine="local-4", zero=zero, seq=16) for family, grid, zero, tied in cases]
+    import json
+
+    from axgrid.spec import TransformerShape
+
+    def model(family: str, tied: bool):       # Gemma 3 as a shape without a file: built from its hf_config()
+        path = _llama_config(tmp_path / family, tied, model_type=family)
+        return TransformerShape.from_hf_config(json.load(open(path)), 16) if family == "gemma3_text" else path
+    cfgs = [resolve(model(family, tied), None, 4, grid=grid, machine="local-4", zero=zero, seq=16)
+            for family, grid, zero, tied in cases]
     for cfg, (comm, memory, problems) in zip(cfgs, run_isolated(dry_and_predict, cfgs, timeout_s=300)):
         p = predict(cfg)
         assert problems == [], (cfg.model.family, cfg.grid, problems)
@@ -261,6 +268,13 @@ def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path)
         resolve(str(tmp_path / "nowhere" / "config.json"), None, 4, grid="1x1x1x1")
     with pytest.raises(DryRunError, match=r"--seq 16: a named size has its own"):
         resolve("gpt-tiny", None, 4, grid="1x1x1x1", seq=16)
+    # a public model by name: its shape, refused on a grid it does not divide
+    from axgrid.spec import TransformerShape
+    cfg = resolve("qwen3-8b", None, 8, grid="1x8x1x1", seq=1024)
+    assert cfg.hf and cfg.model == TransformerShape.named("qwen3-8b", seq=1024) and not cfg.model.path
+    with pytest.raises(DryRunError, match=r"--grid 1x16x1x1 does not fit qwen3-8b: num_key_value_heads 8 not "
+                                          r"divisible by Gy=16"):
+        resolve("qwen3-8b", None, 8, grid="1x16x1x1")
     from axgrid.dryrun.cli import main
     with pytest.raises(DryRunError, match=r"--config gpt-tiny: give the path of a Hugging Face config.json .*--model"):
         main(["--config", "gpt-tiny", "--grid", "1x1x1x1", "--batch", "4"])
