@@ -8,7 +8,8 @@ categories (:data:`CATEGORIES`) and the bytes and calls of every collective per 
 operation), for a GPU (``perfmodel.memory.GPU``: fused attention, collectives in the tensors' dtype).
 
 The model is an ``axgrid.spec.TransformerShape``: a named GPT size or a Hugging Face ``config.json`` of a
-Llama-structured family (``TransformerShape.from_config_json``): for the latter the grid must be given (perfmodel ranks GPT grids only), and
+Hugging Face decoder family (``TransformerShape.from_config_json``; or a public model by name, ``PUBLIC_MODELS``): for
+the latter the grid must be given (perfmodel ranks GPT grids only), and
 perfmodel predicts the collectives and the parameter, gradient and optimizer bytes; the categories it does not model
 for that family are ``None`` in the :class:`Prediction`, named in its ``not_modelled``.
 """
@@ -108,7 +109,7 @@ class DryRunConfig:
 
     @property
     def hf(self) -> bool:
-        """Whether the model is a Hugging Face config's (a Llama-structured decoder's shape, not the GPT's)."""
+        """Whether the model is a Hugging Face decoder's shape (a config.json's or a public model's), not the GPT."""
         return not self.model.is_gpt
 
     def as_json(self) -> dict:
