@@ -17,7 +17,7 @@ What follows from a shape is here too: the head size, the MLP width, the paramet
 (GPT), the block's FC layers and the LM head (``axgrid.spec.layers``), the grid rules (which sizes a grid
 dimension must divide).
 
-Two block structures (``family``):
+The block structures (``family``):
 
 - ``"gpt"``: axgrid's GPT (``axgrid.models.gpt``): per block LayerNorm, fused QKV ``[3h, h]``, attention-out
   ``[h, h]``, LayerNorm, MLP-up ``[f, h]``, GELU, MLP-down ``[h, f]`` (a bias on each when ``bias``); a learned
@@ -217,7 +217,7 @@ class TransformerShape:
     @staticmethod
     def from_hf_config(config: Any, seq: int, name: str = "", path: str = "") -> "TransformerShape":
         """The shape of a Hugging Face ``config`` (a config.json's dict or a ``PretrainedConfig``) trained on
-        ``seq``-token sequences; a family not of the Llama structure (:data:`DECODER_FAMILIES`), or a config
+        ``seq``-token sequences; a family that is none of :data:`DECODER_FAMILIES`, or a config
         without the sizes, raises a ValueError in one line. ``name`` defaults to the ``model_type``."""
         family = _field(config, "model_type")
         if family == GEMMA3_MULTIMODAL and _field(config, "text_config") is not None:
