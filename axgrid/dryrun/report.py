@@ -91,8 +91,9 @@ def table(cfg: DryRunConfig, m, p: Prediction) -> str:
     low, high = bucket_bounds(cfg.zero, p)
     for c in CATEGORIES:
         diff = _diff(m.memory[c], p.memory[c]) if p.memory[c] is not None else ""
-        if c == "buckets" and cfg.zero and high is not None:
-            diff = f"{'within' if low <= m.memory[c] <= high else 'OUTSIDE'} perfmodel's bound (zero={cfg.zero})"
+        if c == "buckets" and high:               # zero >= 1, or zero 0's used-flags in flight over d
+            diff = f"{'within' if low <= m.memory[c] <= high else 'OUTSIDE'} perfmodel's bound (zero={cfg.zero}" + (
+                f": the used-flags, at most {human(high)})" if cfg.zero == 0 else ")")
         elif c == "temporaries":
             over = [f"{who}'s other categories exceed its peak by {human(-n)}"
                     for who, n in (("the dry run", m.memory[c]), ("perfmodel", p.memory[c])) if n is not None and n < 0]
