@@ -3,10 +3,13 @@
 initialisation ``reference_linear(...)`` on any grid (so the same seed gives the same model on every grid).
 
 Values follow ``nn.Linear``'s default distribution: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
+:func:`normal_box` draws N(0, std²) instead (Box-Muller on two hashed streams), for any box of a dense tensor of any
+rank: what a Hugging Face model pre-trained from its config starts from (:mod:`axgrid.plans.initial_weights`).
 """
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -50,6 +53,24 @@ def uniform_block(seed: int, stream: int, n_cols: int, rows: range, cols: range,
 
 
 WEIGHT_STREAM, BIAS_STREAM = 1, 2
+NORMAL_STREAMS = (3, 4)           # the two uniforms of normal_box's Box-Muller transform
+
+
+def normal_box(seed: int, dense_shape: Sequence[int], offsets: Sequence[int], shape: Sequence[int], std: float,
+               dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
+    """Box ``dense[offsets : offsets + shape]`` of the dense tensor of ``dense_shape`` whose element at row-major
+    index ``i`` is N(0, std²) drawn from ``i`` (Box-Muller: ``sqrt(-2 ln u1) cos(2π u2)``, ``u1, u2`` hashed from
+    ``i`` on two streams), so every box of every grid, and the dense tensor, agree element for element."""
+    index = torch.zeros((), dtype=torch.int64, device=device)
+    stride = 1
+    for dim in reversed(range(len(dense_shape))):        # global row-major index of each element of the box
+        pos = torch.arange(offsets[dim], offsets[dim] + shape[dim], dtype=torch.int64, device=device)
+        index = index + (pos * stride).view(-1, *([1] * (len(dense_shape) - 1 - dim)))
+        stride *= int(dense_shape[dim])
+    index = index.expand(tuple(shape))
+    u1 = hashed_uniform(seed, NORMAL_STREAMS[0], index)
+    u2 = hashed_uniform(seed, NORMAL_STREAMS[1], index)
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2) * std).to(dtype)
 
 
 def linear_bound(in_features: int) -> float:
