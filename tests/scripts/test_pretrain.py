@@ -111,7 +111,8 @@ def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, 
 
 def test_resumed_on_another_grid_gives_the_uninterrupted_loss(ranks, files, tmp_path):
     ck, log = str(tmp_path / "ck"), str(tmp_path / "run.jsonl")
-    argv = ["--config", files["llama"], "--data-path", files["corpus"], "--steps", "3", "--log", log] + COMMON
+    argv = ["--config", files["llama"], "--data-path", files["corpus"], "--steps", "3", "--recompute", "--log",
+            log] + COMMON
     whole = ranks(4, rank_pretrain, argv + ["--grid", "1x2x1x2", "--zero", "1", "--save", ck, "--save-every", "2"])
     rest = ranks(4, rank_pretrain, argv + ["--grid", "2x1x2x1", "--resume", f"{ck}/step-00000002"])[0][0]
     assert rest["start_step"] == 2
