@@ -120,3 +120,22 @@ def test_resumed_on_another_grid_gives_the_uninterrupted_loss(ranks, files, tmp_
     records = [json.loads(line) for line in open(log)]
     assert records[0]["event"] == "config" and records[0]["model"] == "LlamaForCausalLM"
     assert [r["step"] for r in records if r["event"] == "step"] == [0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"config": "nowhere/config.json"}, "--config nowhere/config.json: no readable config.json"),
+    ({"config": "{bad}"}, "no model_type field, so it is not a Hugging Face model config"),
+    ({"seq": "128"}, "--seq 128 is longer than the model's max_position_embeddings 64"),
+    ({"batch": "9"}, "--batch 9 is not divisible by --microbatches 2"),
+    ({"data": "text"}, "--data text and --data-path both name the data"),
+])
+def test_bad_arguments_are_one_line_before_any_rank_starts(files, tmp_path, change, msg):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hidden_size": 32}')
+    opts = {"config": files["llama"], "grid": "1x1x1x1", "seq": "16", "data-path": files["corpus"], "batch": "8",
+            **change}
+    argv = [w for k, v in opts.items() for w in (f"--{k}", v.replace("{bad}", str(bad)))]
+    argv += ["--microbatches", "2", "--no-progress"]
+    with pytest.raises(SystemExit) as e:
+        load_script("train/pretrain.py").main(argv)
+    assert msg in str(e.value) and "\n" not in str(e.value)
