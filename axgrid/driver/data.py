@@ -125,7 +125,7 @@ def check_own_data_arguments(args: argparse.Namespace, vocab: int, model: str) -
     named ``model``) cannot take."""
     from ..data import ByteTokenizer
     import os
-    if args.data_path and args.data is not None:
+    if args.data_path and args.data not in (None, "corpus"):        # "corpus": set by an earlier call
         raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
                          f"corpus")
     if args.data is None:

@@ -1,5 +1,5 @@
 """The hashed normal initialisation of models pre-trained from a config (axgrid.nn.init.normal_box): any box of
-the dense tensor equals the slice of the whole (generated shapes and boxes), and the values are N(0, std²) by
+the dense tensor equals the slice of the whole (generated shapes, boxes and slab sizes), and the values are N(0, std²) by
 scipy's Kolmogorov-Smirnov test; init_causal_lm_ gives a transformers Llama what transformers' own init does (norms
 1, matrices of std initializer_range, one seed one model, another seed another)."""
 import pytest
@@ -18,11 +18,11 @@ def shape_and_box(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape_and_box(), st.integers(0, 2**31 - 1))
-def test_a_box_is_the_slice_of_the_whole(case, seed):
+@given(shape_and_box(), st.integers(0, 2**31 - 1), st.integers(1, 30))
+def test_a_box_is_the_slice_of_the_whole(case, seed, chunk):
     shape, offsets, sizes = case
     whole = normal_box(seed, shape, (0,) * len(shape), shape, 0.02)
-    box = normal_box(seed, shape, offsets, sizes, 0.02)
+    box = normal_box(seed, shape, offsets, sizes, 0.02, chunk=chunk)     # in slabs of rows of ~chunk elements
     assert torch.equal(box, whole[tuple(slice(o, o + n) for o, n in zip(offsets, sizes))])
 
 
