@@ -55,11 +55,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
-from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
-from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_batch_split, check_corpus_tokenizer, check_data_arguments,
-                           check_output_paths, check_run_arguments, check_step_arguments, check_zero, compute_dtype,
-                           data_settings, parse_step_args, run_outputs, run_step, unrecorded_note)
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_own_data_arguments,
+                           add_run_arguments, add_step_arguments, check_batch_split, check_corpus_tokenizer,
+                           check_data_arguments, check_output_paths, check_own_data_arguments, check_run_arguments,
+                           check_step_arguments, check_zero, compute_dtype, data_settings, own_batches,
+                           parse_step_args, run_outputs, run_step, unrecorded_note)
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -78,19 +78,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
     p.add_argument("--overlap", default="none", help="oar,ors,oag,odp | all | none")
-    p.add_argument("--data", choices=("synthetic", "text"), default=None,
-                   help="without --data-path: uniform random ids (default) or --text-file as bytes")
-    p.add_argument("--text-file", default=str(DEFAULT_TEXT))
+    add_own_data_arguments(p)
     p.add_argument("--tune-gemm", choices=("off", "on-first-use", "cache-only"), default="off")
     p.add_argument("--gemm-cache", default=None, help="GEMM tuner decision file (default: the tuner's own)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
     add_data_arguments(p)
     add_run_arguments(p)
     add_metrics_arguments(p)
-    args = parse_step_args(p, argv)
-    if args.data is None:
-        args.data = "corpus" if args.data_path else "synthetic"
-    return args
+    return parse_step_args(p, argv)
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig:
@@ -124,21 +119,14 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         check_zero(args.zero, shape)
     elif args.batch % args.microbatches:
         raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
-    if args.data_path and args.data != "corpus":
-        raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
-                         f"corpus")
+    check_own_data_arguments(args, cfg.shape.vocab, cfg.shape.name)
     check_data_arguments(args)
     args.unrecorded = check_corpus_tokenizer(args, cfg.shape.vocab)     # a corpus of more ids than the model has
-    if args.data == "text" and cfg.shape.vocab < ByteTokenizer.vocab_size:
-        raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.shape.name} has vocab {cfg.shape.vocab}")
     try:
         axgrid.OverlapConfig.parse(args.overlap)
     except ValueError as e:
         raise SystemExit(f"--overlap {args.overlap}: {e}") from None
     check_run_arguments(args)
-    if args.data == "text" and not os.path.isfile(args.text_file):
-        raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass an existing UTF-8 text "
-                         f"file, or use --data synthetic")
     if args.goldfish_k == 1 or args.goldfish_k < 0:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
     check_output_paths(run_outputs(args))      # last: bad input creates no folder
@@ -174,16 +162,8 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     settings = StepSettings.from_args(args, args.steps, dtype)
     ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
     start = ckpt.resume(model, opt)
-
-    def in_memory():
-        try:
-            return (TextBatches(args.text_file, cfg.shape.seq, args.seed) if args.data == "text"
-                    else SyntheticBatches(cfg.shape.vocab, cfg.shape.seq, args.seed))
-        except (OSError, ValueError) as e:    # the same on every rank, before any collective
-            raise SystemExit(f"--text-file {args.text_file}: {e}") from None
-
     data = RunData.open(args, grid, settings, seq=cfg.shape.seq, seed=args.seed, vocab=cfg.shape.vocab, start=start,
-                        resumed=ckpt.extra, fallback=in_memory)
+                        resumed=ckpt.extra, fallback=lambda: own_batches(args, cfg.shape.seq, cfg.shape.vocab))
     formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
                else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
     m = cfg.shape
