@@ -9,7 +9,8 @@ grid, and its loss over kept targets, for axgrid's GPT and Hugging Face models a
 from __future__ import annotations
 
 import math
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 
@@ -38,13 +39,17 @@ def enable_recompute(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
-def read_hf_config(path: str):
+def read_hf_config(path: "str | Mapping[str, Any]"):
     """The transformers config of ``path``: a config.json, or a Hugging Face folder holding one (its weights are
-    not read). A ValueError names the path and what is wrong."""
+    not read), or a config.json's fields (``TransformerShape.hf_config`` of a named public model). A ValueError
+    names the path and what is wrong."""
     import json
     import os
 
     from transformers import AutoConfig
+    if isinstance(path, Mapping):
+        fields = dict(path)
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     try:
         with open(file, encoding="utf-8") as f:
@@ -61,9 +66,10 @@ def read_hf_config(path: str):
         raise ValueError(f"{file}: {e}") from None
 
 
-def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False, init: bool = True,
+def causal_lm_from_config(config_json: "str | Mapping[str, Any]", grid: Grid, recompute: bool = False, init: bool = True,
                           attention: str = "sdpa", seed: int = 0) -> torch.nn.Module:
-    """The Hugging Face causal LM of the config.json at ``config_json`` (or a folder holding one) on ``grid``, in
+    """The Hugging Face causal LM of the config.json at ``config_json`` (or a folder holding one, or its fields) on
+    ``grid``, in
     fp32 and training mode, without weights from any file: built with its parameters on the meta device and
     parallelized by its plan, so no dense copy exists (a dry run builds a 405B model this way). ``init``: each rank
     fills its parts with the run's initial weights (:func:`axgrid.plans.initial_weights.init_causal_lm_` of
