@@ -88,3 +88,28 @@ def attention_differences(case: AttentionCase, timeout_s: float = 30.0) -> dict[
         return diffs
     finally:
         grid.destroy()
+
+
+def loss_differences(grid_spec: str, cp: int, seed: int, timeout_s: float = 30.0) -> tuple[float, float, float]:
+    """On one rank: the masked mean over whole sequences of per-token losses, under context parallelism
+    (:func:`axgrid.context_parallel.whole_sequence_mean` of this rank's chunks) and serially (``torch.mean`` of the
+    kept tokens), and the largest difference of the gradient of this rank's per-token losses."""
+    import axgrid
+    from axgrid.context_parallel import shard, whole_sequence_mean
+    grid = axgrid.init(grid_spec, cp=cp, config=axgrid.RuntimeConfig(timeout_s=timeout_s, seed=0))
+    try:
+        gen = torch.Generator().manual_seed(seed * 1000 + min(grid.layout.cp_group_of(grid.rank)))
+        per_token = torch.rand(3, 4 * cp, generator=gen).requires_grad_()
+        mask = torch.rand(3, 4 * cp, generator=gen) < 0.5
+        mask[0, 0] = True
+        want = per_token[mask].mean()
+        want.backward()
+        index = grid.index("c")
+        mine = shard(per_token.detach(), cp, index, dim=1).requires_grad_()
+        kept = shard(mask, cp, index, dim=1)
+        got = whole_sequence_mean((mine * kept).sum(), kept.sum(), grid.comm)
+        got.backward()
+        grad_diff = (mine.grad - shard(per_token.grad, cp, index, dim=1)).abs().max().item()
+        return float(got), float(want), grad_diff
+    finally:
+        grid.destroy()

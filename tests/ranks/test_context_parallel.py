@@ -12,7 +12,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from helpers.cp_reference import AttentionCase, attention_differences
+from helpers.cp_reference import AttentionCase, attention_differences, loss_differences
 
 DEEP = bool(os.environ.get("AXGRID_DEEP"))
 #: (grid, cp): the group inside z; inside d; two groups side by side in z; one across z and d; beside x and y.
@@ -65,3 +65,10 @@ def test_a_window_of_one_token_and_the_longest_reach(ranks):
     for window in (1, 10_000):
         _check(ranks, AttentionCase("1x1x4x1", 4, batch=1, kv_heads=2, group=2, chunk=3, head_dim=4,
                                     window=window, rotary=True, seed=7))
+
+
+@pytest.mark.parametrize("grid,cp", [("1x1x2x1", 2), ("1x1x2x2", 4)])
+def test_the_loss_is_the_mean_over_whole_sequences(ranks, grid, cp):
+    """whole_sequence_mean over the chunks equals the serial masked mean, its gradient the serial one's rows."""
+    for got, want, grad_diff in ranks(_world(grid), loss_differences, grid, cp, 3):
+        assert abs(got - want) <= 1e-6 * (1 + abs(want)) and grad_diff <= 1e-7, (got, want, grad_diff)
