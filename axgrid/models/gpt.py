@@ -235,9 +235,6 @@ class GPT(nn.Module):
         gz = 1 if self.grid is None else self.grid.size("z")
         cp = 1 if self.grid is None else self.grid.size("c")
         if cp > 1:
-            if start:
-                raise ValueError(f"incremental decoding (a KV cache) under context parallelism (cp={cp}) is not "
-                                 f"supported; generate on a grid built with cp=1")
             check_sequence(s, cp)
         groups = gz // cp
         if b == 0 or b % groups:
@@ -270,6 +267,9 @@ class GPT(nn.Module):
                 loss_mask: Optional[torch.Tensor] = None, *, normalizer: Optional[float] = None,
                 cache: Optional[KVCache] = None) -> torch.Tensor:
         start = 0 if cache is None else cache.length
+        if cache is not None and self.grid is not None and self.grid.size("c") > 1:
+            raise ValueError(f"generation (a KV cache) under context parallelism (cp={self.grid.size('c')}) is not "
+                             f"supported; generate on a grid built with cp=1 (a checkpoint loads onto any grid)")
         self.check_batch(tokens, start)
         if cache is not None and len(cache.layers) != len(self.blocks):
             raise ValueError(f"cache has {len(cache.layers)} layers, the model {len(self.blocks)}; use "

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import axgrid
+from axgrid.driver import share_rows
 from axgrid.models import GPT, GPTConfig
+from axgrid.models.kv_cache import KVCache
 from axgrid.spec import TransformerShape
 
 TOL = dict(rtol=1e-4, atol=2e-5)
@@ -34,6 +36,9 @@ def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str) -> list[flo
         gen = torch.Generator().manual_seed(5)
         per = gd * grid.size("z") // cp            # sequences of one micro-batch: one per group of cp z-ranks
         s = SHAPE.seq
+        # the drivers' corpus reads only the rows a rank computes: its group's sequences of its d-slice
+        local = par.local_rows(per // gd)
+        assert share_rows(per, 1, grid) == [d * per // gd + i for i in range(local.start, local.stop)]
         losses = []
         for step in range(2):
             opt.zero_grad(set_to_none=True)
@@ -95,6 +100,11 @@ def rank_refusals(spec: str, cp: int) -> list[str]:
                 msgs.append("no error")
             except ValueError as e:
                 msgs.append(str(e))
+        try:
+            model(torch.zeros(1, 16, dtype=torch.long), cache=KVCache(SHAPE.layers))
+            msgs.append("no error")
+        except ValueError as e:
+            msgs.append(str(e))
         return msgs
     finally:
         grid.destroy()
@@ -103,6 +113,7 @@ def rank_refusals(spec: str, cp: int) -> list[str]:
 def test_a_sequence_that_does_not_cut_into_2cp_chunks_is_refused_before_any_collective(ranks):
     msgs = ranks(4, rank_refusals, "1x1x4x1", 4)
     assert all(m == msgs[0] for m in msgs)                # the same line on every rank, nobody hung
+    assert msgs[0][2].startswith("generation (a KV cache) under context parallelism (cp=4) is not supported")
     for m, seq in zip(msgs[0], (14, 6)):
         assert "\n" not in m and f"sequence length {seq}" in m and "multiple of 8" in m, m
     assert "16" in msgs[0][0] and "8" in msgs[0][1]
