@@ -19,7 +19,8 @@ plain SDPA mask on the gathered keys, with no per-step mask bookkeeping; and eac
 one call, so forward and backward equal serial attention within round-off without merging partial results by their
 log-sum-exp. What it gives up: a ring overlaps each step's transfer with the previous block's compute and holds only
 two key-value blocks at a time, where this holds the sequence's keys and values for one layer (saved for the
-backward), and the gather here is not overlapped with compute. The ring is the next step (issue 46).
+backward), and the gather here is not overlapped with compute: ``exchange="ring"`` (:mod:`.ring`) is that other
+way, the same result within round-off.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ import torch.nn.functional as F
 
 from ..core.comm import Communicator
 from .chunks import chunk_ids, unshard
+from .ring import ring_attention
+
+#: The two ways keys and values reach the other ranks: one all-gather (here), or passed around a ring (:mod:`.ring`).
+EXCHANGES = ("all_gather", "ring")
 
 
 class _GatherKeysValues(torch.autograd.Function):
@@ -69,13 +74,17 @@ def chunk_mask(chunk: int, c: int, window: Optional[int], device: torch.device) 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Communicator, *,
                                window: Optional[int] = None, scale: Optional[float] = None,
-                               dim: str = "c") -> torch.Tensor:
+                               dim: str = "c", exchange: str = "all_gather") -> torch.Tensor:
     """Causal attention of this rank's rows over the whole sequence split along the group ``dim`` of ``comm``.
 
     ``q [b, H, 2c, d]``, ``k, v [b, H_kv, 2c, d]`` (``H_kv`` divides ``H``): this rank's chunks ``r`` and
     ``2·cp − 1 − r`` of each sequence, in that order. ``window``: a sliding window (None: the whole causal past).
-    ``scale``: SDPA's (None: ``1/√d``). Returns ``[b, H, 2c, d]``, this rank's rows of serial causal attention.
+    ``scale``: SDPA's (None: ``1/√d``). ``exchange``: ``"all_gather"`` (this module) or ``"ring"``
+    (:mod:`.ring`: transfers overlapped, two key-value blocks held). Returns ``[b, H, 2c, d]``, this rank's rows of
+    serial causal attention.
     """
+    if exchange not in EXCHANGES:
+        raise ValueError(f"context_parallel_attention: exchange={exchange!r}; choose one of {list(EXCHANGES)}")
     if q.dim() != 4 or k.shape != v.shape or k.shape[:1] + k.shape[2:] != q.shape[:1] + q.shape[2:3] + k.shape[3:]:
         raise ValueError(f"context_parallel_attention: q {tuple(q.shape)} must be [b, H, 2c, d] and k, v "
                          f"{tuple(k.shape)}, {tuple(v.shape)} [b, H_kv, 2c, d] with the same b and 2c")
@@ -85,6 +94,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                          f"{rows} rows per rank: H_kv must divide H and the rows be two equal chunks")
     if window is not None and window < 1:
         raise ValueError(f"sliding window {window} must be >= 1 token (None: no window)")
+    if exchange == "ring":
+        return ring_attention(q, k, v, comm, window=window, scale=scale, dim=dim)
     cp, index, c = comm.size(dim), comm.indices[dim], rows // 2
     gathered = _GatherKeysValues.apply(torch.stack([k, v]), comm, dim)          # [cp, 2, b, H_kv, 2c, d]
     keys, values = unshard(gathered, dim=3).unbind(0)                           # [b, H_kv, S, d] each

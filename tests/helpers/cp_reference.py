@@ -27,6 +27,7 @@ class AttentionCase:
     window: Optional[int]    # sliding window in tokens (None: causal only)
     rotary: bool
     seed: int
+    exchange: str = "all_gather"
 
     @property
     def seq(self) -> int:
@@ -78,7 +79,7 @@ def attention_differences(case: AttentionCase, timeout_s: float = 30.0) -> dict[
         cp, index = grid.size("c"), grid.index("c")
         mine = [shard(t, cp, index, dim=2).requires_grad_() for t in (q, k, v)]
         ql, kl = _rotary(mine[0], mine[1], positions(s, cp, index)) if case.rotary else mine[:2]
-        out = context_parallel_attention(ql, kl, mine[2], grid.comm, window=case.window)
+        out = context_parallel_attention(ql, kl, mine[2], grid.comm, window=case.window, exchange=case.exchange)
         out.backward(shard(dout, cp, index, dim=2))
         got = (out.detach(), mine[0].grad, mine[1].grad, mine[2].grad)
         diffs = {name: (g - shard(w, cp, index, dim=2)).abs().max().item()

@@ -1,5 +1,5 @@
 """Context-parallel attention equals serial ``scaled_dot_product_attention``, forward and backward (dq, dk, dv), within
-fp32 round-off: causal, GQA, with and without a sliding window, rotary at each chunk's own positions
+fp32 round-off: causal, GQA, with and without a sliding window, keys and values all-gathered or passed around a ring, rotary at each chunk's own positions
 (transformers' Llama rotary), on real gloo ranks of 2 and 4 (context-parallel groups inside z, inside d, across
 z and d, beside x and y; 8 too with ``AXGRID_DEEP=1``), over cases generated with hypothesis (sequence length through
 the chunk size, heads, key-value heads, head size, window). A bounded number of examples by default (28);
@@ -37,7 +37,8 @@ def cases(draw, grid: str, cp: int) -> AttentionCase:
     window = draw(st.one_of(st.none(), st.integers(1, seq + 2)))
     return AttentionCase(grid, cp, batch=draw(st.integers(1, 2)), kv_heads=draw(st.integers(1, 3)),
                          group=draw(st.integers(1, 3)), chunk=chunk, head_dim=draw(st.sampled_from([2, 4, 8])),
-                         window=window, rotary=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+                         window=window, rotary=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+                         exchange=draw(st.sampled_from(["all_gather", "ring"])))
 
 
 def _check(ranks, case: AttentionCase) -> None:
@@ -45,9 +46,11 @@ def _check(ranks, case: AttentionCase) -> None:
     bad = [f"rank {r}: {name} differs by {d[name]:.3g}" for r, d in enumerate(per_rank)
            for name in ("out", "dq", "dk", "dv") if not d[name] <= TOL * (1 + d["scale"])]
     assert not bad, f"{case}\n" + "\n".join(bad)
-    # only the key-value heads travel: forward all-gather [cp, 2, b, H_kv, 2c, d], backward its reduce-scatter
+    # only the key-value heads travel: forward all-gather [cp, 2, b, H_kv, 2c, d], backward its reduce-scatter; or
+    # blocks [2, b, H_kv, 2c, d] sent and received cp-1 times forward, cp-1 times backward with cp gradient blocks
     kv = 2 * case.batch * case.kv_heads * case.seq * case.head_dim * 4
-    assert all(d["ledger_c_bytes"] == 2 * kv for d in per_rank), (case, [d["ledger_c_bytes"] for d in per_rank])
+    want = 2 * kv if case.exchange == "all_gather" else (4 * (case.cp - 1) + 2 * case.cp) * kv // case.cp
+    assert all(d["ledger_c_bytes"] == want for d in per_rank), (case, want, [d["ledger_c_bytes"] for d in per_rank])
 
 
 @pytest.mark.parametrize("grid,cp", LAYOUTS, ids=[f"{g}-cp{c}" for g, c in LAYOUTS])
@@ -60,11 +63,12 @@ def test_attention_equals_serial_sdpa(ranks, grid, cp):
     run()
 
 
-def test_a_window_of_one_token_and_the_longest_reach(ranks):
+@pytest.mark.parametrize("exchange", ["all_gather", "ring"])
+def test_a_window_of_one_token_and_the_longest_reach(ranks, exchange):
     """The edges: each query sees only itself; a window wider than the sequence is plain causal attention."""
     for window in (1, 10_000):
         _check(ranks, AttentionCase("1x1x4x1", 4, batch=1, kv_heads=2, group=2, chunk=3, head_dim=4,
-                                    window=window, rotary=True, seed=7))
+                                    window=window, rotary=True, seed=7, exchange=exchange))
 
 
 @pytest.mark.parametrize("grid,cp", [("1x1x2x1", 2), ("1x1x2x2", 4)])
