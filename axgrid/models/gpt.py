@@ -58,7 +58,7 @@ from ..nn.init import reference_linear
 from ..tensor_parallel.layernorm import LayerNorm
 from ..tensor_parallel.linear import Linear
 from ..tensor_parallel.vocab_parallel import vocab_parallel_cross_entropy
-from ..context_parallel import check_sequence, context_parallel_attention, positions, shard
+from ..context_parallel import EXCHANGES, check_sequence, context_parallel_attention, positions, shard
 from ..train import decay_groups
 from ..spec import NAMED_SIZES, FCLayer, TransformerShape
 from .kv_cache import KVCache, LayerKV
@@ -70,7 +70,8 @@ class GPTConfig:
     ``seq`` the position table's rows, vocab, the MLP width ``ffn``, ``bias`` on every FC layer but the head, name)
     and the runtime's knobs, which are not shape: ``recompute``: run each block under ``torch.utils.checkpoint``
     (activations recomputed in backward); ``eps`` of the layer norms; ``seed`` of the hashed initialisation;
-    ``emb_std`` of the embedding tables.
+    ``emb_std`` of the embedding tables; ``cp_exchange``: how attention under context parallelism exchanges keys
+    and values, ``"all_gather"`` or ``"ring"`` (:mod:`axgrid.context_parallel`; the same result within round-off).
     """
 
     shape: TransformerShape
@@ -78,8 +79,11 @@ class GPTConfig:
     eps: float = 1e-5
     seed: int = 0
     emb_std: float = 0.02
+    cp_exchange: str = "all_gather"
 
     def __post_init__(self) -> None:
+        if self.cp_exchange not in EXCHANGES:
+            raise ValueError(f"GPTConfig.cp_exchange={self.cp_exchange!r}: choose one of {list(EXCHANGES)}")
         if not isinstance(self.shape, TransformerShape) or not self.shape.is_gpt:
             raise ValueError(f"GPTConfig.shape={self.shape!r} must be a TransformerShape of family 'gpt' (e.g. "
                              f"TransformerShape.named('gpt-tiny')); a Hugging Face decoder is built from its config")
@@ -160,7 +164,7 @@ class Block(nn.Module):
         h = shape.hidden
         fc = {layer.name: layer for layer in shape.block_layers()}   # see axgrid.spec.layers
         self.heads_local = shape.heads // (grid.size("y") if grid is not None else 1)
-        self.grid = grid
+        self.grid, self.cp_exchange = grid, cfg.cp_exchange
         self.head_dim = shape.head_dim
         self.ln1 = LayerNorm(h, grid, eps=cfg.eps)
         self.qkv = _fc(cfg, grid, prefix + "qkv", fc["qkv"], init)
@@ -178,7 +182,7 @@ class Block(nn.Module):
             k, v = kv.append(k, v)                                     # [b, H_loc, T, d]: T = cached + S
         t = k.shape[2]
         if self.grid is not None and self.grid.size("c") > 1:
-            att = context_parallel_attention(q, k, v, self.grid.comm)      # this rank's 2 chunks: S = s·cp
+            att = context_parallel_attention(q, k, v, self.grid.comm, exchange=self.cp_exchange)  # S = s·cp
         elif t == s:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, H_loc, S, d]
         else:   # new token i sits at position t - s + i: it sees keys 0 .. t - s + i

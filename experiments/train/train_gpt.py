@@ -77,6 +77,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
     p.add_argument("--cp", type=int, default=1, help="context parallelism: each sequence split over CP ranks of z "
                                                     "(CP divides Gz; the sequence a multiple of 2*CP)")
+    p.add_argument("--cp-exchange", choices=("all_gather", "ring"), default="all_gather",
+                   help="how attention under --cp exchanges keys and values (docs/design.md#context-parallelism)")
     p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
@@ -98,7 +100,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> GPTConfig:
     over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, k) is not None}
-    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, **over)
+    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, cp_exchange=args.cp_exchange,
+                           **over)
 
 
 def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
@@ -211,6 +214,7 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     config = {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
               "vocab": m.vocab, "parameters": m.params, "order": grid.order, "backend": grid.backend,
               "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute, "cp": args.cp,
+              "cp_exchange": args.cp_exchange,
               "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "goldfish_k": args.goldfish_k, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}

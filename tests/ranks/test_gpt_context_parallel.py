@@ -19,7 +19,7 @@ EPS = 1e-4
 SHAPE = TransformerShape("test", layers=2, hidden=48, heads=8, seq=16, vocab=48)
 
 
-def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str) -> list[float]:
+def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str, exchange: str) -> list[float]:
     """Two AdamW steps (two micro-batches each) under ``cp`` and serially on the same global batches; asserts the
     losses, every gradient (each step, ``zero=0``) and every parameter after each step agree. Returns the losses."""
     config = axgrid.RuntimeConfig(timeout_s=60, zero=zero, overlap=axgrid.OverlapConfig.parse(overlap),
@@ -28,7 +28,7 @@ def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str) -> list[flo
     try:
         gd, d = grid.size("d"), grid.coord.d
         cfg = GPTConfig(SHAPE, seed=11)
-        par, ser = GPT(cfg, grid), GPT(cfg, None)
+        par, ser = GPT(GPTConfig(SHAPE, seed=11, cp_exchange=exchange), grid), GPT(cfg, None)
         sp = dict(ser.named_parameters())
         grid.watch(par)
         opt = axgrid.shard_optimizer(torch.optim.AdamW(par.optimizer_groups(0.1), lr=1e-2, eps=EPS, foreach=False), par, grid)
@@ -79,13 +79,14 @@ def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str) -> list[flo
         grid.destroy()
 
 
-@pytest.mark.parametrize("spec,cp,zero,overlap", [("1x1x2x1", 2, 0, "none"), ("1x1x2x2", 2, 1, "all"),
-                                                  ("2x1x2x1", 2, 0, "oag"), ("1x1x4x1", 4, 0, "none")])
-def test_gpt_trains_under_cp_as_serial(ranks, spec, cp, zero, overlap):
+@pytest.mark.parametrize("spec,cp,zero,overlap,exchange", [
+    ("1x1x2x1", 2, 0, "none", "all_gather"), ("1x1x2x2", 2, 1, "all", "all_gather"),
+    ("2x1x2x1", 2, 0, "oag", "ring"), ("1x1x4x1", 4, 0, "none", "ring")])
+def test_gpt_trains_under_cp_as_serial(ranks, spec, cp, zero, overlap, exchange):
     n = 1
     for v in spec.split("x"):
         n *= int(v)
-    losses = ranks(n, rank_train_under_cp, spec, cp, zero, overlap)
+    losses = ranks(n, rank_train_under_cp, spec, cp, zero, overlap, exchange)
     assert all(lo == losses[0] for lo in losses) and len(losses[0]) == 4
 
 

@@ -58,12 +58,13 @@ def test_train_gpt_rejects_a_batch_that_does_not_split(ranks):
 
 
 def test_train_gpt_under_context_parallelism_gives_the_same_losses(ranks, tmp_path):
-    """--cp 2 (each sequence over two z-ranks, in chunks) and --cp 4 trains as one rank does; bad sizes are refused
+    """--cp 2 (each sequence over two z-ranks, in chunks) and --cp 4 (keys and values around a ring) trains as one
+    rank does; bad sizes are refused
     before step 0 in one line naming what works."""
     ref = ranks(1, rank_run, COMMON + ["--grid", "1x1x1x1"])[0]
     log = str(tmp_path / "cp.jsonl")
     two = ranks(2, rank_run, COMMON + ["--grid", "1x1x2x1", "--cp", "2", "--log", log])
-    four = ranks(4, rank_run, COMMON + ["--grid", "1x1x4x1", "--cp", "4", "--overlap", "all"])
+    four = ranks(4, rank_run, COMMON + ["--grid", "1x1x4x1", "--cp", "4", "--overlap", "all", "--cp-exchange", "ring"])
     for run in (two[0], four[0]):
         assert run["losses"] == pytest.approx(ref["losses"], rel=1e-4)
     records = [json.loads(line) for line in open(log)]
