@@ -3,8 +3,8 @@
 A sequence of ``S`` tokens is cut into ``2·cp`` chunks of ``c = S / (2·cp)`` tokens; rank ``r`` of the group (its
 index along ``"c"``) holds chunks ``r`` and ``2·cp − 1 − r``, in that order, as ``2c`` rows. Under a causal mask a
 query at position ``p`` attends to ``p + 1`` keys, so chunk ``j`` costs about ``(j + ½)·c²``; the pair
-``r, 2·cp − 1 − r`` costs ``2·cp·c²`` on every rank -- the same work for all, where ``cp`` contiguous pieces would
-leave the last rank ``2·cp − 1`` times the first's.
+``r, 2·cp − 1 − r`` costs ``2·cp·c²`` on every rank -- the same work for all, where ``cp`` contiguous pieces
+would leave the last rank ``2·cp − 1`` times the first's.
 
     cp = 2, S = 8 (c = 2):   positions 0 1 | 2 3 | 4 5 | 6 7
                              rank 0 holds chunks 0 and 3: 0 1 6 7;  rank 1 holds chunks 1 and 2: 2 3 4 5

@@ -8,8 +8,8 @@ already on the wire (:meth:`~axgrid.core.comm.Communicator.send` / ``recv`` post
 (the online softmax), so only two key-value blocks are held at a time, never the whole sequence's.
 
 Causal balance, step by step: with ``o`` the owner of the block held, of the four chunk pairs (query chunk, key
-chunk) one is always fully visible (``2cp−1−r`` against ``o``), one never (``r`` against ``2cp−1−o``), and of the
-other two exactly one is visible (``r`` against ``o`` when ``o < r``, ``2cp−1−r`` against ``2cp−1−o`` when
+chunk) one is always fully visible (``2cp−1−r`` against ``o``), one never (``r`` against ``2cp−1−o``), and of
+the other two exactly one is visible (``r`` against ``o`` when ``o < r``, ``2cp−1−r`` against ``2cp−1−o`` when
 ``o > r``); step 0 (its own block) computes two causal diagonals and the full pair. So every rank computes ``2c²``
 query-key pairs per step, head and sequence -- the same on all ranks. A sliding window skips pairs it hides.
 

@@ -1,10 +1,10 @@
 """Context-parallel attention equals serial ``scaled_dot_product_attention``, forward and backward (dq, dk, dv), within
-fp32 round-off: causal, GQA, with and without a sliding window, keys and values all-gathered or passed around a ring, rotary at each chunk's own positions
-(transformers' Llama rotary), on real gloo ranks of 2 and 4 (context-parallel groups inside z, inside d, across
-z and d, beside x and y; 8 too with ``AXGRID_DEEP=1``), over cases generated with hypothesis (sequence length through
-the chunk size, heads, key-value heads, head size, window). A bounded number of examples by default (28);
-``AXGRID_DEEP=1`` runs 360.
-:mod:`helpers.cp_reference` computes both sides on each rank."""
+fp32 round-off: causal, GQA, with and without a sliding window, keys and values all-gathered or passed around a
+ring, rotary at each chunk's own positions (transformers' Llama rotary), on real gloo ranks of 2 and 4
+(context-parallel groups inside z, inside d, across z and d, beside x and y; 8 too with ``AXGRID_DEEP=1``), over
+cases generated with hypothesis (sequence length through the chunk size, heads, key-value heads, head size, window,
+exchange). A bounded number of examples by default (28); ``AXGRID_DEEP=1`` runs 360. :mod:`helpers.cp_reference`
+computes both sides on each rank."""
 from __future__ import annotations
 
 import os

@@ -31,7 +31,8 @@ def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str, exchange: s
         par, ser = GPT(GPTConfig(SHAPE, seed=11, cp_exchange=exchange), grid), GPT(cfg, None)
         sp = dict(ser.named_parameters())
         grid.watch(par)
-        opt = axgrid.shard_optimizer(torch.optim.AdamW(par.optimizer_groups(0.1), lr=1e-2, eps=EPS, foreach=False), par, grid)
+        opt = axgrid.shard_optimizer(torch.optim.AdamW(par.optimizer_groups(0.1), lr=1e-2, eps=EPS, foreach=False),
+                                     par, grid)
         ref_opt = torch.optim.AdamW(ser.optimizer_groups(0.1), lr=1e-2, eps=EPS, foreach=False)
         gen = torch.Generator().manual_seed(5)
         per = gd * grid.size("z") // cp            # sequences of one micro-batch: one per group of cp z-ranks
