@@ -342,8 +342,9 @@ class _BatchSplit:
         gz = self.grid.size("z") // cp                   # groups of cp z-ranks share their sequences
         b = ids.shape[0]
         if ids.dim() != 2 or b % gz:
+            over = f"Gz={gz}" if cp == 1 else f"Gz/cp={gz} (groups of cp={cp} z-ranks)"
             raise ValueError(f"axgrid plan: input_ids of shape {tuple(ids.shape)}: a [batch, seq] batch whose "
-                             f"{b} sequences divide over Gz={gz} (attention needs whole sequences); use a batch "
+                             f"{b} sequences divide over {over} (attention needs whole sequences); use a batch "
                              f"per data-parallel rank that is a multiple of {gz}")
         if cp > 1:
             g = self.grid.index("z") // cp

@@ -98,3 +98,34 @@ def test_hf_models_under_cp_equal_transformers(ranks, spec, cp, kinds):
         n *= int(v)
     for worst in ranks(n, rank_hf_under_cp, spec, cp, kinds):
         assert all(w < 1e-4 for w in worst.values()), worst
+
+
+def rank_refusals() -> list[str]:
+    msgs = []
+    for spec, cp, call in (("1x1x2x2", 4, None),
+                           ("1x1x2x2", 2, dict(input_ids=torch.zeros(1, 14, dtype=torch.long))),
+                           ("1x1x2x2", 2, dict(input_ids=torch.zeros(1, 16, dtype=torch.long),
+                                               attention_mask=torch.tensor([[0] + [1] * 15])))):
+        grid = axgrid.init(spec, cp=cp, config=axgrid.RuntimeConfig(timeout_s=30, seed=0))
+        try:
+            model = tiny("llama-gqa")
+            axgrid.parallelize(model, grid)
+            model(**call)
+            msgs.append("no error")
+        except ValueError as e:
+            msgs.append(str(e))
+        finally:
+            grid.destroy()
+    return msgs
+
+
+def test_sizes_and_padding_it_cannot_take_are_refused_in_one_line(ranks):
+    """cp not dividing Gz, a sequence not cut into 2·cp chunks, a padding mask: one line each, on every rank alike,
+    before any collective of the step."""
+    msgs = ranks(4, rank_refusals)
+    assert all(m == msgs[0] for m in msgs)
+    grid, seq, pad = msgs[0]
+    assert "cp=4: a plan splits sequences over z only, so cp must divide Gz=2; choose cp in [1, 2]" in grid, grid
+    assert "sequence length 14 does not cut into 2·cp = 4 equal chunks" in seq and "12, 16" in seq, seq
+    assert "attention_mask with padding is not supported" in pad, pad
+    assert all("\n" not in m for m in msgs[0])
