@@ -119,3 +119,35 @@ def test_a_sequence_that_does_not_cut_into_2cp_chunks_is_refused_before_any_coll
     for m, seq in zip(msgs[0], (14, 6)):
         assert "\n" not in m and f"sequence length {seq}" in m and "multiple of 8" in m, m
     assert "16" in msgs[0][0] and "8" in msgs[0][1]
+
+
+def rank_saved_bytes(spec: str, cp: int) -> tuple[dict, dict]:
+    """What each block saves for backward (memtrack), serially and under ``cp`` with each exchange, one sequence."""
+    from axgrid.metrics.memtrack import SavedBytes
+    shape = TransformerShape("m", layers=2, hidden=64, heads=4, seq=256, vocab=64)
+    tok = torch.randint(0, 64, (1, 256), generator=torch.Generator().manual_seed(0))
+    serial = GPT(GPTConfig(shape), None)
+    with SavedBytes({f"blocks.{i}": b for i, b in enumerate(serial.blocks)}, exclude=list(serial.parameters())) as s:
+        serial(tok, torch.roll(tok, -1, 1))
+    grid = axgrid.init(spec, cp=cp, config=axgrid.RuntimeConfig(timeout_s=60, seed=0))
+    try:
+        out = {}
+        for exchange in ("all_gather", "ring"):
+            model = GPT(GPTConfig(shape, cp_exchange=exchange), grid)
+            with SavedBytes({f"blocks.{i}": b for i, b in enumerate(model.blocks)},
+                            exclude=list(model.parameters())) as p:
+                model(tok, torch.roll(tok, -1, 1))
+            out[exchange] = p.by_tag["blocks.0"]
+        return s.by_tag["blocks.0"], out
+    finally:
+        grid.destroy()
+
+
+@pytest.mark.parametrize("spec,cp", [("1x1x2x1", 2), ("1x1x4x1", 4)])
+def test_a_block_saves_1_over_cp_of_its_activations_under_the_ring(ranks, spec, cp):
+    """memtrack: under the ring a block saves 1/cp of what it saves serially (within 1%: its log-sum-exp and masks
+    differ from SDPA's by a few hundred bytes); the all-gather saves more -- the whole sequence's keys and values and,
+    on CPU, each chunk's mask as floats (docs/design.md#context-parallelism)."""
+    for serial, par in ranks(cp, rank_saved_bytes, spec, cp):
+        assert abs(par["ring"] - serial / cp) <= 0.01 * serial / cp, (serial, par)
+        assert par["all_gather"] > 1.1 * serial / cp, (serial, par)
