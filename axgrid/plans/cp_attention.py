@@ -48,9 +48,13 @@ def use_context_parallel_attention(model: nn.Module, attention_modules: list[nn.
 
 def chunk_batch(kwargs: dict, grid: Grid, rows: slice, b: int) -> dict:
     """This rank's chunks of every ``[b, S]`` batch input in ``kwargs`` (its group's sequences ``rows``), with
-    ``position_ids`` and ``shift_labels`` made on the whole sequences first; a padding ``attention_mask`` is refused
-    (one line, before any collective)."""
+    ``position_ids`` and ``shift_labels`` made on the whole sequences first; a padding ``attention_mask`` and a KV
+    cache (generation) are refused (one line, before any collective)."""
     cp, index = grid.size("c"), grid.index("c")
+    if kwargs.get("past_key_values") is not None:
+        raise ValueError(f"generation (a KV cache) under context parallelism (cp={cp}) is not supported; generate "
+                         f"on a grid built with cp=1 (a checkpoint loads onto any grid)")
+    kwargs["use_cache"] = False                          # no cache of chunks: each forward sees whole sequences
     s = kwargs["input_ids"].shape[1]
     check_sequence(s, cp)
     mask = kwargs.pop("attention_mask", None)

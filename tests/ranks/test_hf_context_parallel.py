@@ -105,11 +105,16 @@ def rank_refusals() -> list[str]:
     for spec, cp, call in (("1x1x2x2", 4, None),
                            ("1x1x2x2", 2, dict(input_ids=torch.zeros(1, 14, dtype=torch.long))),
                            ("1x1x2x2", 2, dict(input_ids=torch.zeros(1, 16, dtype=torch.long),
-                                               attention_mask=torch.tensor([[0] + [1] * 15])))):
+                                               attention_mask=torch.tensor([[0] + [1] * 15]))),
+                           ("1x1x2x2", 2, dict(input_ids=torch.zeros(1, 16, dtype=torch.long), use_cache=True,
+                                               past_key_values="cache"))):
         grid = axgrid.init(spec, cp=cp, config=axgrid.RuntimeConfig(timeout_s=30, seed=0))
         try:
             model = tiny("llama-gqa")
             axgrid.parallelize(model, grid)
+            if call.get("past_key_values") == "cache":
+                from transformers import DynamicCache
+                call = dict(call, past_key_values=DynamicCache(config=model.config))
             model(**call)
             msgs.append("no error")
         except ValueError as e:
@@ -120,12 +125,13 @@ def rank_refusals() -> list[str]:
 
 
 def test_sizes_and_padding_it_cannot_take_are_refused_in_one_line(ranks):
-    """cp not dividing Gz, a sequence not cut into 2·cp chunks, a padding mask: one line each, on every rank alike,
+    """cp not dividing Gz, a sequence not cut into 2·cp chunks, a padding mask, a KV cache: one line each, on every rank alike,
     before any collective of the step."""
     msgs = ranks(4, rank_refusals)
     assert all(m == msgs[0] for m in msgs)
-    grid, seq, pad = msgs[0]
+    grid, seq, pad, cache = msgs[0]
     assert "cp=4: a plan splits sequences over z only, so cp must divide Gz=2; choose cp in [1, 2]" in grid, grid
     assert "sequence length 14 does not cut into 2·cp = 4 equal chunks" in seq and "12, 16" in seq, seq
     assert "attention_mask with padding is not supported" in pad, pad
+    assert cache.startswith("generation (a KV cache) under context parallelism (cp=2) is not supported"), cache
     assert all("\n" not in m for m in msgs[0])
