@@ -226,24 +226,25 @@ class RankLayout:
                 for var in itertools.product(*(range(self.shape.extent(c)) for c in inner))]
 
     def cp_groups(self) -> list[list[int]]:
-        """Every context-parallel group ("c"), in a deterministic order, each member list ordered by its index in
-        the group (its place in the sequence's chunks)."""
+        """Every context-parallel group ("c"), in a deterministic order, each member list in global rank order (as
+        a process group orders its members: a member's index there is its place in the sequence's chunks)."""
         return [self.cp_group_of(self.rank(Coord(x, y, z, d)))
                 for d in range(self.shape.gd) for z in range(self.shape.gz)
                 for y in range(self.shape.gy) for x in range(self.shape.gx)
                 if (z + self.shape.gz * d) % self.cp == 0]
 
     def cp_group_of(self, rank: int) -> list[int]:
-        """The context-parallel group holding ``rank``: ``cp`` ranks of its x·y position whose ``z + Gz·d`` are
-        consecutive, the first a multiple of ``cp``."""
+        """The context-parallel group holding ``rank``: the ``cp`` ranks of its x·y position whose ``z + Gz·d`` are
+        consecutive, the first a multiple of ``cp``; in global rank order (which is that order unless the grid's
+        order puts d before z)."""
         c, gz = self.coord(rank), self.shape.gz
         first = (c.z + gz * c.d) // self.cp * self.cp
-        return [self.rank(Coord(c.x, c.y, t % gz, t // gz)) for t in range(first, first + self.cp)]
+        return sorted(self.rank(Coord(c.x, c.y, t % gz, t // gz)) for t in range(first, first + self.cp))
 
     def cp_index(self, rank: int) -> int:
-        """Position of ``rank`` in its context-parallel group (which chunks of each sequence it holds)."""
-        c = self.coord(rank)
-        return (c.z + self.shape.gz * c.d) % self.cp
+        """Position of ``rank`` in its context-parallel group, the process group's order (which chunks of each
+        sequence it holds)."""
+        return self.cp_group_of(rank).index(rank)
 
     def index_in(self, rank: int, dims: str) -> int:
         """Position of ``rank`` inside its group along ``dims`` (first letter fastest)."""

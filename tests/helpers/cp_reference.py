@@ -28,6 +28,7 @@ class AttentionCase:
     rotary: bool
     seed: int
     exchange: str = "all_gather"
+    order: str = "xyzd"
 
     @property
     def seq(self) -> int:
@@ -66,7 +67,8 @@ def attention_differences(case: AttentionCase, timeout_s: float = 30.0) -> dict[
     import axgrid
     from axgrid.context_parallel import context_parallel_attention, positions, shard
     torch.set_num_threads(1)
-    grid = axgrid.init(case.grid, cp=case.cp, config=axgrid.RuntimeConfig(timeout_s=timeout_s, seed=0))
+    grid = axgrid.init(case.grid, order=case.order, cp=case.cp,
+                       config=axgrid.RuntimeConfig(timeout_s=timeout_s, seed=0))
     try:
         group = min(grid.layout.cp_group_of(grid.rank))
         gen = torch.Generator().manual_seed(case.seed * 1000 + group)

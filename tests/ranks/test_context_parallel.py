@@ -71,6 +71,14 @@ def test_a_window_of_one_token_and_the_longest_reach(ranks, exchange):
                                     window=window, rotary=True, seed=7, exchange=exchange))
 
 
+@pytest.mark.parametrize("exchange", ["all_gather", "ring"])
+def test_a_group_across_z_and_d_in_a_rank_order_with_d_first(ranks, exchange):
+    """Order "xydz": the group's chunk order (z + Gz·d) is not its ranks' order; the communicator's (global rank
+    order) is what the chunks follow."""
+    _check(ranks, AttentionCase("1x1x2x2", 4, batch=1, kv_heads=2, group=2, chunk=2, head_dim=4, window=5,
+                                rotary=True, seed=11, exchange=exchange, order="xydz"))
+
+
 @pytest.mark.parametrize("grid,cp", [("1x1x2x1", 2), ("1x1x2x2", 4)])
 def test_the_loss_is_the_mean_over_whole_sequences(ranks, grid, cp):
     """whole_sequence_mean over the chunks equals the serial masked mean, its gradient the serial one's rows."""

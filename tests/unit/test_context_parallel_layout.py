@@ -21,12 +21,13 @@ def layouts(draw) -> RankLayout:
 @given(layouts())
 def test_cp_groups_split_the_token_plane(lay: RankLayout):
     """The groups partition the ranks; a group's members share x and y (they hold the same heads and features),
-    each knows its place, and a group lies inside one z-group or is made of whole z-groups."""
+    are listed in global rank order (a process group's order, which the communicator's indices follow), each knows
+    its place, and a group lies inside one z-group or is made of whole z-groups."""
     groups = lay.cp_groups()
     assert sorted(r for g in groups for r in g) == list(range(lay.shape.size))
     zgroups = [set(g) for g in lay.groups("z")]
     for g in groups:
-        assert len(g) == lay.cp
+        assert len(g) == lay.cp and g == sorted(g)
         coords = [lay.coord(r) for r in g]
         assert len({(c.x, c.y) for c in coords}) == 1
         assert [lay.cp_index(r) for r in g] == list(range(lay.cp))
