@@ -12,8 +12,9 @@ Attention needs whole sequences on one rank, so the z split is by sequence: z-ra
 Context parallelism (``axgrid.init(..., cp=N)`` with ``N`` dividing Gz): the z-ranks form ``Gz/N`` groups of ``N``
 consecutive ones; group ``g = z // N`` keeps sequences ``[g·b, (g+1)·b)`` with ``b = B_d·N / Gz``, and each of its
 ranks keeps two chunks of each (:mod:`axgrid.context_parallel.chunks`: ``2c = S / N`` tokens at their own positions);
-attention all-gathers keys and values over the group (:mod:`axgrid.context_parallel.attention`). The loss's sum over
-z and the gradients' sums over z (RS_z, AR_z) already add every token once, so nothing else changes.
+attention exchanges keys and values over the group (all-gathered or around a ring, ``GPTConfig.cp_exchange``;
+:mod:`axgrid.context_parallel`). The loss's sum over z and the gradients' sums over z (RS_z, AR_z) already add
+every token once, so nothing else changes.
 
 Layout of one rank (``m' = b·S`` tokens, ``h`` hidden, ``H`` heads, ``V`` vocabulary, ``f`` MLP width):
 
