@@ -60,6 +60,7 @@ from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_argum
                            check_data_arguments, check_output_paths, check_own_data_arguments, check_run_arguments,
                            check_step_arguments, check_zero, compute_dtype, data_settings, own_batches,
                            parse_step_args, run_outputs, run_step, unrecorded_note)
+from axgrid.context_parallel import check_sequence
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -74,6 +75,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="override the named size's hidden size")
     p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
     p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
+    p.add_argument("--cp", type=int, default=1, help="context parallelism: each sequence split over CP ranks of z "
+                                                    "(CP divides Gz; the sequence a multiple of 2*CP)")
+    p.add_argument("--cp-exchange", choices=("all_gather", "ring"), default="all_gather",
+                   help="how attention under --cp exchanges keys and values (docs/design.md#context-parallelism)")
     p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
@@ -90,7 +95,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> GPTConfig:
     over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, k) is not None}
-    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, **over)
+    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, cp_exchange=args.cp_exchange,
+                           **over)
 
 
 def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
@@ -114,8 +120,9 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
                          f"all must be >= 1")
     check_step_arguments(args, args.steps)
+    check_context_parallel(args, cfg, shape)
     if shape is not None:
-        check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
+        check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
         check_zero(args.zero, shape)
     elif args.batch % args.microbatches:
         raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
@@ -132,6 +139,23 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
     check_output_paths(run_outputs(args))      # last: bad input creates no folder
 
 
+def check_context_parallel(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridShape]) -> None:
+    """``--cp``: a size the grid and the GPT take, and a sequence that cuts into ``2·cp`` chunks; SystemExit with
+    one line naming what works, identically on every rank before any collective."""
+    cp = args.cp
+    if cp == 1:
+        return
+    gz = shape.gz if shape is not None else 1
+    fits = [c for c in range(1, gz + 1) if gz % c == 0]
+    if cp < 1 or gz % cp:
+        raise SystemExit(f"--cp {cp} with grid {shape or '1x1x1'}: the GPT splits a sequence over z, so --cp must "
+                         f"divide Gz = {gz}; use --cp in {fits} (or a --grid with a larger Gz)")
+    try:
+        check_sequence(cfg.shape.seq, cp)
+    except ValueError as e:
+        raise SystemExit(f"--seq {cfg.shape.seq} with --cp {cp}: {e}") from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Run the training; returns the summary (mean step time after warm-up, tokens/s, TFLOP/s, losses)."""
     args = parse_args(argv)
@@ -145,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     config = axgrid.RuntimeConfig(timeout_s=args.timeout, overlap=axgrid.OverlapConfig.parse(args.overlap),
                                   gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed,
                                   record_timing=args.comm_timing, zero=args.zero)
-    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config, cp=args.cp)
     try:
         return _train(args, cfg, grid, dtype)
     finally:
@@ -169,7 +193,8 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     m = cfg.shape
     config = {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
               "vocab": m.vocab, "parameters": m.params, "order": grid.order, "backend": grid.backend,
-              "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
+              "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute, "cp": args.cp,
+              "cp_exchange": args.cp_exchange,
               "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "goldfish_k": args.goldfish_k, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}
