@@ -33,9 +33,9 @@ clipping (``clip``)        one all-reduce of the fp64 sum of squares over x·y·
 =========================  ==========================================================================================
 
 Element-wise work posts nothing: GeGLU/SwiGLU, Gemma's embedding scale and logit soft-capping, the rotary
-embedding, sliding-window masks. Not modelled (a dry run says so rather than compare with the GPT's formulas): the
-activations a SwiGLU/GQA block saves, the gathered weight blocks, the temporaries and so the peak; the time of a step (perfmodel ranks grids for
-the GPT only).
+embedding, sliding-window masks. The time of a step, the activations, the gathered blocks and the peak are
+``perfmodel.model`` and ``perfmodel.memory``'s, for every family (the tensors listed here feed their buckets:
+``perfmodel.parameters``).
 """
 from __future__ import annotations
 
@@ -50,10 +50,6 @@ from .comm import PARAM_BYTES, dp_events, fc_backward_events, fc_forward_events,
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
-
-#: what perfmodel does not model for these families (the dry run prints it beside the figures)
-NOT_MODELLED = ("activations", "gathered", "temporaries", "peak")
-
 
 #: the head norms' module names (RMS norms over each head's ``head_dim`` features, after q_proj and k_proj)
 HEAD_NORMS = ("q_norm", "k_norm")
@@ -290,5 +286,6 @@ def decoder_static_bytes(spec: TransformerShape, grid: tuple[int, int, int, int]
     return 4 * padded, 4 * (padded if zero == 1 else share), 8 * share + steps
 
 
-__all__ = ["HEAD_NORMS", "NOT_MODELLED", "decoder_dp_gradient_sizes", "decoder_parameters", "decoder_step", "layer_groups", "layer_modules",
+__all__ = ["HEAD_NORMS", "decoder_dp_gradient_sizes", "decoder_parameters", "decoder_step", "layer_groups",
+           "layer_modules",
            "decoder_collective_events", "decoder_static_bytes"]

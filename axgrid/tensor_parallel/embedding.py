@@ -33,6 +33,12 @@ from .replicated_grad import reduce_over_z, token_grad, uses_token
 EMBEDDING_STREAM = 3
 
 
+
+def scale_value(scale: float, dtype: torch.dtype) -> float:
+    """An embedding's output scale (Gemma's ``sqrt(h)``) as Hugging Face applies it -- the fp32 value cast to the
+    table's ``dtype`` -- as a Python number: the product is the same, and autograd saves no tensor for it."""
+    return torch.tensor(scale, dtype=torch.float32).to(dtype).item()
+
 class _ShardedLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ids: torch.Tensor, weight: torch.Tensor, layer: "Embedding",  # type: ignore[override]
@@ -122,7 +128,7 @@ class Embedding(nn.Module):
             out = _ShardedLookup.apply(ids.reshape(-1).long(), self.weight, self,
                                        uses_token(self.grid, [self.weight])).reshape(*ids.shape, self.local)
         if self.scale is not None:
-            out = out * torch.tensor(self.scale).to(self.weight.dtype)     # fp32, then cast: as HF (a 0-d host operand)
+            out = out * scale_value(self.scale, self.weight.dtype)
         return out
 
     def extra_repr(self) -> str:

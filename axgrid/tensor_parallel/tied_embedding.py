@@ -39,6 +39,7 @@ from torch import nn
 
 from ..device import host_read
 from ..io.state_dict import add_state_hooks, deepcopy_keeping_marks
+from .embedding import scale_value
 from .linear import Linear
 
 
@@ -112,7 +113,7 @@ class TiedEmbedding(nn.Module):
                 raise IndexError(f"token ids in [{lo}, {hi}] are outside the vocabulary [0, {self.num_embeddings})")
         out = _TiedLookup.apply(flat, self.weight, self)
         if self.scale is not None:
-            out = out * torch.tensor(self.scale).to(self.weight.dtype)     # fp32, then cast: as HF (a 0-d host operand)
+            out = out * scale_value(self.scale, self.weight.dtype)
         return out.reshape(*ids.shape, self.head.sharding.k_blk)
 
     def extra_repr(self) -> str:
