@@ -21,11 +21,10 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", help="a named GPT size (gpt-tiny ... gpt-1t, gpt-405b), a public model "
-                       "(llama-3.1-8b, qwen3-8b, gemma-3-27b, phi-3-mini, ...: built from its published config, give "
-                       "--grid), or a Hugging Face config.json (or its folder), as --config")
+                       "(llama-3.1-8b, qwen3-8b, gemma-3-27b, phi-3-mini, ...: built from its published config), or a "
+                       "Hugging Face config.json (or its folder), as --config")
     which.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json (or its folder) of a "
-                       "Llama, Mistral, Qwen2, Qwen3, Gemma 3 or Phi-3 model, built and parallelized by its plan "
-                       "(give --grid)")
+                       "Llama, Mistral, Qwen2, Qwen3, Gemma 3 or Phi-3 model, built and parallelized by its plan")
     ap.add_argument("--seq", type=int, help="sequence length, for a config.json (default 2048)")
     ap.add_argument("--gpus", type=int, help="GPUs of the job (or give --grid)")
     ap.add_argument("--grid", help="GXxGYxGZxGD (default: perfmodel's best for the model, GPUs, machine, batch)")
@@ -56,8 +55,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     if a.config is not None and not is_config_path(a.config):
         raise DryRunError(f"--config {a.config}: give the path of a Hugging Face config.json (or its folder); a named "
                           f"size goes to --model")
-    cfg = resolve(a.config if a.config is not None else a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine, dtype=a.dtype, recompute=a.recompute,
-                  overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq, lora_r=a.lora_r,
+    cfg = resolve(a.config if a.config is not None else a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine,
+                  dtype=a.dtype, recompute=a.recompute, overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq, lora_r=a.lora_r,
                   lora_targets=tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
                   if a.lora_targets else None)
     ranks = a.ranks or role_ranks(cfg)

@@ -31,13 +31,15 @@ def test_gpt20b_on_256_frontier_gcds_shows_perfmodels_time_and_no_negative_size(
     assert rank_json(m, p)["predicted_step"] == p.step
 
 
-def test_a_hugging_face_config_says_its_time_is_not_modelled(tmp_path):
+def test_a_hugging_face_config_is_priced_and_lora_on_it_says_its_time_is_not_modelled(tmp_path):
     import json
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}))
     cfg = resolve(str(tmp_path), None, 4, grid="1x2x2x1", machine="local-4", seq=16)
-    assert "s/batch not modelled for a Hugging Face decoder" in predict(cfg).step
+    assert " s/batch on local-4 (" in predict(cfg).step
+    lora = resolve(str(tmp_path), None, 4, grid="1x2x2x1", machine="local-4", seq=16, lora_r=2)
+    assert "s/batch not modelled for LoRA on a Hugging Face decoder" in predict(lora).step
 
 
 def test_zero0_buckets_may_hold_the_used_flags_in_flight_and_nothing_else():
