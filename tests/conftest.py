@@ -7,13 +7,16 @@ and Slurm jobs as a user starts them. Shared helpers are in ``helpers/``. Tests 
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing.forkserver
 import os
+import pathlib
 from collections import OrderedDict
 
 import pytest
 import torch
 
 from axgrid.testing import RankPool
+from axgrid.testing.pool import forkserver_context
 from helpers import REALMODEL_HINT, SMOLLM2_GGUF
 
 torch.set_num_threads(1)
@@ -52,6 +55,23 @@ class Ranks:
 
 
 SLOW_FOLDERS = ("scripts", "system")
+#: The folders whose tests run on the forkserver's processes (rank pools, isolated runs).
+FORKSERVER_FOLDERS = ("ranks", "scripts")
+
+
+def pytest_sessionstart(session) -> None:
+    """When the session runs tests of FORKSERVER_FOLDERS, the ranks' forkserver starts now: it imports torch, the
+    runtime and PRELOAD (~10 s) in a process of its own while this one collects the tests, not when the first rank
+    test waits for it. (A process started later takes the module path of that moment, so the test modules still
+    load in the ranks.)"""
+    here = pathlib.Path(__file__).parent
+    folders = [here / name for name in FORKSERVER_FOLDERS]
+    for arg in session.config.args:
+        path = pathlib.Path(session.config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if any(path == f or f in path.parents or path in f.parents for f in folders):
+            forkserver_context(PRELOAD)
+            multiprocessing.forkserver.ensure_running()
+            return
 
 
 def pytest_collection_modifyitems(config, items) -> None:
