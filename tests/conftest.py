@@ -6,6 +6,7 @@ and Slurm jobs as a user starts them. Shared helpers are in ``helpers/``. Tests 
 ``slow``, as are the heavy multi-rank tests; ``make test-fast`` runs the rest."""
 from __future__ import annotations
 
+import gc
 import importlib.util
 import multiprocessing.forkserver
 import os
@@ -72,6 +73,12 @@ def pytest_sessionstart(session) -> None:
             forkserver_context(PRELOAD)
             multiprocessing.forkserver.ensure_running()
             return
+
+
+def pytest_collection_finish(session) -> None:
+    """What collection imported (torch, transformers, hypothesis, the test modules) stays for the session: frozen, a
+    full garbage collection in this process need not walk it."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items) -> None:
