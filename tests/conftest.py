@@ -26,9 +26,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: Seconds every collective in a test may take before it fails (2 cores, up to 8 ranks).
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("AXGRID_TEST_TIMEOUT", "60"))
 
-#: Imported once by the ranks' forkserver when installed (seconds per import; the Hugging Face tests use them).
-PRELOAD = [f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral", "qwen2")] \
-    if importlib.util.find_spec("transformers") else []
+#: Imported once by the ranks' forkserver when installed (seconds per import; the Hugging Face tests use them, and
+#: the LoRA tests PEFT: ~2.5 s in every rank of every pool that imported it itself).
+PRELOAD = ([f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral", "qwen2")]
+           if importlib.util.find_spec("transformers") else []) + (["peft"] if importlib.util.find_spec("peft") else [])
 
 
 #: Pools of different sizes kept alive at once (each rank holds torch and transformers: ~0.4 GB).
