@@ -32,8 +32,10 @@ PRELOAD = ([f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral"
            if importlib.util.find_spec("transformers") else []) + (["peft"] if importlib.util.find_spec("peft") else [])
 
 
-#: Pools of different sizes kept alive at once (each rank holds torch and transformers: ~0.4 GB).
-MAX_POOLS = 3
+#: Pools of different sizes kept alive at once: the sizes the quick loop uses (1, 2, 4, 6, 8) stay up, so a test does
+#: not respawn the pool an earlier one closed. A rank's ~0.35 GB resident are mostly the forkserver's pages, shared:
+#: 28 ranks of two sessions took 4.9 GB in all.
+MAX_POOLS = 5
 
 
 class Ranks:
