@@ -10,6 +10,10 @@ shipped machine file, memory not limiting (the runs were made, so they fitted):
   Megatron-LM's dropout and unfused softmax (``Options.dropout`` / ``fused_attention``), fp16 gradient reduction;
 * ``korthikanti``: the eight Korthikanti et al. 2022 configurations (``published.POINTS``, time points);
 * ``published``: check-published's fifteen points (``published.check_all``);
+* ``llama-public``: Llama-family bf16 training on H100 and A100 measured by others (torchtitan, IBM's fms-fsdp,
+  Meta's Llama 3 paper; ``data/llama_public.csv``, ``perfmodel.llama_suite``), each priced at its published layout
+  (FSDP as the 4D grid (1, TP, FSDP, replicas), or TP × PP × DP); rows whose conditions are not modelled (FP8,
+  torch.compile, context parallelism, an unpublished recompute parameter) are listed with the reason, not priced;
 * ``vtrain-multi``: vTrain's 109 multi-node runs (``data/vtrain_ground_truth_multi.csv``: 64 to 512 A100s of
   ``dgx-a100``, sequence 2048, otherwise as ``vtrain``), the held-out test: priced, never fitted or tuned on
   (``experiments/perfmodel/fit_kernel_latency.py`` reads the single-node file only).
@@ -47,7 +51,7 @@ MIN_GROUP = 3
 VTRAIN_VOCAB = 51200
 #: memory multiplier that keeps a measured configuration priced when the memory model would reject it
 _NO_MEMORY_LIMIT = 1e3
-SUITES = ("vtrain", "korthikanti", "published", "vtrain-multi")
+SUITES = ("vtrain", "korthikanti", "published", "llama-public", "vtrain-multi")
 
 
 def vtrain_csv(nodes: str = "single") -> Path:
@@ -65,6 +69,8 @@ class SuiteResult:
     predicted: np.ndarray
     measured: np.ndarray
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)     # printed under the summary: rows left out and why
+    machines: list[str] = field(default_factory=list)  # per row: the machine file it was priced on
 
 
 def _top1_regret(pred: np.ndarray, meas: np.ndarray) -> float:
@@ -166,6 +172,20 @@ def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
                        [(c.point.name,) for c in cs], pred, pred * np.array([c.ratio for c in cs]))
 
 
+def price_llama(path: str | Path | None = None) -> SuiteResult:
+    """The ``llama-public`` suite (``perfmodel.llama_suite``): its priced rows, and one note per excluded row."""
+    from .llama_suite import NAME, price_rows, read_rows
+    priced, excluded = price_rows(read_rows(path))
+    if not priced:
+        raise PerfModelError("the llama-public table has no priced row")
+    labels = [f"{p.row.row}: {p.row.model} {p.row.gpus}x{p.row.gpu} {p.row.config} b{p.row.global_batch}x{p.row.seq} "
+              f"{p.row.recompute}" + (f" ({p.chosen})" if p.chosen else "") for p in priced]
+    notes = [f"excluded {r.row} ({r.model}, {r.gpus} GPUs, {r.config}): {r.note}" for r in excluded]
+    return SuiteResult(NAME, labels, [(p.row.machine, p.row.model, p.row.gpus, p.row.global_batch) for p in priced],
+                       np.array([p.predicted_s for p in priced]), np.array([p.measured_s for p in priced]),
+                       notes=notes, machines=[p.row.machine for p in priced])
+
+
 def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None = None) -> list[SuiteResult]:
     """Price the named suites and fill in their metrics."""
     bad = [n for n in names if n not in SUITES]
@@ -178,6 +198,8 @@ def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None =
             res = price_vtrain(vtrain_path)
         elif n == "vtrain-multi":
             res = price_vtrain(vtrain_csv("multi"), name=n)
+        elif n == "llama-public":
+            res = price_llama()
         else:
             if checks is None:
                 from .published import check_all
@@ -198,6 +220,10 @@ def summary_line(res: SuiteResult) -> str:
         line += (f"  ρ {k['spearman']:.2f} over {k['groups'] - k['groups_tied']} groups"
                  + (f" (+{k['groups_tied']} all-tied)" if k["groups_tied"] else "")
                  + f"  regret {k['regret_mean']:.3f} / {k['regret_worst']:.2f}")
+    if res.machines:     # a small suite of named public rows: each row, then those left out
+        rows = [f"  {lab}: predicted {p:.4g} s, measured {m:.4g} s ({100 * (p - m) / m:+.1f}%)"
+                for lab, p, m in zip(res.labels, res.predicted, res.measured)]
+        line += "\n" + "\n".join(rows + [f"  {n}" for n in res.notes])
     return line
 
 
@@ -236,4 +262,4 @@ def write_scatter(res: SuiteResult, path: str | Path) -> bool:
 
 
 __all__ = ["SUITES", "WITHIN", "MIN_GROUP", "VTRAIN_VOCAB", "SuiteResult", "suite_metrics", "vtrain_rows",
-           "vtrain_problem", "price_vtrain", "price_published", "run_suites", "summary_line", "write_scatter"]
+           "vtrain_problem", "price_vtrain", "price_published", "price_llama", "run_suites", "summary_line", "write_scatter"]
