@@ -70,7 +70,9 @@ class SuiteResult:
     measured: np.ndarray
     metrics: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)     # printed under the summary: rows left out and why
-    machines: list[str] = field(default_factory=list)  # per row: the machine file it was priced on
+    machines: list[str] = field(default_factory=list)  # per row: the machine file it was priced on ([]: one machine)
+    layouts: list[str] = field(default_factory=list)   # per row: "4D" or "TPxPPxDP"
+    gpus: list[int] = field(default_factory=list)      # per row: its GPUs
 
 
 def _top1_regret(pred: np.ndarray, meas: np.ndarray) -> float:
@@ -159,7 +161,8 @@ def price_vtrain(path: str | Path | None = None, machine: str | Machine = "dgx-a
     labels = [f"{r['gpus']} GPUs b{r['batch']} h{r['hidden']} a{r['heads']} L{r['layers']} TP{r['tp']}xPP{r['pp']}"
               f"xDP{r['dp']} mbs{r['mbs']}" for r in rows]
     groups = [(r["gpus"], r["batch"], r["hidden"], r["heads"], r["layers"], r["seq"]) for r in rows]
-    return SuiteResult(name, labels, groups, pred, np.array([r["ms"] / 1e3 for r in rows]))
+    return SuiteResult(name, labels, groups, pred, np.array([r["ms"] / 1e3 for r in rows]),
+                       layouts=["TPxPPxDP"] * len(rows), gpus=[int(r["gpus"]) for r in rows])
 
 
 def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
@@ -169,7 +172,9 @@ def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
     cs = [c for c in (checks or check_all()) if not korthikanti_only or c.point.name.startswith("Korthikanti")]
     pred = np.array([c.predicted.time_s for c in cs])
     return SuiteResult("korthikanti" if korthikanti_only else "published", [c.point.name for c in cs],
-                       [(c.point.name,) for c in cs], pred, pred * np.array([c.ratio for c in cs]))
+                       [(c.point.name,) for c in cs], pred, pred * np.array([c.ratio for c in cs]),
+                       machines=[c.point.machine for c in cs], layouts=[c.predicted.layout for c in cs],
+                       gpus=[c.point.gpus for c in cs])
 
 
 def price_llama(path: str | Path | None = None) -> SuiteResult:
@@ -183,7 +188,9 @@ def price_llama(path: str | Path | None = None) -> SuiteResult:
     notes = [f"excluded {r.row} ({r.model}, {r.gpus} GPUs, {r.config}): {r.note}" for r in excluded]
     return SuiteResult(NAME, labels, [(p.row.machine, p.row.model, p.row.gpus, p.row.global_batch) for p in priced],
                        np.array([p.predicted_s for p in priced]), np.array([p.measured_s for p in priced]),
-                       notes=notes, machines=[p.row.machine for p in priced])
+                       notes=notes, machines=[p.row.machine for p in priced],
+                       layouts=["TPxPPxDP" if p.row.layout == "megatron" else "4D" for p in priced],
+                       gpus=[p.row.gpus for p in priced])
 
 
 def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None = None) -> list[SuiteResult]:
@@ -210,6 +217,40 @@ def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None =
     return out
 
 
+#: the suites whose residuals make a machine's band (``band.SUITE_SUFFIX``); vtrain-multi is the held-out test and
+#: "published" repeats the Korthikanti points (its others are check-published's, stored by that command)
+BAND_SUITES = ("vtrain", "korthikanti", "llama-public")
+#: the machine of a suite whose rows do not name theirs
+SUITE_MACHINE = {"vtrain": "dgx-a100"}
+
+
+def suite_residuals(results: list[SuiteResult]) -> dict[str, list]:
+    """Machine name → the ``band.Residual`` of every row of the ``BAND_SUITES`` among ``results`` priced on it
+    (``problem`` = the suite's name, so that the rows of one suite are replaced together)."""
+    from .band import Residual
+    out: dict[str, list[Residual]] = {}
+    for res in results:
+        if res.name not in BAND_SUITES:
+            continue
+        machines = res.machines or [SUITE_MACHINE[res.name]] * len(res.labels)
+        for lab, m, layout, gpus, p, t in zip(res.labels, machines, res.layouts, res.gpus, res.predicted,
+                                              res.measured):
+            out.setdefault(m, []).append(Residual(f"{res.name}: {lab}", layout, int(gpus), lab, float(p), float(t),
+                                                  problem=res.name))
+    return out
+
+
+WRITE_SUITES_COMMAND = "python experiments/perfmodel/write_suite_residuals.py"
+
+
+def write_suite_residuals(results: list[SuiteResult]) -> list[Path]:
+    """Store each machine's suite residuals as ``NAME.suite-residuals.json`` next to its shipped TOML; returns the
+    files written."""
+    from .band import suite_residuals_path, write_residuals
+    return [write_residuals(suite_residuals_path(load_machine(m)), m, pts, WRITE_SUITES_COMMAND)
+            for m, pts in suite_residuals(results).items()]
+
+
 def summary_line(res: SuiteResult) -> str:
     """One line of a suite's metrics."""
     k = res.metrics
@@ -220,7 +261,7 @@ def summary_line(res: SuiteResult) -> str:
         line += (f"  ρ {k['spearman']:.2f} over {k['groups'] - k['groups_tied']} groups"
                  + (f" (+{k['groups_tied']} all-tied)" if k["groups_tied"] else "")
                  + f"  regret {k['regret_mean']:.3f} / {k['regret_worst']:.2f}")
-    if res.machines:     # a small suite of named public rows: each row, then those left out
+    if res.notes:     # a suite of named public rows (llama-public): each row, then those left out
         rows = [f"  {lab}: predicted {p:.4g} s, measured {m:.4g} s ({100 * (p - m) / m:+.1f}%)"
                 for lab, p, m in zip(res.labels, res.predicted, res.measured)]
         line += "\n" + "\n".join(rows + [f"  {n}" for n in res.notes])
@@ -262,4 +303,4 @@ def write_scatter(res: SuiteResult, path: str | Path) -> bool:
 
 
 __all__ = ["SUITES", "WITHIN", "MIN_GROUP", "VTRAIN_VOCAB", "SuiteResult", "suite_metrics", "vtrain_rows",
-           "vtrain_problem", "price_vtrain", "price_published", "price_llama", "run_suites", "summary_line", "write_scatter"]
+           "vtrain_problem", "price_vtrain", "price_published", "price_llama", "run_suites", "BAND_SUITES", "suite_residuals", "write_suite_residuals", "summary_line", "write_scatter"]
