@@ -50,7 +50,7 @@ from .errors import PerfModelError
 from .machines import Machine, load_machine
 from .model import evaluate
 from .pipeline import MICROBATCH_SIZES, TPPPDP, VPP_CHOICES, check_config, price
-from .problem import Options, Problem
+from .problem import Options, Problem, model_flops
 from .space import Grids
 
 #: the suite's name in ``validate-public``
@@ -237,7 +237,8 @@ def price_row(row: PublicRow, machine: Machine | None = None) -> tuple[float, fl
             raise PerfModelError(f"row {row.row!r}: layout {row.layout} (FSDP inside pipeline stages) is not priced")
         parts.append((weight, t, tf, chosen))
     time = sum(w * t for w, t, _, _ in parts)
-    flops = parts[0][2] * parts[0][1] / time     # model FLOPs (recompute not counted) over the blended time
+    prob = row_problem(row, False)
+    flops = model_flops(prob.model, prob.batch, False) / time / row.gpus / 1e12   # recompute not counted
     return time, flops, parts[-1][3]
 
 
