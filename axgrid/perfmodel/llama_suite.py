@@ -94,6 +94,7 @@ class PublicRow:
     recompute: str
     compile: bool
     fp8: bool
+    grad_reduce: str          # the dtype the gradients are reduced in ("" where not published: fp32)
     metric: str
     value: float
     inter_node_gbps_per_gpu: float
@@ -146,13 +147,15 @@ def read_rows(path: str | Path | None = None) -> list[PublicRow]:
                 r["row"], r["model"], r["gpu"], r["machine"], int(r["gpus"]), r["layout"], _int(r["tp"]) or 1,
                 _int(r["pp"]) or 1, _int(r["cp"]) or 1, _int(r["fsdp"]), _int(r["replicas"]) or 1, _int(r["mbs"]),
                 int(r["global_batch"]), int(r["seq"]), r["recompute"], r["compile"] == "yes", r["fp8"] == "yes",
-                r["metric"], float(r["value"]), _float(r["inter_node_gbps_per_gpu"]), _float(r["hbm_tbps"]),
-                r["status"], r["note"], r["source"])
+                r["grad_reduce"] or "fp32", r["metric"], float(r["value"]), _float(r["inter_node_gbps_per_gpu"]),
+                _float(r["hbm_tbps"]), r["status"], r["note"], r["source"])
         except (KeyError, ValueError, TypeError) as e:
             raise PerfModelError(f"{path}: row {r.get('row', '?')!r} is malformed ({e!r})") from None
         bad = [f"{k} {v!r}" for k, v, ok in (
             ("layout", row.layout, row.layout in LAYOUTS), ("recompute", row.recompute, row.recompute in RECOMPUTE),
-            ("metric", row.metric, row.metric in METRICS), ("status", row.status, row.status in ("priced", "excluded")),
+            ("metric", row.metric, row.metric in METRICS),
+            ("grad_reduce", row.grad_reduce, row.grad_reduce in ("fp32", "bf16")),
+            ("status", row.status, row.status in ("priced", "excluded")),
             ("value", row.value, row.value > 0), ("source", row.source, bool(row.source.strip())))
             if not ok]
         if bad:
@@ -179,7 +182,8 @@ def row_machine(row: PublicRow, machine: Machine | None = None) -> Machine:
 
 def row_problem(row: PublicRow, recompute: bool) -> Problem:
     """The row's problem: its model at its sequence, its global batch on its GPUs in bf16, no dropout, flash-style
-    attention, the gradients reduced in fp32 (torchtitan's FSDP2 default; Megatron's and Meta's are not stated)."""
+    attention, the gradients reduced in the row's ``grad_reduce`` (torchtitan's FSDP2: fp32, its default
+    reduce_dtype; fms-fsdp: bf16, its bfSixteen policy; not published: fp32)."""
     try:
         spec = TransformerShape.named(row.model)
     except ValueError as e:
@@ -189,7 +193,8 @@ def row_problem(row: PublicRow, recompute: bool) -> Problem:
     local = row.global_batch // max(row.fsdp * row.replicas, 1)
     mb = local // row.mbs if row.layout == "fsdp" and row.mbs else None
     return Problem(spec, row.global_batch, row.gpus, "bf16",
-                   Options(recompute=recompute, zero=0, microbatches=mb, dropout=False, fused_attention=True))
+                   Options(recompute=recompute, zero=0, microbatches=mb, dropout=False, fused_attention=True,
+                           grad_reduce=row.grad_reduce))
 
 
 def _fsdp_time(row: PublicRow, m: Machine, recompute: bool) -> tuple[float, float]:
