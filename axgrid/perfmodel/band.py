@@ -257,10 +257,9 @@ def separation(times: list[float], band: Band, level: float = SEPARATION_LEVEL) 
     if k == n:
         return (f"Rows 1–{n} are indistinguishable: the model cannot say that any is slower than row 1 with "
                 f"{level:.0%} confidence ({src}).")
-    head = "Row 1 is" if k == 1 else f"rows 1–{k} are"
-    head = head[0].upper() + head[1:]
     first = f"row {k + 1} is slower than row 1 with {conf[k - 1]:.0%} confidence"
-    tail = "" if k + 1 == n else (f", rows {k + 2}–{n} with at least that" if k + 2 < n else f", row {n} with at least that")
+    rest = n - k - 1                           # rows after row k + 1
+    later = "" if rest == 0 else f", row {n} with at least that" if rest == 1 else f", rows {k + 2}–{n} with at least that"
     if k == 1:
-        return f"{first[0].upper() + first[1:]}{tail} ({src})."
-    return f"{head} indistinguishable at {level:.0%}; {first}{tail} ({src})."
+        return f"R{first[1:]}{later} ({src})."
+    return f"Rows 1–{k} are indistinguishable at {level:.0%}; {first}{later} ({src})."

@@ -303,4 +303,5 @@ def write_scatter(res: SuiteResult, path: str | Path) -> bool:
 
 
 __all__ = ["SUITES", "WITHIN", "MIN_GROUP", "VTRAIN_VOCAB", "SuiteResult", "suite_metrics", "vtrain_rows",
-           "vtrain_problem", "price_vtrain", "price_published", "price_llama", "run_suites", "BAND_SUITES", "suite_residuals", "write_suite_residuals", "summary_line", "write_scatter"]
+           "vtrain_problem", "price_vtrain", "price_published", "price_llama", "run_suites", "BAND_SUITES",
+           "suite_residuals", "write_suite_residuals", "summary_line", "write_scatter"]
