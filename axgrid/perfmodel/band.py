@@ -259,7 +259,8 @@ def separation(times: list[float], band: Band, level: float = SEPARATION_LEVEL) 
                 f"{level:.0%} confidence ({src}).")
     first = f"row {k + 1} is slower than row 1 with {conf[k - 1]:.0%} confidence"
     rest = n - k - 1                           # rows after row k + 1
-    later = "" if rest == 0 else f", row {n} with at least that" if rest == 1 else f", rows {k + 2}–{n} with at least that"
+    later = ("" if rest == 0 else f", row {n} with at least that" if rest == 1
+             else f", rows {k + 2}–{n} with at least that")
     if k == 1:
         return f"R{first[1:]}{later} ({src})."
     return f"Rows 1–{k} are indistinguishable at {level:.0%}; {first}{later} ({src})."
