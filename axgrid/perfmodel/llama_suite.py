@@ -269,18 +269,23 @@ class Priced:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
 
-def price_rows(rows: list[PublicRow]) -> tuple[list[Priced], list[PublicRow]]:
-    """(priced rows, excluded rows), in the table's order."""
+def price_rows(rows: list[PublicRow]) -> tuple[list[Priced], list[PublicRow], list[tuple[PublicRow, str]]]:
+    """(priced rows, excluded rows, rows marked priced that perfmodel refused, with its error), in the table's
+    order."""
     machines: dict[str, Machine] = {}
-    priced, excluded = [], []
+    priced, excluded, failed = [], [], []
     for r in rows:
         if not r.priced:
             excluded.append(r)
             continue
         base = machines.setdefault(r.machine, load_machine(r.machine))
-        t, tf, chosen = price_row(r, base)
+        try:
+            t, tf, chosen = price_row(r, base)
+        except PerfModelError as e:
+            failed.append((r, str(e)))
+            continue
         priced.append(Priced(r, t, measured_seconds(r, t, tf), chosen))
-    return priced, excluded
+    return priced, excluded, failed
 
 
 def mape(priced: list[Priced]) -> float:

@@ -180,12 +180,14 @@ def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
 def price_llama(path: str | Path | None = None) -> SuiteResult:
     """The ``llama-public`` suite (``perfmodel.llama_suite``): its priced rows, and one note per excluded row."""
     from .llama_suite import NAME, price_rows, read_rows
-    priced, excluded = price_rows(read_rows(path))
+    priced, excluded, failed = price_rows(read_rows(path))
     if not priced:
-        raise PerfModelError("the llama-public table has no priced row")
+        raise PerfModelError("no llama-public row could be priced: "
+                             + "; ".join(f"{r.row}: {why}" for r, why in failed[:3]))
     labels = [f"{p.row.row}: {p.row.model} {p.row.gpus}x{p.row.gpu} {p.row.config} b{p.row.global_batch}x{p.row.seq} "
               f"{p.row.recompute}" + (f" ({p.chosen})" if p.chosen else "") for p in priced]
-    notes = [f"excluded {r.row} ({r.model}, {r.gpus} GPUs, {r.config}): {r.note}" for r in excluded]
+    notes = ([f"NOT PRICED {r.row} (marked priced; perfmodel refused it): {why}" for r, why in failed]
+             + [f"excluded {r.row} ({r.model}, {r.gpus} GPUs, {r.config}): {r.note}" for r in excluded])
     return SuiteResult(NAME, labels, [(p.row.machine, p.row.model, p.row.gpus, p.row.global_batch) for p in priced],
                        np.array([p.predicted_s for p in priced]), np.array([p.measured_s for p in priced]),
                        notes=notes, machines=[p.row.machine for p in priced],
