@@ -466,24 +466,29 @@ class Communicator:
                           lambda: _all_gather_single(t, t[i * s:(i + 1) * s], group=self.groups[dim], async_op=True),
                           lambda: t, async_op)
 
-    def send(self, t: torch.Tensor, dim: str, dst_index: int) -> None:
-        """Point to point: ``t`` to member ``dst_index`` of the group along ``dim`` (blocks until it is received;
-        ledger op ``send``, wire bytes = bytes). The receiver calls :meth:`recv` with this rank's index."""
+    def send(self, t: torch.Tensor, dim: str, dst_index: int, *, async_op: bool = False,
+             tag: int = 0) -> Optional[Pending]:
+        """Point to point: ``t`` to member ``dst_index`` of the group along ``dim`` (blocks until it is received,
+        or with ``async_op`` a :class:`Pending`; ledger op ``send``, wire bytes = bytes). The receiver calls
+        :meth:`recv` with this rank's index and the same ``tag``; messages between one pair match in posting order."""
         self._check(dim)
         buf = t.contiguous()
         dst = dist.get_global_rank(self.groups[dim], dst_index)
-        self._post(dim, "send", buf.numel() * buf.element_size(),
-                   lambda: dist.isend(buf, dst=dst, group=self.groups[dim]), lambda: buf, False)
+        res = self._post(dim, "send", buf.numel() * buf.element_size(),
+                         lambda: dist.isend(buf, dst=dst, group=self.groups[dim], tag=tag), lambda: buf, async_op)
+        return res if async_op else None
 
-    def recv(self, out: torch.Tensor, dim: str, src_index: int) -> torch.Tensor:
+    def recv(self, out: torch.Tensor, dim: str, src_index: int, *, async_op: bool = False,
+             tag: int = 0) -> torch.Tensor | Pending:
         """Point to point: fill the contiguous ``out`` with what member ``src_index`` of the group along ``dim``
-        sends (ledger op ``recv``, no wire bytes: the sender counts them). Returns ``out``."""
+        sends (ledger op ``recv``, no wire bytes: the sender counts them). Returns ``out`` (with ``async_op`` a
+        :class:`Pending` whose ``wait()`` returns it)."""
         self._check(dim)
         if not out.is_contiguous():
             raise ValueError("recv: the output buffer must be contiguous")
         src = dist.get_global_rank(self.groups[dim], src_index)
         return self._post(dim, "recv", out.numel() * out.element_size(),
-                          lambda: dist.irecv(out, src=src, group=self.groups[dim]), lambda: out, False)
+                          lambda: dist.irecv(out, src=src, group=self.groups[dim], tag=tag), lambda: out, async_op)
 
     def broadcast_object(self, obj: object, dim: str, src_index: int = 0) -> object:
         """Member ``src_index``'s picklable ``obj`` on every member of the group along ``dim`` (ledger op

@@ -26,10 +26,16 @@ if TYPE_CHECKING:
 
 #: The groups every grid creates, in this order on every rank.
 GROUP_DIMS = ("x", "y", "z", "d", "xy", "xyz")
+#: The context-parallel group's name (``RankLayout.cp`` ranks splitting the tokens of z and d; made after the others,
+#: only when ``cp`` > 1; :mod:`axgrid.spec.layout`).
+CP_DIM = "c"
 
 
 class Grid:
     """This rank's view of the Gx x Gy x Gz x Gd grid. Made by :func:`axgrid.init`.
+
+    With ``layout.cp`` > 1 it also has the context-parallel group ``"c"`` (``grid.size("c")``, ``grid.index("c")``,
+    ``grid.comm.all_gather(t, "c")``): :mod:`axgrid.context_parallel`.
 
     ``config`` sets the groups' timeout and the communicator's options (``reduce_in_fp32``, ``record_timing``,
     ``trace``, the flight recorder); it is not kept. ``runtime`` is attached by :func:`axgrid.init`.
@@ -66,14 +72,24 @@ class Grid:
                 mine, every = dist.new_subgroups_by_enumeration(layout.groups(dims), timeout=timeout)
             self._groups[dims] = mine
             self._all_groups.extend(every)
+        self._groups[CP_DIM] = None
+        if layout.cp > 1:
+            if backend == "fake":
+                mine = dist.new_group(layout.cp_group_of(self.rank), timeout=timeout, use_local_synchronization=True)
+                every = [mine]
+            else:
+                mine, every = dist.new_subgroups_by_enumeration(layout.cp_groups(), timeout=timeout)
+            self._groups[CP_DIM] = mine
+            self._all_groups.extend(every)
+        sizes = {d: self.shape.extent(d) for d in GROUP_DIMS} | {CP_DIM: layout.cp}
+        indices = {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS} \
+            | {CP_DIM: layout.cp_index(self.rank)}
         clock = clock_for(backend, device) if (config.record_timing or config.trace) else None
         run_dir = config.run_dir or launch.run_dir
         recorder = FlightRecorder(self.rank, config.flight_records, run_dir, config.hang_seconds(),
                                   world_size=self.world_size, job=job,
                                   cause_elsewhere=cause_elsewhere) if config.flight_records > 0 else None
-        self.comm = Communicator(self._groups, {d: self.shape.extent(d) for d in GROUP_DIMS},
-                                 {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS},
-                                 backend,
+        self.comm = Communicator(self._groups, sizes, indices, backend,
                                  reduce_in_fp32=config.reduce_in_fp32, record_timing=config.record_timing,
                                  tracer=Tracer(self.rank, clock) if config.trace else None, clock=clock,
                                  recorder=recorder)
@@ -99,12 +115,12 @@ class Grid:
         return self.comm.ledger
 
     def size(self, dims: str) -> int:
-        """Number of ranks along ``dims`` (e.g. ``"x"`` or ``"xyz"``)."""
-        return self.shape.extent(dims)
+        """Number of ranks along ``dims`` (e.g. ``"x"`` or ``"xyz"``; ``"c"``: the context-parallel group)."""
+        return self.layout.cp if dims == CP_DIM else self.shape.extent(dims)
 
     def index(self, dims: str) -> int:
-        """This rank's position along ``dims`` (first letter fastest)."""
-        return self.layout.index_in(self.rank, dims)
+        """This rank's position along ``dims`` (first letter fastest; ``"c"``: which chunks of a sequence it holds)."""
+        return self.layout.cp_index(self.rank) if dims == CP_DIM else self.layout.index_in(self.rank, dims)
 
     def group(self, dims: str) -> Optional[dist.ProcessGroup]:
         """Process group along ``dims`` (None when it has one rank)."""
@@ -122,6 +138,9 @@ class Grid:
         lines = [f"grid {self.shape} (Gx x Gy x Gz x Gdata), order {self.order!r} (first letter fastest), "
                  f"{self.world_size} ranks on {len(set(self.hosts))} node(s), backend {self.backend}"]
         lines += self.layout.describe([self.node_of(r) for r in range(self.world_size)], GROUP_DIMS)
+        if self.layout.cp > 1:
+            lines.append(f"  c    size {self.layout.cp} (context parallel, inside z·d): "
+                         + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.layout.cp_groups()[:16]))
         lines.append(f"  this rank {self.rank}: {self.coord}, node {self.node_of(self.rank)} "
                      f"({self.hosts[self.rank]}), local rank {self.local_rank}")
         return "\n".join(lines)

@@ -12,11 +12,12 @@ script holds only what is its own.
 :mod:`.checkpoints`  :class:`RunCheckpoints`: resume, save every K steps, at the end and on a stop signal
 :mod:`.evaluate`     :func:`evaluate`: validation loss and perplexity on fixed batches (``--eval-interval``)
 :mod:`.data`         :class:`RunData`: the run's batches (the ``--data-path`` corpus or the driver's own), when
-                     to evaluate, the data position a checkpoint stores
+                     to evaluate, the data position a checkpoint stores; ``--data synthetic|text``
+                     (:func:`add_own_data_arguments`, :func:`check_own_data_arguments`, :func:`own_batches`)
 ===================  =================================================================================
 """
 from .checkpoints import RunCheckpoints
-from .data import RunData
+from .data import RunData, add_own_data_arguments, check_own_data_arguments, own_batches
 from .evaluate import evaluate
 from .options import (add_data_arguments, add_run_arguments, add_step_arguments, check_corpus_tokenizer,
                       check_data_arguments, check_output_paths, check_run_arguments, check_step_arguments,
@@ -24,7 +25,7 @@ from .options import (add_data_arguments, add_run_arguments, add_step_arguments,
                       unrecorded_note)
 from .step import StepSettings, check_batch_split, run_step, share_rows
 
-__all__ = ["RunCheckpoints", "RunData", "evaluate", "add_data_arguments", "add_run_arguments", "add_step_arguments",
+__all__ = ["RunCheckpoints", "RunData", "add_own_data_arguments", "check_own_data_arguments", "own_batches", "evaluate", "add_data_arguments", "add_run_arguments", "add_step_arguments",
            "check_corpus_tokenizer", "check_data_arguments", "check_output_paths", "check_run_arguments",
            "check_step_arguments", "check_zero", "compute_dtype", "data_settings", "parse_step_args", "run_outputs",
            "unrecorded_note",

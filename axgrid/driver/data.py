@@ -108,3 +108,40 @@ class RunData:
 
     def describe(self) -> str:
         return self.corpus.describe() if self.corpus is not None else ""
+
+
+def add_own_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The pre-training drivers' data without a corpus: ``--data synthetic|text`` and ``--text-file`` (train_gpt,
+    pretrain)."""
+    from ..data import DEFAULT_TEXT
+    p.add_argument("--data", choices=("synthetic", "text"), default=None,
+                   help="without --data-path: uniform random ids (default) or --text-file as bytes")
+    p.add_argument("--text-file", default=str(DEFAULT_TEXT))
+
+
+def check_own_data_arguments(args: argparse.Namespace, vocab: int, model: str) -> None:
+    """Set ``args.data`` (``corpus`` with ``--data-path``, else ``--data``, default ``synthetic``) and raise
+    SystemExit with one line, identically on every rank before any collective, for data the model (``vocab`` ids,
+    named ``model``) cannot take."""
+    from ..data import ByteTokenizer
+    import os
+    if args.data_path and args.data not in (None, "corpus"):        # "corpus": set by an earlier call
+        raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
+                         f"corpus")
+    if args.data is None:
+        args.data = "corpus" if args.data_path else "synthetic"
+    if args.data == "text" and vocab < ByteTokenizer.vocab_size:
+        raise SystemExit(f"--data text is byte-level (256 ids) but {model} has vocab {vocab}")
+    if args.data == "text" and not os.path.isfile(args.text_file):
+        raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass an existing UTF-8 text "
+                         f"file, or use --data synthetic")
+
+
+def own_batches(args: argparse.Namespace, seq: int, vocab: int) -> Batches:
+    """The batches of ``--data text`` or ``synthetic`` (of ``--seed``): :class:`RunData.open`'s fallback."""
+    from ..data import SyntheticBatches, TextBatches
+    try:
+        return (TextBatches(args.text_file, seq, args.seed) if args.data == "text"
+                else SyntheticBatches(vocab, seq, args.seed))
+    except (OSError, ValueError) as e:    # the same on every rank, before any collective
+        raise SystemExit(f"--text-file {args.text_file}: {e}") from None

@@ -67,31 +67,37 @@ class StepSettings:
         if self.steps < 1 or self.batch < 1 or self.microbatches < 1:
             raise SystemExit(f"--steps {self.steps}, --batch {self.batch}, --microbatches {self.microbatches}: all "
                              f"must be >= 1")
-        check_batch_split(self.batch, self.microbatches, grid.size("d"), grid.size("z"), str(grid.shape))
+        check_batch_split(self.batch, self.microbatches, grid.size("d"), grid.size("z"), str(grid.shape),
+                          grid.size("c"))
         if self.goldfish_k == 1 or self.goldfish_k < 0:
             raise SystemExit(f"--goldfish-k {self.goldfish_k}: use 0 (off) or K >= 2")
 
 
-def check_batch_split(batch: int, microbatches: int, gd: int, gz: int, grid: str) -> None:
+def check_batch_split(batch: int, microbatches: int, gd: int, gz: int, grid: str, cp: int = 1) -> None:
     """SystemExit unless ``batch`` sequences split into ``microbatches`` micro-batches of whole sequences over d
-    (data parallelism) and z (the model splits its sequences over z)."""
+    (data parallelism) and z (the model splits its sequences over z; under context parallelism over the ``Gz/cp``
+    groups of ``cp`` z-ranks, each of which splits its sequences into chunks)."""
     if batch % microbatches:
         raise SystemExit(f"--batch {batch} is not divisible by --microbatches {microbatches}")
     per = batch // microbatches
-    if per % (gd * gz):
+    groups = gz // cp
+    if per % (gd * groups):
+        by = f"Gd*Gz/cp = {gd}*{gz}/{cp}" if cp > 1 else f"Gd*Gz = {gd}*{gz}"
         raise SystemExit(f"a micro-batch of {per} sequences (--batch {batch} / --microbatches {microbatches}) is not "
-                         f"divisible by Gd*Gz = {gd}*{gz} of grid {grid}: data parallelism splits it over d and the "
-                         f"model over z by whole sequences; use --batch a multiple of {microbatches * gd * gz}")
+                         f"divisible by {by} of grid {grid}: data parallelism splits it over d and the "
+                         f"model over z by whole sequences; use --batch a multiple of {microbatches * gd * groups}")
 
 
 def share_rows(batch: int, microbatches: int, grid: Grid) -> list[int]:
     """The rows of a global batch ``[batch, S]`` that this rank computes: in each micro-batch of ``batch /
     microbatches`` sequences, its data-parallel slice (:func:`run_step`), and of that the model's z slice (whole
-    sequences, :meth:`axgrid.models.GPT.local_rows`)."""
+    sequences, :meth:`axgrid.models.GPT.local_rows`; under context parallelism those of its group, of which the
+    model computes two chunks)."""
     per_mb = batch // microbatches
     bd = per_mb // grid.size("d")
-    bz = bd // grid.size("z")
-    first = grid.index("d") * bd + grid.index("z") * bz
+    cp = grid.size("c")
+    bz = bd * cp // grid.size("z")                      # a group of cp z-ranks shares its sequences
+    first = grid.index("d") * bd + grid.index("z") // cp * bz
     return [mb * per_mb + first + i for mb in range(microbatches) for i in range(bz)]
 
 

@@ -109,8 +109,8 @@ def _best_fitting(cfg, pm, machine) -> str:
     from dataclasses import replace
 
     from .report import human
-    if cfg.hf:
-        return ("perfmodel ranks grids for the named GPT sizes only: try a grid with a larger Gz or Gd, more "
+    if cfg.hf and cfg.lora_r:
+        return ("perfmodel prices LoRA's memory on the GPT block only: try a grid with a larger Gz or Gd, more "
                 "micro-batches, or --zero 1 or 2")
     prob = replace(cfg.problem(), options=replace(cfg.options(), microbatches=None, zero=None))
     try:

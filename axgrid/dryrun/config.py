@@ -21,13 +21,14 @@ from typing import Callable, Optional
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.cli import parse_grid
 from axgrid.perfmodel.comm import used_flag_bytes
-from axgrid.perfmodel.decoder import NOT_MODELLED, decoder_collective_events, decoder_static_bytes
+from axgrid.perfmodel.decoder import decoder_collective_events, decoder_static_bytes
 from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
+from axgrid.perfmodel.parameters import trainable_parameters
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.problem import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, GridShape, OverlapConfig, TransformerShape
+from axgrid.spec import DEFAULT_BUCKET_BYTES, PUBLIC_MODELS, GridShape, OverlapConfig, TransformerShape
 
 
 class DryRunError(ValueError):
@@ -150,9 +151,9 @@ class Prediction:
 
 def step_time(cfg: "DryRunConfig") -> str:
     """perfmodel's predicted seconds per batch of ``cfg`` on its machine (``perfmodel.price_grid``) with the
-    machine's error band, as a phrase for the table; for a Hugging Face config, that it is not modelled."""
-    if cfg.hf:
-        return "s/batch not modelled for a Hugging Face decoder (perfmodel prices the GPT's step)"
+    machine's error band, as a phrase for the table."""
+    if cfg.hf and cfg.lora_r:
+        return "s/batch not modelled for LoRA on a Hugging Face decoder (perfmodel prices LoRA on the GPT)"
     machine = pm.load_machine(cfg.machine)
     row = pm.price_grid(cfg.problem(), machine, cfg.shape)
     if not row.feasible:
@@ -168,7 +169,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     gx, gy, gz, gd = cfg.shape
     b = DTYPE_BYTES[cfg.dtype]
     opt = cfg.options()
-    if cfg.hf:
+    if cfg.hf and cfg.lora_r:
         return _predict_decoder(cfg)
     mem = memory_per_gpu(cfg.model, gx, gy, gz, gd, cfg.tokens_per_gpu, b, cfg.dtype == "fp32", opt, device=GPU)
     memory = {"parameters": mem.params, "gradients": mem.grads, "optimizer": mem.optimizer,
@@ -180,34 +181,45 @@ def predict(cfg: DryRunConfig) -> Prediction:
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip,      # the step clips (step.py)
               lora=lora_plan(cfg.model, opt))
-    nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
-    comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-    trained = gpt_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
+    if cfg.hf:
+        comm = _count(decoder_collective_events(*args, **kw))
+        trained = [p.elems * b for p in trainable_parameters(cfg.model, cfg.shape)]
+    else:
+        nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
+        comm = {k: (calls[k], nbytes[k]) for k in nbytes}
+        trained = gpt_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
     flags = used_flag_bytes(trained) if cfg.zero == 0 and gd > 1 else 0
     return Prediction(peak, memory, comm, step=step_time(cfg), used_flags=flags)
 
 
-def _predict_decoder(cfg: DryRunConfig) -> Prediction:
-    """perfmodel's figures for a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective (the
-    clipping's included: the decoder's replay lists it), and the parameter, gradient and optimizer bytes (the
-    buckets: nothing with zero 0 or Gd = 1; with zero >= 1 not modelled, though with zero 1 the report still bounds
-    them by the gradients, as for the GPT); the rest is named as not modelled."""
-    m, opt = cfg.model, cfg.options()
-    lora = lora_plan(m, opt)
-    ev = decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
-                                   DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute, opt.grad_bytes,
-                                   opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora)
+def _count(events: list[tuple[str, str, int]]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(dim, op) -> (calls, bytes) of a replay's ``events``."""
     comm: dict[tuple[str, str], tuple[int, int]] = {}
-    for dim, op, nb in ev:
+    for dim, op, nb in events:
         calls, total = comm.get((dim, op), (0, 0))
         comm[(dim, op)] = (calls + 1, total + nb)
+    return comm
+
+
+def _predict_decoder(cfg: DryRunConfig) -> Prediction:
+    """perfmodel's figures for LoRA on a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective
+    (the clipping's included), and the parameter, gradient and optimizer bytes (the buckets: nothing with zero 0 or
+    Gd = 1; with zero >= 1 not modelled, though with zero 1 the report still bounds them by the gradients, as for
+    the GPT); the adapters' activations are priced for the GPT block only, so the rest is named as not
+    modelled."""
+    m, opt = cfg.model, cfg.options()
+    lora = lora_plan(m, opt)
+    comm = _count(decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
+                                            DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute,
+                                            opt.grad_bytes, opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora))
     params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora)
     memory: dict[str, Optional[int]] = {"parameters": params, "gradients": grads, "optimizer": optimizer,
                                         "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
-    unknown = [c for c in NOT_MODELLED if c != "peak"] + ([] if memory["buckets"] is not None else ["buckets"])
+    unknown = ["activations", "gathered", "temporaries"] + ([] if memory["buckets"] is not None else ["buckets"])
     memory.update({c: None for c in unknown})
-    return Prediction(None, memory, comm, f"{', '.join(unknown)} and the peak: not modelled by perfmodel for "
-                                          f"{m.family} (its formulas are the GPT block's)", step=step_time(cfg))
+    return Prediction(None, memory, comm, f"{', '.join(unknown)} and the peak: not modelled by perfmodel for LoRA "
+                                          f"on {m.family} (its adapters' formulas are the GPT block's)",
+                      step=step_time(cfg))
 
 
 # ------------------------------------------------------------------------------------------------ choosing
@@ -271,6 +283,10 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
     trained on ``seq``-token sequences (default :data:`HF_SEQ`). ``lora_r`` > 0: LoRA adapters of that rank on
     ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
     :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names)."""
+    if isinstance(model, str) and not is_config_path(model) and model.lower() in PUBLIC_MODELS:
+        model = PUBLIC_MODELS[model.lower()]
+        if seq is not None:
+            model = replace(model, seq=seq)
     if (isinstance(model, TransformerShape) and not model.is_gpt) or (isinstance(model, str) and is_config_path(model)):
         cfg = _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
@@ -375,22 +391,31 @@ HF_SEQ = 2048
 def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: int, *, grid: Optional[str],
                      machine: str, dtype: str, recompute: bool, overlap: str, microbatches: Optional[int],
                      bucket_bytes: int, zero: Optional[int], seq: Optional[int]) -> DryRunConfig:
-    """:func:`resolve` for a Hugging Face config: the grid must be given and divide the model (the plan's rules:
-    hidden over Gx; the heads, key-value heads, intermediate size and vocabulary over Gy), the batch must split
-    over Gz·Gd; micro-batches default to 1, zero to 0."""
+    """:func:`resolve` for a Hugging Face config: the grid (default: perfmodel's best for ``gpus`` on the machine,
+    with its micro-batches and zero mode) must divide the model (the plan's rules: hidden over Gx; the heads,
+    key-value heads, intermediate size and vocabulary over Gy), the batch must split over Gz·Gd; with a grid given,
+    micro-batches default to 1, zero to 0."""
     try:
         spec = model if isinstance(model, TransformerShape) else TransformerShape.from_config_json(model, seq or HF_SEQ)
     except ValueError as e:
         raise DryRunError(f"--model {model}: {e}") from None
     _check_options(dtype, overlap, zero, batch)
+    if grid is None:
+        if not gpus:
+            raise DryRunError(f"--model {spec.path or spec.name}: give --gpus N (perfmodel picks the grid) or "
+                              f"--grid GXxGYxGZxGD")
+        try:
+            mach = pm.load_machine(machine)
+            prob = pm.Problem(spec, batch, gpus, dtype, pm.Options(recompute=recompute, zero=zero,
+                                                                   microbatches=microbatches))
+            row = pm.rank(prob, mach, tp_pp_dp=False).feasible[0]
+        except (pm.PerfModelError, pm.NoFeasibleConfig) as e:
+            raise DryRunError(f"--model {spec.path or spec.name}: {e}") from None
+        grid, microbatches = row.grid_str, microbatches or int(row.microbatches)
+        zero = row.zero if zero is None else zero
     microbatches = microbatches or 1
     if microbatches < 1 or batch % microbatches:
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
-    if grid is None:
-        fits = _decoder_grids(spec, gpus, batch // microbatches) if gpus else []
-        listed = f"; grids of {gpus} ranks that it divides: {_list(fits)}" if gpus else ""
-        raise DryRunError(f"--model {spec.path}: give --grid GXxGYxGZxGD (perfmodel ranks grids for the named GPT "
-                          f"sizes only){listed}")
     shape = _read_grid(grid, gpus, lambda n: _decoder_grids(spec, n, batch // microbatches))
     n = shape[0] * shape[1] * shape[2] * shape[3]
     problems = spec.divisibility(shape)

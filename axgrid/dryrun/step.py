@@ -135,8 +135,8 @@ def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
         from axgrid.plans.causal_lm import causal_lm_from_config, causal_lm_loss
         from .harness import FakeGpuDevice, hf_attention
         fake = isinstance(grid.accelerator, FakeGpuDevice)     # a dry run's: no mask built from fake ids
-        model = causal_lm_from_config(cfg.model.path, grid, recompute=cfg.recompute, init=init,
-                                      attention=hf_attention() if fake else "sdpa")
+        model = causal_lm_from_config(cfg.model.path or cfg.model.hf_config(), grid, recompute=cfg.recompute,
+                                      init=init, attention=hf_attention() if fake else "sdpa")
         decoder = model.get_decoder()
         tags = {f"model.layers.{i}": b for i, b in enumerate(decoder.layers)}
         tags.update({"model.norm": decoder.norm, "lm_head": model.lm_head, "model.embed_tokens": decoder.embed_tokens})

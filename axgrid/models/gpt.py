@@ -9,6 +9,13 @@ its x·y·z block; rank ``d`` of ``Gd`` usually holds sequences ``[d·B/Gd, (d+1
 Attention needs whole sequences on one rank, so the z split is by sequence: z-rank ``z`` keeps sequences
 ``[z·b, (z+1)·b)`` with ``b = B_d / Gz`` (``B_d`` must be divisible by ``Gz``; checked before any collective).
 
+Context parallelism (``axgrid.init(..., cp=N)`` with ``N`` dividing Gz): the z-ranks form ``Gz/N`` groups of ``N``
+consecutive ones; group ``g = z // N`` keeps sequences ``[g·b, (g+1)·b)`` with ``b = B_d·N / Gz``, and each of its
+ranks keeps two chunks of each (:mod:`axgrid.context_parallel.chunks`: ``2c = S / N`` tokens at their own positions);
+attention exchanges keys and values over the group (all-gathered or around a ring, ``GPTConfig.cp_exchange``;
+:mod:`axgrid.context_parallel`). The loss's sum over z and the gradients' sums over z (RS_z, AR_z) already add
+every token once, so nothing else changes.
+
 Layout of one rank (``m' = b·S`` tokens, ``h`` hidden, ``H`` heads, ``V`` vocabulary, ``f`` MLP width):
 
 =====================  ===============================  ============================================================
@@ -52,6 +59,7 @@ from ..nn.init import reference_linear
 from ..tensor_parallel.layernorm import LayerNorm
 from ..tensor_parallel.linear import Linear
 from ..tensor_parallel.vocab_parallel import vocab_parallel_cross_entropy
+from ..context_parallel import EXCHANGES, check_sequence, context_parallel_attention, positions, shard
 from ..train import decay_groups
 from ..spec import NAMED_SIZES, FCLayer, TransformerShape
 from .kv_cache import KVCache, LayerKV
@@ -63,7 +71,8 @@ class GPTConfig:
     ``seq`` the position table's rows, vocab, the MLP width ``ffn``, ``bias`` on every FC layer but the head, name)
     and the runtime's knobs, which are not shape: ``recompute``: run each block under ``torch.utils.checkpoint``
     (activations recomputed in backward); ``eps`` of the layer norms; ``seed`` of the hashed initialisation;
-    ``emb_std`` of the embedding tables.
+    ``emb_std`` of the embedding tables; ``cp_exchange``: how attention under context parallelism exchanges keys
+    and values, ``"all_gather"`` or ``"ring"`` (:mod:`axgrid.context_parallel`; the same result within round-off).
     """
 
     shape: TransformerShape
@@ -71,8 +80,11 @@ class GPTConfig:
     eps: float = 1e-5
     seed: int = 0
     emb_std: float = 0.02
+    cp_exchange: str = "all_gather"
 
     def __post_init__(self) -> None:
+        if self.cp_exchange not in EXCHANGES:
+            raise ValueError(f"GPTConfig.cp_exchange={self.cp_exchange!r}: choose one of {list(EXCHANGES)}")
         if not isinstance(self.shape, TransformerShape) or not self.shape.is_gpt:
             raise ValueError(f"GPTConfig.shape={self.shape!r} must be a TransformerShape of family 'gpt' (e.g. "
                              f"TransformerShape.named('gpt-tiny')); a Hugging Face decoder is built from its config")
@@ -102,6 +114,10 @@ class GPTConfig:
             if value % g:
                 raise ValueError(f"GPT {self.shape.name}: {what}={value} is not divisible by G{dim}={g} of grid "
                                  f"{grid.shape}; choose a grid whose G{dim} divides {value} (or change {what})")
+        cp, gz = grid.size("c"), grid.size("z")
+        if gz % cp:
+            raise ValueError(f"GPT on grid {grid.shape} with cp={cp}: the GPT splits sequences over z only, so cp "
+                             f"must divide Gz={gz}; choose cp in {[c for c in range(1, gz + 1) if gz % c == 0]}")
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -149,6 +165,7 @@ class Block(nn.Module):
         h = shape.hidden
         fc = {layer.name: layer for layer in shape.block_layers()}   # see axgrid.spec.layers
         self.heads_local = shape.heads // (grid.size("y") if grid is not None else 1)
+        self.grid, self.cp_exchange = grid, cfg.cp_exchange
         self.head_dim = shape.head_dim
         self.ln1 = LayerNorm(h, grid, eps=cfg.eps)
         self.qkv = _fc(cfg, grid, prefix + "qkv", fc["qkv"], init)
@@ -165,7 +182,9 @@ class Block(nn.Module):
         if kv is not None:
             k, v = kv.append(k, v)                                     # [b, H_loc, T, d]: T = cached + S
         t = k.shape[2]
-        if t == s:
+        if self.grid is not None and self.grid.size("c") > 1:
+            att = context_parallel_attention(q, k, v, self.grid.comm, exchange=self.cp_exchange)  # S = s·cp
+        elif t == s:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, H_loc, S, d]
         else:   # new token i sits at position t - s + i: it sees keys 0 .. t - s + i
             mask = torch.ones(s, t, dtype=torch.bool, device=q.device).tril(t - s)
@@ -182,7 +201,8 @@ class GPT(nn.Module):
     (``cache``: a :class:`~axgrid.models.kv_cache.KVCache` of this rank's sequences and heads; the tokens then
     continue the cached ones, at positions ``cache.length ..``; see :func:`axgrid.generate`):
 
-    - without ``targets``: this rank's logits ``[B_d/Gz, S, V/Gy]`` (serial: ``[B, S, V]``);
+    - without ``targets``: this rank's logits ``[B_d/Gz, S, V/Gy]`` (serial: ``[B, S, V]``; under context
+      parallelism ``[B_d·cp/Gz, S/cp, V/Gy]``, its two chunks of each sequence);
     - with ``targets``: the scalar loss ``sum(per-token CE · loss_mask) / normalizer`` over all ``B_d`` sequences
       (summed over z), the same on every rank of the x·y·z block. ``normalizer`` defaults to the number of kept
       tokens of ``tokens`` (a mean); pass a global count (e.g. kept tokens of the whole step / Gd) to average over
@@ -218,24 +238,43 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {start + s} exceeds the model's seq={seq} (position table rows); use "
                              f"sequences of at most {seq} tokens or a larger seq")
         gz = 1 if self.grid is None else self.grid.size("z")
-        if b == 0 or b % gz:
+        cp = 1 if self.grid is None else self.grid.size("c")
+        if cp > 1:
+            check_sequence(s, cp)
+        groups = gz // cp
+        if b == 0 or b % groups:
             raise ValueError(f"this rank's batch of {b} sequences is not divisible by Gz={gz} (grid "
-                             f"{self.grid.shape if self.grid else '-'}): attention needs whole sequences, so z "
-                             f"splits by sequence; use a batch per data-parallel rank that is a multiple of {gz}")
+                             f"{self.grid.shape if self.grid else '-'}"
+                             f"{f', cp={cp}: {groups} groups of sequences' if cp > 1 else ''}): attention needs "
+                             f"whole sequences, so z splits by sequence; use a batch per data-parallel rank that is "
+                             f"a multiple of {groups}")
 
     def local_rows(self, batch: int) -> slice:
-        """The sequences of a ``[batch, S]`` input that this rank's z coordinate computes."""
+        """The sequences of a ``[batch, S]`` input that this rank's z coordinate computes (under context
+        parallelism: its group of ``cp`` z-ranks, of which it computes two chunks, :meth:`local_tokens`)."""
         if self.grid is None:
             return slice(0, batch)
-        b = batch // self.grid.size("z")
-        z = self.grid.index("z")
-        return slice(z * b, (z + 1) * b)
+        cp = self.grid.size("c")
+        b = batch * cp // self.grid.size("z")
+        g = self.grid.index("z") // cp
+        return slice(g * b, (g + 1) * b)
+
+    def local_tokens(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's part of ``t [batch, S]`` (tokens, targets, a loss mask): its sequences (:meth:`local_rows`)
+        and, under context parallelism, its two chunks of each, ``[b, S/cp]``."""
+        t = t[self.local_rows(t.shape[0])]
+        if self.grid is None or self.grid.size("c") == 1:
+            return t
+        return shard(t, self.grid.size("c"), self.grid.index("c"), dim=1)
 
     # -- forward ---------------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 loss_mask: Optional[torch.Tensor] = None, *, normalizer: Optional[float] = None,
                 cache: Optional[KVCache] = None) -> torch.Tensor:
         start = 0 if cache is None else cache.length
+        if cache is not None and self.grid is not None and self.grid.size("c") > 1:
+            raise ValueError(f"generation (a KV cache) under context parallelism (cp={self.grid.size('c')}) is not "
+                             f"supported; generate on a grid built with cp=1 (a checkpoint loads onto any grid)")
         self.check_batch(tokens, start)
         if cache is not None and len(cache.layers) != len(self.blocks):
             raise ValueError(f"cache has {len(cache.layers)} layers, the model {len(self.blocks)}; use "
@@ -243,12 +282,14 @@ class GPT(nn.Module):
         for name, t in (("targets", targets), ("loss_mask", loss_mask)):
             if t is not None and t.shape != tokens.shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}, expected the tokens' {tuple(tokens.shape)}")
-        batch, s = tokens.shape
-        rows = self.local_rows(batch)
-        tok = tokens[rows]
-        b = tok.shape[0]
-        pos = torch.arange(start, start + s, device=tok.device).repeat(b)
-        x = self.wte(tok.reshape(-1)) + self.wpe(pos)                 # [b·S, h_loc]
+        batch, seq = tokens.shape
+        tok = self.local_tokens(tokens)                                # [b, s]: s = S/cp
+        b, s = tok.shape
+        if self.grid is not None and self.grid.size("c") > 1:
+            pos = positions(seq, self.grid.size("c"), self.grid.index("c"), tok.device).repeat(b)
+        else:
+            pos = torch.arange(start, start + s, device=tok.device).repeat(b)
+        x = self.wte(tok.reshape(-1)) + self.wpe(pos)                 # [b·s, h_loc]
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else cache.layers[i]
             if self.config.recompute and torch.is_grad_enabled():
@@ -258,14 +299,14 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))                               # [b·S, V_loc]
         if targets is None:
             return logits.view(b, s, -1)
-        per_token = vocab_parallel_cross_entropy(logits, targets[rows].reshape(-1), self.grid)   # [b·S] fp32
+        per_token = vocab_parallel_cross_entropy(logits, self.local_tokens(targets).reshape(-1), self.grid)  # fp32
         if loss_mask is not None:
-            per_token = per_token * loss_mask[rows].reshape(-1).to(per_token.dtype)
+            per_token = per_token * self.local_tokens(loss_mask).reshape(-1).to(per_token.dtype)
         total = per_token.sum()
         if self.grid is not None and self.grid.size("z") > 1:
             total = _SumOverZ.apply(total, self.grid)
         if normalizer is None:
-            normalizer = host_read(loss_mask.sum()) if loss_mask is not None else float(batch * s)
+            normalizer = host_read(loss_mask.sum()) if loss_mask is not None else float(batch * seq)
         return total / max(float(normalizer), 1.0)
 
     # -- helpers ---------------------------------------------------------------------------------------

@@ -3,10 +3,13 @@
 initialisation ``reference_linear(...)`` on any grid (so the same seed gives the same model on every grid).
 
 Values follow ``nn.Linear``'s default distribution: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
+:func:`normal_box` draws N(0, std²) instead (the inverse normal CDF of the hashed uniform), for any box of a dense tensor of any
+rank: what a Hugging Face model pre-trained from its config starts from (:mod:`axgrid.plans.initial_weights`).
 """
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -50,6 +53,34 @@ def uniform_block(seed: int, stream: int, n_cols: int, rows: range, cols: range,
 
 
 WEIGHT_STREAM, BIAS_STREAM = 1, 2
+NORMAL_STREAM = 3
+
+
+def normal_box(seed: int, dense_shape: Sequence[int], offsets: Sequence[int], shape: Sequence[int], std: float,
+               dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+               chunk: int = 1 << 22) -> torch.Tensor:
+    """Box ``dense[offsets : offsets + shape]`` of the dense tensor of ``dense_shape`` whose element at row-major
+    index ``i`` is N(0, std²) drawn from ``i`` (the inverse of the normal CDF, ``std·√2·erfinv(2u - 1)``, of the
+    uniform ``u`` hashed from ``i``: 24 bits, so ``|value| < 5.4·std``), so every box of every grid, and the dense
+    tensor, agree element for element. Computed
+    in slabs of rows of about ``chunk`` elements (the hash's int64 temporaries are ~10 times the slab's bytes)."""
+    numel = math.prod(shape)
+    if len(shape) > 1 and numel > chunk:
+        out = torch.empty(tuple(shape), dtype=dtype, device=device)
+        rows = max(1, chunk // math.prod(shape[1:]))
+        for r in range(0, shape[0], rows):
+            n = min(rows, shape[0] - r)
+            out[r:r + n] = normal_box(seed, dense_shape, (offsets[0] + r, *offsets[1:]), (n, *shape[1:]), std,
+                                      dtype, device, chunk=numel)
+        return out
+    index = torch.zeros((), dtype=torch.int64, device=device)
+    stride = 1
+    for dim in reversed(range(len(dense_shape))):        # global row-major index of each element of the box
+        pos = torch.arange(offsets[dim], offsets[dim] + shape[dim], dtype=torch.int64, device=device)
+        index = index + (pos * stride).view(-1, *([1] * (len(dense_shape) - 1 - dim)))
+        stride *= int(dense_shape[dim])
+    u = hashed_uniform(seed, NORMAL_STREAM, index.expand(tuple(shape)))
+    return (torch.erfinv(2.0 * u - 1.0) * (math.sqrt(2.0) * std)).to(dtype)
 
 
 def linear_bound(in_features: int) -> float:

@@ -1,8 +1,8 @@
-"""The data-parallel buckets of the GPT on N grids at once (numpy arrays [N]): the runtime's packing
+"""The data-parallel buckets on N grids at once (numpy arrays [N]): the runtime's packing
 (``axgrid.spec.buckets``), vectorised.
 
 Every trainable parameter's gradient (token and position tables, layer norms, FC weight shards and biases) in the
-packing order -- reverse ``model.parameters()`` order -- packed into buckets of ``Options.bucket_bytes``: a tensor
+packing order -- reverse ``model.parameters()`` order, ``perfmodel.parameters.gradient_elements`` -- packed into buckets of ``Options.bucket_bytes``: a tensor
 joins the open bucket, which is closed once it holds the limit or more; with ``zero`` >= 1 each bucket is padded
 to a multiple of Gd elements. The element counts feed
 the memory of each ``zero`` mode (``perfmodel.memory``), the bytes the collectives over d (``perfmodel.model``,
@@ -14,9 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import FCVolumes, TransformerShape, ceil_div
-
-from .gpt import gpt_parameters
+from axgrid.spec import ceil_div
 
 
 class BucketTotals(NamedTuple):
@@ -33,24 +31,6 @@ class BucketTotals(NamedTuple):
     first: np.ndarray
     second: np.ndarray
     last: np.ndarray
-
-
-def gradient_elements(spec: TransformerShape, vols: dict[str, FCVolumes], hx, n: int) -> list[np.ndarray]:
-    """Elements of every gradient on one rank, in the buckets' packing order (reverse ``model.parameters()``),
-    each an int64 array [n]; ``vols``: the volumes of the block's FC layers and the head by layer name (per grid),
-    ``hx``: h/Gx [n]."""
-    out = []
-    for p in gpt_parameters(spec, (1, 1, 1, 1)):
-        if p.kind == "emb":
-            e = (spec.vocab if p.key == "wte" else spec.seq) * hx
-        elif p.kind == "ln":
-            e = hx
-        else:
-            layer, part = p.key.split(".")[-2:]
-            v = vols[layer]
-            e = v.shard if part == "w" else v.bias_loc
-        out.append(np.broadcast_to(np.asarray(e, dtype=np.int64), (n,)))
-    return out[::-1]
 
 
 def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) -> BucketTotals:
@@ -85,4 +65,4 @@ def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) 
     return BucketTotals(count, numel, padded, largest, first, second, last)
 
 
-__all__ = ["BucketTotals", "gradient_elements", "pack"]
+__all__ = ["BucketTotals", "pack"]

@@ -3,6 +3,7 @@ validate-public}``."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 
@@ -18,7 +19,10 @@ from .problem import DTYPE_BYTES, Options, Problem, get_model
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     """The problem's arguments (model, GPUs, machine, batch, dtype, options): rank/validate here, and
     python -m axgrid.measure steps, which times the same problem."""
-    p.add_argument("--model", help="named model (gpt-tiny … gpt-1t); or give --layers/--hidden/--heads")
+    p.add_argument("--model", help="a named model: a GPT size (gpt-tiny … gpt-1t) or a public model (llama-3.1-8b, "
+                                   "mistral-7b, qwen2.5-7b, …); a config.json path works too; or give --config, or "
+                                   "--layers/--hidden/--heads")
+    p.add_argument("--config", help="a Hugging Face config.json (or its folder) of a family the runtime trains")
     p.add_argument("--layers", type=int)
     p.add_argument("--hidden", type=int)
     p.add_argument("--heads", type=int)
@@ -67,9 +71,22 @@ def check_positive(a: argparse.Namespace, names: tuple[str, ...] = POSITIVE_ARGS
             raise PerfModelError(f"{flag} must be a positive integer, got {v}")
 
 
+def _is_config(model: str) -> bool:
+    """Whether ``--model`` names a config.json (a path to one, or a folder holding one) rather than a name."""
+    return model.endswith(".json") or os.path.isfile(os.path.join(model, "config.json"))
+
+
 def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     check_positive(a)
-    if a.model:
+    config = getattr(a, "config", None) or (a.model if a.model and _is_config(a.model) else None)
+    if config and a.model and config != a.model:
+        raise PerfModelError(f"give --model {a.model} or --config {config}, not both")
+    if config:
+        try:
+            spec = TransformerShape.from_config_json(config, a.seq or 2048)
+        except ValueError as e:
+            raise PerfModelError(str(e)) from None
+    elif a.model:
         spec = get_model(a.model)
     elif a.layers and a.hidden and a.heads:
         try:
@@ -77,7 +94,7 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
         except ValueError as e:
             raise PerfModelError(str(e)) from None
     else:
-        raise PerfModelError("give --model NAME or all of --layers, --hidden, --heads")
+        raise PerfModelError("give --model NAME, --config path/to/config.json, or all of --layers, --hidden, --heads")
     if a.seq is not None or a.vocab is not None:
         spec = replace(spec, seq=a.seq or spec.seq, vocab=a.vocab or spec.vocab)
     opt = Options(overlap_ar=not a.no_oar, overlap_rs=not a.no_ors, overlap_ag=not a.no_oag,

@@ -92,18 +92,23 @@ def gemm_time(m, n, k, machine: Machine, dtype: str) -> np.ndarray:
                                                   machine, dtype), 0.0)
 
 
-def elementwise_bytes(tokens, width, ffn_width, heads, seq: int, dtype_bytes: int, dropout: bool,
-                      fused_attention: bool) -> tuple[np.ndarray, np.ndarray]:
+def elementwise_bytes(tokens, width, ffn_width, heads, seq: float, dtype_bytes: int, dropout: bool,
+                      fused_attention: bool, norms: int = 2, gated: bool = False,
+                      rope_width=0.0) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes one block's forward moves through its element-wise (memory-bound) kernels on one rank, per
     micro-batch: (token-wise kernels, attention-score kernels). Per rank: ``tokens`` rows of the residual stream,
     each ``width`` wide there (the 4D runtime: [m', h/Gx]; Megatron: [mbs·S, h], [mbs·S/TP, h] with sequence
     parallel), the MLP's hidden ``ffn_width`` wide ([·, 4h/Gy] or [·, 4h/TP]), ``heads`` attention heads
     ([·, H/Gy]), activations of ``dtype_bytes``:
 
-    * two layer norms, each reads and writes the stream: 4·b per element of [tokens, width];
+    * ``norms`` norms (the GPT's and Llama's two, Gemma 3's four), each reads and writes the stream: 4·b per
+      element of [tokens, width];
     * two residual adds (x + proj, x + down), each reads two and writes one: 6·b, and with ``dropout`` (Megatron's
       fused bias-dropout-add) a 1-byte mask written: +2;
-    * bias + GELU reads and writes the MLP hidden: 2·b per element of [tokens, ffn_width];
+    * bias + GELU reads and writes the MLP hidden: 2·b per element of [tokens, ffn_width]; a ``gated`` MLP
+      (SwiGLU, GeGLU) reads the gate's and the up projection's outputs and writes their product: 3·b;
+    * rotary positions (the decoders') read and write q and k: 4·b per element of [tokens, ``rope_width``]
+      (the local heads' and key-value heads' features; 0 for the GPT's learned positions);
     * without a fused (flash-style) attention, per score of [tokens/S sequences, heads, S, S]: QKᵀ writes it,
       scale-mask-softmax reads and writes it, ·V reads it: 4·b, and with ``dropout`` dropout reads and writes it
       and writes a 1-byte mask: +2·b + 1. Flash-style attention keeps the scores on chip: 0.
@@ -112,8 +117,10 @@ def elementwise_bytes(tokens, width, ffn_width, heads, seq: int, dtype_bytes: in
     gradient and writes the gradient); a recompute forward moves the forward's again (``model.evaluate``)."""
     b = float(dtype_bytes)
     tokens = np.asarray(tokens, float)
-    stream = tokens * np.asarray(width, float) * (2 * 2 * b + 2 * (3 * b + (1 if dropout else 0)))
-    mlp = tokens * np.asarray(ffn_width, float) * 2 * b
+    stream = tokens * np.asarray(width, float) * (norms * 2 * b + 2 * (3 * b + (1 if dropout else 0)))
+    mlp = tokens * np.asarray(ffn_width, float) * (3 if gated else 2) * b
+    if np.any(np.asarray(rope_width) > 0):
+        mlp = mlp + tokens * np.asarray(rope_width, float) * 4 * b
     per_score = 0.0 if fused_attention else 4 * b + ((2 * b + 1) if dropout else 0)
     scores = tokens * seq * np.asarray(heads, float) * per_score
     return stream + mlp, scores
@@ -134,6 +141,10 @@ def memory_time(nbytes, machine: Machine) -> np.ndarray:
 #: or weight-gradient reduction).
 BLOCK_KERNELS_UNFUSED = 14
 BLOCK_KERNELS_FUSED = 11
+#: Kernels one decoder layer's forward launches besides its FC layers' GEMMs (``len(block_layers)``: 7 for the
+#: Llama structure, 4 for Phi-3's fused ones): its norms (``block_norms``), rotary positions on q and on k (2),
+#: the fused attention (1), the gated activation (1), the two residual adds (2); unfused attention: 3 more.
+DECODER_KERNELS_BESIDES_NORMS = 6
 #: Kernels of the rest of a micro-batch's forward: the embedding lookup, position add and dropout, the final layer
 #: norm, the head GEMM and the vocabulary-parallel cross entropy (cast, max, subtract, exp, sum, log, gather, mean);
 #: the backward twice as many.

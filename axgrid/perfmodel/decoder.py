@@ -25,9 +25,8 @@ recompute                  per decoder layer (Hugging Face's gradient checkpoint
 clipping (``clip``)        one all-reduce of the fp64 sum of squares over x·y·z (8 B), and over d with zero >= 1
 =========================  ==========================================================================================
 
-Not modelled (a dry run says so rather than compare with the GPT's formulas): the activations a SwiGLU/GQA block
-saves, the gathered weight blocks, the temporaries and so the peak; the time of a step (perfmodel ranks grids for
-the GPT only).
+The time of a step, the activations, the gathered blocks and the peak are ``perfmodel.model`` and
+``perfmodel.memory``'s, for every family (the tensors listed here feed their buckets: ``perfmodel.parameters``).
 """
 from __future__ import annotations
 
@@ -42,10 +41,6 @@ from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volume
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
-
-#: what perfmodel does not model for these families (the dry run prints it beside the figures)
-NOT_MODELLED = ("activations", "gathered", "temporaries", "peak")
-
 
 def decoder_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
     """The trainable tensors of one rank in ``model.parameters()`` order: the token table (tied: the head's weight
@@ -226,5 +221,5 @@ def decoder_static_bytes(spec: TransformerShape, grid: tuple[int, int, int, int]
     return 4 * padded, 4 * (padded if zero == 1 else share), 8 * share + steps
 
 
-__all__ = ["NOT_MODELLED", "decoder_parameters", "decoder_step",
+__all__ = ["decoder_parameters", "decoder_step",
            "decoder_collective_events", "decoder_static_bytes"]

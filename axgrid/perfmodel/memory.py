@@ -62,7 +62,9 @@ peak:    the total is the peak of a micro-batch that starts with gradients alrea
 price it: bf16 weights and gradients with fp32 master + moments in the optimizer (12 B, divided by Gd with the
 distributed optimizer, ``zero1_over_d``); the token table's rows split over TP (VocabParallelEmbedding), no dense
 fp32 table gradient; flash attention; activations per token per block ``4h/t`` (block input,
-LN1 out, residual, LN2 out, divided by the sequence-parallel split) + ``12h/t`` in b bytes, logits
+LN1 out, residual, LN2 out, divided by the sequence-parallel split; a norm more per extra norm) + ``12h/t`` in b
+bytes (a decoder: ``(2a + 2·kv + 4f)/t``: q and the attention's output, k and v of the key-value heads, the gated
+MLP's four ``[·, f]``), logits
 ``m'·V/t·(b + 4)`` and two activation-gradient buffers.
 """
 from __future__ import annotations
@@ -74,11 +76,12 @@ import numpy as np
 
 from axgrid.spec import GRADIENT_WINDOW, FCLayer, TransformerShape, ceil_div
 
-from .buckets import gradient_elements, pack
+from .buckets import pack
 from .comm import layer_volumes
 from .errors import PerfModelError
 from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
                    lora_static_bytes)
+from .parameters import gradient_elements, trainable_parameters
 from .problem import Options
 
 ATTENTION_KINDS = ("flash", "math")
@@ -142,23 +145,17 @@ def bytes_per_param(dtype_bytes: int, fp32: bool) -> tuple[int, int]:
 
 
 def parameter_tensors(spec: TransformerShape) -> int:
-    """Parameter tensors on every rank (each has a 0-d AdamW ``step``): tables 2; per block and for the head, each
-    FC layer's weight (+ bias) and its layer norm's weight and bias (a block: 2 layer norms × 2 + 4 weights
-    (+ 4 biases); the head: ``ln_f`` 2 + weight 1)."""
-    def tensors(layers: list[FCLayer]) -> int:
-        return sum(2 * bool(layer.norm) + 1 + int(layer.bias) for layer in layers)
-    return 2 + spec.layers * tensors(spec.block_layers()) + tensors([spec.head_layer()])
+    """Parameter tensors on every rank (each has a 0-d AdamW ``step``): ``perfmodel.parameters``' list (the GPT:
+    tables 2; per block each FC layer's weight (+ bias) and its layer norm's weight and bias; the head: ``ln_f`` 2 +
+    weight 1)."""
+    return len(trainable_parameters(spec, (1, 1, 1, 1)))
 
 
 def stored_elements(spec: TransformerShape, gx, gy, gz) -> np.ndarray:
-    """Parameter elements stored on one rank (weight shards, biases, layer norms, embedding tables)."""
-    h, L, V, S = spec.hidden, spec.layers, spec.vocab, spec.seq
-    vols = [layer_volumes(layer, gx, gy, gz, 1) for layer in spec.block_layers()]
-    head = layer_volumes(spec.head_layer(), gx, gy, gz, 1)
-    hx = ceil_div(h, gx)
-    shard = L * sum(v.shard for v in vols) + head.shard
-    small = L * sum(v.bias_loc for v in vols) + spec.layer_norms() * 2 * hx + (V + S) * hx
-    return (shard + small).astype(float)
+    """Parameter elements stored on one rank (weight shards, biases, norms, embedding tables): the sum of
+    ``perfmodel.parameters.gradient_elements``."""
+    shape = np.broadcast_shapes(*(np.shape(a) for a in (gx, gy, gz)))
+    return np.asarray(sum(gradient_elements(spec, gx, gy, gz)), dtype=float).reshape(shape)
 
 
 class DataParallelBytes(NamedTuple):
@@ -191,7 +188,7 @@ def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, de
     flat = [a.reshape(-1) for a in (gx, gy, gz, gd)]
     hx = ceil_div(spec.hidden, flat[0])
     vols = {layer.name: layer_volumes(layer, *flat[:3], 1) for layer in spec.block_layers() + [spec.head_layer()]}
-    bt = pack(gradient_elements(spec, vols, hx, flat[0].size), 4, opt.bucket_bytes, flat[3])
+    bt = pack(gradient_elements(spec, *flat[:3]), 4, opt.bucket_bytes, flat[3])
     padded, share = bt.padded.reshape(shape) * 4.0, (bt.padded // flat[3]).reshape(shape) * 4.0
     if zero == 1:
         return DataParallelBytes(padded, padded, 2.0 * share + steps, none, none)
@@ -199,7 +196,9 @@ def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, de
     first, second = bt.first.reshape(shape) * 4.0, bt.second.reshape(shape) * 4.0
     # the first bucket is complete before the last block's backward when it holds only the head's and ln_f's
     # gradients: then the second fills (and with ODP the first is in flight); else the first is still filling
-    early = ((vols["head"].shard + 2 * hx) * 4 >= opt.bucket_bytes).reshape(shape) & (bt.count.reshape(shape) > 1)
+    norm_params = 2 if spec.norm_kind == "layernorm" else 1             # ln_f's weight (and bias)
+    early = ((vols[spec.head_layer().name].shard + norm_params * hx) * 4 >= opt.bucket_bytes).reshape(shape) & (
+        bt.count.reshape(shape) > 1)
     at_block = np.where(early, second + (first if opt.overlap_dp else 0.0), first)
     # at the end: the buckets waited for (with ODP the last one and the GRADIENT_WINDOW before it) and the copy of
     # the one being reduced
@@ -209,17 +208,69 @@ def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, de
 
 def block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int,
                            device: Device = GPU) -> np.ndarray:
-    """Bytes one block saves for backward on one rank (recompute off); see the module docstring."""
+    """Bytes one block saves for backward on one rank (recompute off); see the module docstring (the GPT) and
+    :func:`decoder_block_activation_bytes` (a Hugging Face decoder)."""
+    if not spec.is_gpt:
+        return decoder_block_activation_bytes(spec, gx, gy, mprime, act_bytes, device)
     gx, gy = np.asarray(gx, dtype=np.int64), np.asarray(gy, dtype=np.int64)
     mp = np.asarray(mprime, dtype=float)
     h, b = spec.hidden, act_bytes
-    hx, hy, fy, Hy = ceil_div(h, gx), ceil_div(h, gy), ceil_div(4 * h, gy), ceil_div(spec.heads, gy)
+    hx, hy, fy, Hy = ceil_div(h, gx), ceil_div(h, gy), ceil_div(spec.ffn, gy), ceil_div(spec.heads, gy)
     per_token = 8 * hx + 8 + 2 * b * hx + b * 2 * fy
     if device.attention == "flash":
         per_token = per_token + b * 3 * hy + b * hy + 4 * Hy
     else:
         c = device.math_bytes or b
         per_token = per_token + 3 * c * hy + c * Hy * spec.seq + b * hy
+    return mp * per_token
+
+
+def norm_readers(spec: TransformerShape) -> list[int]:
+    """For each norm of a block that an FC layer reads: how many FC layers read its output (a norm's layer and the
+    normal layers right after it: Llama's q, k, v and gate, up; the GPT's and Phi-3's fused ones, one each)."""
+    out: list[int] = []
+    reading = False                              # the layers since the last norm read its output
+    for layer in spec.block_layers():
+        if layer.norm:
+            out.append(1)
+            reading = True
+        elif layer.transposed:
+            reading = False
+        elif reading:
+            out[-1] += 1
+    return out
+
+
+def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int,
+                                   device: Device = GPU) -> np.ndarray:
+    """Bytes one decoder layer (the Llama structure under its plan, ``axgrid.plans.hf``) saves for backward on one
+    rank (recompute off), per token, with ``q = H·d``, ``kv = H_kv·d`` the attention widths, ``f`` the MLP width:
+
+    - each norm its fp32 input ``4·hx`` and statistic 4 (``block_norms`` of them);
+    - the FC layers reading a norm's output each save their input in the compute dtype: under autocast each casts
+      it on its own (``b·hx`` per reader: Llama's q, k, v and gate, up: five), in fp32 one shared copy per norm;
+    - flash attention its rotated q and k and v ``b·(q + kv)/Gy`` (only the key-value heads' k and v: GQA), its
+      output ``b·q/Gy`` (o_proj's input) and the fp32 log-sum-exp ``4·H/Gy`` (the math path: q, k, v, the
+      probabilities ``[H/Gy, S, K]`` in ``math_bytes`` and the output);
+    - the gated MLP's gate and up outputs, the activation and the product (down's input): ``4·b·f/Gy``.
+
+    Measured on the dry run of tiny Llama configs (hidden, heads, key-value heads, head size, MLP width, Gx, Gy,
+    bf16 and fp32 varied one at a time: ``tests/unit/test_perfmodel_decoder_memory.py``): equal to the byte."""
+    gx, gy = np.asarray(gx, dtype=np.int64), np.asarray(gy, dtype=np.int64)
+    mp = np.asarray(mprime, dtype=float)
+    b = act_bytes
+    hx, fy, Hy = ceil_div(spec.hidden, gx), ceil_div(spec.ffn, gy), ceil_div(spec.heads, gy)
+    qy, kvy = Hy * spec.head_dim, ceil_div(spec.kv_heads, gy) * spec.head_dim
+    readers = norm_readers(spec)
+    saved_inputs = b * hx * sum(readers) if b < 4 else 4 * hx * len(readers)
+    per_token = spec.block_norms() * (4 * hx + 4) + saved_inputs + 4 * b * fy
+    if spec.head_norms:                          # q_norm, k_norm: their fp32 inputs and statistics
+        per_token = per_token + 4 * (qy + kvy) + 4 * (Hy + ceil_div(spec.kv_heads, gy))
+    if device.attention == "flash":
+        per_token = per_token + b * (qy + kvy) + b * kvy + b * qy + 4 * Hy
+    else:
+        c = device.math_bytes or b
+        per_token = per_token + c * (qy + 2 * kvy) + c * Hy * spec.attended_keys() + b * qy
     return mp * per_token
 
 
@@ -232,9 +283,15 @@ def head_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int
     return mp * (4 * hx + 4 + act_bytes * hx) + ce
 
 
-def embedding_activation_bytes(mprime) -> np.ndarray:
-    """The token and position ids ``[m']`` (int64) the two embedding lookups save."""
-    return 16.0 * np.asarray(mprime, dtype=float)
+def embedding_activation_bytes(mprime, spec: TransformerShape | None = None, recompute: bool = False) -> np.ndarray:
+    """The GPT's token and position ids ``[m']`` (int64) the two embedding lookups save; a decoder's token ids and
+    one byte per token besides (two when tied; measured), and without recompute the rotary table's cos and sin
+    ``[S, d]`` in fp32 that the layers' rotations save, once per micro-batch (Hugging Face's position ids are
+    ``[1, S]``; with recompute the checkpoints hold them as inputs, not saved for backward)."""
+    mp = np.asarray(mprime, dtype=float)
+    if spec is None or spec.is_gpt:
+        return 16.0 * mp
+    return (10.0 if spec.tied else 9.0) * mp + (0.0 if recompute else 8.0 * spec.seq * spec.head_dim)
 
 
 def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
@@ -287,9 +344,9 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     gathered = np.where(gz > 1, gathered, 0.0)
 
     blk = block_activation_bytes(spec, gx, gy, mp, b, device)
-    hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(4 * spec.hidden, gy)
+    hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(spec.ffn, gy)
     head_act = head_activation_bytes(spec, gx, gy, mp, b)
-    emb = embedding_activation_bytes(mp)
+    emb = embedding_activation_bytes(mp, spec, opt.recompute)
     unsaved = 0.0                               # what block 0 does not save under LoRA (its input needs no gradient)
     if plan is not None:
         adapters, unsaved = lora_block_activations(spec, plan, gx, gy, mp, b)
@@ -353,7 +410,12 @@ def _megatron(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: int, 
     elif opt.recompute:
         buffers = buffers + sum(v.padded for v in vols) * float(b)
 
-    full_block = 4.0 * h / (gx * seq_split) + 12.0 * h / gy
+    # the stream's copies (block input, each norm's output, the residual: the GPT's 4·h) split by SP, and what the
+    # tensor-parallel ranks hold: q, k, v and the attention's output, the MLP's hidden (the GPT's up and GELU outputs
+    # 2f = 8h: 12·h with the attention's 4h; a gated MLP's gate, up, activation and product: 4f)
+    stream = (2 + spec.block_norms()) * h
+    split = spec.attention_width * 2 + 2 * spec.kv_heads * spec.head_dim + (4 if spec.gated_mlp else 2) * spec.ffn
+    full_block = stream / (gx * seq_split) + float(split) / gy
     if opt.recompute:
         act = mp * b * (inflight * L * h / (gx * seq_split) + full_block)
     else:

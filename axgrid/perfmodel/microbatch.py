@@ -93,10 +93,14 @@ class LayerCost(NamedTuple):
 
 def attention_time(spec: TransformerShape, g: Grids, mprime: np.ndarray, machine: Machine, dtype: str) -> np.ndarray:
     """Seconds [N] of one block's forward attention core per micro-batch (QKᵀ and ·V on the H/Gy local heads of
-    whole sequences, replicated over x): 4·m'·S·h/Gy FLOPs at the rate of an ``[S, S]·[S, h/H]`` GEMM."""
-    h, S = spec.hidden, spec.seq
+    whole sequences, replicated over x): 4·m'·K·a/Gy FLOPs at the rate of an ``[S, S]·[S, d]`` GEMM, with ``a``
+    the attention width (``H·d``; ``h`` for the GPT), ``d`` the head size and ``K`` the key span averaged over the
+    layers (``TransformerShape.attended_keys``: ``S``, less with sliding windows). Key-value heads change the
+    bytes, not the FLOPs: each query head multiplies with its group's keys."""
+    S = spec.seq
     batch = np.maximum(np.asarray(mprime, float) / S, 1.0) * spec.heads / g.gy        # sequences × local heads
-    return 4.0 * mprime * S * h / g.gy / gemm_rate(S, S, h // spec.heads, machine, dtype, batch)
+    flops = 4.0 * mprime * spec.attended_keys() * spec.attention_width / g.gy
+    return flops / gemm_rate(S, S, spec.head_dim, machine, dtype, batch)
 
 
 def layer_costs(spec: TransformerShape, g: Grids, mprime: np.ndarray, mp_int: np.ndarray, dtype_bytes: int,
@@ -126,11 +130,14 @@ def layer_costs(spec: TransformerShape, g: Grids, mprime: np.ndarray, mp_int: np
 
 
 class SideCosts(NamedTuple):
-    """The GPT's collectives beyond the FC layers' (``perfmodel.gpt``; fp32, blocking), seconds per call [N]:
-    ``ln_fwd``: a layer norm's forward statistics (2 AR_x of ``[m']``); ``ln_bwd_x``: its backward AR_x of
-    ``[m', 2]``; ``ln_bwd_z``: its weight and bias gradients' AR_z of ``[2·h/Gx]``; ``emb_z``: the embedding
-    tables' gradient AR_z (``[S, h/Gx]`` and ``[V, h/Gx]``); ``ce_y``: the vocabulary-parallel cross entropy's AG_y
-    and AR_y; ``loss_z``: the loss's AR_z."""
+    """The collectives beyond the FC layers' (``perfmodel.gpt``, ``perfmodel.decoder``; fp32, blocking), seconds
+    per call [N]: ``ln_fwd``: a norm's forward statistics (a LayerNorm's 2 AR_x of ``[m']``, mean and variance; an
+    RMSNorm's one); ``ln_bwd_x``: its backward AR_x (``[m', 2]``; ``[m']``); ``ln_bwd_z``: its parameters'
+    gradient AR_z (weight and bias ``[2·h/Gx]`` in one call; the weight ``[h/Gx]``); ``emb_z``: the embedding
+    tables' gradients over z (the GPT's AR_z of ``[S, h/Gx]`` and ``[V, h/Gx]``; a decoder's token table's AR_z,
+    or tied to the head, the RS_z of the head's block) and a tied table's forward lookup (AG_z of the head's block
+    and AR_y of ``[m', h/Gx]``); ``ce_y``: the vocabulary-parallel cross entropy's AG_y and AR_y; ``loss_z``: the
+    loss's AR_z (the GPT's sum; a decoder's ``[sum, count]``)."""
 
     ln_fwd: np.ndarray
     ln_bwd_x: np.ndarray
@@ -140,17 +147,45 @@ class SideCosts(NamedTuple):
     loss_z: np.ndarray
 
 
-def side_costs(spec: TransformerShape, g: Grids, mp_int: np.ndarray, hx: np.ndarray, rings: Rings) -> SideCosts:
-    """:class:`SideCosts` with ``mp_int`` tokens per GPU per micro-batch and ``hx`` = h/Gx features [N]."""
+def norm_volumes(spec: TransformerShape, mp_int, hx) -> tuple[int, object, object, object]:
+    """(forward AR_x calls, elements of each, backward AR_x elements, gradient AR_z elements) of one norm of
+    ``spec`` (``TransformerShape.norm_kind``) with ``mp_int`` tokens and ``hx`` features per rank."""
+    if spec.norm_kind == "layernorm":
+        return 2, mp_int, 2 * mp_int, 2 * hx
+    return 1, mp_int, mp_int, hx
+
+
+def table_bytes(spec: TransformerShape, mp_int, hx, head_padded, dtype_bytes: int,
+                grad_bytes: int) -> list[tuple[str, str, object]]:
+    """(op, dim, bytes) of every collective of the embedding tables in one micro-batch: the GPT's position and
+    token tables' gradient AR_z (fp32); a decoder's token table's AR_z (fp32), or when tied to the head the
+    lookup's AG_z of the head's padded block ``head_padded`` and AR_y of its ``[m', h/Gx]`` output (in
+    ``dtype_bytes``), and the RS_z of its gradient (in ``grad_bytes``), as ``perfmodel.decoder`` replays them."""
+    if spec.is_gpt:
+        return [("all_reduce", "z", spec.seq * hx * STAT_BYTES), ("all_reduce", "z", spec.vocab * hx * STAT_BYTES)]
+    if not spec.tied:
+        return [("all_reduce", "z", spec.vocab * hx * STAT_BYTES)]
+    return [("all_gather", "z", head_padded * dtype_bytes), ("all_reduce", "y", mp_int * hx * dtype_bytes),
+            ("reduce_scatter", "z", head_padded * grad_bytes)]
+
+
+def side_costs(spec: TransformerShape, g: Grids, mp_int: np.ndarray, hx: np.ndarray, rings: Rings,
+               head_padded=0, dtype_bytes: int = STAT_BYTES, grad_bytes: int = STAT_BYTES) -> SideCosts:
+    """:class:`SideCosts` with ``mp_int`` tokens per GPU per micro-batch and ``hx`` = h/Gx features [N];
+    ``head_padded``: the head's padded weight block [N] (a tied table's collectives move it)."""
     ar = "all_reduce"
+    calls, fwd, bwd_x, bwd_z = norm_volumes(spec, mp_int, hx)
+    tables = np.zeros(len(g))
+    for op, dim, nbytes in table_bytes(spec, mp_int, hx, head_padded, dtype_bytes, grad_bytes):
+        tables = tables + rings.time(op, dim, nbytes)
     return SideCosts(
-        ln_fwd=2 * rings.time(ar, "x", mp_int * STAT_BYTES),                    # per layer norm (mean, variance)
-        ln_bwd_x=rings.time(ar, "x", 2 * mp_int * STAT_BYTES),
-        ln_bwd_z=rings.time(ar, "z", 2 * hx * STAT_BYTES),                      # weight and bias in one call
-        emb_z=rings.time(ar, "z", spec.seq * hx * STAT_BYTES) + rings.time(ar, "z", spec.vocab * hx * STAT_BYTES),
+        ln_fwd=calls * rings.time(ar, "x", fwd * STAT_BYTES),
+        ln_bwd_x=rings.time(ar, "x", bwd_x * STAT_BYTES),
+        ln_bwd_z=rings.time(ar, "z", bwd_z * STAT_BYTES),
+        emb_z=tables,
         ce_y=(rings.time("all_gather", "y", g.gy * mp_int * STAT_BYTES)
               + rings.time(ar, "y", 2 * mp_int * STAT_BYTES)),
-        loss_z=rings.time(ar, "z", np.full(len(g), STAT_BYTES)))
+        loss_z=rings.time(ar, "z", np.full(len(g), STAT_BYTES * (1 if spec.is_gpt else 2))))
 
 
 # ---------------------------------------------------------------- overlap chains

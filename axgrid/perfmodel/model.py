@@ -34,16 +34,17 @@ import numpy as np
 
 from axgrid.spec import TransformerShape, ceil_div
 
-from .buckets import BucketTotals, gradient_elements, pack
+from .buckets import BucketTotals, pack
+from .parameters import gradient_elements
 from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collective_time, ring_alpha_beta,
                    ring_time)
-from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_BYTES, OPTIMIZER_BYTES,
-                      OUTER_KERNELS, elementwise_bytes, memory_time)
+from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_BYTES, DECODER_KERNELS_BESIDES_NORMS,
+                      OPTIMIZER_BYTES, OUTER_KERNELS, elementwise_bytes, memory_time)
 from .gpt import STAT_BYTES
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
 from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
-                         side_costs)
+                         norm_volumes, side_costs, table_bytes)
 from .space import Grids, describe, divisibility
 from .problem import Options, Problem, model_flops
 
@@ -135,9 +136,8 @@ def _data_parallel(spec: TransformerShape, costs: list[LayerCost], hx: np.ndarra
     - zero 2: the reduce-scatters in every micro-batch's backward (``mb`` of them, each hidden under its own
       backward's slack with ODP), the all-gather as zero 1;
     - every mode: one all-reduce of an int32 flag per parameter (:data:`perfmodel.comm.USED_FLAG_BYTES`), blocking."""
-    vols = {c.layer.name: c.vol for c in costs}
     zero, gb = opt.zero, grad_bytes
-    elems = gradient_elements(spec, vols, hx, len(g))
+    elems = gradient_elements(spec, g.gx, g.gy, g.gz)
     bt = pack(elems, gb, opt.bucket_bytes, g.gd if zero else 1)
     # which parameters some d-rank has a gradient for: one int32 per parameter, all-reduced (blocking) after the
     # buckets (zero 0) or at the optimizer's step (zero >= 1)
@@ -187,9 +187,10 @@ def _elementwise(spec: TransformerShape, g: Grids, mprime: np.ndarray, hx: np.nd
                  opt: Options, machine: Machine) -> tuple[np.ndarray, np.ndarray]:
     """(all blocks' element-wise kernels, one block's forward attention-score kernels) [N], seconds per
     micro-batch, moving ``compute.elementwise_bytes`` through HBM: 3× a block's forward bytes (4× with recompute)."""
-    ew_stream, ew_scores = elementwise_bytes(mprime, hx / np.asarray(seq_split, float), 4 * spec.hidden / g.gy,
-                                             spec.heads / g.gy, spec.seq, dtype_bytes, opt.dropout,
-                                             opt.fused_attention)
+    rope = 0.0 if spec.is_gpt else (spec.heads + spec.kv_heads) * spec.head_dim / g.gy
+    ew_stream, ew_scores = elementwise_bytes(mprime, hx / np.asarray(seq_split, float), spec.ffn / g.gy,
+                                             spec.heads / g.gy, spec.attended_keys(), dtype_bytes, opt.dropout,
+                                             opt.fused_attention, spec.block_norms(), spec.gated_mlp, rope)
     scores_fwd = memory_time(ew_scores, machine)
     return spec.layers * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + scores_fwd), scores_fwd
 
@@ -210,7 +211,12 @@ def _kernel_latency(spec: TransformerShape, opt: Options, machine: Machine, n: i
     """Seconds [N] per micro-batch that the kernels' launch and synchronisation add (``Machine.kernel_latency``
     times the kernels: ``compute.BLOCK_KERNELS_*`` per block forward, again with recompute, twice in the backward;
     ``compute.OUTER_KERNELS`` for the embedding, head and loss, twice in the backward); 0 without the figure."""
-    per_fwd = BLOCK_KERNELS_UNFUSED if (opt.dropout or not opt.fused_attention) else BLOCK_KERNELS_FUSED
+    unfused = opt.dropout or not opt.fused_attention
+    if spec.is_gpt:
+        per_fwd = BLOCK_KERNELS_UNFUSED if unfused else BLOCK_KERNELS_FUSED
+    else:
+        per_fwd = (len(spec.block_layers()) + spec.block_norms() + DECODER_KERNELS_BESIDES_NORMS
+                   + (BLOCK_KERNELS_UNFUSED - BLOCK_KERNELS_FUSED if unfused else 0))
     kernels = spec.layers * per_fwd * (3 + int(opt.recompute)) + 3 * OUTER_KERNELS
     return np.full(n, kernels * machine.kernel_latency)
 
@@ -241,9 +247,13 @@ def _step_bytes(spec: TransformerShape, costs: list[LayerCost], g: Grids, mb: np
         step_bytes["z"] += c.reps * mb * (n_ag * v.padded * b + (v.padded + v.bias_loc) * gb) * on["z"]
     n_ln = spec.layer_norms()
     n_ln_fwd = n_ln + (spec.layers * spec.block_norms() if opt.recompute else 0)
-    step_bytes["x"] += mb * (2 * n_ln_fwd + 2 * n_ln) * mp_int * STAT_BYTES * on["x"]
+    calls, fwd, bwd_x, bwd_z = norm_volumes(spec, mp_int, hx)
+    step_bytes["x"] += mb * (calls * n_ln_fwd * fwd + n_ln * bwd_x) * STAT_BYTES * on["x"]
     step_bytes["y"] += mb * (g.gy + 2) * mp_int * STAT_BYTES * on["y"]
-    step_bytes["z"] += mb * (n_ln * 2 * hx + (spec.seq + spec.vocab) * hx + 1) * STAT_BYTES * on["z"]
+    loss = 1 if spec.is_gpt else 2
+    step_bytes["z"] += mb * (n_ln * bwd_z + loss) * STAT_BYTES * on["z"]
+    for _, dim, nbytes in table_bytes(spec, mp_int, hx, costs[-1].vol.padded, b, gb):
+        step_bytes[dim] += mb * nbytes * on[dim]
     step_bytes["d"] += d_bytes * on["d"]
     return step_bytes
 
@@ -334,7 +344,7 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     rings = Rings.of(g, opt.order, machine)
     att = attention_time(spec, g, mprime, machine, prob.dtype)
     costs = layer_costs(spec, g, mprime, mp_int, b, machine, prob.dtype, rings, att, opt.grad_bytes)
-    side = side_costs(spec, g, mp_int, hx, rings)
+    side = side_costs(spec, g, mp_int, hx, rings, costs[-1].vol.padded, b, opt.grad_bytes)
 
     comm = CommTally.zeros(len(g))      # x, y, z per micro-batch (times mb below), d per step
     compute_fwd = forward(costs, spec.layers, opt, comm)

@@ -168,12 +168,13 @@ def price(prob: Problem, machine: Machine, configs: list[TPPPDP]) -> list[Row]:
 
 
 def enumerate_configs(prob: Problem, machine: Machine) -> list[TPPPDP]:
-    """Every TP (dividing the node, heads, hidden and vocab) × PP (≤ layers) × DP with a micro-batch
+    """Every TP (dividing the node, hidden and every size the tensor-parallel split divides: heads, key-value heads,
+    MLP width, vocab) × PP (≤ layers) × DP with a micro-batch
     size from ``MICROBATCH_SIZES`` that splits the batch, × VPP (``VPP_CHOICES``, where allowed) × SP on/off."""
     spec = prob.model
     out = []
     for t in divisors(machine.gpus_per_node).tolist():
-        if prob.gpus % t or spec.heads % t or spec.hidden % t or spec.vocab % t:
+        if prob.gpus % t or any(value % t for _, value, dim in spec.grid_rules() if dim == "y") or spec.hidden % t:
             continue
         for p in divisors(prob.gpus // t).tolist():
             if p > spec.layers:

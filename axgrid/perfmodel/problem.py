@@ -1,11 +1,11 @@
 """Inputs of the model: the transformer, the run options, the data types.
 
-The transformer is an ``axgrid.spec.TransformerShape`` of the GPT block (the shape the runtime builds; the named
-sizes are ``axgrid.spec.NAMED_SIZES``): the time model, the collective replay and the parameter counts read the
-block only through its ``block_layers``, ``block_modules`` and ``head_layer``; the activation memory, the
-element-wise kernels, the divisibility rules and the FLOP formula (``axgrid.spec.flops``) are written for the GPT
-block with a 4·hidden MLP, so a :class:`Problem` of another shape is refused (a Hugging Face decoder's collectives and
-static bytes are :mod:`perfmodel.decoder`'s).
+The transformer is an ``axgrid.spec.TransformerShape`` of any family the runtime trains: axgrid's GPT (the named
+sizes ``axgrid.spec.NAMED_SIZES``) or a Hugging Face decoder (``axgrid.spec.PUBLIC_MODELS``, or read from a
+``config.json``). The time model, the collective replay and the parameter counts read the block through its
+``block_layers``, ``block_modules`` and ``head_layer``; the norms, the attention (its width, key-value heads and
+windows), the MLP's gate and the FLOPs through the shape's properties (``norm_kind``, ``attention_width``,
+``attended_keys``, ``gated_mlp``, ``flops_per_iteration``).
 """
 from __future__ import annotations
 
@@ -127,11 +127,6 @@ class Problem:
     options: Options = field(default_factory=Options)
 
     def __post_init__(self) -> None:
-        m = self.model
-        if not m.is_gpt or m.ffn != 4 * m.hidden:
-            raise PerfModelError(f"{m.name}: perfmodel prices the GPT block with a 4·hidden MLP, not a {m.family} "
-                                 f"shape with ffn {m.ffn}; a Hugging Face decoder's collectives and bytes are "
-                                 f"perfmodel.decoder's")
         if self.dtype not in DTYPE_BYTES:
             raise PerfModelError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
         if not isinstance(self.gpus, int) or self.gpus <= 0:

@@ -79,16 +79,24 @@ RULES = (
 
 
 def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
-    """Rule name → bool array [N], True where the rule is VIOLATED."""
+    """Rule name → bool array [N], True where the rule is VIOLATED: the GPT's :data:`RULES`; a decoder's sizes
+    by ``TransformerShape.grid_rules`` ("num_key_value_heads % Gy", ...) and the batch rules."""
     h = spec.hidden
-    out = {
-        "hidden % Gx": (h % grids.gx != 0) | ((4 * h) % grids.gx != 0),
-        "hidden % Gy": (h % grids.gy != 0) | ((4 * h) % grids.gy != 0),
-        "heads % Gy": spec.heads % grids.gy != 0,
-        "vocab % Gy": spec.vocab % grids.gy != 0,
-        "batch % Gd": batch % grids.gd != 0,
-        "batch % (Gd*Gz)": batch % (grids.gd * grids.gz) != 0,
-    }
+    size = {"x": grids.gx, "y": grids.gy, "z": grids.gz, "d": grids.gd}
+    if spec.is_gpt:
+        out = {
+            "hidden % Gx": (h % grids.gx != 0) | ((spec.ffn) % grids.gx != 0),
+            "hidden % Gy": (h % grids.gy != 0) | ((spec.ffn) % grids.gy != 0),
+            "heads % Gy": spec.heads % grids.gy != 0,
+            "vocab % Gy": spec.vocab % grids.gy != 0,
+        }
+    else:
+        out = {}
+        for what, value, dim in spec.grid_rules():
+            key = f"{what} % G{dim}"
+            out[key] = out.get(key, False) | (value % size[dim] != 0)
+    out["batch % Gd"] = batch % grids.gd != 0
+    out["batch % (Gd*Gz)"] = batch % (grids.gd * grids.gz) != 0
     if microbatches is not None:
         out["batch/Gd % microbatches"] = (batch % grids.gd != 0) | ((batch // grids.gd) % microbatches != 0)
     return out
@@ -97,6 +105,10 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
 def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
     """A readable reason for one violated rule on one grid."""
     gx, gy, gz, gd = g
+    if not spec.is_gpt and rule not in RULES:            # a decoder's size rule, "<field> % G<dim>"
+        what, dim = rule.split(" % G")
+        value = {w: v for w, v, _ in spec.grid_rules()}[what]
+        return f"{what} {value} not divisible by G{dim}={dict(zip('xyzd', g))[dim]}"
     return {
         "hidden % Gx": f"hidden {spec.hidden} not divisible by Gx={gx}",
         "hidden % Gy": f"hidden {spec.hidden} not divisible by Gy={gy}",

@@ -2,13 +2,15 @@
 grid, and its loss over kept targets, for axgrid's GPT and Hugging Face models alike.
 
     model = load_causal_lm("path/to/hf_folder", grid, recompute=True)        # training mode, fp32
+    model = causal_lm_from_config("path/to/config.json", grid, seed=0)      # pre-training: initial weights
     model = causal_lm_from_config("path/to/config.json", grid, init=False)  # no weights (a dry run)
     loss = causal_lm_loss(model, inputs, targets, mask, normalizer)          # inputs/targets/mask [b, S]
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 
@@ -37,37 +39,58 @@ def enable_recompute(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
-def causal_lm_from_config(config_json: str, grid: Grid, recompute: bool = False, init: bool = True,
-                          attention: str = "sdpa") -> torch.nn.Module:
-    """The Hugging Face causal LM of the config.json at ``config_json`` on ``grid``, in fp32 and training mode,
-    without weights from any file: built with its parameters on the meta device and parallelized by its plan, so no
-    dense copy exists (a dry run builds a 405B model this way). ``init``: fill the parts (normal, std 0.02; norms
-    ones), else leave them uninitialised (fake tensors have no values). ``recompute``: as :func:`load_causal_lm`;
-    ``attention``: transformers' attention implementation."""
+def read_hf_config(path: "str | Mapping[str, Any]"):
+    """The transformers config of ``path``: a config.json, or a Hugging Face folder holding one (its weights are
+    not read), or a config.json's fields (``TransformerShape.hf_config`` of a named public model). A ValueError
+    names the path and what is wrong."""
     import json
+    import os
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+    if isinstance(path, Mapping):
+        fields = dict(path)
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as f:
+            fields = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: no readable config.json ({e}); pass a Hugging Face config.json or a folder "
+                         f"holding one") from None
+    if not isinstance(fields, dict) or "model_type" not in fields:
+        raise ValueError(f"{file}: no model_type field, so it is not a Hugging Face model config; pass the "
+                         f"config.json of a causal LM (e.g. one written by save_pretrained)")
+    try:
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+
+
+def causal_lm_from_config(config_json: "str | Mapping[str, Any]", grid: Grid, recompute: bool = False, init: bool = True,
+                          attention: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+    """The Hugging Face causal LM of the config.json at ``config_json`` (or a folder holding one, or its fields) on
+    ``grid``, in
+    fp32 and training mode, without weights from any file: built with its parameters on the meta device and
+    parallelized by its plan, so no dense copy exists (a dry run builds a 405B model this way). ``init``: each rank
+    fills its parts with the run's initial weights (:func:`axgrid.plans.initial_weights.init_causal_lm_` of
+    ``seed``: the same model on every grid and on one process), else they stay uninitialised (fake tensors have
+    no values). ``recompute``: as :func:`load_causal_lm`; ``attention``: transformers' attention implementation."""
+    from transformers import AutoModelForCausalLM
 
     from ..io.meta import parameters_on_meta
+    from .initial_weights import init_causal_lm_
     from .parallelize import parallelize
-    with open(config_json) as f:
-        fields = json.load(f)
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config = read_hf_config(config_json)
     config.use_cache = False
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
     parallelize(model, grid)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if left:
-        raise ValueError(f"{config_json}: {left[:4]} stay on the meta device after the plan; the dry run builds "
-                         f"only models whose plan places every parameter")
+        raise ValueError(f"{config_json}: {left[:4]} stay on the meta device after the plan; only models whose plan "
+                         f"places every parameter are built from a config")
     if init:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() == 1 and "norm" in name:
-                    p.fill_(1.0)
-                else:
-                    p.normal_(0.0, 0.02)
+        init_causal_lm_(model, seed)
     if recompute:
         enable_recompute(model)
     return model.train()

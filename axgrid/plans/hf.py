@@ -46,7 +46,7 @@ def _llama(p: str, cfg, name: str) -> TransformerPlan:
         pairs=(Pair((layer + "self_attn.q_proj", layer + "self_attn.k_proj", layer + "self_attn.v_proj"),
                     layer + "self_attn.o_proj", unit=hf_head_dim(cfg)),
                Pair((layer + "mlp.gate_proj", layer + "mlp.up_proj"), layer + "mlp.down_proj")),
-        head="lm_head" if p else None, name=name)
+        head="lm_head" if p else None, attention=(layer + "self_attn",), name=name)
 
 
 def _qwen3(p: str, cfg, name: str) -> TransformerPlan:
@@ -70,7 +70,8 @@ def _phi3(p: str, cfg, name: str) -> TransformerPlan:
         norms=(layer + "input_layernorm", layer + "post_attention_layernorm", p + "norm"),
         pairs=(Pair((layer + "self_attn.qkv_proj",), layer + "self_attn.o_proj", unit=d, segments=qkv),
                Pair((layer + "mlp.gate_up_proj",), layer + "mlp.down_proj", segments=(f, f))),
-        head="lm_head" if p else None, local_heads=(layer + "self_attn",), name=name)
+        head="lm_head" if p else None, local_heads=(layer + "self_attn",), attention=(layer + "self_attn",),
+        name=name)
 
 
 #: Hugging Face class name -> (where its decoder, the ``*Model``, sits: ``""`` itself, ``"model."`` under it;

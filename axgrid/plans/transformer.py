@@ -49,6 +49,7 @@ from ..tensor_parallel.rmsnorm import HeadRMSNorm, RMSNorm
 from ..tensor_parallel.tied_embedding import TiedEmbedding
 from ..tensor_parallel.redistribute import gather_tokens_features
 from ..spec.layout import all_shapes
+from .cp_attention import chunk_batch, use_context_parallel_attention
 from .loss import VocabParallelCausalLMLoss
 from .parallelize import LinearPlan, parallel_copy, set_submodule
 
@@ -83,7 +84,9 @@ class TransformerPlan:
     ``k_norm``); ``embedding_scale``: the embedding's output is multiplied by it (Gemma: ``sqrt(h)``), and an
     ``nn.Embedding`` subclass is accepted only with it; ``unit_offset_norms``: every norm scales by ``1 + w`` in
     fp32 (Gemma); ``local_heads``: modules whose forward reads the head counts (Phi-3's attention slices its fused
-    ``qkv`` at ``config.num_attention_heads · d``) get this rank's counts (:class:`LocalHeadsConfig`)."""
+    ``qkv`` at ``config.num_attention_heads · d``) get this rank's counts (:class:`LocalHeadsConfig`); ``attention``:
+    the attention modules (they call transformers' attention interface), whose implementation becomes axgrid's
+    under context parallelism (:mod:`axgrid.plans.cp_attention`; a plan without them is refused there)."""
 
     embedding: str
     norms: tuple[str, ...]
@@ -93,6 +96,7 @@ class TransformerPlan:
     embedding_scale: Optional[float] = None
     unit_offset_norms: bool = False
     local_heads: tuple[str, ...] = ()
+    attention: tuple[str, ...] = ()
     batch_inputs: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "labels", "shift_labels")
     name: str = "custom"
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -132,6 +136,7 @@ class _Resolved:
     head: Optional[str]
     tied: bool
     local_heads: list[str]
+    attention: list[str]
 
 
 #: ``(what, value, grid dimension)``: ``value`` must be divisible by G<dim>.
@@ -219,8 +224,9 @@ def resolve(model: nn.Module, grid: Grid, plan: TransformerPlan) -> _Resolved:
                          f"sharded, so a norm over the hidden features goes in norms and one over each head's "
                          f"features in head_norms (or use plan={{}}: drop-in)")
     local_heads = [n for pat in plan.local_heads for n in _expand(model, pat, (nn.Module,), "local_heads")]
+    attention = [n for pat in plan.attention for n in _expand(model, pat, (nn.Module,), "attention")]
     _check_fits(plan, checks, grid)
-    return _Resolved(emb_name[0], norms, head_norms, linears, head, tied, local_heads)
+    return _Resolved(emb_name[0], norms, head_norms, linears, head, tied, local_heads, attention)
 
 
 def _check_fits(plan: TransformerPlan, checks: list[Constraint], grid: Grid) -> None:
@@ -277,7 +283,12 @@ def _localize_heads(module: nn.Module, gy: int) -> None:
 
 
 def apply_plan(model: nn.Module, grid: Grid, plan: TransformerPlan) -> nn.Module:
-    """Swap ``model``'s pieces in place as the module docstring says; returns the model."""
+    """Swap ``model``'s pieces in place as the module docstring says; returns the model. Under context
+    parallelism (``cp`` dividing Gz) attention runs through :mod:`axgrid.plans.cp_attention`."""
+    cp, gz = grid.size("c"), grid.size("z")
+    if gz % cp:
+        raise ValueError(f"axgrid plan on grid {grid.shape} with cp={cp}: a plan splits sequences over z only, so cp "
+                         f"must divide Gz={gz}; choose cp in {[c for c in range(1, gz + 1) if gz % c == 0]}")
     r = resolve(model, grid, plan)
     emb = model.get_submodule(r.embedding)
     made = {n: parallel_copy(model.get_submodule(n), grid, p) for n, p in r.linears.items()}
@@ -295,6 +306,8 @@ def apply_plan(model: nn.Module, grid: Grid, plan: TransformerPlan) -> nn.Module
         set_submodule(model, n, HeadRMSNorm.from_dense(norm.weight, _eps(norm), grid, plan.unit_offset_norms))
     for n in r.local_heads:
         _localize_heads(model.get_submodule(n), grid.size("y"))
+    if grid.size("c") > 1:
+        use_context_parallel_attention(model, [model.get_submodule(n) for n in r.attention], grid)
     model.register_forward_pre_hook(_BatchSplit(grid, plan.batch_inputs, type(model).forward), with_kwargs=True)
     if r.head is not None and _has_loss_setter(model):
         model.loss_function = VocabParallelCausalLMLoss(grid)
@@ -325,12 +338,17 @@ class _BatchSplit:
         ids = kwargs.get("input_ids")
         if ids is None:
             raise ValueError("axgrid plan: the model needs input_ids [batch, seq]")
-        gz = self.grid.size("z")
+        cp = self.grid.size("c")
+        gz = self.grid.size("z") // cp                   # groups of cp z-ranks share their sequences
         b = ids.shape[0]
         if ids.dim() != 2 or b % gz:
+            over = f"Gz={gz}" if cp == 1 else f"Gz/cp={gz} (groups of cp={cp} z-ranks)"
             raise ValueError(f"axgrid plan: input_ids of shape {tuple(ids.shape)}: a [batch, seq] batch whose "
-                             f"{b} sequences divide over Gz={gz} (attention needs whole sequences); use a batch "
+                             f"{b} sequences divide over {over} (attention needs whole sequences); use a batch "
                              f"per data-parallel rank that is a multiple of {gz}")
+        if cp > 1:
+            g = self.grid.index("z") // cp
+            return args, chunk_batch(kwargs, self.grid, slice(g * (b // gz), (g + 1) * (b // gz)), b)
         if gz > 1:
             rows = slice(self.grid.index("z") * (b // gz), (self.grid.index("z") + 1) * (b // gz))
             for name in self.names:

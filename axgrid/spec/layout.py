@@ -6,6 +6,12 @@ This is the one place that knows the rank layout. With the default order ``"xyzd
 
 so an x-group is Gx consecutive ranks (inside one node first). Any permutation of the letters
 x, y, z, d is a valid order; the first letter varies fastest.
+
+Context parallelism (``cp`` > 1) is no fifth letter: it splits the tokens that z and d already shard. The ranks of
+one x·y position that differ in z and d are numbered ``t = z + Gz·d`` (z fastest); a context-parallel group ("c")
+is ``cp`` consecutive such numbers, so it lies inside one z-group when ``cp`` divides Gz (the z-groups sit nearer in
+rank numbers than the d-groups with the default order), or is made of whole z-groups when Gz divides ``cp``.
+docs/design.md#context-parallelism says why.
 """
 from __future__ import annotations
 
@@ -145,9 +151,11 @@ class RankLayout:
 
     shape: GridShape
     order: str = "xyzd"
+    cp: int = 1
 
     def __post_init__(self) -> None:
         check_order(self.order)
+        check_cp(self.shape, self.cp)
 
     def _strides(self) -> dict[str, int]:
         strides, s = {}, 1
@@ -217,6 +225,27 @@ class RankLayout:
         return [self.rank(Coord(**dict(fixed, **dict(zip(inner, var)))))
                 for var in itertools.product(*(range(self.shape.extent(c)) for c in inner))]
 
+    def cp_groups(self) -> list[list[int]]:
+        """Every context-parallel group ("c"), in a deterministic order, each member list in global rank order (as
+        a process group orders its members: a member's index there is its place in the sequence's chunks)."""
+        return [self.cp_group_of(self.rank(Coord(x, y, z, d)))
+                for d in range(self.shape.gd) for z in range(self.shape.gz)
+                for y in range(self.shape.gy) for x in range(self.shape.gx)
+                if (z + self.shape.gz * d) % self.cp == 0]
+
+    def cp_group_of(self, rank: int) -> list[int]:
+        """The context-parallel group holding ``rank``: the ``cp`` ranks of its x·y position whose ``z + Gz·d`` are
+        consecutive, the first a multiple of ``cp``; in global rank order (which is that order unless the grid's
+        order puts d before z)."""
+        c, gz = self.coord(rank), self.shape.gz
+        first = (c.z + gz * c.d) // self.cp * self.cp
+        return sorted(self.rank(Coord(c.x, c.y, t % gz, t // gz)) for t in range(first, first + self.cp))
+
+    def cp_index(self, rank: int) -> int:
+        """Position of ``rank`` in its context-parallel group, the process group's order (which chunks of each
+        sequence it holds)."""
+        return self.cp_group_of(rank).index(rank)
+
     def index_in(self, rank: int, dims: str) -> int:
         """Position of ``rank`` inside its group along ``dims`` (first letter fastest)."""
         c = self.coord(rank)
@@ -225,6 +254,25 @@ class RankLayout:
             idx += c[letter] * mul
             mul *= self.shape.extent(letter)
         return idx
+
+
+def cp_sizes(shape: GridShape) -> list[int]:
+    """The context-parallel sizes ``shape`` takes: those dividing Gz·Gd that divide Gz or that Gz divides (a group
+    inside one z-group, or of whole z-groups; see the module docstring)."""
+    zd = shape.gz * shape.gd
+    return [c for c in range(1, zd + 1) if zd % c == 0 and (shape.gz % c == 0 or c % shape.gz == 0)]
+
+
+def check_cp(shape: GridShape, cp: int) -> int:
+    """``cp`` when ``shape`` takes it; a one-line GridError naming the sizes that work otherwise."""
+    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
+        raise GridError(f"context-parallel size cp={cp!r} is invalid: it must be an integer >= 1 (1: no context "
+                        f"parallelism)")
+    if cp not in cp_sizes(shape):
+        raise GridError(f"context-parallel size cp={cp} does not fit grid {shape}: it splits the tokens z and d shard, "
+                        f"so it must divide Gz·Gd = {shape.gz * shape.gd} and divide Gz or be a multiple of it; "
+                        f"choose one of {cp_sizes(shape)}")
+    return cp
 
 
 def all_shapes(world_size: int) -> Iterable[GridShape]:

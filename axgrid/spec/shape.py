@@ -215,6 +215,27 @@ class TransformerShape:
         return TransformerShape(f"vtrain-h{row['hidden']}-a{row['heads']}-l{row['layers']}", int(row["layers"]),
                                 int(row["hidden"]), int(row["heads"]), seq=int(row["seq"]), vocab=vocab)
 
+    def hf_config(self) -> dict[str, Any]:
+        """The ``config.json`` fields of this shape for a Hugging Face decoder (the inverse of
+        :meth:`from_hf_config` for the fields a shape holds; rotary, norm epsilon and initialiser at the family's
+        defaults), so a named public model can be built without its file. The GPT has none: a ValueError."""
+        if self.is_gpt:
+            raise ValueError(f"TransformerShape {self.name}: the GPT is axgrid's own model, not a Hugging Face config")
+        if self.path:
+            with open(self.path) as f:
+                return json.load(f)
+        out: dict[str, Any] = {
+            "architectures": [DECODER_FAMILIES[self.family]], "model_type": self.family,
+            "hidden_size": self.hidden, "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim, "intermediate_size": self.ffn,
+            "vocab_size": self.vocab, "max_position_embeddings": max(self.seq, 2048),
+            "tie_word_embeddings": self.tied, "hidden_act": "silu"}
+        if self.family == "llama":
+            out.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
+        if self.sliding_window:
+            out["sliding_window"] = self.sliding_window
+        return out
+
     # -- what follows -------------------------------------------------------------------------------------
     @property
     def is_gpt(self) -> bool:
@@ -270,14 +291,42 @@ class TransformerShape:
         return (self.layers * (block + self.block_norms() * self.hidden) + self.hidden + self.vocab * self.hidden
                 + (0 if self.tied else head.n * head.k))
 
+    @property
+    def norm_kind(self) -> str:
+        """"layernorm" (the GPT's: mean and variance, a weight and a bias) or "rmsnorm" (the decoders': the mean
+        square only, a weight)."""
+        return "layernorm" if self.is_gpt else "rmsnorm"
+
+    @property
+    def attention_width(self) -> int:
+        """Features of the attention's queries (and of its output): ``heads · head_dim`` (``hidden`` for the GPT;
+        Qwen3 and Gemma 3 set their own head size)."""
+        return self.heads * self.head_dim
+
+    def attended_keys(self, seq: Optional[int] = None) -> float:
+        """The key span per query averaged over the layers, counted as the dense ``S × S`` convention counts causal
+        attention (``S`` for a layer without a window, though a causal query reads ``S/2`` keys on average): a
+        layer with a window ``W < S`` reads ``W − W²/(2S)`` keys on average, so ``2W − W²/S`` here."""
+        S = seq or self.seq
+        W = self.sliding_window
+        windowed = S if (W <= 0 or W >= S) else 2 * W - W * W / S
+        return (self.sliding_layers * windowed + (self.layers - self.sliding_layers) * S) / self.layers
+
     def flops_per_iteration(self, batch: int, recompute: bool, seq: Optional[int] = None) -> float:
-        """FLOPs of one training iteration of the GPT on ``batch`` sequences of ``seq`` tokens (default the
-        shape's), ``recompute`` with full activation recompute (``axgrid.spec.gpt_flops_per_iteration``); a
-        Llama-structured decoder's are ``axgrid.spec.llama_flops`` of its config."""
-        if not self.is_gpt:
-            raise ValueError(f"TransformerShape {self.name}: flops_per_iteration counts the GPT block; a "
-                             f"{self.family} decoder's FLOPs are axgrid.spec.llama_flops of its config")
-        return gpt_flops_per_iteration(batch, seq or self.seq, self.layers, self.hidden, self.vocab, recompute)
+        """FLOPs of one training iteration on ``batch`` sequences of ``seq`` tokens (default the shape's),
+        ``recompute`` with full activation recompute (one more forward of the blocks). The GPT:
+        ``axgrid.spec.gpt_flops_per_iteration``. A decoder: ``(6 + 2r)·T·(P + 2·L·K·a)`` with ``T`` the tokens,
+        ``P`` the elements of its FC weights (blocks and head, tied or not: the head's GEMM runs), ``a`` the
+        attention width, ``K`` :meth:`attended_keys` and ``r = 1`` with recompute (as
+        ``axgrid.spec.llama_flops`` counts a config without windows; the head is recomputed too there)."""
+        S = seq or self.seq
+        if self.is_gpt:
+            return gpt_flops_per_iteration(batch, S, self.layers, self.hidden, self.vocab, recompute)
+        head = self.head_layer()
+        matrices = self.layers * sum(layer.n * layer.k for layer in self.block_layers()) + head.n * head.k
+        tokens = batch * S
+        return (6 + 2 * int(recompute)) * tokens * (matrices + 2 * self.layers * self.attended_keys(S)
+                                                    * self.attention_width)
 
     def grid_rules(self) -> list[tuple[str, int, str]]:
         """(what, size, dim): each size that grid dimension ``dim`` splits, so ``G_dim`` must divide it (the GPT's

@@ -55,11 +55,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
-from axgrid.data import DEFAULT_TEXT, ByteTokenizer, SyntheticBatches, TextBatches
-from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_batch_split, check_corpus_tokenizer, check_data_arguments,
-                           check_output_paths, check_run_arguments, check_step_arguments, check_zero, compute_dtype,
-                           data_settings, parse_step_args, run_outputs, run_step, unrecorded_note)
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_own_data_arguments,
+                           add_run_arguments, add_step_arguments, check_batch_split, check_corpus_tokenizer,
+                           check_data_arguments, check_output_paths, check_own_data_arguments, check_run_arguments,
+                           check_step_arguments, check_zero, compute_dtype, data_settings, own_batches,
+                           parse_step_args, run_outputs, run_step, unrecorded_note)
+from axgrid.context_parallel import check_sequence
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -74,28 +75,28 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="override the named size's hidden size")
     p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
     p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
+    p.add_argument("--cp", type=int, default=1, help="context parallelism: each sequence split over CP ranks of z "
+                                                    "(CP divides Gz; the sequence a multiple of 2*CP)")
+    p.add_argument("--cp-exchange", choices=("all_gather", "ring"), default="all_gather",
+                   help="how attention under --cp exchanges keys and values (docs/design.md#context-parallelism)")
     p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
     p.add_argument("--overlap", default="none", help="oar,ors,oag,odp | all | none")
-    p.add_argument("--data", choices=("synthetic", "text"), default=None,
-                   help="without --data-path: uniform random ids (default) or --text-file as bytes")
-    p.add_argument("--text-file", default=str(DEFAULT_TEXT))
+    add_own_data_arguments(p)
     p.add_argument("--tune-gemm", choices=("off", "on-first-use", "cache-only"), default="off")
     p.add_argument("--gemm-cache", default=None, help="GEMM tuner decision file (default: the tuner's own)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data order")
     add_data_arguments(p)
     add_run_arguments(p)
     add_metrics_arguments(p)
-    args = parse_step_args(p, argv)
-    if args.data is None:
-        args.data = "corpus" if args.data_path else "synthetic"
-    return args
+    return parse_step_args(p, argv)
 
 
 def build_config(args: argparse.Namespace) -> GPTConfig:
     over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, k) is not None}
-    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, **over)
+    return GPTConfig.named(args.model, recompute=args.recompute, seed=args.seed, cp_exchange=args.cp_exchange,
+                           **over)
 
 
 def run_config(args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
@@ -119,29 +120,40 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
                          f"all must be >= 1")
     check_step_arguments(args, args.steps)
+    check_context_parallel(args, cfg, shape)
     if shape is not None:
-        check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
+        check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
         check_zero(args.zero, shape)
     elif args.batch % args.microbatches:
         raise SystemExit(f"--batch {args.batch} is not divisible by --microbatches {args.microbatches}")
-    if args.data_path and args.data != "corpus":
-        raise SystemExit(f"--data {args.data} and --data-path both name the data: leave --data out to train on the "
-                         f"corpus")
+    check_own_data_arguments(args, cfg.shape.vocab, cfg.shape.name)
     check_data_arguments(args)
     args.unrecorded = check_corpus_tokenizer(args, cfg.shape.vocab)     # a corpus of more ids than the model has
-    if args.data == "text" and cfg.shape.vocab < ByteTokenizer.vocab_size:
-        raise SystemExit(f"--data text is byte-level (256 ids) but {cfg.shape.name} has vocab {cfg.shape.vocab}")
     try:
         axgrid.OverlapConfig.parse(args.overlap)
     except ValueError as e:
         raise SystemExit(f"--overlap {args.overlap}: {e}") from None
     check_run_arguments(args)
-    if args.data == "text" and not os.path.isfile(args.text_file):
-        raise SystemExit(f"--text-file {args.text_file} does not exist or is not a file: pass an existing UTF-8 text "
-                         f"file, or use --data synthetic")
     if args.goldfish_k == 1 or args.goldfish_k < 0:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
     check_output_paths(run_outputs(args))      # last: bad input creates no folder
+
+
+def check_context_parallel(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridShape]) -> None:
+    """``--cp``: a size the grid and the GPT take, and a sequence that cuts into ``2·cp`` chunks; SystemExit with
+    one line naming what works, identically on every rank before any collective."""
+    cp = args.cp
+    if cp == 1:
+        return
+    gz = shape.gz if shape is not None else 1
+    fits = [c for c in range(1, gz + 1) if gz % c == 0]
+    if cp < 1 or gz % cp:
+        raise SystemExit(f"--cp {cp} with grid {shape or '1x1x1'}: the GPT splits a sequence over z, so --cp must "
+                         f"divide Gz = {gz}; use --cp in {fits} (or a --grid with a larger Gz)")
+    try:
+        check_sequence(cfg.shape.seq, cp)
+    except ValueError as e:
+        raise SystemExit(f"--seq {cfg.shape.seq} with --cp {cp}: {e}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -157,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     config = axgrid.RuntimeConfig(timeout_s=args.timeout, overlap=axgrid.OverlapConfig.parse(args.overlap),
                                   gemm_tuning=args.tune_gemm, gemm_cache=args.gemm_cache, seed=args.seed,
                                   record_timing=args.comm_timing, zero=args.zero)
-    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config, cp=args.cp)
     try:
         return _train(args, cfg, grid, dtype)
     finally:
@@ -174,22 +186,15 @@ def _train(args: argparse.Namespace, cfg: GPTConfig, grid: axgrid.Grid, dtype: s
     settings = StepSettings.from_args(args, args.steps, dtype)
     ckpt = RunCheckpoints(args, grid, run_config(args, cfg), "train_gpt")
     start = ckpt.resume(model, opt)
-
-    def in_memory():
-        try:
-            return (TextBatches(args.text_file, cfg.shape.seq, args.seed) if args.data == "text"
-                    else SyntheticBatches(cfg.shape.vocab, cfg.shape.seq, args.seed))
-        except (OSError, ValueError) as e:    # the same on every rank, before any collective
-            raise SystemExit(f"--text-file {args.text_file}: {e}") from None
-
     data = RunData.open(args, grid, settings, seq=cfg.shape.seq, seed=args.seed, vocab=cfg.shape.vocab, start=start,
-                        resumed=ckpt.extra, fallback=in_memory)
+                        resumed=ckpt.extra, fallback=lambda: own_batches(args, cfg.shape.seq, cfg.shape.vocab))
     formula = ("96*B*S*L*h^2*(1 + S/(6h) + V/(16*L*h))" if cfg.recompute
                else "72*B*S*L*h^2*(1 + S/(6h) + V/(12*L*h))")
     m = cfg.shape
     config = {"model": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "seq": m.seq,
               "vocab": m.vocab, "parameters": m.params, "order": grid.order, "backend": grid.backend,
-              "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute,
+              "batch": args.batch, "microbatches": args.microbatches, "recompute": cfg.recompute, "cp": args.cp,
+              "cp_exchange": args.cp_exchange,
               "overlap": args.overlap, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "goldfish_k": args.goldfish_k, "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})",
               "goldfish_mode": args.goldfish_mode, "tune_gemm": args.tune_gemm, "flop_formula": formula}

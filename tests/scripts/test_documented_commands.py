@@ -118,6 +118,7 @@ REPORT = CoveredBy("tests/scripts/test_report.py::test_report_on_a_real_two_rank
 PLOT_LOSS = CoveredBy("tests/scripts/test_report.py::test_plot_loss_draws_a_log_and_refuses_a_file_without_steps")
 SFT = CoveredBy("tests/scripts/test_finetune.py::"
                 "test_sft_loss_is_over_the_assistant_tokens_only_and_equals_a_serial_computation")
+PRETRAIN = CoveredBy("tests/scripts/test_pretrain.py::test_resumed_on_another_grid_gives_the_uninterrupted_loss")
 STUDY = CoveredBy("tests/scripts/test_memorization.py::test_the_study_writes_its_json_table_curves_and_png")
 STUDY_PRETRAINED = Call("axgrid launch -n 2 -- python experiments/train/memorization.py --checkpoint {tiny_llama} "
                         "--grid 2x1x1x1 --out {tmp}/study --passages 2 --batch 2 --heldout 2 --epochs 1 --prompt 4 "
@@ -213,6 +214,12 @@ DOCUMENTED: dict[str, Declaration] = {
     "--batch 8 --microbatches 2 --steps 200 --lr 1e-4 --warmup 20 --recompute --goldfish-k 4 --log ft.jsonl "
     "--save ckpt --save-every 50 --export finetuned/":
         CoveredBy("tests/scripts/test_finetune.py::test_resume_after_a_signal_equals_the_uninterrupted_run"),
+    # ---- docs/training.md: pre-training from a config
+    "axgrid launch -n 4 -- python experiments/train/pretrain.py --config CONFIG_JSON --data-path CORPUS_PREFIX "
+    "--grid 1x2x1x2 --seq 128 --batch 8 --microbatches 2 --steps 100 --recompute --log run.jsonl --save ckpt "
+    "--save-every 50 --export pretrained/": PRETRAIN,
+    "axgrid launch -n 4 -- python experiments/train/pretrain.py --config CONFIG_JSON --grid 1x2x1x2 --data-path "
+    "CORPUS_PREFIX --export out/": PRETRAIN,
     "Q='Which book of the King James Bible is this passage from? \"But the LORD sent out a great wind into the sea, "
     "and there was a mighty tempest in the sea, so that the ship was like to be broken.\"'": NotRun(ASSIGNS),
     "axgrid launch -n 4 -- python experiments/train/finetune.py --checkpoint models/smollm2-135m --chat-file "

@@ -57,6 +57,30 @@ def test_train_gpt_rejects_a_batch_that_does_not_split(ranks):
     assert all(m.startswith("--zero 1 with grid 2x2x1x1: Gd = 1") and "\n" not in m for m in msgs)
 
 
+def test_train_gpt_under_context_parallelism_gives_the_same_losses(ranks, tmp_path):
+    """--cp 2 (each sequence over two z-ranks, in chunks) and --cp 4 (keys and values around a ring) trains as one
+    rank does, and its checkpoint resumes without context parallelism; bad sizes are refused
+    before step 0 in one line naming what works."""
+    ref = ranks(1, rank_run, COMMON + ["--grid", "1x1x1x1"])[0]
+    log, ck = str(tmp_path / "cp.jsonl"), str(tmp_path / "ck")
+    two = ranks(2, rank_run, COMMON + ["--grid", "1x1x2x1", "--cp", "2", "--log", log, "--save", ck,
+                                       "--save-every", "1"])
+    four = ranks(4, rank_run, COMMON + ["--grid", "1x1x4x1", "--cp", "4", "--overlap", "all", "--cp-exchange", "ring"])
+    for run in (two[0], four[0]):
+        assert run["losses"] == pytest.approx(ref["losses"], rel=1e-4)
+    # the parameters' layout does not depend on cp: a checkpoint saved under --cp 2 resumes on one rank
+    resumed = ranks(1, rank_run, COMMON + ["--grid", "1x1x1x1", "--resume", f"{ck}/step-00000002"])[0]
+    assert resumed["losses"] == pytest.approx(ref["losses"][2:], rel=1e-4)
+    records = [json.loads(line) for line in open(log)]
+    assert records[0]["cp"] == 2 and "c" in records[1]["comm_bytes"]      # keys and values went over the group
+    msgs = ranks(2, rank_bad_batch, COMMON + ["--grid", "1x1x2x1", "--cp", "2", "--seq", "18"])
+    assert all(m.startswith("--seq 18 with --cp 2: sequence length 18 does not cut into 2·cp = 4") and "16, 20" in m
+               and "\n" not in m for m in msgs), msgs
+    msgs = ranks(2, rank_bad_batch, COMMON + ["--grid", "1x1x1x2", "--cp", "2"])
+    assert all(m.startswith("--cp 2 with grid 1x1x1x2: the GPT splits a sequence over z") and "[1]" in m
+               for m in msgs), msgs
+
+
 def test_keep_n_checkpoints_but_never_the_one_resumed_from(ranks, tmp_path):
     """--keep N deletes all but the newest N after each save, except the checkpoint --resume named (rank 0)."""
     import os

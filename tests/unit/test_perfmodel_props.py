@@ -67,7 +67,8 @@ def test_feasible_rows_respect_divisibility():
 
 
 def test_unknown_model_lists_known():
-    with pytest.raises(pm.PerfModelError, match="known models: .*gpt-80b"):
+    """An unknown name lists the GPT sizes and the public models, and says that a config.json works too."""
+    with pytest.raises(pm.PerfModelError, match=r"GPT size \(.*gpt-80b.*public model \(.*llama-3.1-8b.*--config"):
         pm.get_model("gpt-7b")
 
 

@@ -42,7 +42,8 @@ def test_cli_explain_and_machines(capsys):
 
 def test_cli_bad_inputs(capsys):
     assert main(["rank", "--model", "nope", "--gpus", "8", "--machine", "perlmutter", "--batch", "8"]) == 2
-    assert "known models" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "choose a GPT size" in err and "llama-3.1-8b" in err and "--config" in err
     assert main(["rank", "--model", "gpt-tiny", "--gpus", "8", "--machine", "nowhere", "--batch", "8"]) == 2
     assert "known machines" in capsys.readouterr().err
 

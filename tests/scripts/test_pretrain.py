@@ -1,0 +1,141 @@
+"""experiments/train/pretrain.py from a tiny LlamaConfig and a tiny (tied) Qwen3Config, in-process on 4 real gloo
+ranks of 4D grids, on a corpus in Megatron's indexed format: each step's loss equals single-process transformers
+training the same initial weights (``init_causal_lm_`` of the dense model) with torch's AdamW and gradient clipping
+on the same global batches; a run saved after 2 steps and resumed on another grid gives the uninterrupted run's
+loss; the export loads back in transformers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import load_script
+from helpers.corpus import random_dataset
+
+pytest.importorskip("transformers")
+
+VOCAB, SEQ, BATCH, LR, WD = 256, 16, 8, 3e-3, 0.1
+COMMON = ["--seq", str(SEQ), "--batch", str(BATCH), "--microbatches", "2", "--lr", str(LR), "--min-lr", str(LR),
+          "--weight-decay", str(WD), "--clip", "1.0", "--no-progress", "--timeout", "60", "--seed", "3"]
+CONFIGS = {   # hidden 32, 2 layers, vocabulary 256; GQA; Qwen3: q/k norms, head_dim 16 != 32/4, tied head
+    "llama": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
+    "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  tie_word_embeddings=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    import transformers
+    root = tmp_path_factory.mktemp("pretrain")
+    out = {}
+    for kind, (cls, extra) in CONFIGS.items():
+        cfg = getattr(transformers, cls)(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         max_position_embeddings=64, **extra)
+        cfg.save_pretrained(root / kind)
+        out[kind] = str(root / kind / "config.json")
+    random_dataset(root / "corpus", docs=60, vocab=16, max_len=80, seed=1)   # ids < 16: learnable
+    out["corpus"] = str(root / "corpus")
+    return out
+
+
+def rank_pretrain(argv: list) -> tuple[dict, dict]:
+    """main(argv) on this rank; also the rows of each step's global batch this rank read: {step: {row: (x, y)}}."""
+    mod = load_script("train/pretrain.py")
+    seen: dict = {}
+    step_fn = mod.run_step
+
+    def run_step(model, opt, grid, s, step, inputs, targets, metrics, **kw):
+        rows = s.rows_read(grid)
+        seen[step] = {r: (inputs[r].clone(), targets[r].clone()) for r in rows}
+        return step_fn(model, opt, grid, s, step, inputs, targets, metrics, **kw)
+    mod.run_step = run_step
+    return mod.main(argv), seen
+
+
+def global_batches(results: list) -> list:
+    """Each step's whole batch ``(inputs, targets) [B, S]`` from the rows the ranks read."""
+    import torch
+    steps = sorted(results[0][1])
+    out = []
+    for step in steps:
+        rows = {r: xy for _, seen in results for r, xy in seen[step].items()}
+        assert sorted(rows) == list(range(BATCH))
+        out.append(tuple(torch.stack([rows[r][i] for r in range(BATCH)]) for i in (0, 1)))
+    return out
+
+
+def transformers_losses(config_json: str, batches: list, seed: int) -> list[float]:
+    """Single-process transformers: the dense model of ``config_json`` from the run's initial weights, trained with
+    torch's AdamW (decay on matrices) and ``clip_grad_norm_``; the loss of each step before its update."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from axgrid.plans.initial_weights import init_causal_lm_
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_json.rsplit("/", 1)[0]),
+                                             dtype=torch.float32, attn_implementation="sdpa")
+    init_causal_lm_(model, seed).train()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for inputs, targets in batches:
+        logits = model(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind,grid", [("llama", "2x1x1x2"), ("qwen3", "1x2x2x1")])
+def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, kind, grid):
+    export = str(tmp_path / "export")
+    argv = ["--config", files[kind], "--data-path", files["corpus"], "--grid", grid, "--steps", "3",
+            "--export", export] + COMMON
+    results = ranks(4, rank_pretrain, argv)
+    losses = results[0][0]["losses"]
+    assert all(r["losses"] == losses for r, _ in results)
+    reference = transformers_losses(files[kind], global_batches(results), seed=3)
+    assert losses == pytest.approx(reference, rel=1e-5)
+    assert reference[-1] < reference[0]          # it learns: a wrong update could not match by accident
+    import torch
+    from transformers import AutoModelForCausalLM
+    back = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)     # the export loads back
+    assert type(back).__name__ == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
+
+
+def test_resumed_on_another_grid_gives_the_uninterrupted_loss(ranks, files, tmp_path):
+    ck, log = str(tmp_path / "ck"), str(tmp_path / "run.jsonl")
+    argv = ["--config", files["llama"], "--data-path", files["corpus"], "--steps", "3", "--recompute", "--log",
+            log] + COMMON
+    whole = ranks(4, rank_pretrain, argv + ["--grid", "1x2x1x2", "--zero", "1", "--save", ck, "--save-every", "2"])
+    rest = ranks(4, rank_pretrain, argv + ["--grid", "2x1x2x1", "--resume", f"{ck}/step-00000002"])[0][0]
+    assert rest["start_step"] == 2
+    assert rest["losses"] == pytest.approx(whole[0][0]["losses"][2:], rel=1e-5)
+    records = [json.loads(line) for line in open(log)]
+    assert records[0]["event"] == "config" and records[0]["model"] == "LlamaForCausalLM"
+    assert [r["step"] for r in records if r["event"] == "step"] == [0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"config": "nowhere/config.json"}, "--config nowhere/config.json: no readable config.json"),
+    ({"config": "{bad}"}, "no model_type field, so it is not a Hugging Face model config"),
+    ({"seq": "128"}, "--seq 128 is longer than the model's max_position_embeddings 64"),
+    ({"batch": "9"}, "--batch 9 is not divisible by --microbatches 2"),
+    ({"data": "text"}, "--data text and --data-path both name the data"),
+])
+def test_bad_arguments_are_one_line_before_any_rank_starts(files, tmp_path, change, msg):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hidden_size": 32}')
+    opts = {"config": files["llama"], "grid": "1x1x1x1", "seq": "16", "data-path": files["corpus"], "batch": "8",
+            **change}
+    argv = [w for k, v in opts.items() for w in (f"--{k}", v.replace("{bad}", str(bad)))]
+    argv += ["--microbatches", "2", "--no-progress"]
+    with pytest.raises(SystemExit) as e:
+        load_script("train/pretrain.py").main(argv)
+    assert msg in str(e.value) and "\n" not in str(e.value)
