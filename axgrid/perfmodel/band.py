@@ -173,13 +173,20 @@ def read_residuals(path: Path) -> list[Residual]:
                              f"check-published --write-residuals` or `validate ... --write-residuals`") from None
 
 
-def write_residuals(path: Path, machine: str, points: list[Residual], written_by: str) -> Path:
-    """Write ``points`` as ``path`` (atomically: temp file + rename)."""
+def write_residuals(path: Path, machine: str, points: list[Residual], written_by: str,
+                    one_line: bool = False) -> Path:
+    """Write ``points`` as ``path`` (atomically: temp file + rename); ``one_line``: each point on one line (a
+    suite's thousand points stay a small file)."""
     doc = {"machine": machine, "written_by": written_by,
            "definition": "error = ln(measured_s / predicted_s); see axgrid.perfmodel.band",
            "points": [{**asdict(r), "error": round(r.error, 6)} for r in points]}   # error: derived, for readers
+    if one_line:
+        head = json.dumps({k: v for k, v in doc.items() if k != "points"}, indent=1)[:-2]
+        text = head + ',\n "points": [\n' + ",\n".join(json.dumps(p) for p in doc["points"]) + "\n ]\n}"
+    else:
+        text = json.dumps(doc, indent=1)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.write_text(text + "\n")
     os.replace(tmp, path)
     return path
 

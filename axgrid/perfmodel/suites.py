@@ -237,8 +237,8 @@ def suite_residuals(results: list[SuiteResult]) -> dict[str, list]:
         machines = res.machines or [SUITE_MACHINE[res.name]] * len(res.labels)
         for lab, m, layout, gpus, p, t in zip(res.labels, machines, res.layouts, res.gpus, res.predicted,
                                               res.measured):
-            out.setdefault(m, []).append(Residual(f"{res.name}: {lab}", layout, int(gpus), lab, float(p), float(t),
-                                                  problem=res.name))
+            out.setdefault(m, []).append(Residual(f"{res.name}: {lab}", layout, int(gpus), "", float(f"{p:.6g}"),
+                                                  float(f"{t:.6g}"), problem=res.name))
     return out
 
 
@@ -249,7 +249,7 @@ def write_suite_residuals(results: list[SuiteResult]) -> list[Path]:
     """Store each machine's suite residuals as ``NAME.suite-residuals.json`` next to its shipped TOML; returns the
     files written."""
     from .band import suite_residuals_path, write_residuals
-    return [write_residuals(suite_residuals_path(load_machine(m)), m, pts, WRITE_SUITES_COMMAND)
+    return [write_residuals(suite_residuals_path(load_machine(m)), m, pts, WRITE_SUITES_COMMAND, one_line=True)
             for m, pts in suite_residuals(results).items()]
 
 

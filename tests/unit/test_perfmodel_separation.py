@@ -51,8 +51,9 @@ def test_confidence_is_the_share_of_residual_pairs(errors, ratios):
        st.lists(st.floats(0.0, 0.6, allow_nan=False), min_size=1, max_size=12))
 def test_the_sentence_names_the_rows_below_the_level(errors, steps):
     times = list(np.exp(np.cumsum([0.0] + steps)))        # best first, each row at least as slow as the one above
-    text = separation(times, _band(errors))
-    conf = slower_confidence(errors, [t / times[0] for t in times[1:]])
+    band = _band(errors)
+    text = separation(times, band)
+    conf = slower_confidence(band.errors, [t / times[0] for t in times[1:]])     # the errors as stored (ln ∘ exp)
     head = 1 + int(np.sum(conf < SEPARATION_LEVEL))
     n = len(times)
     if head == n:
