@@ -298,3 +298,16 @@ def test_dgx_h100_bf16_gemms_run_at_openxlas_measured_rates():
     assert float(gemm_rate(16384, 14336, 4096, m, "bf16")) == at[4096, 4096, 4096]       # beyond the table: its corner
     assert float(gemm_rate(300, 900, 5000, m, "bf16")) == at[256, 1024, 4096]             # nearest in log space
     assert max(at.values()) < 0.8 * m.peak_flops_bf16 and min(at.values()) < 0.01 * m.peak_flops_bf16
+
+
+def test_a_measured_gemm_table_is_given_once(tmp_path):
+    import shutil
+
+    from axgrid.perfmodel.machines import MACHINE_DIR
+    for f in ("dgx-h100.toml", "dgx-h100.gemm.json"):
+        shutil.copy(MACHINE_DIR / f, tmp_path / f)
+    toml = tmp_path / "dgx-h100.toml"
+    assert len(pm.load_machine(toml).gemm_table) == 27
+    toml.write_text(toml.read_text() + '\n[fitted]\ngemm_table = "dgx-h100.gemm.json"\n')
+    with pytest.raises(pm.MachineFileError, match="gemm_table at the top level .* or under \\[fitted\\], not both"):
+        pm.load_machine(toml)
