@@ -1,7 +1,7 @@
 """Public validation suites: perfmodel against measurements nobody here made (``python -m axgrid.perfmodel
 validate-public``).
 
-Four suites, each row priced at its exact configuration with ``pipeline.price`` (what ``price_named`` runs) on the
+Five suites, each row priced at its exact configuration (``pipeline.price``, what ``price_named`` runs, or the 4D grid) on the
 shipped machine file, memory not limiting (the runs were made, so they fitted):
 
 * ``vtrain``: vTrain's 1,440 single-node Megatron-LM runs (``data/vtrain_ground_truth_single.csv``, its README
