@@ -1,8 +1,8 @@
 """Public validation suites: perfmodel against measurements nobody here made (``python -m axgrid.perfmodel
 validate-public``).
 
-Five suites, each row priced at its exact configuration (``pipeline.price``, what ``price_named`` runs, or the 4D grid) on the
-shipped machine file, memory not limiting (the runs were made, so they fitted):
+Five suites, each row priced at its exact configuration (``pipeline.price``, what ``price_named`` runs, or one 4D
+grid) on the shipped machine file, memory not limiting (the runs were made, so they fitted):
 
 * ``vtrain``: vTrain's 1,440 single-node Megatron-LM runs (``data/vtrain_ground_truth_single.csv``, its README
   names the source): 2, 4 or 8 A100s of ``dgx-a100``, TP × PP × DP at a micro-batch size, fp16, full activation
