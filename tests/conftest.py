@@ -6,14 +6,18 @@ and Slurm jobs as a user starts them. Shared helpers are in ``helpers/``. Tests 
 ``slow``, as are the heavy multi-rank tests; ``make test-fast`` runs the rest."""
 from __future__ import annotations
 
+import gc
 import importlib.util
+import multiprocessing.forkserver
 import os
+import pathlib
 from collections import OrderedDict
 
 import pytest
 import torch
 
 from axgrid.testing import RankPool
+from axgrid.testing.pool import forkserver_context
 from helpers import REALMODEL_HINT, SMOLLM2_GGUF
 
 torch.set_num_threads(1)
@@ -22,13 +26,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: Seconds every collective in a test may take before it fails (2 cores, up to 8 ranks).
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("AXGRID_TEST_TIMEOUT", "60"))
 
-#: Imported once by the ranks' forkserver when installed (seconds per import; the Hugging Face tests use them).
-PRELOAD = [f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral", "qwen2")] \
-    if importlib.util.find_spec("transformers") else []
+#: Imported once by the ranks' forkserver when installed (seconds per import; the Hugging Face tests use them, and
+#: the LoRA tests PEFT: ~2.5 s in every rank of every pool that imported it itself).
+PRELOAD = ([f"transformers.models.{m}.modeling_{m}" for m in ("llama", "mistral", "qwen2")]
+           if importlib.util.find_spec("transformers") else []) + (["peft"] if importlib.util.find_spec("peft") else [])
 
 
-#: Pools of different sizes kept alive at once (each rank holds torch and transformers: ~0.4 GB).
-MAX_POOLS = 3
+#: Pools of different sizes kept alive at once: the sizes the quick loop uses (1, 2, 4, 6, 8) stay up, so a test does
+#: not respawn the pool an earlier one closed. A rank's ~0.35 GB resident are mostly the forkserver's pages, shared:
+#: 28 ranks of two sessions took 4.9 GB in all.
+MAX_POOLS = 5
 
 
 class Ranks:
@@ -52,6 +59,29 @@ class Ranks:
 
 
 SLOW_FOLDERS = ("scripts", "system")
+#: The folders whose tests run on the forkserver's processes (rank pools, isolated runs).
+FORKSERVER_FOLDERS = ("ranks", "scripts")
+
+
+def pytest_sessionstart(session) -> None:
+    """When the session runs tests of FORKSERVER_FOLDERS, the ranks' forkserver starts now: it imports torch, the
+    runtime and PRELOAD (~10 s) in a process of its own while this one collects the tests, not when the first rank
+    test waits for it. (A process started later takes the module path of that moment, so the test modules still
+    load in the ranks.)"""
+    here = pathlib.Path(__file__).parent
+    folders = [here / name for name in FORKSERVER_FOLDERS]
+    for arg in session.config.args:
+        path = pathlib.Path(session.config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if any(path == f or f in path.parents or path in f.parents for f in folders):
+            forkserver_context(PRELOAD)
+            multiprocessing.forkserver.ensure_running()
+            return
+
+
+def pytest_collection_finish(session) -> None:
+    """What collection imported (torch, transformers, hypothesis, the test modules) stays for the session: frozen, a
+    full garbage collection in this process need not walk it."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,20 +1,21 @@
-"""The data-parallel buckets on N grids at once (numpy arrays [N]): the runtime's packing
-(``axgrid.spec.buckets``), vectorised.
+"""The data-parallel buckets on N grids at once (numpy arrays [N]): the runtime's packing itself
+(``axgrid.spec.pack_buckets``, the one packer), run once per distinct grid and summed up.
 
-Every trainable parameter's gradient (token and position tables, layer norms, FC weight shards and biases) in the
-packing order -- reverse ``model.parameters()`` order, ``perfmodel.parameters.gradient_elements`` -- packed into buckets of ``Options.bucket_bytes``: a tensor
-joins the open bucket, which is closed once it holds the limit or more; with ``zero`` >= 1 each bucket is padded
-to a multiple of Gd elements. The element counts feed
+Every trainable parameter's gradient (token and position tables, norms, FC weight shards and biases) in the packing
+order -- reverse ``model.parameters()`` order, ``perfmodel.parameters.gradient_elements`` -- packed into buckets of
+``Options.bucket_bytes``: a tensor joins the open bucket, which is closed once it holds the limit or more; with
+``zero`` >= 1 each bucket is padded to a multiple of Gd elements. The element counts feed
 the memory of each ``zero`` mode (``perfmodel.memory``), the bytes the collectives over d (``perfmodel.model``,
 ``perfmodel.gpt``).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import ceil_div
+from axgrid.spec import pack_buckets
 
 
 class BucketTotals(NamedTuple):
@@ -35,34 +36,27 @@ class BucketTotals(NamedTuple):
 
 def pack(elems: list[np.ndarray], element_bytes: int, bucket_bytes: int, parts) -> BucketTotals:
     """:class:`BucketTotals` of gradients of ``elems`` (packing order, arrays [N]) of ``element_bytes`` each, in
-    buckets of ``bucket_bytes``, padded to multiples of ``parts`` [N] (1: no padding)."""
+    buckets of ``bucket_bytes``, padded to multiples of ``parts`` [N] (1: no padding): the runtime's own packing
+    (``axgrid.spec.pack_buckets``), run once per distinct (elements, parts) among the N grids."""
     n = len(elems[0])
     parts = np.broadcast_to(np.asarray(parts, dtype=np.int64), (n,))
-    count = np.zeros(n, dtype=np.int64)
-    fill = np.zeros(n, dtype=np.int64)                 # elements of the open bucket
-    numel = np.zeros(n, dtype=np.int64)
-    padded = np.zeros(n, dtype=np.int64)
-    largest = np.zeros(n, dtype=np.int64)
-    first = np.zeros(n, dtype=np.int64)
-    second = np.zeros(n, dtype=np.int64)
-    pad = lambda e: ceil_div(e, parts) * parts        # noqa: E731
-    for e in elems:
-        new = (e > 0) & ((fill == 0) | (fill * element_bytes >= bucket_bytes))
-        close = new & (fill > 0)
-        done = np.where(close, pad(fill), 0)
-        padded += done
-        largest = np.maximum(largest, done)
-        first = np.where(close & (count == 1), done, first)
-        second = np.where(close & (count == 2), done, second)
-        count += new
-        fill = np.where(new, e, fill + e)
-        numel += e
-    last = np.where(fill > 0, pad(fill), 0)
-    padded += last
-    largest = np.maximum(largest, last)
-    first = np.where(count == 1, last, first)
-    second = np.where(count == 2, last, second)
-    return BucketTotals(count, numel, padded, largest, first, second, last)
+    table = np.stack([np.broadcast_to(np.asarray(e, dtype=np.int64), (n,)) for e in elems] + [parts], axis=1)
+    rows, which = np.unique(table, axis=0, return_inverse=True)
+    totals = np.asarray([_totals(tuple(row[:-1].tolist()), element_bytes, bucket_bytes, int(row[-1]))
+                         for row in rows], dtype=np.int64)[np.asarray(which).reshape(-1)]      # [N, 7]
+    return BucketTotals(*(totals[:, i] for i in range(7)))
+
+
+@lru_cache(maxsize=4096)
+def _totals(numels: tuple[int, ...], element_bytes: int, bucket_bytes: int, parts: int) -> tuple[int, ...]:
+    """(count, numel, padded, largest, first, second, last) of :class:`BucketTotals` for one grid."""
+    buckets = [b for b in pack_buckets(numels, [element_bytes] * len(numels), [0] * len(numels), bucket_bytes,
+                                       parts) if b.numel > 0]
+    if not buckets:
+        return (0,) * 7
+    padded = [b.padded for b in buckets]
+    return (len(buckets), sum(b.numel for b in buckets), sum(padded), max(padded), padded[0],
+            padded[1] if len(padded) > 1 else 0, padded[-1])
 
 
 __all__ = ["BucketTotals", "pack"]

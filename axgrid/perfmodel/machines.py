@@ -31,6 +31,11 @@ Optional measured tables (each with a ``# source:`` comment line in the shipped 
         block runs (``compute.BLOCK_KERNELS_*``), a floor under the GPU's time per micro-batch; without it, none.
     host_device_exponent = <k>
         how the host's time and the GPU's combine (``model.host_bound``): (gpu^k + host^k)^(1/k); absent, the larger.
+    gemm_table = "file.json"
+        measured GEMM rates, a JSON list of {m, n, k, dtype, flops_per_s} (a path relative to the TOML), e.g. a
+        vendor's or a cost model's published per-shape table; a GEMM of that dtype runs at its nearest measured
+        shape (``compute._table_rate``) instead of the efficiency curve. ``[fitted] gemm_table`` (below) is the
+        same, written by calibration.
     hbm_bandwidth = <bytes/s>
         one GPU's (GCD's) memory bandwidth, a measured achievable figure where one is held (dgx-a100), else its
         spec sheet's: prices the element-wise kernels (``compute.elementwise_bytes``), the optimizer step and the
@@ -351,7 +356,9 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
         kw["gemm_dim_half"] = _check(where, "fitted.gemm_curve.dim_half", curve["dim_half"], float)
         if kw["gemm_eff_max"] > 1:
             raise MachineFileError(f"{where}: field 'fitted.gemm_curve.eff_max' must be <= 1")
-    table = fitted.get("gemm_table")
+    if "gemm_table" in data and "gemm_table" in fitted:
+        raise MachineFileError(f"{where}: give gemm_table at the top level (measured) or under [fitted], not both")
+    table = data.get("gemm_table", fitted.get("gemm_table"))
     if isinstance(table, str):
         base = Path(where).parent if where else Path(".")
         kw["gemm_table"] = load_gemm_table(base / table)

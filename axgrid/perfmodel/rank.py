@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .band import Band, band_for, banded, with_band
+from .band import Band, band_for, banded, separation, with_band
 from .comm import GROUPS
 from .errors import NoFeasibleConfig, PerfModelError
 from .machines import Machine
@@ -257,6 +257,15 @@ def what_would_fit(prob: Problem, machine: Machine, max_factor: int = 1024) -> s
 
 
 def verdict(rk: Ranking) -> str:
+    """The 4D against TP×PP×DP line (:func:`layout_verdict`), then which rows of the table (``rk.shown("all")``,
+    numbered as printed) the model can tell apart from row 1 (``band.separation``)."""
+    line = layout_verdict(rk)
+    rows = rk.shown("all")
+    told = separation([r.time_s for r in rows], rk.band) if rk.band is not None else ""
+    return "\n".join(x for x in (line, told) if x)
+
+
+def layout_verdict(rk: Ranking) -> str:
     """The 4D against TP×PP×DP line: the best of each, which is faster and by how much, and whether that
     difference is larger than the model's error band on the machine (the two bests' bands do not overlap)."""
     best4 = rk.feasible[0] if rk.feasible else None

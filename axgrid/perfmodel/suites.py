@@ -1,8 +1,8 @@
 """Public validation suites: perfmodel against measurements nobody here made (``python -m axgrid.perfmodel
 validate-public``).
 
-Four suites, each row priced at its exact configuration with ``pipeline.price`` (what ``price_named`` runs) on the
-shipped machine file, memory not limiting (the runs were made, so they fitted):
+Five suites, each row priced at its exact configuration (``pipeline.price``, what ``price_named`` runs, or one 4D
+grid) on the shipped machine file, memory not limiting (the runs were made, so they fitted):
 
 * ``vtrain``: vTrain's 1,440 single-node Megatron-LM runs (``data/vtrain_ground_truth_single.csv``, its README
   names the source): 2, 4 or 8 A100s of ``dgx-a100``, TP × PP × DP at a micro-batch size, fp16, full activation
@@ -10,6 +10,10 @@ shipped machine file, memory not limiting (the runs were made, so they fitted):
   Megatron-LM's dropout and unfused softmax (``Options.dropout`` / ``fused_attention``), fp16 gradient reduction;
 * ``korthikanti``: the eight Korthikanti et al. 2022 configurations (``published.POINTS``, time points);
 * ``published``: check-published's fifteen points (``published.check_all``);
+* ``llama-public``: Llama-family bf16 training on H100 and A100 measured by others (torchtitan, IBM's fms-fsdp,
+  Meta's Llama 3 paper; ``data/llama_public.csv``, ``perfmodel.llama_suite``), each priced at its published layout
+  (FSDP as the 4D grid (1, TP, FSDP, replicas), or TP × PP × DP); rows whose conditions are not modelled (FP8,
+  torch.compile, context parallelism, an unpublished recompute parameter) are listed with the reason, not priced;
 * ``vtrain-multi``: vTrain's 109 multi-node runs (``data/vtrain_ground_truth_multi.csv``: 64 to 512 A100s of
   ``dgx-a100``, sequence 2048, otherwise as ``vtrain``), the held-out test: priced, never fitted or tuned on
   (``experiments/perfmodel/fit_kernel_latency.py`` reads the single-node file only).
@@ -47,7 +51,7 @@ MIN_GROUP = 3
 VTRAIN_VOCAB = 51200
 #: memory multiplier that keeps a measured configuration priced when the memory model would reject it
 _NO_MEMORY_LIMIT = 1e3
-SUITES = ("vtrain", "korthikanti", "published", "vtrain-multi")
+SUITES = ("vtrain", "korthikanti", "published", "llama-public", "vtrain-multi")
 
 
 def vtrain_csv(nodes: str = "single") -> Path:
@@ -65,6 +69,10 @@ class SuiteResult:
     predicted: np.ndarray
     measured: np.ndarray
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)     # printed under the summary: rows left out and why
+    machines: list[str] = field(default_factory=list)  # per row: the machine file it was priced on ([]: one machine)
+    layouts: list[str] = field(default_factory=list)   # per row: "4D" or "TPxPPxDP"
+    gpus: list[int] = field(default_factory=list)      # per row: its GPUs
 
 
 def _top1_regret(pred: np.ndarray, meas: np.ndarray) -> float:
@@ -153,7 +161,8 @@ def price_vtrain(path: str | Path | None = None, machine: str | Machine = "dgx-a
     labels = [f"{r['gpus']} GPUs b{r['batch']} h{r['hidden']} a{r['heads']} L{r['layers']} TP{r['tp']}xPP{r['pp']}"
               f"xDP{r['dp']} mbs{r['mbs']}" for r in rows]
     groups = [(r["gpus"], r["batch"], r["hidden"], r["heads"], r["layers"], r["seq"]) for r in rows]
-    return SuiteResult(name, labels, groups, pred, np.array([r["ms"] / 1e3 for r in rows]))
+    return SuiteResult(name, labels, groups, pred, np.array([r["ms"] / 1e3 for r in rows]),
+                       layouts=["TPxPPxDP"] * len(rows), gpus=[int(r["gpus"]) for r in rows])
 
 
 def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
@@ -163,7 +172,27 @@ def price_published(korthikanti_only: bool = False, checks=None) -> SuiteResult:
     cs = [c for c in (checks or check_all()) if not korthikanti_only or c.point.name.startswith("Korthikanti")]
     pred = np.array([c.predicted.time_s for c in cs])
     return SuiteResult("korthikanti" if korthikanti_only else "published", [c.point.name for c in cs],
-                       [(c.point.name,) for c in cs], pred, pred * np.array([c.ratio for c in cs]))
+                       [(c.point.name,) for c in cs], pred, pred * np.array([c.ratio for c in cs]),
+                       machines=[c.point.machine for c in cs], layouts=[c.predicted.layout for c in cs],
+                       gpus=[c.point.gpus for c in cs])
+
+
+def price_llama(path: str | Path | None = None) -> SuiteResult:
+    """The ``llama-public`` suite (``perfmodel.llama_suite``): its priced rows, and one note per excluded row."""
+    from .llama_suite import NAME, price_rows, read_rows
+    priced, excluded, failed = price_rows(read_rows(path))
+    if not priced:
+        raise PerfModelError("no llama-public row could be priced: "
+                             + "; ".join(f"{r.row}: {why}" for r, why in failed[:3]))
+    labels = [f"{p.row.row}: {p.row.model} {p.row.gpus}x{p.row.gpu} {p.row.config} b{p.row.global_batch}x{p.row.seq} "
+              f"{p.row.recompute}" + (f" ({p.chosen})" if p.chosen else "") for p in priced]
+    notes = ([f"NOT PRICED {r.row} (marked priced; perfmodel refused it): {why}" for r, why in failed]
+             + [f"excluded {r.row} ({r.model}, {r.gpus} GPUs, {r.config}): {r.note}" for r in excluded])
+    return SuiteResult(NAME, labels, [(p.row.machine, p.row.model, p.row.gpus, p.row.global_batch) for p in priced],
+                       np.array([p.predicted_s for p in priced]), np.array([p.measured_s for p in priced]),
+                       notes=notes, machines=[p.row.machine for p in priced],
+                       layouts=["TPxPPxDP" if p.row.layout == "megatron" else "4D" for p in priced],
+                       gpus=[p.row.gpus for p in priced])
 
 
 def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None = None) -> list[SuiteResult]:
@@ -178,6 +207,8 @@ def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None =
             res = price_vtrain(vtrain_path)
         elif n == "vtrain-multi":
             res = price_vtrain(vtrain_csv("multi"), name=n)
+        elif n == "llama-public":
+            res = price_llama()
         else:
             if checks is None:
                 from .published import check_all
@@ -186,6 +217,40 @@ def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None =
         res.metrics = suite_metrics(res.predicted, res.measured, res.groups)
         out.append(res)
     return out
+
+
+#: the suites whose residuals make a machine's band (``band.SUITE_SUFFIX``); vtrain-multi is the held-out test and
+#: "published" repeats the Korthikanti points (its others are check-published's, stored by that command)
+BAND_SUITES = ("vtrain", "korthikanti", "llama-public")
+#: the machine of a suite whose rows do not name theirs
+SUITE_MACHINE = {"vtrain": "dgx-a100"}
+
+
+def suite_residuals(results: list[SuiteResult]) -> dict[str, list]:
+    """Machine name → the ``band.Residual`` of every row of the ``BAND_SUITES`` among ``results`` priced on it
+    (``problem`` = the suite's name, so that the rows of one suite are replaced together)."""
+    from .band import Residual
+    out: dict[str, list[Residual]] = {}
+    for res in results:
+        if res.name not in BAND_SUITES:
+            continue
+        machines = res.machines or [SUITE_MACHINE[res.name]] * len(res.labels)
+        for lab, m, layout, gpus, p, t in zip(res.labels, machines, res.layouts, res.gpus, res.predicted,
+                                              res.measured):
+            out.setdefault(m, []).append(Residual(f"{res.name}: {lab}", layout, int(gpus), "", float(f"{p:.6g}"),
+                                                  float(f"{t:.6g}"), problem=res.name))
+    return out
+
+
+WRITE_SUITES_COMMAND = "python experiments/perfmodel/write_suite_residuals.py"
+
+
+def write_suite_residuals(results: list[SuiteResult]) -> list[Path]:
+    """Store each machine's suite residuals as ``NAME.suite-residuals.json`` next to its shipped TOML; returns the
+    files written."""
+    from .band import suite_residuals_path, write_residuals
+    return [write_residuals(suite_residuals_path(load_machine(m)), m, pts, WRITE_SUITES_COMMAND, one_line=True)
+            for m, pts in suite_residuals(results).items()]
 
 
 def summary_line(res: SuiteResult) -> str:
@@ -198,6 +263,10 @@ def summary_line(res: SuiteResult) -> str:
         line += (f"  ρ {k['spearman']:.2f} over {k['groups'] - k['groups_tied']} groups"
                  + (f" (+{k['groups_tied']} all-tied)" if k["groups_tied"] else "")
                  + f"  regret {k['regret_mean']:.3f} / {k['regret_worst']:.2f}")
+    if res.notes:     # a suite of named public rows (llama-public): each row, then those left out
+        rows = [f"  {lab}: predicted {p:.4g} s, measured {m:.4g} s ({100 * (p - m) / m:+.1f}%)"
+                for lab, p, m in zip(res.labels, res.predicted, res.measured)]
+        line += "\n" + "\n".join(rows + [f"  {n}" for n in res.notes])
     return line
 
 
@@ -236,4 +305,5 @@ def write_scatter(res: SuiteResult, path: str | Path) -> bool:
 
 
 __all__ = ["SUITES", "WITHIN", "MIN_GROUP", "VTRAIN_VOCAB", "SuiteResult", "suite_metrics", "vtrain_rows",
-           "vtrain_problem", "price_vtrain", "price_published", "run_suites", "summary_line", "write_scatter"]
+           "vtrain_problem", "price_vtrain", "price_published", "price_llama", "run_suites", "BAND_SUITES",
+           "suite_residuals", "write_suite_residuals", "summary_line", "write_scatter"]

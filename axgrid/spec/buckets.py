@@ -73,7 +73,8 @@ def pack_buckets(numels: Sequence[int], element_bytes: Sequence[int], kinds: Seq
     groups: list[list[int]] = []
     fill = 0
     for i, (n, eb) in enumerate(zip(numels, element_bytes)):
-        if not groups or fill >= limit or kinds[i] != kinds[groups[-1][0]]:
+        # a parameter without elements here (a shard that is empty on this rank) never opens a bucket
+        if not groups or (n > 0 and fill >= limit) or kinds[i] != kinds[groups[-1][0]]:
             groups.append([])
             fill = 0
         groups[-1].append(i)

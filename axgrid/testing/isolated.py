@@ -2,6 +2,7 @@
 CUDA device guard, torch's PrivateUse1 registration, which cannot be undone): an abort cannot take pytest with it."""
 from __future__ import annotations
 
+import gc
 import traceback
 from typing import Any, Callable
 
@@ -11,6 +12,7 @@ import torch
 def _child(conn, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
     try:
         torch.set_num_threads(1)
+        gc.freeze()     # the forkserver's imports stay for good: a full collection need not walk them
         conn.send(("ok", fn(*args, **kwargs)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))

@@ -202,8 +202,10 @@ class SlurmCluster:
         return self
 
     def restart_controller(self, timeout_s: float = 20.0) -> None:
-        """Stop slurmctld and start it again on the same state (jobs and steps keep running). A controller checks
-        the time limits when it starts -- and sends any --signal warning that is due -- then every 30 s."""
+        """Stop slurmctld and start it again on the same state (jobs and steps keep running; client commands retry
+        while it is away). A controller checks the time limits -- and sends the --signal warnings that are due --
+        every 30 s from its start: after a restart, the next check comes 30 s later, not at a point of the old
+        controller's period."""
         pid = self.pids["slurmctld"]
         os.kill(pid, signal.SIGTERM)
         if not proctree.wait_gone([pid], time.monotonic() + timeout_s):

@@ -16,6 +16,7 @@ import pytest
 
 from helpers import slow_where
 from helpers.dryrun_real import measure_real_step
+from helpers.python_process import run_python
 
 from axgrid.dryrun import DryRunError, predict, resolve
 from axgrid.testing.isolated import run_isolated
@@ -127,16 +128,13 @@ def test_a_rank_of_32768_builds_only_its_own_groups():
 @pytest.mark.slow
 def test_a_run_that_does_not_fit_names_perfmodels_best_grid_that_does(tmp_path):
     import re
-    import subprocess
-    import sys
 
     from axgrid.perfmodel.machines import known_machine_files
     text = known_machine_files()["local-4"].read_text()
     toml = tmp_path / "small.toml"       # 2.3 MB per rank: gpt-tiny's 4 sequences fit 1x1x1x2 in 2 micro-batches only
     toml.write_text(re.sub(r"(?m)^memory_bytes = \d+", "memory_bytes = 2300000", text).replace('"local-4"', '"small"'))
-    out = subprocess.run([sys.executable, "-m", "axgrid.dryrun", "--model", "gpt-tiny", "--grid", "1x1x1x2", "--batch",
-                          "4", "--microbatches", "1", "--zero", "0", "--machine", str(toml)],
-                         capture_output=True, text=True, timeout=300)
+    out = run_python(["-m", "axgrid.dryrun", "--model", "gpt-tiny", "--grid", "1x1x1x2", "--batch", "4",
+                      "--microbatches", "1", "--zero", "0", "--machine", str(toml)], timeout_s=300)
     assert out.returncode == 1, out.stderr[-2000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("DOES NOT FIT")]
     assert line and "does not fit small's usable 1.97 MiB (90% of 2.19 MiB, as perfmodel plans)" in line[0], line

@@ -76,6 +76,12 @@ def greedy_refs() -> dict[str, torch.Tensor]:
     return {k: dense_greedy(k, prompts(), NEW) for k in KINDS}
 
 
+@pytest.fixture(scope="module")
+def family_greedy_refs() -> dict[str, torch.Tensor]:
+    """The dense references of the other families and the drop-in models, decoded once for every grid."""
+    return {k: dense_greedy(k, prompts(), NEW) for k in FAMILY_KINDS + DROP_IN_KINDS}
+
+
 def test_gpt_cache_equals_the_full_forward():
     """Prefill, then one token at a time and a chunk of two (the offset causal mask): the logits of the whole
     sequence run at once."""
@@ -117,9 +123,8 @@ def test_greedy_equals_dense_on_every_4_rank_grid(ranks, greedy_refs, spec):
 
 
 @pytest.mark.parametrize("spec", slow_where(["1x2x2x1", "2x1x1x2", "1x4x1x1"], lambda s: True))   # fast: from_pretrained's
-def test_other_families_and_drop_in_greedy_equals_dense(ranks, spec):
-    kinds = FAMILY_KINDS + DROP_IN_KINDS
-    want = {k: dense_greedy(k, prompts(), NEW) for k in kinds}
+def test_other_families_and_drop_in_greedy_equals_dense(ranks, family_greedy_refs, spec):
+    kinds, want = FAMILY_KINDS + DROP_IN_KINDS, family_greedy_refs
     for rank, got in enumerate(ranks(4, rank_greedy, spec, kinds)):
         for kind, (cached, uncached) in got.items():
             assert torch.equal(cached, want[kind]) and torch.equal(uncached, want[kind]), (spec, rank, kind)

@@ -7,6 +7,8 @@ first layer (what block 0 then does not save or post). LoRA's memory is below fu
 predicts; and the dry run equals launched gloo ranks of the same LoRA step."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from helpers.dryrun_real import measure_real_step
@@ -51,17 +53,22 @@ def _gloo_config():
                    lora_targets=("qkv", "down"), dtype="fp32", recompute=True, overlap="all", bucket_bytes=4096)
 
 
-def _dry_all(runs):
-    """``runs``: {name: [(config, rank), ...]}; their dry runs, one after another in this process."""
+def _dry_all(pairs):
+    """``pairs``: [(config, rank), ...]; their dry runs, one after another in this process."""
     from axgrid.dryrun.step import measure_rank
-    return {name: [measure_rank(cfg, rank) for cfg, rank in pairs] for name, pairs in runs.items()}
+    return [measure_rank(cfg, rank) for cfg, rank in pairs]
+
+
+#: Isolated processes the module's dry runs are dealt to, measured side by side (each warms its fake-tensor caches
+#: once; two use both cores of a 2-core machine).
+DRY_PROCESSES = 2
 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory) -> dict:
-    """Every dry run of this module, measured in one isolated process (the fake-tensor caches warm once, not once
-    per test): "cases" (CASES, last rank), "full_and_lora" (last rank), "gloo" (ranks 0 and 3), "hf" (HF_CASES,
-    last rank); beside each, its configurations."""
+    """Every dry run of this module, dealt in turn to DRY_PROCESSES isolated processes that measure side by side:
+    "cases" (CASES, last rank), "full_and_lora" (last rank), "gloo" (ranks 0 and 3), "hf" (HF_CASES, last rank);
+    beside each, its configurations."""
     cases = [_config(*c) for c in CASES]
     hf = _hf_configs(tmp_path_factory.mktemp("hf_lora"))
     gloo = _gloo_config()
@@ -69,8 +76,13 @@ def dry_runs(tmp_path_factory) -> dict:
             "full_and_lora": [(cfg, cfg.gpus - 1) for cfg in _full_and_lora()],
             "gloo": [(gloo, 0), (gloo, gloo.gpus - 1)],
             "hf": [(cfg, cfg.gpus - 1) for cfg in hf]}
-    measured = run_isolated(_dry_all, runs, timeout_s=600)
-    return {name: ([cfg for cfg, _ in pairs], measured[name]) for name, pairs in runs.items()}
+    keys = [(name, i) for name, pairs in runs.items() for i in range(len(pairs))]
+    dealt = [keys[k::DRY_PROCESSES] for k in range(DRY_PROCESSES)]
+    with ThreadPoolExecutor(DRY_PROCESSES) as pool:
+        futures = [pool.submit(run_isolated, _dry_all, [runs[n][i] for n, i in part], timeout_s=600) for part in dealt]
+        measured = {key: m for part, f in zip(dealt, futures) for key, m in zip(part, f.result())}
+    return {name: ([cfg for cfg, _ in pairs], [measured[name, i] for i in range(len(pairs))])
+            for name, pairs in runs.items()}
 
 
 def test_the_lora_dry_run_equals_perfmodel_to_the_byte(dry_runs):

@@ -4,17 +4,17 @@ bytes of each grid dimension put inside or across nodes by where its groups lie)
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+from conftest import PRELOAD
 from helpers import ROOT
+from helpers.python_process import run_python
 
 
 def test_both_layouts_count_their_bytes_inside_and_across_nodes(tmp_path):
     out = tmp_path / "rows.jsonl"
-    done = subprocess.run([sys.executable, str(ROOT / "experiments/bench/bench_peers_scale.py"), "--model", "gpt-tiny",
-                           "--gpus", "16", "--machine", "local-4", "--batch", "16", "--grid", "2x2x1x4",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    done = run_python([str(ROOT / "experiments/bench/bench_peers_scale.py"), "--model", "gpt-tiny", "--gpus",
+                       "16", "--machine", "local-4", "--batch", "16", "--grid", "2x2x1x4", "--json", str(out)],
+                      timeout_s=300, preload=tuple(PRELOAD))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["who"] for r in rows] == ["DTensor TP4+SP, FSDP2 over 4", "axgrid 1x1x1x16 (perfmodel's best)",

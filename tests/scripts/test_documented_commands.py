@@ -108,7 +108,7 @@ DRYRUN_GPT = Call("python -m axgrid.dryrun --model gpt-tiny --grid 2x1x1x2 --mac
                   "--microbatches 2 --json {tmp}/dryrun.json", expect="agree")
 DRYRUN_BEST = Call("python -m axgrid.dryrun --model gpt-tiny --gpus 8 --machine frontier --batch 8", expect="agree")
 DRYRUN_LLAMA = CoveredBy("tests/ranks/test_dryrun.py::"
-                         "test_the_command_line_dry_runs_a_config_and_says_what_perfmodel_does_not_model")
+                         "test_the_command_line_dry_runs_a_config_beside_perfmodel")
 PEERS_SCALE = CoveredBy("tests/scripts/test_bench_peers_scale.py::"
                         "test_both_layouts_count_their_bytes_inside_and_across_nodes")
 MEMORY_CHECK = CoveredBy("tests/scripts/test_gpu_check.py::test_memory_check_passes_on_cpu")
@@ -239,6 +239,13 @@ DOCUMENTED: dict[str, Declaration] = {
     "python experiments/plots/report.py runs/*.jsonl --out DIR": REPORT,
     # ---- docs/perfmodel.md (``rank ...``: the options of the line above it)
     "python -m axgrid.perfmodel rank --model gpt-80b --gpus 1024 --machine perlmutter --batch 1024 --top 10": RANK,
+    "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
+        Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --top 3",
+             expect="llama-3.1-8b"),
+    "python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 8192 --gpus 8192 "
+    "--machine frontier --batch 2048":
+        Call("python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 8192 --gpus 512 "
+             "--machine frontier --batch 512 --layouts 4d --top 3", expect="llama-3.1-405b"),
     "python -m axgrid.perfmodel rank ... --grid 4x2x8x16":
         Call(f"python -m axgrid.perfmodel rank {RANK_80B} --grid 4x2x8x1", expect="4x2x8x1"),
     "python -m axgrid.perfmodel rank ... --tp 8 --pp 2 [--dp 64 --vpp 3 --sp --mbs 1 --recompute-mode selective]":

@@ -13,7 +13,9 @@ import time
 import pytest
 import torch
 
+from conftest import PRELOAD
 from helpers import ROOT
+from helpers.python_process import run_python
 
 SCRIPT = os.path.join(ROOT, "experiments", "checks", "gpu_check.sh")
 
@@ -107,10 +109,9 @@ MEMORY_CHECK = os.path.join(ROOT, "experiments", "checks", "memory_check.py")
 def test_memory_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 6, on the CPU: the step's peak of live tensor bytes is within 10% of
     perfmodel.memory's prediction for the CPU (gloo) device, and the line says so."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq",
-                        "64", "--batch", "4", "--vocab", "256", "--dtype", "bf16"], capture_output=True, text=True,
-                       env=env, timeout=120)
+    p = run_python([MEMORY_CHECK, "--device", "cpu", "--layers", "2", "--hidden", "64", "--seq", "64",
+                    "--batch", "4", "--vocab", "256", "--dtype", "bf16"], timeout_s=120,
+                   preload=tuple(PRELOAD))
     assert p.returncode == 0, p.stdout + p.stderr
     line = p.stdout.strip().splitlines()[-1]
     assert line.startswith("memory_check:") and line.endswith("PASS (within 10%)") and "device CPU_GLOO" in line
@@ -125,9 +126,8 @@ def test_load_check_passes_on_cpu():
     """The check gpu_check.sh runs as its step 7 (from_pretrained onto the device, host memory bounded), on the
     CPU with a small LLaMA: logits equal transformers', the bytes read equal the model's own, and the line says
     PASS."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, LOAD_CHECK, "--device", "cpu", "--hidden", "128", "--layers", "2", "--vocab",
-                        "512", "--shard", "200KB"], capture_output=True, text=True, env=env, timeout=180)
+    p = run_python([LOAD_CHECK, "--device", "cpu", "--hidden", "128", "--layers", "2", "--vocab", "512",
+                    "--shard", "200KB"], timeout_s=180, preload=tuple(PRELOAD))
     assert p.returncode == 0, p.stdout + p.stderr
     line = p.stdout.strip().splitlines()[-1]
     assert line.startswith("load_check:") and line.endswith("PASS") and " = own" in line, line

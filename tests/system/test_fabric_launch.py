@@ -12,18 +12,23 @@ environments), and trained to the losses of serial training on 4 ranks:
 
 Each 4-rank run prints which environment Fabric chose, the losses (equal to serial training's: the ranks formed one
 world, grid 2x1x1x2 splits every layer over x and the batch over d), and every rank's grid coordinate and the windows
-it read: the ranks of one d-group read the same ones, the two d-groups each half of every step's batch."""
+it read: the ranks of one d-group read the same ones, the two d-groups each half of every step's batch.
+
+Every launch of the module runs side by side: the two local ones start with the module (``local_runs``), the Slurm
+ones with the first Slurm test (``slurm_jobs``; those tests come first); each test checks its own launch."""
+import importlib.util
 import os
 import pathlib
 import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 
 from helpers.fabric_serial import serial_fabric_losses
+from helpers.side_by_side import outcome, side_by_side
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = "examples/fabric_train.py"
@@ -66,28 +71,26 @@ def assert_trained_on_4_ranks(out: str, environment: str) -> None:
     assert sorted(c for c, _ in read.values()) == [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1)]
 
 
-@pytest.mark.timeout(RUN_LIMIT_S + 60)
-def test_fabric_launcher_starts_the_ranks_and_trains_as_serially(tmp_path):
-    pytest.importorskip("lightning_fabric")
-    run = subprocess.run([sys.executable, str(ROOT / EXAMPLE), *ARGV], cwd=tmp_path, env=plain_env(dict(os.environ)),
-                         capture_output=True, text=True, timeout=RUN_LIMIT_S)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "fabric_train: 2 ranks (LightningEnvironment), grid 1x1x1x2" in run.stdout, run.stdout
-    want = serial_fabric_losses(steps=2, batch=4, seq=16)
-    assert printed_losses(run.stdout) == pytest.approx(want, rel=1e-4), (run.stdout, want)
+# ---- Fabric's launcher and torchrun, on this machine ----------------------------------------------------------
+def local_run(argv: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, env=plain_env(dict(os.environ)), capture_output=True, text=True,
+                          timeout=RUN_LIMIT_S)
 
 
-@pytest.mark.timeout(RUN_LIMIT_S + 60)
-def test_torchrun_starts_4_ranks_that_train_as_serially(tmp_path):
-    """``torchrun --standalone --nproc-per-node 4``: Fabric's TorchElasticEnvironment, whose ranks the strategy
-    checked against axgrid's launch table (the torchrun row) before the process group."""
-    pytest.importorskip("lightning_fabric")
+@pytest.fixture(scope="module", autouse=True)
+def local_runs(tmp_path_factory):
+    """Fabric's launcher (2 ranks) and torchrun (4 ranks), started with the module's first test (when
+    lightning_fabric is installed), beside the Slurm launches: futures of their CompletedProcess."""
+    if importlib.util.find_spec("lightning_fabric") is None:
+        yield {}
+        return
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    run = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", str(ROOT / EXAMPLE), *ARGV4],
-                         cwd=tmp_path, env=plain_env(dict(os.environ)), capture_output=True, text=True,
-                         timeout=RUN_LIMIT_S)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert_trained_on_4_ranks(run.stdout, "TorchElasticEnvironment")
+    calls = {"fabric": partial(local_run, [sys.executable, str(ROOT / EXAMPLE), *ARGV],
+                               tmp_path_factory.mktemp("fabric-launcher")),
+             "torchrun": partial(local_run, [torchrun, "--standalone", "--nproc-per-node", "4", str(ROOT / EXAMPLE),
+                                             *ARGV4], tmp_path_factory.mktemp("torchrun"))}
+    with side_by_side(calls) as started:
+        yield started
 
 
 # ---- srun, on the private Slurm cluster ------------------------------------------------------------------------
@@ -98,8 +101,8 @@ BATCH_ONE_LINE = ("fabric_train: axgrid's launch table finds no launcher (one pr
 
 @pytest.fixture(scope="module")
 def slurm_jobs(slurm, tmp_path_factory):
-    """The three Slurm launches, side by side: their output. Every job is scancel-ed by name at the end (a no-op
-    when it finished), so a launch that timed out leaves nothing running on the cluster."""
+    """The four Slurm launches, side by side: futures of their output. Every job is scancel-ed by name at the end (a
+    no-op when it finished), so a launch that timed out leaves nothing running on the cluster."""
     pytest.importorskip("lightning_fabric")
     tmp = tmp_path_factory.mktemp("fabric-slurm")
     env = plain_env(slurm.env)
@@ -124,13 +127,13 @@ def slurm_jobs(slurm, tmp_path_factory):
         took = time.monotonic() - started
         return f"{rec.state} {rec.exit_code} {took:.0f}s\n{(tmp / f'{name}-{job}.out').read_text()}"
 
+    calls = {"srun": partial(srun, "fabric-srun", "--ntasks-per-node", "4"),
+             "interactive": partial(srun, "interactive", "--ntasks-per-node", "4"),
+             "batch": partial(sbatch, "fabric-batch", batch),
+             "mpiexec": partial(sbatch, "fabric-mpiexec", mpiexec)}
     try:
-        with ThreadPoolExecutor(4) as ex:
-            futures = {"srun": ex.submit(srun, "fabric-srun", "--ntasks-per-node", "4"),
-                       "interactive": ex.submit(srun, "interactive", "--ntasks-per-node", "4"),
-                       "batch": ex.submit(sbatch, "fabric-batch", batch),
-                       "mpiexec": ex.submit(sbatch, "fabric-mpiexec", mpiexec)}
-            return {k: f.result() for k, f in futures.items()}
+        with side_by_side(calls) as started:
+            yield started
     finally:
         for name in ("fabric-srun", "interactive", "fabric-batch", "fabric-mpiexec"):
             slurm.command(["scancel", "--name", name], check=False)
@@ -141,7 +144,7 @@ def slurm_jobs(slurm, tmp_path_factory):
 def test_srun_tasks_train_as_serially_with_fabrics_slurm_environment(slurm_jobs):
     """``srun --ntasks-per-node 4 python examples/fabric_train.py``: Fabric's SLURMEnvironment, its ranks and
     world the srun tasks' (as axgrid's launch table reads them), one world of 4."""
-    out = slurm_jobs["srun"]
+    out = outcome(slurm_jobs["srun"], timeout_s=RUN_LIMIT_S + 60)
     assert out.startswith("exit 0"), out
     assert_trained_on_4_ranks(out, "SLURMEnvironment")
 
@@ -151,7 +154,7 @@ def test_srun_tasks_train_as_serially_with_fabrics_slurm_environment(slurm_jobs)
 def test_srun_tasks_of_an_interactive_job_train_as_one_world(slurm_jobs):
     """``srun -J interactive ...``: Fabric would leave each task to its own launcher (4 worlds of 4, each training
     alone); the strategy runs each task as the srun task it is: one world of 4, the same losses."""
-    out = slurm_jobs["interactive"]
+    out = outcome(slurm_jobs["interactive"], timeout_s=RUN_LIMIT_S + 60)
     assert out.startswith("exit 0"), out
     assert_trained_on_4_ranks(out, "SLURMEnvironment")
 
@@ -161,7 +164,7 @@ def test_srun_tasks_of_an_interactive_job_train_as_one_world(slurm_jobs):
 def test_python_in_a_batch_script_without_srun_says_one_line_at_once(slurm_jobs):
     """The batch script's own step (SLURM_NTASKS=4, SLURM_PROCID=0, no srun step): Fabric reads rank 0 of 4 and
     would wait for the others until the timeout; the strategy says the fix before any process group."""
-    out = slurm_jobs["batch"]
+    out = outcome(slurm_jobs["batch"], timeout_s=RUN_LIMIT_S + 60)
     head, text = out.split("\n", 1)
     state, code, took = head.split()
     assert (state, code) == ("FAILED", "1:0"), out
@@ -176,7 +179,7 @@ def test_mpiexec_inside_a_batch_script_says_one_line_at_once(slurm_jobs):
     """Hydra's ``mpiexec -launcher fork -n 2`` in a batch script: both ranks see the batch step's SLURM_PROCID=0, so
     Fabric's SLURMEnvironment makes each of them rank 0 of 2 (one would wait for the other until the timeout);
     refused on both, said once (by rank 0), before any process group."""
-    out = slurm_jobs["mpiexec"]
+    out = outcome(slurm_jobs["mpiexec"], timeout_s=RUN_LIMIT_S + 60)
     head, text = out.split("\n", 1)
     state, code, took = head.split()
     assert state == "FAILED" and code != "0:0", out
@@ -187,3 +190,24 @@ def test_mpiexec_inside_a_batch_script_says_one_line_at_once(slurm_jobs):
                     "cluster_environment=...) for mpich"], out
     assert "Traceback" not in text and "step 0" not in text, out
     assert float(took[:-1]) < 120, out
+
+
+# ---- the local launches' checks (after the Slurm ones: both ran side by side) -----------------------------
+@pytest.mark.timeout(RUN_LIMIT_S + 60)
+def test_fabric_launcher_starts_the_ranks_and_trains_as_serially(local_runs):
+    pytest.importorskip("lightning_fabric")
+    run = outcome(local_runs["fabric"], timeout_s=RUN_LIMIT_S)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert "fabric_train: 2 ranks (LightningEnvironment), grid 1x1x1x2" in run.stdout, run.stdout
+    want = serial_fabric_losses(steps=2, batch=4, seq=16)
+    assert printed_losses(run.stdout) == pytest.approx(want, rel=1e-4), (run.stdout, want)
+
+
+@pytest.mark.timeout(RUN_LIMIT_S + 60)
+def test_torchrun_starts_4_ranks_that_train_as_serially(local_runs):
+    """``torchrun --standalone --nproc-per-node 4``: Fabric's TorchElasticEnvironment, whose ranks the strategy
+    checked against axgrid's launch table (the torchrun row) before the process group."""
+    pytest.importorskip("lightning_fabric")
+    run = outcome(local_runs["torchrun"], timeout_s=RUN_LIMIT_S)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert_trained_on_4_ranks(run.stdout, "TorchElasticEnvironment")

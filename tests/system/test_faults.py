@@ -4,6 +4,8 @@ Real jobs of axgrid/testing/fault_rank.py (2 ranks, see axgrid/testing/faults.py
 default), ``axgrid launch --no-mpi`` (the plain launcher) and a bare ``mpiexec``: one rank raises, hangs or is
 SIGKILLed, or the launcher gets SIGTERM/SIGHUP. Afterwards no process of the job may be alive and no
 axgrid-launch-* folder left. The time bounds are generous for a loaded 2-core machine (the goal is 5 s).
+Every job of the module starts at once (the ``jobs`` fixture; a rank's start-up and a collective timeout of one
+job overlap the others'); each test checks its own job.
 
 Who is stuck where (axgrid.launch.flight): when a rank hangs or skips a collective, every rank prints its last
 collectives and writes them to the run's directory, and ``axgrid launch`` says which ranks stopped at which collective.
@@ -13,12 +15,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 
 from axgrid.launch.flight import main as flight_main
-from axgrid.testing.faults import MPIEXEC, Job, JobHung, run_job
+from axgrid.testing.faults import JOB_LIMIT_S, MPIEXEC, Job, JobHung, run_job
+from helpers.side_by_side import outcome, side_by_side
 
 LAUNCHERS = ["plain"] + (["mpiexec"] if MPIEXEC else [])
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not installed (pip install 'axgrid[mpi]')")
@@ -26,11 +31,45 @@ needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not insta
 RAISE_BOUND_S = 15.0     # a raising or killed rank: all ranks gone within this (goal: 5 s)
 HANG_TIMEOUT_S = 5.0     # the collective timeout of the hang jobs
 HANG_SLACK_S = 20.0      # ... which must end within HANG_TIMEOUT_S + this
+SIGNALS = [("plain", signal.SIGHUP)] + ([("mpiexec", signal.SIGTERM)] if MPIEXEC else [])
+WAIT_S = 2 * JOB_LIMIT_S + 60   # a test's wait for its job (two in a row for the flight recorder), each bounded
 
 
-def job_of(*args, **kwargs) -> Job:
+def skip_then_hang(launcher: str, tmp: Path) -> tuple[Job, Job, Path]:
+    """The flight recorder's pair, one after the other into one run directory: a job where rank 1 skips a
+    collective, then a rerun where rank 1 hangs. Returns both jobs and the run directory."""
+    run = tmp / "run"
+    job = run_job(launcher, "skip", tmp, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
+    again = run_job(launcher, "hang", tmp, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
+    return job, again, run
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Every job of this module, started at once, the longest first (each in a folder of its own, its TMPDIR):
+    futures by (case, launcher)."""
+    def folder(*key) -> Path:
+        return tmp_path_factory.mktemp("-".join(str(k) for k in key))
+
+    calls = {("skip-then-hang", LAUNCHERS[0]): partial(skip_then_hang, LAUNCHERS[0], folder("flight", LAUNCHERS[0]))}
+    for launcher in LAUNCHERS:
+        calls["hang", launcher] = partial(run_job, launcher, "hang", folder("hang", launcher), timeout_s=HANG_TIMEOUT_S)
+    if MPIEXEC:
+        calls["hang", "bare-mpiexec"] = partial(run_job, "bare-mpiexec", "hang", folder("hang-bare"),
+                                                timeout_s=HANG_TIMEOUT_S)
+    for launcher in LAUNCHERS:
+        for case in ("raise", "kill"):
+            calls[case, launcher] = partial(run_job, launcher, case, folder(case, launcher))
+    for launcher, sig in SIGNALS:
+        calls[sig, launcher] = partial(run_job, launcher, "run", folder("signal", launcher), send=sig)
+    with side_by_side(calls) as started:
+        yield started
+
+
+def job_of(jobs, *key):
+    """The result of this module's job ``key`` (see ``jobs``); a job still running after JOB_LIMIT_S fails the test."""
     try:
-        return run_job(*args, **kwargs)
+        return outcome(jobs[key], timeout_s=WAIT_S)
     except JobHung as e:
         pytest.fail(str(e))
 
@@ -41,8 +80,8 @@ def check_clean(job: Job) -> None:
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_a_raising_rank_ends_the_job_with_its_exit_code(launcher, tmp_path):
-    job = job_of(launcher, "raise", tmp_path)
+def test_a_raising_rank_ends_the_job_with_its_exit_code(jobs, launcher):
+    job = job_of(jobs, "raise", launcher)
     assert job.code == 1, job.output
     assert "rank 1 exited with code 1; the other ranks were ended" in job.output
     assert "RuntimeError: rank 1 fails on purpose" in job.output     # its traceback was printed before it left
@@ -56,8 +95,8 @@ def test_a_raising_rank_ends_the_job_with_its_exit_code(launcher, tmp_path):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_a_killed_rank_ends_the_job_with_137(launcher, tmp_path):
-    job = job_of(launcher, "kill", tmp_path)
+def test_a_killed_rank_ends_the_job_with_137(jobs, launcher):
+    job = job_of(jobs, "kill", launcher)
     assert job.code == 137, job.output
     assert "rank 1 exited with code 137" in job.output
     assert job.teardown_s < RAISE_BOUND_S, job.output
@@ -65,8 +104,8 @@ def test_a_killed_rank_ends_the_job_with_137(launcher, tmp_path):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_path):
-    job = job_of(launcher, "hang", tmp_path, timeout_s=HANG_TIMEOUT_S)
+def test_a_hung_rank_ends_the_job_after_the_collective_timeout(jobs, launcher):
+    job = job_of(jobs, "hang", launcher)
     # rank 0 times out in its all-reduce with the sleeping rank 1: its failure ends the job
     assert job.code == 1, job.output
     assert "rank 0 exited with code 1" in job.output
@@ -80,19 +119,17 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(launcher, tmp_pat
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS[:1])
-def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_says_its_own(launcher, tmp_path, capsys):
+def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_says_its_own(jobs, launcher, capsys):
     """Rank 1 skips one all-reduce, so it posts the next collective (an all-gather) while rank 0 posts the
     all-reduce: both wait until the collective timeout. Each rank prints its last collectives and writes them to
     the job's folder of the run's directory; the launcher says both stopped at collective #7, with different
     operations. Then a rerun into the same run directory, where rank 1 hangs instead: the first job's stop file and
     dumps are its own, so the rerun is diagnosed for what it did (before, every rank dumped at start on the old stop
     file, which switched the hang watchdog off, and the summary could report the old job's dumps)."""
-    run = tmp_path / "run"
-    job = job_of(launcher, "skip", tmp_path, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
+    job, again, run = job_of(jobs, "skip-then-hang", launcher)
     assert job.code == 1, job.output
     assert "rank 0: stopped in collective #7: all_reduce over d (its #7), 16 B, failed" in job.output, job.output
     assert "rank 1: stopped in collective #7: all_gather over d (its #7), 64 B, failed" in job.output, job.output
-    again = job_of(launcher, "hang", tmp_path, timeout_s=HANG_TIMEOUT_S, launch_args=("--run-dir", str(run)))
     assert again.code == 1 and "rank 0 exited with code 1" in again.output, again.output
     assert "rank 0: stopped in collective #4: all_reduce over d (its #4), 16 B, failed" in again.output, again.output
     assert "rank 1: completed collective #3 (all_reduce over d, its #3, 16 B) and posted nothing after it" \
@@ -119,9 +156,9 @@ def test_the_flight_recorder_says_which_rank_skipped_a_collective_and_a_rerun_sa
     check_clean(again)
 
 
-@pytest.mark.parametrize("launcher,sig", [("plain", signal.SIGHUP)] + ([("mpiexec", signal.SIGTERM)] if MPIEXEC else []))
-def test_a_signal_to_the_launcher_is_forwarded_and_the_job_cleaned_up(launcher, sig, tmp_path):
-    job = job_of(launcher, "run", tmp_path, send=sig)
+@pytest.mark.parametrize("launcher,sig", SIGNALS)
+def test_a_signal_to_the_launcher_is_forwarded_and_the_job_cleaned_up(jobs, launcher, sig):
+    job = job_of(jobs, sig, launcher)
     assert job.code == 128 + sig, job.output
     assert f"got {signal.Signals(sig).name}; forwarded it to the ranks" in job.output
     assert job.teardown_s < RAISE_BOUND_S, job.output
@@ -129,9 +166,9 @@ def test_a_signal_to_the_launcher_is_forwarded_and_the_job_cleaned_up(launcher, 
 
 
 @needs_mpiexec
-def test_a_hung_rank_ends_a_bare_mpiexec_job(tmp_path):
+def test_a_hung_rank_ends_a_bare_mpiexec_job(jobs):
     """Without axgrid launch: the rank that times out leaves without MPI_Finalize, so Hydra ends the hung one."""
-    job = job_of("bare-mpiexec", "hang", tmp_path, timeout_s=HANG_TIMEOUT_S)
+    job = job_of(jobs, "hang", "bare-mpiexec")
     assert job.code == 1, job.output
     assert HANG_TIMEOUT_S - 1 < job.teardown_s < HANG_TIMEOUT_S + HANG_SLACK_S, job.output
     check_clean(job)

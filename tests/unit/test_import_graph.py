@@ -4,6 +4,7 @@ only the library, nothing imports tests/, axgrid.spec imports no torch, and noth
 source (every import statement, also inside functions, where a cycle would hide; ``if TYPE_CHECKING:`` blocks
 excepted)."""
 import ast
+import functools
 import os
 import re
 import pathlib
@@ -26,9 +27,10 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(name: str, packages: bool) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _imports(name: str, packages: bool) -> frozenset[str]:
     """The axgrid modules ``name`` imports (resolved, existing), and with ``packages`` the packages they live
-    in (whose ``__init__`` runs first)."""
+    in (whose ``__init__`` runs first). Each file is parsed once per session."""
     f = _module_file(name)
     package = name if f.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -55,7 +57,7 @@ def _imports(name: str, packages: bool) -> set[str]:
                 while packages and parent != "axgrid":          # a submodule runs its packages' __init__ first
                     found.add(parent)
                     parent = parent.rpartition(".")[0]
-    return found
+    return frozenset(found)
 
 
 def closure(name: str, packages: bool = True) -> set[str]:

@@ -75,11 +75,12 @@ def test_out_of_range_flags_gpus_and_layout_family(ranking):
     assert all(r.out_of_range == "" for r in ranking.feasible)
     assert all(r.out_of_range == "TPxPPxDP never validated on perlmutter" for r in ranking.megatron)
     assert band.out_of_range(8192, "4D") == "8192 GPUs > 4096, the largest validated on perlmutter"
-    a100 = band_for(pm.load_machine("dgx-a100"))
-    assert a100.layouts == {"TPxPPxDP"} and a100.gpus_max == 512 and "4D never validated" in a100.out_of_range(8, "4D")
-    never = band_for(pm.load_machine("dgx-h100"))       # no residuals: the published points pooled, flagged
+    a100 = band_for(pm.load_machine("dgx-a100"))        # its suites: vTrain, Korthikanti, llama-public's A100 rows
+    assert a100.layouts == {"TPxPPxDP", "4D"} and a100.gpus_max == 512 and a100.source.endswith("suite-residuals.json")
+    assert "1024 GPUs > 512" in a100.out_of_range(1024, "4D")
+    never = band_for(pm.load_machine("juwels-booster"))  # no residuals: the published points pooled, flagged
     assert not never.own and len(never.residuals) == 15 and not any(r.problem for r in never.residuals)
-    assert never.out_of_range(8, "4D").startswith("never validated on dgx-h100")
+    assert never.out_of_range(8, "4D").startswith("never validated on juwels-booster")
 
 
 def test_stored_residuals_are_check_published(checks):

@@ -15,6 +15,7 @@ from axgrid.perfmodel.suites import (price_published, price_vtrain, run_suites, 
 #: the figures of the shipped model (docs/results.md, "perfmodel against public measurements"): MAPE in percent,
 #: mean per-group Spearman ρ; a change may improve them, and then moves them here
 PINNED = {"vtrain": {"mape": 6.9, "spearman": 0.94}, "korthikanti": {"mape": 7.8}, "published": {"mape": 15.4},
+          "llama-public": {"mape": 13.1},       # 13 priced rows (perfmodel/llama_suite.py); the goal is 10
           "vtrain-multi": {"mape": 13.2}}       # the held-out test, priced once at 7faeb6b: a guard, never a target
 
 
@@ -32,6 +33,7 @@ def test_figures_do_not_get_worse(suites):
     v = suites["vtrain"].metrics
     assert v["n"] == 1440 and v["groups"] == 136 and suites["korthikanti"].metrics["n"] == 8
     assert suites["published"].metrics["n"] == 15 and suites["vtrain-multi"].metrics["n"] == 109
+    assert suites["llama-public"].metrics["n"] == 13 and len(suites["llama-public"].notes) == 24
 
 
 def test_multi_node_rows_are_read_without_their_parameter_column():

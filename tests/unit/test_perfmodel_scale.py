@@ -36,9 +36,10 @@ def test_bandwidth_table_by_placement_stride_and_group():
 def test_gemm_efficiency_per_gpu_from_the_machine_file():
     for name, eff in (("perlmutter", 0.869), ("frontier", 0.663), ("alps", 0.838), ("dgx-h100", 0.803)):
         m = pm.load_machine(name)
-        big = float(gemm_rate(8192, 8192, 8192, m, "bf16"))
+        big = float(gemm_rate(8192, 8192, 8192, m, "fp16"))                   # fp16 uses the bf16 curve
         assert big == pytest.approx(m.peak_flops_bf16 * eff * 8192 / (8192 + 96.0))
-        assert float(gemm_rate(8192, 8192, 8192, m, "fp16")) == big          # fp16 uses the bf16 curve
+        if not m.gemm_table:
+            assert float(gemm_rate(8192, 8192, 8192, m, "bf16")) == big
     m = pm.load_machine("perlmutter")
     assert float(gemm_rate(64, 64, 64, m, "fp32")) == pytest.approx(m.peak_flops_fp32 * 0.75 * 64 / 160)  # default
 
@@ -280,3 +281,33 @@ def test_tp_pp_dp_monotone_and_memory_checked(machine, bw, fl, mem):
     for r in pl.price(prob, small, cs):
         over = r.memory_bytes > small.memory_bytes * prob.options.memory_usable
         assert not (r.feasible and over) and (r.feasible or "memory" in r.reason)
+
+
+def test_dgx_h100_bf16_gemms_run_at_openxlas_measured_rates():
+    """dgx-h100's bf16 GEMMs: the measured H100 table (OpenXLA's sm_90 matmul table, subset in dgx-h100.gemm.json),
+    the nearest measured shape in log space; the table's values are read back unchanged."""
+    import json
+
+    from axgrid.perfmodel.machines import MACHINE_DIR
+    m = pm.load_machine("dgx-h100")
+    rows = json.loads((MACHINE_DIR / "dgx-h100.gemm.json").read_text())
+    assert len(rows) == 27 and {r["dtype"] for r in rows} == {"bf16"}
+    for r in rows:
+        assert float(gemm_rate(r["m"], r["n"], r["k"], m, "bf16")) == r["flops_per_s"]
+    at = {(r["m"], r["n"], r["k"]): r["flops_per_s"] for r in rows}
+    assert float(gemm_rate(16384, 14336, 4096, m, "bf16")) == at[4096, 4096, 4096]       # beyond the table: its corner
+    assert float(gemm_rate(300, 900, 5000, m, "bf16")) == at[256, 1024, 4096]             # nearest in log space
+    assert max(at.values()) < 0.8 * m.peak_flops_bf16 and min(at.values()) < 0.01 * m.peak_flops_bf16
+
+
+def test_a_measured_gemm_table_is_given_once(tmp_path):
+    import shutil
+
+    from axgrid.perfmodel.machines import MACHINE_DIR
+    for f in ("dgx-h100.toml", "dgx-h100.gemm.json"):
+        shutil.copy(MACHINE_DIR / f, tmp_path / f)
+    toml = tmp_path / "dgx-h100.toml"
+    assert len(pm.load_machine(toml).gemm_table) == 27
+    toml.write_text(toml.read_text() + '\n[fitted]\ngemm_table = "dgx-h100.gemm.json"\n')
+    with pytest.raises(pm.MachineFileError, match="gemm_table at the top level .* or under \\[fitted\\], not both"):
+        pm.load_machine(toml)

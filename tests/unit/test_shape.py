@@ -131,6 +131,10 @@ def test_bad_shapes_are_refused_in_one_line():
         TransformerShape.from_hf_config(tiny_config("llama", num_key_value_heads=3), 32)
     with pytest.raises(ValueError, match="GPTConfig.shape=.* must be a TransformerShape of family 'gpt'"):
         GPTConfig(TransformerShape.from_hf_config(tiny_config("llama"), 32))
+    # perfmodel prices every family (tests/unit/test_perfmodel_families.py), a GPT with its own MLP width too
+    llama = TransformerShape.from_hf_config(tiny_config("llama"), 32)
+    assert pm.Problem(llama, 8, 4).model.family == "llama"
+    assert pm.Problem(TransformerShape("t", 1, 8, 2, ffn=100), 8, 4).model.ffn == 100
 
 
 def test_grid_rules():
