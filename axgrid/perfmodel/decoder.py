@@ -24,8 +24,9 @@ q/k norms (Qwen3, Gemma 3) over each local head's ``d`` features: no forward col
                            all-reduced over y, then over z (fp32)
 token table                untied: ``[V, h_x]`` on every rank (features over x), its gradient AR_z'd (fp32); tied:
                            the head's weight itself, the lookup gathers the head's block over z and all-reduces
-                           ``[m', h_x]`` over y in the forward (in the block's dtype: the compute dtype when gathered,
-                           the fp32 parameter when Gz = 1), and reduce-scatters its gradient over z in the backward
+                           ``[m', h_x]`` over y in the forward (in the compute dtype: the runtime's lookup reads the
+                           fp32 parameter when Gz = 1 and all-reduces fp32 there under bf16, not modelled here), and
+                           reduce-scatters its gradient over z in the backward
 loss                       the vocabulary-parallel cross entropy (AG_y of ``[m']``, AR_y of ``[m', 2]`` when Gy > 1)
                            and one AR_z of ``[sum, count]`` (fp32, when Gz > 1)
 recompute                  per decoder layer (Hugging Face's gradient checkpointing): its forward again in backward
@@ -46,7 +47,7 @@ import numpy as np
 from axgrid.spec import DEFAULT_BUCKET_BYTES, TransformerShape, ceil_div
 
 from .buckets import pack
-from .comm import PARAM_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
+from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
@@ -199,9 +200,9 @@ def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime
         live = out
 
     for _ in range(n_microbatches):
-        if spec.tied:                                # the lookup reads the head's block: gathered over z in the
-            post("z", "all_gather", head.padded * b)  # compute dtype; with Gz = 1 the fp32 parameter itself
-            post("y", "all_reduce", mprime * hx * (b if gz > 1 else PARAM_BYTES))
+        if spec.tied:                                # the lookup reads the head's block
+            post("z", "all_gather", head.padded * b)
+            post("y", "all_reduce", mprime * hx * b)
         for _ in range(spec.layers):
             layer_fwd()
         norm_fwd()
