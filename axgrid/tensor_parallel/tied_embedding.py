@@ -55,7 +55,13 @@ class _TiedLookup(torch.autograd.Function):
         part = part * inside.unsqueeze(-1).to(part.dtype)                       # [m', h/Gx]
         ctx.layer = layer
         ctx.save_for_backward(local, inside)
-        return grid.comm.all_reduce(part, "y") if grid.size("y") > 1 else part
+        if grid.size("y") == 1:
+            return part
+        compute = head.runtime.weights.compute_dtype(part)
+        if compute is not None:     # Gz = 1 under autocast: the block is the fp32 parameter itself, not a gathered
+            # copy in the compute dtype; all-reduce in that dtype as when gathered (the same values, half the bytes)
+            return grid.comm.all_reduce(part.to(compute), "y").to(part.dtype)
+        return grid.comm.all_reduce(part, "y")
 
     @staticmethod
     def backward(ctx, dx: torch.Tensor):  # type: ignore[override]
