@@ -188,8 +188,8 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
                       f"collectives` and `... steps` there, then `perfmodel calibrate` and `perfmodel validate "
                       f"--write-residuals` (docs/perfmodel.md, calibrating and validating on your machine); until "
                       f"then time the first rows yourself (--emit-slurm).")
-    line = verdict(rk)
-    if line and layouts == "all":
+    line = verdict(rk, layouts)
+    if line:
         con.print(line, soft_wrap=True)
     if show_infeasible:
         bad = [r for r in rk.rows if not r.feasible][:show_infeasible]
