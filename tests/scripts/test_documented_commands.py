@@ -237,11 +237,16 @@ DOCUMENTED: dict[str, Declaration] = {
         NotRun(GPU, "tests/scripts/test_gpu_check.py::test_arguments_are_checked_before_anything_else"),
     # ---- docs/metrics.md
     "python experiments/plots/report.py runs/*.jsonl --out DIR": REPORT,
+    "python -m axgrid.perfmodel validate-public --suite llama-public":
+        CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
     # ---- docs/perfmodel.md (``rank ...``: the options of the line above it)
     "python -m axgrid.perfmodel rank --model gpt-80b --gpus 1024 --machine perlmutter --batch 1024 --top 10": RANK,
     "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
         Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --top 3",
              expect="llama-3.1-8b"),
+    "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d "
+    "--top 5": Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 "
+                    "--layouts 4d --top 5", expect="1x1x1x64"),
     "python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 8192 --gpus 8192 "
     "--machine frontier --batch 2048":
         Call("python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 8192 --gpus 512 "
