@@ -21,8 +21,8 @@ dgx-h100, dgx-a100 and juwels-booster; ``local.sbatch`` (gloo ranks on CPU cores
   without a file gets ``NAME/config.json`` beside the scripts (``TransformerShape.hf_config``).
 
 The templates, train_gpt.py and pretrain.py live in a checkout (experiments/ is not installed): the scripts run from
-one, and ``REPO`` defaults to the checkout that wrote them. For a machine of CPU ranks the script asks for tasks, not GPUs,
-so it runs on a Slurm without GPUs (tests/system/test_slurm.py submits one).
+one, and ``REPO`` defaults to the checkout that wrote them. For a machine of CPU ranks the script asks for tasks, not
+GPUs, so it runs on a Slurm without GPUs (tests/system/test_slurm.py submits one, of the GPT and of a tiny Llama).
 """
 from __future__ import annotations
 
@@ -169,8 +169,13 @@ def emit_slurm(rk: Ranking, outdir: str | Path, rows: list[Row], command: str) -
         raise PerfModelError(f"--emit-slurm: none of the {len(rows)} rows printed is a 4D grid, the layouts axgrid "
                              f"runs; use --layouts 4d, or a larger --top")
     d = Path(outdir)
-    d.mkdir(parents=True, exist_ok=True)
     config = config_path(rk, d)
+    if config is not None:
+        limit, seq = rk.problem.model.hf_config().get("max_position_embeddings"), rk.problem.model.seq
+        if limit and seq > limit:
+            raise PerfModelError(f"--seq {seq} is longer than {config}'s max_position_embeddings {limit}, which "
+                                 f"pretrain.py refuses: rank with --seq {limit} or less, or raise it in the config")
+    d.mkdir(parents=True, exist_ok=True)
     out = []
     if config is not None and not rk.problem.model.path:    # a public model named without its file
         config.parent.mkdir(parents=True, exist_ok=True)

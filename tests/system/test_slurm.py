@@ -10,11 +10,11 @@
   with CHAIN=1 the follow-up (``--dependency=afterany``) resumes from ``latest`` on another grid; the losses of
   the chain equal an uninterrupted run's, step for step.
 - ``perfmodel rank --emit-slurm`` for the local machine profile writes a script that runs here as written (progress
-  lines in the .out, a checkpoint at the end); for Perlmutter, Frontier, Alps and DGX H100 (gpu.sbatch; a GPT and
-  Llama-3.1-8B, whose script runs pretrain.py) its scripts pass ``sbatch --test-only``. No GPU script is submitted:
-  this node has no GPUs.
-- The site templates and gpu.sbatch pass ``sbatch --test-only`` here with the options this node cannot satisfy overridden
-  (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
+  lines in the .out, a checkpoint at the end), and so does one of a tiny Llama's config.json (pretrain.py); for
+  Perlmutter, Frontier, Alps and DGX H100 (gpu.sbatch; a GPT and Llama-3.1-8B, whose script runs pretrain.py) its
+  scripts pass ``sbatch --test-only``. No GPU script is submitted: this node has no GPUs.
+- The site templates and gpu.sbatch pass ``sbatch --test-only`` here with the options this node cannot satisfy
+  overridden (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
 """
 from __future__ import annotations
 
@@ -269,6 +269,31 @@ def test_emitted_sbatch_script_for_the_local_profile_runs_as_written(slurm, tmp_
     assert f"on grid {grid} (2 ranks" in text and re.search(r"loss [\d.]+ -> [\d.]+ in 20 steps", text), text
     assert re.search(r"^step 10/20: loss [\d.]+, \d+ tokens/s, [\d.]+ s/step, 0:\d\d:\d\d left$", text, re.M), text
     assert (tmp_path / "run" / "ckpt" / "latest").exists()         # saved at the end, for a resume
+
+
+def test_emitted_script_of_a_hugging_face_config_runs_pretrain_here(slurm, tmp_path):
+    """rank --config (a tiny Llama) --emit-slurm for local-4: the script runs experiments/train/pretrain.py on the
+    config, here as written, to the end (20 steps logged, a checkpoint for a resume)."""
+    from axgrid.spec import TransformerShape
+    config = tmp_path / "tiny-llama" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TransformerShape("tiny-llama", 1, 32, 2, 16, 64, bias=False, ffn=64,
+                                                  family="llama", kv_heads=1).hf_config()))
+    out = tmp_path / "emit"
+    res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--config", str(config), "--seq", "16",
+                          "--gpus", "2", "--machine", "local-4", "--batch", "4", "--dtype", "fp32", "--top", "1",
+                          "--layouts", "4d", "--emit-slurm", str(out)], env=slurm.env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (script,) = sorted(out.glob("*.sbatch"))
+    assert f'CONFIG="${{CONFIG:-{config}}}"' in script.read_text()
+    job = slurm.sbatch("--chdir", str(ROOT), "--output", str(tmp_path / "%j.out"), str(script),
+                       env={**slurm.env, "RUN_DIR": str(tmp_path / "run")})
+    rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
+    text = (tmp_path / f"{job}.out").read_text()
+    assert (rec.state, rec.exit_code) == ("COMPLETED", "0:0"), text
+    assert [r["step"] for r in records(tmp_path / "run" / f"train-{job}.jsonl")] == list(range(20)), text
+    assert (tmp_path / "run" / "ckpt" / "latest").exists()
 
 
 @pytest.mark.parametrize("site,model", list(EMITTED), ids=[f"{a}-{b}" for a, b in EMITTED])

@@ -133,3 +133,15 @@ def test_config_row_points_to_the_given_file(tmp_path):
     argv = printed_command(script, tmp_path, 8, 8)
     args = load_script("train/pretrain.py").parse_args(argv[2:])
     assert (args.config, args.recompute, args.seq, args.grid) == (str(config), False, 128, script.stem.split("_")[1])
+
+
+def test_a_sequence_longer_than_the_config_allows_is_refused_in_one_line(tmp_path, capsys):
+    """pretrain.py refuses --seq above max_position_embeddings: the scripts are not written, the error says the fix."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**TransformerShape("tiny", 2, 64, 4, 128, 256, bias=False, ffn=128, family="llama",
+                                                     kv_heads=2).hf_config(), "max_position_embeddings": 128}))
+    assert main(["rank", "--config", str(config), "--seq", "256", "--gpus", "8", "--machine", "dgx-h100", "--batch",
+                 "16", "--layouts", "4d", "--emit-slurm", str(tmp_path / "slurm")]) == 2
+    err = capsys.readouterr().err
+    assert "--seq 256 is longer than" in err and "max_position_embeddings 128" in err and err.count("\n") == 1
+    assert not (tmp_path / "slurm").exists()
