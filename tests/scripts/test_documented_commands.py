@@ -263,6 +263,10 @@ DOCUMENTED: dict[str, Declaration] = {
     "python -m axgrid.perfmodel rank ... --layouts 4d --top 5 --emit-slurm runs/":
         Call(f"python -m axgrid.perfmodel rank {RANK_80B} --layouts 4d --top 5 --emit-slurm {{tmp}}/slurm",
              expect=".sbatch"),
+    "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d "
+    "--top 3 --emit-slurm runs/llama/":
+        Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 "
+             "--layouts 4d --top 3 --emit-slurm {tmp}/llama", expect="llama-3.1-8b/config.json"),
     "python -m axgrid.perfmodel check-published [--write-residuals]": CHECK_PUBLISHED,   # --write-residuals: the
     "python -m axgrid.perfmodel machines": Call("python -m axgrid.perfmodel machines", expect="perlmutter"),  # shipped
     "python -m axgrid.perfmodel validate-public [--out-dir DIR]": VALIDATE_PUBLIC,       # files: not in a test
@@ -441,6 +445,10 @@ DOCUMENTED: dict[str, Declaration] = {
     "python experiments/plots/plot_loss.py runs/ft.jsonl runs/ft_loss.png": PLOT_LOSS,
     "python experiments/plots/plot_trace.py runs/trace/merged.json runs/trace/timeline.png": OVERLAP_TRACED,
     "python experiments/plots/report.py runs/*.jsonl --out runs/report": REPORT,
+    "sbatch -N 8 experiments/slurm/gpu.sbatch":
+        NotRun("sbatch on a real GPU cluster (8 GPUs a node, its account); the template is checked by sbatch "
+               "--test-only on the tests' private Slurm",
+               "tests/system/test_slurm.py::test_site_template_is_accepted_by_sbatch_test_only[gpu]"),
     "sbatch experiments/slurm/local.sbatch":
         CoveredBy("tests/system/test_slurm.py::test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid"),
 }
