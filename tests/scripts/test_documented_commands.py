@@ -237,6 +237,15 @@ DOCUMENTED: dict[str, Declaration] = {
         NotRun(GPU, "tests/scripts/test_gpu_check.py::test_arguments_are_checked_before_anything_else"),
     # ---- docs/metrics.md
     "python experiments/plots/report.py runs/*.jsonl --out DIR": REPORT,
+    "python -m axgrid.dryrun --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
+        NotRun("an 8B model's step on fake tensors takes ~5 minutes of this host's CPU; the same path (a public "
+               "name, perfmodel's grid) at a small size: tests/ranks/test_dryrun.py's Hugging Face cases"),
+    "python -m axgrid.dryrun --model mistral-7b --gpus 64 --machine dgx-h100 --batch 512":
+        NotRun("a 7B model's step on fake tensors: ~6 minutes of this host's CPU"),
+    "python -m axgrid.dryrun --model llama-3.1-70b --gpus 64 --machine dgx-h100 --batch 512":
+        NotRun("a 70B model's step on fake tensors: ~6 minutes of this host's CPU"),
+    "python -m axgrid.dryrun --model experiments/configs/llama-3.1-405b --seq 8192 --gpus 8192 --machine frontier "
+    "--batch 2048": NotRun("a 405B model's step on fake tensors: ~2 minutes of this host's CPU, 126 layers"),
     "python -m axgrid.perfmodel validate-public --suite llama-public":
         CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
     # ---- docs/perfmodel.md (``rank ...``: the options of the line above it)
