@@ -13,6 +13,7 @@ from axgrid.spec.layout import WorldSizeMismatch
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
 from .rank import Ranking, price_grid, rank
+from .suites import SUITES
 from .problem import DTYPE_BYTES, Options, Problem, get_model
 
 
@@ -187,8 +188,8 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
                       f"collectives` and `... steps` there, then `perfmodel calibrate` and `perfmodel validate "
                       f"--write-residuals` (docs/perfmodel.md, calibrating and validating on your machine); until "
                       f"then time the first rows yourself (--emit-slurm).")
-    line = verdict(rk)
-    if line and layouts == "all":
+    line = verdict(rk, layouts)
+    if line:
         con.print(line, soft_wrap=True)
     if show_infeasible:
         bad = [r for r in rk.rows if not r.feasible][:show_infeasible]
@@ -449,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     vp = sub.add_parser("validate-public", help="MAPE, per-group Spearman and top-1 regret on public measurements: "
                                                 "vTrain's 1,440 A100 runs, the Korthikanti eight, check-published's 15, "
                                                 "vTrain's 109 multi-node runs (held out)")
-    vp.add_argument("--suite", action="append", choices=("vtrain", "korthikanti", "published", "vtrain-multi"),
+    vp.add_argument("--suite", action="append", choices=SUITES,
                     help="one suite (repeat for several; default: all four)")
     vp.add_argument("--vtrain", metavar="CSV", help="vTrain's data/ground_truth_single.csv (default: the shipped copy)")
     vp.add_argument("--out-dir", metavar="DIR", help="write a predicted-vs-measured scatter PNG per suite there")

@@ -94,19 +94,23 @@ def gemm_time(m, n, k, machine: Machine, dtype: str) -> np.ndarray:
 
 def elementwise_bytes(tokens, width, ffn_width, heads, seq: float, dtype_bytes: int, dropout: bool,
                       fused_attention: bool, norms: int = 2, gated: bool = False,
-                      rope_width=0.0) -> tuple[np.ndarray, np.ndarray]:
+                      rope_width=0.0, eager: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """HBM bytes one block's forward moves through its element-wise (memory-bound) kernels on one rank, per
     micro-batch: (token-wise kernels, attention-score kernels). Per rank: ``tokens`` rows of the residual stream,
     each ``width`` wide there (the 4D runtime: [m', h/Gx]; Megatron: [mbs·S, h], [mbs·S/TP, h] with sequence
     parallel), the MLP's hidden ``ffn_width`` wide ([·, 4h/Gy] or [·, 4h/TP]), ``heads`` attention heads
     ([·, H/Gy]), activations of ``dtype_bytes``:
 
-    * ``norms`` norms (the GPT's and Llama's two, Gemma 3's four), each reads and writes the stream: 4·b per
-      element of [tokens, width];
+    * ``norms`` norms (the GPT's and Llama's two, Gemma 3's four), each reads and writes the stream: 2·b per
+      element of [tokens, width] for a fused kernel (the GPT's ``F.layer_norm``, Megatron's); ``eager`` (a Hugging
+      Face or torchtitan RMSNorm run op by op, as the 4D runtime's plans run it): the input cast to fp32 (b + 4),
+      squared (8), its mean read (4), scaled by the reciprocal root (8), cast back (4 + b), times the weight (2·b):
+      28 + 4·b;
     * two residual adds (x + proj, x + down), each reads two and writes one: 6·b, and with ``dropout`` (Megatron's
       fused bias-dropout-add) a 1-byte mask written: +2;
     * bias + GELU reads and writes the MLP hidden: 2·b per element of [tokens, ffn_width]; a ``gated`` MLP
-      (SwiGLU, GeGLU) reads the gate's and the up projection's outputs and writes their product: 3·b;
+      (SwiGLU, GeGLU) reads the gate's and the up projection's outputs and writes their product: 3·b fused,
+      ``eager`` the activation (2·b) then the product (3·b): 5·b;
     * rotary positions (the decoders') read and write q and k: 4·b per element of [tokens, ``rope_width``]
       (the local heads' and key-value heads' features; 0 for the GPT's learned positions);
     * without a fused (flash-style) attention, per score of [tokens/S sequences, heads, S, S]: QKᵀ writes it,
@@ -117,8 +121,9 @@ def elementwise_bytes(tokens, width, ffn_width, heads, seq: float, dtype_bytes: 
     gradient and writes the gradient); a recompute forward moves the forward's again (``model.evaluate``)."""
     b = float(dtype_bytes)
     tokens = np.asarray(tokens, float)
-    stream = tokens * np.asarray(width, float) * (norms * 2 * b + 2 * (3 * b + (1 if dropout else 0)))
-    mlp = tokens * np.asarray(ffn_width, float) * (3 if gated else 2) * b
+    norm = (28 + 4 * b) if eager else 2 * b
+    stream = tokens * np.asarray(width, float) * (norms * norm + 2 * (3 * b + (1 if dropout else 0)))
+    mlp = tokens * np.asarray(ffn_width, float) * ((5 if eager else 3) if gated else 2) * b
     if np.any(np.asarray(rope_width) > 0):
         mlp = mlp + tokens * np.asarray(rope_width, float) * 4 * b
     per_score = 0.0 if fused_attention else 4 * b + ((2 * b + 1) if dropout else 0)

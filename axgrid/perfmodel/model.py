@@ -184,13 +184,16 @@ def _clipping(g: Grids, opt: Options, machine: Machine, rings: Rings, comm: Comm
 
 
 def _elementwise(spec: TransformerShape, g: Grids, mprime: np.ndarray, hx: np.ndarray, seq_split, dtype_bytes: int,
-                 opt: Options, machine: Machine) -> tuple[np.ndarray, np.ndarray]:
+                 opt: Options, machine: Machine, layout: str = "axgrid") -> tuple[np.ndarray, np.ndarray]:
     """(all blocks' element-wise kernels, one block's forward attention-score kernels) [N], seconds per
-    micro-batch, moving ``compute.elementwise_bytes`` through HBM: 3× a block's forward bytes (4× with recompute)."""
+    micro-batch, moving ``compute.elementwise_bytes`` through HBM: 3× a block's forward bytes (4× with recompute).
+    A Hugging Face decoder on the 4D runtime (``layout`` "axgrid") runs its norms and gated activation op by op
+    (eager, as its plans run transformers' modules); Megatron's layout fuses them."""
     rope = 0.0 if spec.is_gpt else (spec.heads + spec.kv_heads) * spec.head_dim / g.gy
     ew_stream, ew_scores = elementwise_bytes(mprime, hx / np.asarray(seq_split, float), spec.ffn / g.gy,
                                              spec.heads / g.gy, spec.attended_keys(), dtype_bytes, opt.dropout,
-                                             opt.fused_attention, spec.block_norms(), spec.gated_mlp, rope)
+                                             opt.fused_attention, spec.block_norms(), spec.gated_mlp, rope,
+                                             eager=not spec.is_gpt and layout == "axgrid")
     scores_fwd = memory_time(ew_scores, machine)
     return spec.layers * (3 + int(opt.recompute)) * (memory_time(ew_stream, machine) + scores_fwd), scores_fwd
 
@@ -352,7 +355,7 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     compute_bwd, slack = backward(spec, costs, side, opt, comm)
     buckets, d_bytes = _data_parallel(spec, costs, hx, g, opt.grad_bytes, opt, rings, slack, compute_fwd, mb, comm)
     clip_bytes = _clipping(g, opt, machine, rings, comm)
-    elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine)
+    elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine, memory_layout)
     kernels = _kernel_latency(spec, opt, machine, len(g))
     loss = memory_time(mprime * spec.vocab / g.gy * CROSS_ENTROPY_BYTES, machine)
     optimizer = _optimizer_time(spec, g, opt, machine, memory_layout)

@@ -256,11 +256,11 @@ def what_would_fit(prob: Problem, machine: Machine, max_factor: int = 1024) -> s
     return "; ".join(found)
 
 
-def verdict(rk: Ranking) -> str:
-    """The 4D against TP×PP×DP line (:func:`layout_verdict`), then which rows of the table (``rk.shown("all")``,
-    numbered as printed) the model can tell apart from row 1 (``band.separation``)."""
-    line = layout_verdict(rk)
-    rows = rk.shown("all")
+def verdict(rk: Ranking, layouts: str = "all") -> str:
+    """With ``layouts`` "all", the 4D against TP×PP×DP line (:func:`layout_verdict`); then which rows of the table
+    (``rk.shown(layouts)``, numbered as printed) the model can tell apart from row 1 (``band.separation``)."""
+    line = layout_verdict(rk) if layouts == "all" else ""
+    rows = rk.shown(layouts)
     told = separation([r.time_s for r in rows], rk.band) if rk.band is not None else ""
     return "\n".join(x for x in (line, told) if x)
 

@@ -34,7 +34,6 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from axgrid.spec import TransformerShape
 
@@ -83,6 +82,7 @@ def _top1_regret(pred: np.ndarray, meas: np.ndarray) -> float:
 def suite_metrics(predicted, measured, groups: list[tuple] | None = None) -> dict[str, float]:
     """The module docstring's metrics for rows of ``predicted`` and ``measured`` seconds, ``groups`` their group
     keys (None: one group per row, so no ρ or regret)."""
+    from scipy import stats        # scipy loads in ~1 s: only the Spearman figures need it
     p = np.asarray(predicted, float)
     m = np.asarray(measured, float)
     if p.shape != m.shape or p.ndim != 1 or p.size == 0:

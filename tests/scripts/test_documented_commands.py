@@ -237,11 +237,25 @@ DOCUMENTED: dict[str, Declaration] = {
         NotRun(GPU, "tests/scripts/test_gpu_check.py::test_arguments_are_checked_before_anything_else"),
     # ---- docs/metrics.md
     "python experiments/plots/report.py runs/*.jsonl --out DIR": REPORT,
+    "python -m axgrid.dryrun --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
+        NotRun("an 8B model's step on fake tensors takes ~5 minutes of this host's CPU; the same path (a public "
+               "name, perfmodel's grid) at a small size: tests/ranks/test_dryrun.py's Hugging Face cases"),
+    "python -m axgrid.dryrun --model mistral-7b --gpus 64 --machine dgx-h100 --batch 512":
+        NotRun("a 7B model's step on fake tensors: ~6 minutes of this host's CPU"),
+    "python -m axgrid.dryrun --model llama-3.1-70b --gpus 64 --machine dgx-h100 --batch 512":
+        NotRun("a 70B model's step on fake tensors: ~6 minutes of this host's CPU"),
+    "python -m axgrid.dryrun --model experiments/configs/llama-3.1-405b --seq 8192 --gpus 8192 --machine frontier "
+    "--batch 2048": NotRun("a 405B model's step on fake tensors: ~2 minutes of this host's CPU, 126 layers"),
+    "python -m axgrid.perfmodel validate-public --suite llama-public":
+        CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
     # ---- docs/perfmodel.md (``rank ...``: the options of the line above it)
     "python -m axgrid.perfmodel rank --model gpt-80b --gpus 1024 --machine perlmutter --batch 1024 --top 10": RANK,
     "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
         Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --top 3",
              expect="llama-3.1-8b"),
+    "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d "
+    "--top 5": Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 "
+                    "--layouts 4d --top 5", expect="1x1x1x64"),
     "python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 8192 --gpus 8192 "
     "--machine frontier --batch 2048":
         Call("python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 8192 --gpus 512 "
@@ -258,6 +272,10 @@ DOCUMENTED: dict[str, Declaration] = {
     "python -m axgrid.perfmodel rank ... --layouts 4d --top 5 --emit-slurm runs/":
         Call(f"python -m axgrid.perfmodel rank {RANK_80B} --layouts 4d --top 5 --emit-slurm {{tmp}}/slurm",
              expect=".sbatch"),
+    "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d "
+    "--top 3 --emit-slurm runs/llama/":
+        Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 "
+             "--layouts 4d --top 3 --emit-slurm {tmp}/llama", expect="llama-3.1-8b/config.json"),
     "python -m axgrid.perfmodel check-published [--write-residuals]": CHECK_PUBLISHED,   # --write-residuals: the
     "python -m axgrid.perfmodel machines": Call("python -m axgrid.perfmodel machines", expect="perlmutter"),  # shipped
     "python -m axgrid.perfmodel validate-public [--out-dir DIR]": VALIDATE_PUBLIC,       # files: not in a test
@@ -436,6 +454,10 @@ DOCUMENTED: dict[str, Declaration] = {
     "python experiments/plots/plot_loss.py runs/ft.jsonl runs/ft_loss.png": PLOT_LOSS,
     "python experiments/plots/plot_trace.py runs/trace/merged.json runs/trace/timeline.png": OVERLAP_TRACED,
     "python experiments/plots/report.py runs/*.jsonl --out runs/report": REPORT,
+    "sbatch -N 8 experiments/slurm/gpu.sbatch":
+        NotRun("sbatch on a real GPU cluster (8 GPUs a node, its account); the template is checked by sbatch "
+               "--test-only on the tests' private Slurm",
+               "tests/system/test_slurm.py::test_site_template_is_accepted_by_sbatch_test_only[gpu]"),
     "sbatch experiments/slurm/local.sbatch":
         CoveredBy("tests/system/test_slurm.py::test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid"),
 }

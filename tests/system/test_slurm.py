@@ -10,10 +10,11 @@
   with CHAIN=1 the follow-up (``--dependency=afterany``) resumes from ``latest`` on another grid; the losses of
   the chain equal an uninterrupted run's, step for step.
 - ``perfmodel rank --emit-slurm`` for the local machine profile writes a script that runs here as written (progress
-  lines in the .out, a checkpoint at the end); for Perlmutter, Frontier and Alps its scripts pass
-  ``sbatch --test-only``.
-- The site templates pass ``sbatch --test-only`` here with the options this node cannot satisfy overridden
-  (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
+  lines in the .out, a checkpoint at the end), and so does one of a tiny Llama's config.json (pretrain.py); for
+  Perlmutter, Frontier, Alps and DGX H100 (gpu.sbatch; a GPT and Llama-3.1-8B, whose script runs pretrain.py) its
+  scripts pass ``sbatch --test-only``. No GPU script is submitted: this node has no GPUs.
+- The site templates and gpu.sbatch pass ``sbatch --test-only`` here with the options this node cannot satisfy
+  overridden (nodes, GPUs, partition, constraint); those and the srun options are parsed and checked.
 """
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ pytestmark = pytest.mark.slurm
 
 SLURM_DIR = ROOT / "experiments" / "slurm"
 SITES = ("perlmutter", "frontier", "alps")
+#: the GPU templates: the sites' and the one every other GPU machine file builds on
+GPU_TEMPLATES = SITES + ("gpu",)
+#: (machine, model) -> the template its --emit-slurm scripts build on
+EMITTED = {("perlmutter", "gpt-20b"): "perlmutter", ("frontier", "gpt-20b"): "frontier", ("alps", "gpt-20b"): "alps",
+           ("dgx-h100", "gpt-20b"): "gpu", ("dgx-h100", "llama-3.1-8b"): "gpu"}
 TINY = "--layers 1 --hidden 32 --heads 2 --seq 16"     # train_gpt.py model overrides: a few ms per step
 RUN_LIMIT_S = 480.0        # any one job here (start-up of 4 torch processes on a loaded 2-core machine is slow)
 
@@ -265,25 +271,51 @@ def test_emitted_sbatch_script_for_the_local_profile_runs_as_written(slurm, tmp_
     assert (tmp_path / "run" / "ckpt" / "latest").exists()         # saved at the end, for a resume
 
 
-@pytest.mark.parametrize("site", SITES)
-def test_emitted_site_scripts_pass_sbatch_test_only(slurm, tmp_path, site):
-    """rank --emit-slurm for a site machine: scripts numbered by their row in the printed table, built on the site's
-    template (its options, --signal, site settings; no account or constraint: given at submission), accepted by
-    sbatch --test-only here with what this one node cannot satisfy overridden."""
-    res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--model", "gpt-20b", "--gpus", "64",
+def test_emitted_script_of_a_hugging_face_config_runs_pretrain_here(slurm, tmp_path):
+    """rank --config (a tiny Llama) --emit-slurm for local-4: the script runs experiments/train/pretrain.py on the
+    config, here as written, to the end (20 steps logged, a checkpoint for a resume)."""
+    from axgrid.spec import TransformerShape
+    config = tmp_path / "tiny-llama" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TransformerShape("tiny-llama", 1, 32, 2, 16, 64, bias=False, ffn=64,
+                                                  family="llama", kv_heads=1).hf_config()))
+    out = tmp_path / "emit"
+    res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--config", str(config), "--seq", "16",
+                          "--gpus", "2", "--machine", "local-4", "--batch", "4", "--dtype", "fp32", "--top", "1",
+                          "--layouts", "4d", "--emit-slurm", str(out)], env=slurm.env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (script,) = sorted(out.glob("*.sbatch"))
+    assert f'CONFIG="${{CONFIG:-{config}}}"' in script.read_text()
+    job = slurm.sbatch("--chdir", str(ROOT), "--output", str(tmp_path / "%j.out"), str(script),
+                       env={**slurm.env, "RUN_DIR": str(tmp_path / "run")})
+    rec = slurm.wait_done(job, timeout_s=RUN_LIMIT_S)
+    text = (tmp_path / f"{job}.out").read_text()
+    assert (rec.state, rec.exit_code) == ("COMPLETED", "0:0"), text
+    assert [r["step"] for r in records(tmp_path / "run" / f"train-{job}.jsonl")] == list(range(20)), text
+    assert (tmp_path / "run" / "ckpt" / "latest").exists()
+
+
+@pytest.mark.parametrize("site,model", list(EMITTED), ids=[f"{a}-{b}" for a, b in EMITTED])
+def test_emitted_site_scripts_pass_sbatch_test_only(slurm, tmp_path, site, model):
+    """rank --emit-slurm for a GPU machine: scripts numbered by their row in the printed table, built on the site's
+    template or gpu.sbatch (its options, --signal, site settings; no account or constraint: given at submission),
+    accepted by sbatch --test-only here with what this one node cannot satisfy overridden."""
+    res = subprocess.run(["python", "-m", "axgrid.perfmodel", "rank", "--model", model, "--gpus", "64",
                           "--machine", site, "--batch", "64", "--top", "3", "--layouts", "4d",
                           "--emit-slurm", str(tmp_path)], env=slurm.env, cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
     scripts = sorted(tmp_path.glob("row*.sbatch"))
     assert [s.name[:5] for s in scripts] == ["row01", "row02", "row03"]
-    template = sbatch_options(SLURM_DIR / f"{site}.sbatch")
+    template = sbatch_options(SLURM_DIR / f"{EMITTED[site, model]}.sbatch")
     for script in scripts:
         opts = sbatch_options(script)
         assert opts["--signal"] == template["--signal"] and opts["--gpus-per-node"] == opts["--ntasks-per-node"]
         assert "-A" not in opts and "-C" not in opts and int(opts["-N"]) * int(opts["--ntasks-per-node"]) == 64
         text = script.read_text()
         assert f'GRID="${{GRID:-{script.stem.split("_", 1)[1]}}}"' in text and "SBATCH_ACCOUNT=<account>" in text
+        assert f"\nMACHINE={site}\n" in text and ("CONFIG=" in text) == model.startswith("llama")
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
         res = slurm.command(["sbatch", "--test-only", *OVERRIDES, str(script)], check=False, cwd=ROOT)
         assert res.returncode == 0 and "to start at" in res.stderr, f"{script.name}: {res.stderr}"
@@ -307,7 +339,7 @@ def sbatch_options(path: Path) -> dict[str, str]:
     return opts
 
 
-@pytest.mark.parametrize("site", SITES)
+@pytest.mark.parametrize("site", GPU_TEMPLATES)
 def test_site_template_is_accepted_by_sbatch_test_only(slurm, site):
     path = SLURM_DIR / f"{site}.sbatch"
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0

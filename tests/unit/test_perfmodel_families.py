@@ -111,3 +111,19 @@ def test_rank_answers_for_a_public_model_in_seconds(name):
     best = rk.feasible[0]
     assert best.memory_bytes <= 0.9 * pm.load_machine("dgx-h100").memory_bytes
     assert 0.1 < best.pct_peak / 100 < 0.9
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-2-7b", "mistral-7b", "qwen2.5-7b"])
+def test_a_public_models_config_fields_build_its_shape_in_transformers(name):
+    """``TransformerShape.hf_config`` (what the dry run and ``--emit-slurm`` build a named public model from) reads
+    back as the same shape, and transformers builds from it a model of the published parameter count."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    shape = PUBLIC_MODELS[name]
+    fields = shape.hf_config()
+    back = TransformerShape.from_hf_config(fields, shape.seq, name=name)
+    assert back == shape
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == shape.params
