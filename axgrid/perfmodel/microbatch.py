@@ -326,7 +326,9 @@ def _reduce_scatters(spec: TransformerShape, costs: list[LayerCost], side: SideC
     if not overlap_rs:
         comm.add("z", sum(c.reps * c.rs for c in costs), None)
         return sum(c.reps * w for c, w in zip(costs, windows))
-    rs = [c.rs + side.ln_bwd_z if c.layer.norm else c.rs for c in costs]
+    # a norm's gradient joins the reduce-scatter of the layer it feeds (``norm``) or follows (Gemma's ``post_norm``)
+    rs = [c.rs + (bool(c.layer.norm) + bool(c.layer.post_norm)) * side.ln_bwd_z if (c.layer.norm or c.layer.post_norm)
+          else c.rs for c in costs]
     exposed, slack = drain_chain(rs[:-1], windows[:-1], spec.layers, rs[-1], windows[-1])
     comm.add("z", exposed, spec.layer_norms() * side.ln_bwd_z)
     return slack
