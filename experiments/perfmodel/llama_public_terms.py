@@ -43,5 +43,5 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-    main(sys.argv[1:])
+    from axgrid.launch.errors import run
+    run(main, "llama_public_terms")     # errors said once, as one line (axgrid.launch.errors)

@@ -25,5 +25,5 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-    main(sys.argv[1:])
+    from axgrid.launch.errors import run
+    run(main, "write_suite_residuals")     # errors said once, as one line (axgrid.launch.errors)
