@@ -2,7 +2,7 @@ SHELL := /bin/bash
 # Two set-up commands that work on a fresh machine (see README):
 #   make demo   -- the main job: 8 local gloo ranks train an MLP stack 3D-parallel on grid 2x2x2x1
 #   make test   -- the test suite
-#   make test-fast -- the quick loop while editing: the tests not marked slow (144 s here; the goal is 2 minutes)
+#   make test-fast -- the quick loop while editing: the tests not marked slow (199 s for 633 tests here; the goal is 2 minutes)
 #   make lock   -- recompile requirements.lock (every package .venv holds, exact versions and hashes) from setup.py's
 #                  ranges and requirements.in, with uv; make install / CI install exactly the lock
 #   make test-latest -- a separate venv (.venv-latest) from the newest versions setup.py's ranges allow, the fast tests
