@@ -14,7 +14,6 @@ for that family are ``None`` in the :class:`Prediction`, named in its ``not_mode
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -24,11 +23,11 @@ from axgrid.perfmodel.comm import used_flag_bytes
 from axgrid.perfmodel.decoder import decoder_collective_events, decoder_dp_gradient_sizes, decoder_static_bytes
 from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
-from axgrid.perfmodel.parameters import trainable_parameters
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.problem import DTYPE_BYTES
-from axgrid.spec import DEFAULT_BUCKET_BYTES, PUBLIC_MODELS, GridShape, OverlapConfig, TransformerShape
+from axgrid.spec import (CONFIG_SEQ, DEFAULT_BUCKET_BYTES, PUBLIC_MODELS, GridShape, OverlapConfig, TransformerShape,
+                         is_config_path)
 
 
 class DryRunError(ValueError):
@@ -183,7 +182,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
               lora=lora_plan(cfg.model, opt))
     if cfg.hf:
         comm = _count(decoder_collective_events(*args, **kw))
-        trained = [p.elems * b for p in trainable_parameters(cfg.model, cfg.shape)]
+        trained = decoder_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
     else:
         nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
         comm = {k: (calls[k], nbytes[k]) for k in nbytes}
@@ -259,11 +258,6 @@ def _list(grids: list[str], show: int = 12) -> str:
     return ", ".join(grids[:show]) + more
 
 
-def is_config_path(model: str) -> bool:
-    """Whether ``--model`` names a Hugging Face config.json (or its folder) rather than a named size."""
-    return model.endswith(".json") or os.sep in model or os.path.isdir(model)
-
-
 def _check_options(dtype: str, overlap: str, zero: Optional[int], batch: Optional[int]) -> None:
     """The options a named size and a config.json share, each refused in one line naming the value and the fix."""
     if dtype not in ("bf16", "fp32"):
@@ -282,7 +276,7 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
             lora_targets: Optional[tuple[str, ...]] = None) -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
     fastest that fits). ``model``: a named size, a shape, or the path of a Hugging Face config.json (or its folder),
-    trained on ``seq``-token sequences (default :data:`HF_SEQ`). ``lora_r`` > 0: LoRA adapters of that rank on
+    trained on ``seq``-token sequences (default ``axgrid.spec.CONFIG_SEQ``). ``lora_r`` > 0: LoRA adapters of that rank on
     ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
     :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names)."""
     if isinstance(model, str) and not is_config_path(model) and model.lower() in PUBLIC_MODELS:
@@ -386,8 +380,6 @@ def _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, m
                    zero=row.zero if zero is None else zero)
 
 
-#: the sequence length of a Hugging Face config's dry run unless ``--seq`` says otherwise
-HF_SEQ = 2048
 
 
 def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: int, *, grid: Optional[str],
@@ -398,7 +390,7 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
     key-value heads, intermediate size and vocabulary over Gy), the batch must split over Gz·Gd; with a grid given,
     micro-batches default to 1, zero to 0."""
     try:
-        spec = model if isinstance(model, TransformerShape) else TransformerShape.from_config_json(model, seq or HF_SEQ)
+        spec = model if isinstance(model, TransformerShape) else TransformerShape.from_config_json(model, seq or CONFIG_SEQ)
     except ValueError as e:
         raise DryRunError(f"--model {model}: {e}") from None
     _check_options(dtype, overlap, zero, batch)

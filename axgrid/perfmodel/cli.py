@@ -3,11 +3,10 @@ validate-public}``."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 
-from axgrid.spec import GridError, GridShape, TransformerShape
+from axgrid.spec import CONFIG_SEQ, GridError, GridShape, TransformerShape, is_config_path
 from axgrid.spec.layout import WorldSizeMismatch
 
 from .errors import PerfModelError
@@ -72,19 +71,14 @@ def check_positive(a: argparse.Namespace, names: tuple[str, ...] = POSITIVE_ARGS
             raise PerfModelError(f"{flag} must be a positive integer, got {v}")
 
 
-def _is_config(model: str) -> bool:
-    """Whether ``--model`` names a config.json (a path to one, or a folder holding one) rather than a name."""
-    return model.endswith(".json") or os.path.isfile(os.path.join(model, "config.json"))
-
-
 def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
     check_positive(a)
-    config = getattr(a, "config", None) or (a.model if a.model and _is_config(a.model) else None)
+    config = getattr(a, "config", None) or (a.model if a.model and is_config_path(a.model) else None)
     if config and a.model and config != a.model:
         raise PerfModelError(f"give --model {a.model} or --config {config}, not both")
     if config:
         try:
-            spec = TransformerShape.from_config_json(config, a.seq or 2048)
+            spec = TransformerShape.from_config_json(config, a.seq or CONFIG_SEQ)
         except ValueError as e:
             raise PerfModelError(str(e)) from None
     elif a.model:

@@ -150,9 +150,10 @@ class SideCosts(NamedTuple):
 def norm_volumes(spec: TransformerShape, mp_int, hx) -> tuple[int, object, object, object]:
     """(forward AR_x calls, elements of each, backward AR_x elements, gradient AR_z elements) of one norm of
     ``spec`` (``TransformerShape.norm_kind``) with ``mp_int`` tokens and ``hx`` features per rank."""
+    gradient = spec.norm_parameters * hx               # weight (and bias) in one call
     if spec.norm_kind == "layernorm":
-        return 2, mp_int, 2 * mp_int, 2 * hx
-    return 1, mp_int, mp_int, hx
+        return 2, mp_int, 2 * mp_int, gradient
+    return 1, mp_int, mp_int, gradient
 
 
 def table_bytes(spec: TransformerShape, mp_int, hx, head_padded, dtype_bytes: int,

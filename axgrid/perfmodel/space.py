@@ -85,8 +85,8 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
     size = {"x": grids.gx, "y": grids.gy, "z": grids.gz, "d": grids.gd}
     if spec.is_gpt:
         out = {
-            "hidden % Gx": (h % grids.gx != 0) | ((spec.ffn) % grids.gx != 0),
-            "hidden % Gy": (h % grids.gy != 0) | ((spec.ffn) % grids.gy != 0),
+            "hidden % Gx": (h % grids.gx != 0) | (spec.ffn % grids.gx != 0),
+            "hidden % Gy": (h % grids.gy != 0) | (spec.ffn % grids.gy != 0),
             "heads % Gy": spec.heads % grids.gy != 0,
             "vocab % Gy": spec.vocab % grids.gy != 0,
         }
@@ -105,10 +105,9 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
 def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
     """A readable reason for one violated rule on one grid."""
     gx, gy, gz, gd = g
-    if not spec.is_gpt and rule not in RULES:            # a decoder's size rule, "<field> % G<dim>"
+    if not spec.is_gpt and rule not in RULES:            # a decoder's size rule, "<field> % G<dim>": its own line
         what, dim = rule.split(" % G")
-        value = {w: v for w, v, _ in spec.grid_rules()}[what]
-        return f"{what} {value} not divisible by G{dim}={dict(zip('xyzd', g))[dim]}"
+        return next(line for line in spec.divisibility(g) if line.startswith(f"{what} ") and f" by G{dim}=" in line)
     return {
         "hidden % Gx": f"hidden {spec.hidden} not divisible by Gx={gx}",
         "hidden % Gy": f"hidden {spec.hidden} not divisible by Gy={gy}",

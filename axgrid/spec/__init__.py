@@ -25,7 +25,7 @@ from .flops import gpt_flops_per_iteration, gpt_parameters, llama_flops
 from .layers import BLOCK_MODULES, FCLayer, block_layers, block_modules, head_layer
 from .buckets import Bucket, pack_buckets
 from .schedule import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, OverlapConfig
-from .shape import DECODER_FAMILIES, GPT2_PADDED_VOCAB, TransformerShape, hf_head_dim
+from .shape import CONFIG_SEQ, DECODER_FAMILIES, GPT2_PADDED_VOCAB, TransformerShape, hf_head_dim, is_config_path
 from .sizes import NAMED_SIZES, PUBLIC_MODELS
 from .tiles import (Box, TileSpec, ceil_div, flat_boxes, map_rows, overlap, part_boxes, part_shape, row_segments,
                     segment_row_map, split_part, tile_box)
@@ -33,6 +33,6 @@ from .tiles import (Box, TileSpec, ceil_div, flat_boxes, map_rows, overlap, part
 __all__ = ["Coord", "GridError", "GridShape", "RankLayout", "FCVolumes", "LinearSharding", "fc_volumes",
            "gpt_flops_per_iteration", "gpt_parameters", "llama_flops", "BLOCK_MODULES", "FCLayer", "block_layers",
            "block_modules", "head_layer", "DEFAULT_BUCKET_BYTES", "GRADIENT_WINDOW", "OverlapConfig", "GPT2_PADDED_VOCAB",
-           "NAMED_SIZES", "PUBLIC_MODELS", "TransformerShape", "hf_head_dim", "DECODER_FAMILIES", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
+           "NAMED_SIZES", "PUBLIC_MODELS", "CONFIG_SEQ", "is_config_path", "TransformerShape", "hf_head_dim", "DECODER_FAMILIES", "Box", "TileSpec", "ceil_div", "flat_boxes", "overlap", "part_boxes",
            "part_shape", "split_part", "tile_box", "map_rows", "segment_row_map", "row_segments", "Bucket",
            "pack_buckets"]

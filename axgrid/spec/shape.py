@@ -110,6 +110,16 @@ def _field(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
+#: the sequence length a Hugging Face config is priced and dry-run at unless ``--seq`` says otherwise
+CONFIG_SEQ = 2048
+
+
+def is_config_path(model: str) -> bool:
+    """Whether a ``--model`` names a Hugging Face config.json (a path to one, or a folder) rather than a named size:
+    it ends in ``.json``, holds a path separator or is a folder (so a missing file is reported as one)."""
+    return model.endswith(".json") or os.sep in model or os.path.isdir(model)
+
+
 def hf_head_dim(config: Any) -> int:
     """The attention head size of a Hugging Face ``config``: its ``head_dim`` when set (Gemma's is not
     ``hidden / heads``), else ``hidden_size / num_attention_heads``."""
@@ -387,6 +397,12 @@ class TransformerShape:
         return "layernorm" if self.is_gpt else "rmsnorm"
 
     @property
+    def norm_parameters(self) -> int:
+        """Parameter vectors of one norm, each ``hidden`` long: a LayerNorm's weight and bias (2), an RMSNorm's
+        weight (1)."""
+        return 2 if self.norm_kind == "layernorm" else 1
+
+    @property
     def attention_width(self) -> int:
         """Features of the attention's queries (and of its output): ``heads · head_dim`` (``hidden`` for the GPT;
         Qwen3 and Gemma 3 set their own head size)."""
@@ -435,4 +451,4 @@ class TransformerShape:
                 if value % size[dim]]
 
 
-__all__ = ["DECODER_FAMILIES", "FAMILIES", "GPT2_PADDED_VOCAB", "TransformerShape", "hf_head_dim"]
+__all__ = ["CONFIG_SEQ", "is_config_path", "DECODER_FAMILIES", "FAMILIES", "GPT2_PADDED_VOCAB", "TransformerShape", "hf_head_dim"]
