@@ -155,8 +155,8 @@ def collective_events(
 
     ``layers`` an ``axgrid.spec.TransformerShape``: the whole step as the runtime posts it -- FC layers, norms,
     embeddings, vocabulary-parallel cross entropy, loss, and the data-parallel buckets of every parameter -- for the
-    GPT (``axgrid.models.gpt.GPT``: :func:`perfmodel.gpt.gpt_collective_events`) or a Llama-structured Hugging Face
-    decoder (its plan: :func:`perfmodel.decoder.decoder_collective_events`).
+    GPT (``axgrid.models.gpt.GPT``) or a Hugging Face decoder (its plan): :func:`perfmodel.step.step_collective_events`,
+    the one replay.
 
     ``layers`` a list of FC layers (a stack of FC layers only): per micro-batch the forward
     (AG_z, forward AR) over layers in order, then the backward in reverse order (with recompute, for layers with
@@ -169,10 +169,8 @@ def collective_events(
     (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction.
     ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerShape), or None."""
     if isinstance(layers, TransformerShape):
-        from .decoder import decoder_collective_events
-        from .gpt import gpt_collective_events
-        step = gpt_collective_events if layers.is_gpt else decoder_collective_events
-        return step(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
+        from .step import step_collective_events
+        return step_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
                     grad_dtype_bytes, bucket_bytes, zero, clip, lora)
     if lora is not None:
         raise PerfModelError("lora: a LoRA step is priced for a TransformerShape, not a list of FC layers")

@@ -74,13 +74,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from axgrid.spec import GRADIENT_WINDOW, TransformerShape, ceil_div
+from axgrid.spec import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, TransformerShape, ceil_div
 
 from .buckets import pack
 from .comm import layer_volumes
 from .errors import PerfModelError
-from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
-                   lora_static_bytes)
+from .lora import (LoraPlan, check_lora_spec, dead_layers, lora_block_activations, lora_head_activations,
+                   lora_plan, lora_static_bytes)
 from .parameters import gradient_elements, trainable_parameters
 from .problem import Options
 
@@ -203,6 +203,20 @@ def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, de
     # the one being reduced
     alive = np.minimum(bt.count, GRADIENT_WINDOW + 1 if opt.overlap_dp else 1).reshape(shape) + (copies - 1.0)
     return DataParallelBytes(padded, share, 2.0 * share + steps, at_block, bt.largest.reshape(shape) * 4.0 * alive)
+
+
+def static_bytes(spec: TransformerShape, grid: tuple[int, int, int, int], zero: int = 0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, lora: LoraPlan | None = None) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) bytes of one rank of ``grid`` (the d = 0 rank): :func:`data_parallel_bytes`
+    in ``zero``'s mode with buckets of ``bucket_bytes`` (Gd = 1: every mode holds what ``zero=0`` holds);
+    ``lora``: the frozen base's parameters and the adapters' (``perfmodel.lora.lora_static_bytes``)."""
+    gx, gy, gz, gd = (int(v) for v in grid)
+    if lora is not None:
+        st = lora_static_bytes(spec, lora, stored_elements(spec, gx, gy, gz), gx, gy, gd, zero if gd > 1 else 0,
+                               bucket_bytes, True, False, 0)
+    else:
+        st = data_parallel_bytes(spec, gx, gy, gz, gd, Options(zero=zero, bucket_bytes=bucket_bytes))
+    return int(st.params), int(st.grads), int(st.optimizer)
 
 
 def block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int,

@@ -31,7 +31,7 @@ from axgrid.spec import FCLayer, FCVolumes, TransformerShape
 
 from .comm import GROUPS, collective_time, dim_strides, layer_volumes, ring_alpha_beta
 from .compute import gemm_rate, gemm_time
-from .gpt import STAT_BYTES
+from .step import STAT_BYTES, loss_elements, norm_volumes, table_events
 from .machines import Machine
 from .space import Grids
 from .problem import Options
@@ -147,27 +147,12 @@ class SideCosts(NamedTuple):
     loss_z: np.ndarray
 
 
-def norm_volumes(spec: TransformerShape, mp_int, hx) -> tuple[int, object, object, object]:
-    """(forward AR_x calls, elements of each, backward AR_x elements, gradient AR_z elements) of one norm of
-    ``spec`` (``TransformerShape.norm_kind``) with ``mp_int`` tokens and ``hx`` features per rank."""
-    gradient = spec.norm_parameters * hx               # weight (and bias) in one call
-    if spec.norm_kind == "layernorm":
-        return 2, mp_int, 2 * mp_int, gradient
-    return 1, mp_int, mp_int, gradient
-
-
 def table_bytes(spec: TransformerShape, mp_int, hx, head_padded, dtype_bytes: int,
                 grad_bytes: int) -> list[tuple[str, str, object]]:
-    """(op, dim, bytes) of every collective of the embedding tables in one micro-batch: the GPT's position and
-    token tables' gradient AR_z (fp32); a decoder's token table's AR_z (fp32), or when tied to the head the
-    lookup's AG_z of the head's padded block ``head_padded`` and AR_y of its ``[m', h/Gx]`` output (in
-    ``dtype_bytes``), and the RS_z of its gradient (in ``grad_bytes``), as ``perfmodel.decoder`` replays them."""
-    if spec.is_gpt:
-        return [("all_reduce", "z", spec.seq * hx * STAT_BYTES), ("all_reduce", "z", spec.vocab * hx * STAT_BYTES)]
-    if not spec.tied:
-        return [("all_reduce", "z", spec.vocab * hx * STAT_BYTES)]
-    return [("all_gather", "z", head_padded * dtype_bytes), ("all_reduce", "y", mp_int * hx * dtype_bytes),
-            ("reduce_scatter", "z", head_padded * grad_bytes)]
+    """(op, dim, bytes) of every collective of the embedding tables in one micro-batch, as the replay posts them
+    (``perfmodel.step.table_events``: forward, then backward)."""
+    fwd, bwd = table_events(spec, mp_int, hx, head_padded, dtype_bytes, grad_bytes)
+    return [(op, dim, nbytes) for dim, op, nbytes in fwd + bwd]
 
 
 def side_costs(spec: TransformerShape, g: Grids, mp_int: np.ndarray, hx: np.ndarray, rings: Rings,
@@ -186,7 +171,7 @@ def side_costs(spec: TransformerShape, g: Grids, mp_int: np.ndarray, hx: np.ndar
         emb_z=tables,
         ce_y=(rings.time("all_gather", "y", g.gy * mp_int * STAT_BYTES)
               + rings.time(ar, "y", 2 * mp_int * STAT_BYTES)),
-        loss_z=rings.time(ar, "z", np.full(len(g), STAT_BYTES * (1 if spec.is_gpt else 2))))
+        loss_z=rings.time(ar, "z", np.full(len(g), STAT_BYTES * loss_elements(spec))))
 
 
 # ---------------------------------------------------------------- overlap chains

@@ -40,7 +40,7 @@ from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collecti
                    ring_time)
 from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_BYTES, DECODER_KERNELS_BESIDES_NORMS,
                       OPTIMIZER_BYTES, OUTER_KERNELS, elementwise_bytes, memory_time)
-from .gpt import STAT_BYTES
+from .step import STAT_BYTES, loss_elements
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
 from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
@@ -253,8 +253,7 @@ def _step_bytes(spec: TransformerShape, costs: list[LayerCost], g: Grids, mb: np
     calls, fwd, bwd_x, bwd_z = norm_volumes(spec, mp_int, hx)
     step_bytes["x"] += mb * (calls * n_ln_fwd * fwd + n_ln * bwd_x) * STAT_BYTES * on["x"]
     step_bytes["y"] += mb * (g.gy + 2) * mp_int * STAT_BYTES * on["y"]
-    loss = 1 if spec.is_gpt else 2
-    step_bytes["z"] += mb * (n_ln * bwd_z + loss) * STAT_BYTES * on["z"]
+    step_bytes["z"] += mb * (n_ln * bwd_z + loss_elements(spec)) * STAT_BYTES * on["z"]
     for _, dim, nbytes in table_bytes(spec, mp_int, hx, costs[-1].vol.padded, b, gb):
         step_bytes[dim] += mb * nbytes * on[dim]
     step_bytes["d"] += d_bytes * on["d"]
