@@ -443,9 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=cmd_check_published)
     vp = sub.add_parser("validate-public", help="MAPE, per-group Spearman and top-1 regret on public measurements: "
                                                 "vTrain's 1,440 A100 runs, the Korthikanti eight, check-published's 15, "
-                                                "vTrain's 109 multi-node runs (held out)")
+                                                "vTrain's 109 multi-node runs (held out), Frontier's public "
+                                                "throughput figures (frontier-public)")
     vp.add_argument("--suite", action="append", choices=SUITES,
-                    help="one suite (repeat for several; default: all four)")
+                    help="one suite (repeat for several; default: all)")
     vp.add_argument("--vtrain", metavar="CSV", help="vTrain's data/ground_truth_single.csv (default: the shipped copy)")
     vp.add_argument("--out-dir", metavar="DIR", help="write a predicted-vs-measured scatter PNG per suite there")
     vp.set_defaults(fn=cmd_validate_public)

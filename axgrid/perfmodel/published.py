@@ -6,7 +6,9 @@ Two kinds of point:
   2048, vocabulary 51200. Their configurations are not held, so the global batch is assumed to be one sequence per
   GPU, activation recompute and all overlaps are on (the 4D runtime's defaults), and the prediction is the
   best-ranked configuration of the published layout (4D grids for AxoNN's runs, TP×PP×DP for the Frontier study's
-  Megatron-DeepSpeed runs); "in top 5" cannot be answered.
+  Megatron-DeepSpeed runs); "in top 5" cannot be answered. Megatron-DeepSpeed pipelines with DeepSpeed's
+  ``PipelineEngine`` (its ``TrainSchedule``: 1F1B over whole stages, no interleaved model chunks), so the Frontier
+  study's points take the best row without interleaving (``Published.interleaved``).
 * configuration points (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
   Table 5: Megatron-LM on Selene's DGX A100 80 GB nodes, fp16, sequence 2048, vocabulary 51200): a published
   time per iteration at a published TP, PP, interleaving, micro-batch size, global batch and recompute (full, or
@@ -65,6 +67,7 @@ class Published:
     recompute: str | None = None
     dropout: bool = False             # the run's element-wise kernels (``Options.dropout`` / ``fused_attention``)
     fused_attention: bool = True
+    interleaved: bool = True          # the run's pipeline could interleave model chunks (VPP > 1)
 
     @property
     def problem(self) -> Problem:
@@ -105,11 +108,11 @@ POINTS: tuple[Published, ...] = (
     Published("4D paper Perlmutter 80B", "perlmutter", "gpt-80b", 1024, 0.57 * 312, "4D",
               "arXiv 2305.13525: 80B GPT on 1,024 A100 at 57% of peak (182 PFLOP/s)"),
     Published("Frontier study 22B", "frontier", "gpt-22b", 1024, 0.3838 * 191.5, "TPxPPxDP",
-              "Frontier study (arXiv 2312.12705): 22B at 38.38% of peak; shape and 1,024 GCDs assumed"),
+              "Frontier study (arXiv 2312.12705): 22B at 38.38% of peak; shape and 1,024 GCDs assumed", interleaved=False),
     Published("Frontier study 175B", "frontier", "gpt-175b", 1024, 0.3614 * 191.5, "TPxPPxDP",
-              "Frontier study: 175B at 36.14% of peak; 1,024 GCDs (its weak-scaling point)"),
+              "Frontier study: 175B at 36.14% of peak; 1,024 GCDs (its weak-scaling point)", interleaved=False),
     Published("Frontier study 1T", "frontier", "gpt-1t", 3072, 0.3196 * 191.5, "TPxPPxDP",
-              "Frontier study: 1T at 31.96% of peak; 3,072 GCDs (its weak-scaling point)"),
+              "Frontier study: 1T at 31.96% of peak; 3,072 GCDs (its weak-scaling point)", interleaved=False),
     *_korthikanti("22B", 48, 6144, 64, 8, 1, 1, 8, 4, 4, 1.42, 1.10),
     *_korthikanti("175B", 96, 12288, 96, 8, 8, 3, 64, 64, 1, 18.13, 13.75),
     *_korthikanti("530B", 105, 20480, 128, 8, 35, 3, 280, 280, 1, 49.05, 37.83),
@@ -164,7 +167,8 @@ def check(point: Published) -> Check:
     machine = load_machine(point.machine)
     prob = point.problem
     rk = rank(prob, machine, tp_pp_dp=point.layout != "4D", require_feasible=point.layout == "4D")
-    rows = rk.feasible if point.layout == "4D" else [r for r in rk.megatron if r.feasible]
+    rows = rk.feasible if point.layout == "4D" else [r for r in rk.megatron if r.feasible
+                                                     and (point.interleaved or r.vpp == 1)]
     if point.config is None:
         return Check(point, rows[0], None)
     held = [r for r in rows if _same(r, point)]

@@ -14,6 +14,12 @@ grid) on the shipped machine file, memory not limiting (the runs were made, so t
   Meta's Llama 3 paper; ``data/llama_public.csv``, ``perfmodel.llama_suite``), each priced at its published layout
   (FSDP as the 4D grid (1, TP, FSDP, replicas), or TP × PP × DP); rows whose conditions are not modelled (FP8,
   torch.compile, context parallelism, an unpublished recompute parameter) are listed with the reason, not priced;
+* ``frontier-public``: every public per-configuration Frontier measurement held (``perfmodel.weak_scaling``): the
+  AxoNN SC24 weak-scaling points whose throughput the paper's text gives (512, 8,192, 16,384 and 32,768 GCDs; the
+  last is check-published's "SC24 Frontier 320B") on the best 4D grid, and the Frontier study's three points
+  (Megatron-DeepSpeed, check-published's) on the best TP×PP×DP without interleaving; a throughput point's
+  measured time is the predicted time × predicted / published TFLOP/s. Its rows are not configurations a user
+  chooses between (one run per scale), so it has no groups: no ρ or regret. Nothing is fitted on it;
 * ``vtrain-multi``: vTrain's 109 multi-node runs (``data/vtrain_ground_truth_multi.csv``: 64 to 512 A100s of
   ``dgx-a100``, sequence 2048, otherwise as ``vtrain``), the held-out test: priced, never fitted or tuned on
   (``experiments/perfmodel/fit_kernel_latency.py`` reads the single-node file only).
@@ -50,7 +56,7 @@ MIN_GROUP = 3
 VTRAIN_VOCAB = 51200
 #: memory multiplier that keeps a measured configuration priced when the memory model would reject it
 _NO_MEMORY_LIMIT = 1e3
-SUITES = ("vtrain", "korthikanti", "published", "llama-public", "vtrain-multi")
+SUITES = ("vtrain", "korthikanti", "published", "llama-public", "vtrain-multi", "frontier-public")
 
 
 def vtrain_csv(nodes: str = "single") -> Path:
@@ -195,6 +201,33 @@ def price_llama(path: str | Path | None = None) -> SuiteResult:
                        gpus=[p.row.gpus for p in priced])
 
 
+def price_frontier(checks=None) -> SuiteResult:
+    """The ``frontier-public`` suite: the weak-scaling points of ``perfmodel.weak_scaling`` with a published
+    throughput (the 32,768-GCD one taken from check-published's "SC24 Frontier 320B", the same problem) and
+    check-published's Frontier study points."""
+    from .published import check_all
+    from .weak_scaling import PUBLISHED_EFFICIENCY, SERIES, predict
+    cs = {c.point.name: c for c in (checks or check_all())}
+    top = cs["SC24 Frontier 320B"]
+    own = predict(series=tuple((g, m) for g, m in SERIES if g in PUBLISHED_EFFICIENCY and g != top.point.gpus))
+    labels, pred, ratio, layouts, gpus = [], [], [], [], []
+    for p in own:
+        labels.append(f"AxoNN weak scaling {p.model} on {p.gcds} GCDs ({p.row.grid_str})")
+        pred.append(p.row.time_s)
+        ratio.append(p.tflops / p.published_tflops)
+        layouts.append("4D")
+        gpus.append(p.gcds)
+    for c in [top] + [c for n, c in cs.items() if n.startswith("Frontier study")]:
+        labels.append(f"{c.point.name} ({c.predicted.grid_str})")
+        pred.append(c.predicted.time_s)
+        ratio.append(c.ratio)
+        layouts.append(c.predicted.layout)
+        gpus.append(c.point.gpus)
+    p = np.array(pred)
+    return SuiteResult("frontier-public", labels, [(i,) for i in range(len(labels))], p, p * np.array(ratio),
+                       machines=["frontier"] * len(labels), layouts=layouts, gpus=gpus)
+
+
 def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None = None) -> list[SuiteResult]:
     """Price the named suites and fill in their metrics."""
     bad = [n for n in names if n not in SUITES]
@@ -209,6 +242,11 @@ def run_suites(names: tuple[str, ...] = SUITES, vtrain_path: str | Path | None =
             res = price_vtrain(vtrain_csv("multi"), name=n)
         elif n == "llama-public":
             res = price_llama()
+        elif n == "frontier-public":
+            if checks is None:
+                from .published import check_all
+                checks = check_all()
+            res = price_frontier(checks)
         else:
             if checks is None:
                 from .published import check_all

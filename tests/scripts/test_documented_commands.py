@@ -340,6 +340,10 @@ DOCUMENTED: dict[str, Declaration] = {
     "python -m axgrid.perfmodel validate-public --out-dir experiments/results/perfmodel": VALIDATE_PUBLIC,
     "python -m axgrid.perfmodel validate-public --suite vtrain-multi":
         CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
+    "python -m axgrid.perfmodel validate-public --suite frontier-public":
+        CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
+    "python experiments/perfmodel/frontier_weak_scaling.py":
+        CoveredBy("tests/unit/test_perfmodel_public.py::test_frontier_weak_scaling_against_the_published_series"),
     "python -m pytest tests/ranks/test_memory_agreement.py": CoveredBy("tests/ranks/test_memory_agreement.py"),
     "python experiments/checks/memory_check.py --device cpu --hidden 256 --seq 256 --vocab 4096": MEMORY_CHECK,
     "python -m axgrid.perfmodel rank --model gpt-320b --gpus 32768 --machine frontier --batch 32768 --zero 0":

@@ -244,8 +244,10 @@ def test_cli_refuses_non_positive_sizes(flag, value, capsys):
 
 #: ratio predicted/published of the points the shipped machine files do not bring within ±15% (see docs/results.md):
 #: kept here so a change that moves them is seen; a change that brings one within 15% moves it to WITHIN.
-KNOWN_MISSES = {"SC24 Frontier 320B": 1.48, "4D paper Perlmutter 80B": 0.79, "Frontier study 22B": 1.17,
-                "Frontier study 175B": 1.40, "Frontier study 1T": 1.66}
+#: The Frontier study's points moved when priced without interleaving (Megatron-DeepSpeed's pipeline, issue 47):
+#: 22B 1.17 -> 0.97 (now within), 175B 1.40 -> 1.21, 1T 1.66 -> 1.55.
+KNOWN_MISSES = {"SC24 Frontier 320B": 1.48, "4D paper Perlmutter 80B": 0.79, "Frontier study 175B": 1.21,
+                "Frontier study 1T": 1.55}
 
 
 def test_check_published(capsys, monkeypatch):
