@@ -1,7 +1,7 @@
 """experiments/train/pretrain.py from a tiny LlamaConfig and a tiny (tied) Qwen3Config, in-process on 4 real gloo
 ranks of 4D grids, on a corpus in Megatron's indexed format: each step's loss equals single-process transformers
 training the same initial weights (``init_causal_lm_`` of the dense model) with torch's AdamW and gradient clipping
-on the same global batches; a run saved after 2 steps and resumed on another grid gives the uninterrupted run's
+on the same global batches (also under context parallelism, ``--cp 2 --zero 2``); a run saved after 2 steps and resumed on another grid gives the uninterrupted run's
 loss; the export loads back in transformers."""
 from __future__ import annotations
 
@@ -92,11 +92,14 @@ def transformers_losses(config_json: str, batches: list, seed: int) -> list[floa
     return losses
 
 
-@pytest.mark.parametrize("kind,grid", [("llama", "2x1x1x2"), ("qwen3", "1x2x2x1")])
-def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, kind, grid):
+@pytest.mark.parametrize("kind,grid,extra", [("llama", "2x1x1x2", []), ("qwen3", "1x2x2x1", []),
+                                             ("llama", "1x1x2x2", ["--cp", "2", "--zero", "2"])])
+def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, kind, grid, extra):
+    """Also under context parallelism (--cp 2: each sequence's chunks on two z-ranks) with the gradients and
+    optimizer state sharded over d (--zero 2)."""
     export = str(tmp_path / "export")
     argv = ["--config", files[kind], "--data-path", files["corpus"], "--grid", grid, "--steps", "3",
-            "--export", export] + COMMON
+            "--export", export] + COMMON + extra
     results = ranks(4, rank_pretrain, argv)
     losses = results[0][0]["losses"]
     assert all(r["losses"] == losses for r, _ in results)
