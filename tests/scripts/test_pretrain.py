@@ -40,7 +40,9 @@ def files(tmp_path_factory):
 
 
 def rank_pretrain(argv: list) -> tuple[dict, dict]:
-    """main(argv) on this rank; also the rows of each step's global batch this rank read: {step: {row: (x, y)}}."""
+    """main(argv) on this rank; also the rows of each step's global batch this rank read: {step: {row: (x, y)}}
+    (under context parallelism, asserted 0 outside its chunks' positions: the corpus read only those)."""
+    import torch
     mod = load_script("train/pretrain.py")
     seen: dict = {}
     step_fn = mod.run_step
@@ -48,6 +50,14 @@ def rank_pretrain(argv: list) -> tuple[dict, dict]:
     def run_step(model, opt, grid, s, step, inputs, targets, metrics, **kw):
         rows = s.rows_read(grid)
         seen[step] = {r: (inputs[r].clone(), targets[r].clone()) for r in rows}
+        if grid.size("c") > 1:         # a context-parallel rank read its chunks' tokens only (and their targets)
+            from axgrid.context_parallel import sample_spans
+            read = torch.zeros(SEQ + 1, dtype=torch.bool)           # the positions of a sample's SEQ + 1 tokens
+            for a, b in sample_spans(SEQ, grid.size("c"), grid.index("c")):
+                read[a:b] = True
+            assert 0 < int(read.sum()) < SEQ + 1
+            for x, y in seen[step].values():            # x = tokens 0..S-1, y = tokens 1..S of the sample
+                assert not x[~read[:-1]].any() and not y[~read[1:]].any(), (step, grid.rank)
         return step_fn(model, opt, grid, s, step, inputs, targets, metrics, **kw)
     mod.run_step = run_step
     return mod.main(argv), seen
@@ -59,7 +69,10 @@ def global_batches(results: list) -> list:
     steps = sorted(results[0][1])
     out = []
     for step in steps:
-        rows = {r: xy for _, seen in results for r, xy in seen[step].items()}
+        rows: dict = {}
+        for _, seen in results:        # under context parallelism each rank of a group read its chunks: merged
+            for r, xy in seen[step].items():
+                rows[r] = tuple(torch.maximum(a, b) for a, b in zip(rows[r], xy)) if r in rows else xy
         assert sorted(rows) == list(range(BATCH))
         out.append(tuple(torch.stack([rows[r][i] for r in range(BATCH)]) for i in (0, 1)))
     return out
