@@ -49,6 +49,14 @@ def positions(seq: int, cp: int, index: int, device: torch.device | str = "cpu")
                       torch.arange(second * c, (second + 1) * c, device=device)])
 
 
+def sample_spans(seq: int, cp: int, index: int) -> list[tuple[int, int]]:
+    """The positions ``[a, b)`` of a sample's ``seq + 1`` tokens that rank ``index``'s rows use: inputs at its
+    chunks' positions and targets one further, so each chunk and the token after it (what a corpus reader under
+    context parallelism reads, :meth:`axgrid.data.Corpus.batch`)."""
+    c = check_sequence(seq, cp)
+    return [(k * c, (k + 1) * c + 1) for k in chunk_ids(cp, index)]
+
+
 def shard(x: torch.Tensor, cp: int, index: int, dim: int = 1) -> torch.Tensor:
     """Rank ``index``'s rows of ``x`` (the whole sequence along ``dim``, e.g. tokens ``[B, S]``): ``[.., 2c, ..]``."""
     c = check_sequence(x.shape[dim], cp)

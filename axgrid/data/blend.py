@@ -75,7 +75,7 @@ def quotas(weights: Sequence[float], total: int = ROUND) -> list[int]:
 
 
 class Samples(Protocol):
-    def sample(self, i: int) -> np.ndarray: ...
+    def sample(self, i: int, spans: Optional[Sequence[tuple[int, int]]] = None) -> np.ndarray: ...
 
 
 class Blend:
@@ -106,6 +106,7 @@ class Blend:
         head = np.bincount(self._k[:p], minlength=len(self.parts))
         return [int(r * q + h) for q, h in zip(self.quota, head)]
 
-    def sample(self, n: int) -> np.ndarray:
+    def sample(self, n: int, spans: Optional[Sequence[tuple[int, int]]] = None) -> np.ndarray:
+        """Blended sample ``n`` (``spans``: only those positions read, as :meth:`GPTSamples.sample`)."""
         k, m = self.locate(n)
-        return self.parts[k].sample(m)
+        return self.parts[k].sample(m) if spans is None else self.parts[k].sample(m, spans)

@@ -26,7 +26,8 @@ Opening, in this order:
 
 Batch ``step`` of ``size`` holds blended train samples ``[base + step·size, base + (step+1)·size)``, ``base`` 0
 unless :meth:`seek` moved it (a resumed run whose batch size changed). A rank reads only ``rows``: the sequences
-its (d, z) share of the batch trains on (:func:`axgrid.driver.share_rows`); the other rows stay 0. Every
+its (d, z) share of the batch trains on (:func:`axgrid.driver.share_rows`); the other rows stay 0; under context
+parallelism, of each row only the ``spans`` of its chunks (the tokens it computes and their targets). Every
 ``RELEASE_EVERY`` (64) samples read, the mapped pages are dropped from the process (:meth:`GPTSamples.release`), so RSS
 does not grow with the dataset. The validation set is the first ``valid_samples`` blended samples of the validation split.
 """
@@ -278,12 +279,12 @@ class Corpus:
         """What a checkpoint after ``steps_done`` steps stores: ``{"consumed_samples": n}``."""
         return {"consumed_samples": self.base + steps_done * size}
 
-    def _rows(self, blend: Blend, first: int, size: int, rows: Optional[Sequence[int]]
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows(self, blend: Blend, first: int, size: int, rows: Optional[Sequence[int]],
+              spans: Optional[Sequence[tuple[int, int]]] = None) -> tuple[torch.Tensor, torch.Tensor]:
         out = np.zeros((size, self.seq + 1), dtype=np.int64)
         todo = range(size) if rows is None else rows
         for r in todo:
-            out[r] = blend.sample(first + r)
+            out[r] = blend.sample(first + r, spans)
         self._unreleased += len(todo)
         if self._unreleased >= RELEASE_EVERY:
             self._unreleased = 0
@@ -292,17 +293,19 @@ class Corpus:
         t = torch.from_numpy(out)
         return t[:, :-1], t[:, 1:]
 
-    def batch(self, step: int, size: int, rows: Optional[Sequence[int]] = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Train batch ``step``: ``(inputs [size, seq], targets [size, seq])`` int64; only ``rows`` are read."""
-        return self._rows(self.train, self.base + step * size, size, rows)
+    def batch(self, step: int, size: int, rows: Optional[Sequence[int]] = None,
+              spans: Optional[Sequence[tuple[int, int]]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train batch ``step``: ``(inputs [size, seq], targets [size, seq])`` int64; only ``rows`` are read, and
+        of each only the token positions ``[a, b)`` of ``spans`` (of the ``seq + 1`` a sample holds: a
+        context-parallel rank's chunks, :func:`axgrid.context_parallel.sample_spans`), the rest 0."""
+        return self._rows(self.train, self.base + step * size, size, rows, spans)
 
-    def valid_batch(self, i: int, size: int, rows: Optional[Sequence[int]] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def valid_batch(self, i: int, size: int, rows: Optional[Sequence[int]] = None,
+                    spans: Optional[Sequence[tuple[int, int]]] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Validation batch ``i`` (samples ``[i·size, (i+1)·size)`` of the validation split's blend)."""
         if self.valid is None:
             raise ValueError("this corpus was opened with valid_samples=0")
-        return self._rows(self.valid, i * size, size, rows)
+        return self._rows(self.valid, i * size, size, rows, spans)
 
     def describe(self) -> str:
         parts = ", ".join(f"{w / sum(self.weights):.3g} x {d.prefix} ({d.documents:,} docs, {d.total_tokens:,} "

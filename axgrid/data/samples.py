@@ -199,22 +199,27 @@ class GPTSamples:
     def epochs_open(self) -> int:
         return len(self._epochs)
 
-    def sample(self, i: int) -> np.ndarray:
-        """Sample ``i`` of the run: ``[seq + 1]`` tokens (the dataset's dtype)."""
+    def sample(self, i: int, spans: Optional[Sequence[tuple[int, int]]] = None) -> np.ndarray:
+        """Sample ``i`` of the run: ``[seq + 1]`` tokens (the dataset's dtype). ``spans``: read only the positions
+        ``[a, b)`` of each (a context-parallel rank's chunks), the others 0."""
         epoch, j = divmod(int(i), self.per_epoch)
         if epoch >= len(self._epochs):
             raise IndexError(f"sample {i} is in epoch {epoch} of {self.data.prefix} ({self.split}); the index is open "
                              f"for {len(self._epochs)} epoch(s)")
         order, start, shuffle = self._epochs[epoch]
         q, off = (int(v) for v in start[int(shuffle[j])])
-        out = np.empty(self.seq + 1, dtype=self.data.dtype)
+        out = (np.empty if spans is None else np.zeros)(self.seq + 1, dtype=self.data.dtype)
+        wanted = ((0, out.size),) if spans is None else spans
         filled = 0
         lengths = self.data.lengths
         while filled < out.size:
             sid = int(order[q])
             take = min(out.size - filled, int(lengths[sid]) - off)
             if take > 0:
-                out[filled: filled + take] = self.data.tokens(sid, off, take)
+                for a, b in wanted:                      # the part of this document's piece inside each span
+                    lo, hi = max(a, filled), min(b, filled + take)
+                    if lo < hi:
+                        out[lo:hi] = self.data.tokens(sid, off + lo - filled, hi - lo)
                 filled += take
             q += 1
             off = 0

@@ -68,7 +68,17 @@ class RunData:
         if self.corpus is None:
             inputs, targets, *mask = self.batches.batch(step, self.settings.batch)
             return inputs, targets, (mask[0] if mask else None)
-        return (*self.corpus.batch(step, self.settings.batch, self.rows), None)
+        return (*self.corpus.batch(step, self.settings.batch, self.rows, self.spans()), None)
+
+    def spans(self) -> Optional[list[tuple[int, int]]]:
+        """Under context parallelism the token positions of a sample this rank reads (its two chunks and their
+        targets, :func:`axgrid.context_parallel.sample_spans`); None (whole rows) otherwise, and under Goldfish,
+        whose mask hashes the tokens before each target and whose normaliser counts the whole batch."""
+        cp = self.grid.size("c")
+        if cp == 1 or self.rows is None or self.corpus is None:
+            return None
+        from ..context_parallel import sample_spans
+        return sample_spans(self.corpus.seq, cp, self.grid.index("c"))
 
     @property
     def has_validation(self) -> bool:
@@ -83,7 +93,8 @@ class RunData:
         size = self.settings.batch
         if self.corpus is not None:
             result = evaluate(model, grid, self.settings,
-                              lambda i: self.corpus.valid_batch(i, size, self.eval_rows), self.eval_iters)
+                              lambda i: self.corpus.valid_batch(i, size, self.eval_rows, self.spans()),
+                              self.eval_iters)
         else:
             result = evaluate(model, grid, self.settings, lambda i: self.batches.valid_batch(i, size),
                               self.batches.valid_iters(size))

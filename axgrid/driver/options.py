@@ -8,6 +8,7 @@
     check_step_arguments(args, steps)   # the schedule and AdamW's options: SystemExit with one line on every rank
     check_run_arguments(args)           # raises SystemExit with one line, identically on every rank
     check_zero(args.zero, shape)        # --zero > 0 needs Gd > 1
+    check_context_parallel(args.cp, seq, shape)   # --cp: a sequence cut into 2·cp chunks, cp dividing Gz
     check_data_arguments(args)          # the same for the data options
     check_output_paths({**run_outputs(args), "--export": args.export})   # last: created and written to
 """
@@ -229,6 +230,32 @@ def check_zero(zero: int, shape: GridShape) -> None:
     if zero and shape.gd == 1:
         raise SystemExit(f"--zero {zero} with grid {shape}: Gd = 1, so there is nothing to shard over d; use "
                          f"--zero 0, or a --grid whose last size (Gd) is > 1")
+
+
+def add_context_parallel_argument(p: argparse.ArgumentParser) -> None:
+    """``--cp N``: context parallelism, each sequence split over ``N`` z-ranks (``axgrid.init(..., cp=N)``)."""
+    p.add_argument("--cp", type=int, default=1, help="context parallelism: each sequence split over CP ranks of z "
+                                                    "(CP divides Gz; the sequence a multiple of 2*CP)")
+
+
+def check_context_parallel(cp: int, seq: int, shape: Optional[GridShape]) -> None:
+    """``--cp``: an integer >= 1, a sequence of ``seq`` tokens that cuts into ``2·cp`` chunks (the causal balance,
+    :mod:`axgrid.context_parallel.chunks`) and a ``cp`` that divides Gz (the token shard a model splits over z);
+    SystemExit with one line naming the sizes that work, identically on every rank before any collective."""
+    from ..context_parallel import check_sequence
+    if cp == 1:
+        return
+    if cp < 1:
+        raise SystemExit(f"--cp {cp}: the context-parallel size must be >= 1 (1: off)")
+    try:
+        check_sequence(seq, cp)
+    except ValueError as e:
+        raise SystemExit(f"--seq {seq} with --cp {cp}: {e}") from None
+    gz = shape.gz if shape is not None else 1
+    if gz % cp:
+        fits = [c for c in range(1, gz + 1) if gz % c == 0]
+        raise SystemExit(f"--cp {cp} with grid {shape or '1x1x1'}: a sequence is split over the z-ranks, so --cp "
+                         f"must divide Gz = {gz}; use --cp in {fits} (or a --grid with a larger Gz)")
 
 
 def compute_dtype(requested: Optional[str]) -> str:

@@ -32,7 +32,9 @@ steps. ``--sample-prompt TEXT`` also answers TEXT (a user turn, greedy, ``axgrid
 before and after, into the summary (``answer_before``, ``answer_after``) and stdout.
 
 Step (:func:`axgrid.driver.run_step`, shared with train_gpt and the memorization study): ``--batch`` sequences
-in ``--microbatches`` accumulated micro-batches, each split over d and (inside the model) over z by whole sequences; bf16 autocast
+in ``--microbatches`` accumulated micro-batches, each split over d and (inside the model) over z by whole sequences
+(``--cp N``: context parallelism, each sequence cut into ``2·N`` chunks over ``N`` z-ranks; ``--sample-prompt``, a
+generation, is refused under it); bf16 autocast
 with ``--dtype bf16`` (default on GPU), fp32 otherwise; AdamW (decay on matrices only), linear warm-up then
 cosine decay to ``--min-lr``, global gradient-norm clipping ``--clip``. Goldfish loss ``--goldfish-k K
 [--goldfish-h 13] [--goldfish-mode hash|static]``: dropped targets become ``-100`` labels and the loss is the
@@ -72,10 +74,11 @@ from axgrid.data import DEFAULT_TEXT, ByteTokenizer, encode, load_tokenizer
 from axgrid.data.chat import LAYOUTS, ChatFormatError, check_chat_tokenizer, load_chat, read_chat_file
 from axgrid.data.sources import ChatSource, TextSource
 from axgrid.data.tokenizer_record import record_of
-from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_run_arguments,
-                           add_step_arguments, check_corpus_tokenizer, check_data_arguments, check_output_paths,
-                           check_run_arguments, check_step_arguments, check_zero, compute_dtype, data_settings,
-                           parse_step_args, run_outputs, run_step, unrecorded_note)
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_context_parallel_argument, add_data_arguments,
+                           add_run_arguments, add_step_arguments, check_context_parallel, check_corpus_tokenizer,
+                           check_data_arguments, check_output_paths, check_run_arguments, check_step_arguments,
+                           check_zero, compute_dtype, data_settings, parse_step_args, run_outputs, run_step,
+                           unrecorded_note)
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import dense_parameters, load_causal_lm
@@ -97,6 +100,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--sample-prompt", default=None, help="answer this user turn before and after fine-tuning")
     p.add_argument("--sample-tokens", type=int, default=48, help="tokens of the --sample-prompt answer")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
+    add_context_parallel_argument(p)
     p.add_argument("--steps", type=int, default=100)
     add_step_arguments(p)
     p.set_defaults(lr=1e-4, weight_decay=0.0)          # a fine-tuning learning rate, no weight decay
@@ -180,6 +184,10 @@ def check_args(args: argparse.Namespace) -> None:
     if args.steps < 1:
         raise SystemExit(f"--steps {args.steps}: must be >= 1")
     check_step_arguments(args, args.steps)
+    if args.cp > 1 and args.sample_prompt is not None:
+        raise SystemExit(f"--sample-prompt with --cp {args.cp}: generation (a KV cache) under context parallelism is "
+                         f"not supported; drop --sample-prompt, or --export the model and generate on a grid "
+                         f"without --cp")
     if args.lora_r < 0:
         raise SystemExit(f"--lora-r {args.lora_r}: the adapters' rank must be >= 1 (0: full fine-tuning)")
     if args.lora_r:
@@ -205,6 +213,7 @@ def check_args(args: argparse.Namespace) -> None:
     except (GridError, LaunchError) as e:
         raise SystemExit(f"finetune: {e}") from None
     check_zero(args.zero, shape)
+    check_context_parallel(args.cp, args.seq, shape)
     args.conversations = None
     if args.chat_file:
         try:
@@ -261,7 +270,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     dtype = compute_dtype(args.dtype)
     config = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing,
                                   zero=args.zero)
-    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=config, cp=args.cp)
     try:
         return _finetune(args, grid, dtype)
     finally:
@@ -297,7 +306,7 @@ def _finetune(args: argparse.Namespace, grid: axgrid.Grid, dtype: str) -> dict[s
               "data": "corpus" if data.corpus is not None else None, **own,
               "text_file": None if (args.chat_file or data.corpus) else args.text_file, "chat_file": args.chat_file,
               "chat_layout": args.chat_layout if args.chat_file else None, "corpus": data.describe() or None,
-              "seq": args.seq, "batch": args.batch,
+              "seq": args.seq, "cp": args.cp, "batch": args.batch,
               "microbatches": args.microbatches, "recompute": args.recompute, "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
               "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}

@@ -16,7 +16,8 @@ decoder layers.
 Data, step, checkpoints and metrics are train_gpt's (``axgrid.driver``): ``--data-path [W] PREFIX ...`` a corpus in
 Megatron's indexed format (``python -m axgrid.data preprocess``, with the model's tokenizer; ``--split``,
 ``--eval-interval``, ``--eval-iters``: validation loss and perplexity; docs/data.md), or ``--data text|synthetic``;
-``--batch`` sequences of ``--seq`` tokens per step in ``--microbatches`` micro-batches, split over d and z; AdamW
+``--batch`` sequences of ``--seq`` tokens per step in ``--microbatches`` micro-batches, split over d and z (``--cp N``:
+context parallelism, each sequence cut into ``2·N`` chunks over ``N`` z-ranks, ``N`` dividing Gz); AdamW
 (decay on matrices), warm-up then cosine decay, clipping, Goldfish, bf16 autocast on GPU; ``--zero 1|2``;
 ``--save DIR --save-every K --resume DIR`` (any grid; the data position is saved; other settings are refused unless
 ``--allow-config-change``); ``--log``/``--tensorboard`` rows of :mod:`axgrid.metrics`. ``--export DIR`` writes the
@@ -36,8 +37,9 @@ from typing import Any, Optional, Sequence
 import axgrid
 from axgrid.data import load_tokenizer
 from axgrid.data.tokenizer_record import record_of
-from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_own_data_arguments,
-                           add_run_arguments, add_step_arguments, check_batch_split, check_corpus_tokenizer,
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_context_parallel_argument, add_data_arguments,
+                           add_own_data_arguments, add_run_arguments, add_step_arguments, check_batch_split,
+                           check_context_parallel, check_corpus_tokenizer,
                            check_data_arguments, check_output_paths, check_own_data_arguments, check_run_arguments,
                            check_step_arguments, check_zero, compute_dtype, data_settings, own_batches,
                            parse_step_args, run_outputs, run_step, unrecorded_note)
@@ -53,6 +55,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="Hugging Face config.json, or a folder holding one")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
+    add_context_parallel_argument(p)
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
     add_own_data_arguments(p)
@@ -100,7 +103,8 @@ def check_args(args: argparse.Namespace, config: Any) -> None:
         shape = grid_shape_for(args.grid or "1x1x1", detect_launch(use_mpi=False))
     except (GridError, LaunchError) as e:
         raise SystemExit(f"pretrain: {e}") from None
-    check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape))
+    check_context_parallel(args.cp, args.seq, shape)
+    check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
     check_zero(args.zero, shape)
     vocab = config.vocab_size
     check_own_data_arguments(args, vocab, f"--config {args.config}")
@@ -121,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     dtype = compute_dtype(args.dtype)
     runtime = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing,
                                    zero=args.zero)
-    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=runtime)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=runtime, cp=args.cp)
     try:
         return _pretrain(args, config, grid, dtype)
     finally:
@@ -147,8 +151,8 @@ def _pretrain(args: argparse.Namespace, config: Any, grid: axgrid.Grid, dtype: s
     name = type(model).__name__
     params = dense_parameters(model)
     record = {"model": name, "config": os.path.abspath(args.config), "parameters": params, "seed": args.seed,
-              "seq": args.seq, "batch": args.batch, "microbatches": args.microbatches, "recompute": args.recompute,
-              "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
+              "seq": args.seq, "cp": args.cp, "batch": args.batch, "microbatches": args.microbatches,
+              "recompute": args.recompute, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})", "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
               "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}

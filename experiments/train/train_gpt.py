@@ -55,12 +55,12 @@ from typing import Any, Optional, Sequence
 import torch
 
 import axgrid
-from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_data_arguments, add_own_data_arguments,
-                           add_run_arguments, add_step_arguments, check_batch_split, check_corpus_tokenizer,
+from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_context_parallel_argument, add_data_arguments,
+                           add_own_data_arguments, add_run_arguments, add_step_arguments, check_batch_split,
+                           check_context_parallel, check_corpus_tokenizer,
                            check_data_arguments, check_output_paths, check_own_data_arguments, check_run_arguments,
                            check_step_arguments, check_zero, compute_dtype, data_settings, own_batches,
                            parse_step_args, run_outputs, run_step, unrecorded_note)
-from axgrid.context_parallel import check_sequence
 from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
@@ -75,8 +75,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="override the named size's hidden size")
     p.add_argument("--heads", type=int, default=None, help="override the named size's heads")
     p.add_argument("--seq", type=int, default=None, help="override the named size's sequence length")
-    p.add_argument("--cp", type=int, default=1, help="context parallelism: each sequence split over CP ranks of z "
-                                                    "(CP divides Gz; the sequence a multiple of 2*CP)")
+    add_context_parallel_argument(p)
     p.add_argument("--cp-exchange", choices=("all_gather", "ring"), default="all_gather",
                    help="how attention under --cp exchanges keys and values (docs/design.md#context-parallelism)")
     p.add_argument("--vocab", type=int, default=None, help="override the named size's vocabulary")
@@ -120,7 +119,7 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
         raise SystemExit(f"--steps {args.steps}, --batch {args.batch}, --microbatches {args.microbatches}: "
                          f"all must be >= 1")
     check_step_arguments(args, args.steps)
-    check_context_parallel(args, cfg, shape)
+    check_context_parallel(args.cp, cfg.shape.seq, shape)
     if shape is not None:
         check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
         check_zero(args.zero, shape)
@@ -137,23 +136,6 @@ def check_args(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridSha
     if args.goldfish_k == 1 or args.goldfish_k < 0:
         raise SystemExit(f"--goldfish-k {args.goldfish_k}: use 0 (off) or K >= 2")
     check_output_paths(run_outputs(args))      # last: bad input creates no folder
-
-
-def check_context_parallel(args: argparse.Namespace, cfg: GPTConfig, shape: Optional[GridShape]) -> None:
-    """``--cp``: a size the grid and the GPT take, and a sequence that cuts into ``2·cp`` chunks; SystemExit with
-    one line naming what works, identically on every rank before any collective."""
-    cp = args.cp
-    if cp == 1:
-        return
-    gz = shape.gz if shape is not None else 1
-    fits = [c for c in range(1, gz + 1) if gz % c == 0]
-    if cp < 1 or gz % cp:
-        raise SystemExit(f"--cp {cp} with grid {shape or '1x1x1'}: the GPT splits a sequence over z, so --cp must "
-                         f"divide Gz = {gz}; use --cp in {fits} (or a --grid with a larger Gz)")
-    try:
-        check_sequence(cfg.shape.seq, cp)
-    except ValueError as e:
-        raise SystemExit(f"--seq {cfg.shape.seq} with --cp {cp}: {e}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The GPT trains under context parallelism to the serial model's losses, gradients and parameters: two AdamW steps
 on real gloo ranks, each sequence split over the context-parallel group (inside z) beside data parallelism over d
-(zero 0 and 1) and tensor parallelism over x; and its sizes refused in one line before any collective."""
+(zero 0, 1 and 2) and tensor parallelism over x; and its sizes refused in one line before any collective."""
 from __future__ import annotations
 
 import pytest
@@ -82,7 +82,7 @@ def rank_train_under_cp(spec: str, cp: int, zero: int, overlap: str, exchange: s
 
 @pytest.mark.parametrize("spec,cp,zero,overlap,exchange", [
     ("1x1x2x1", 2, 0, "none", "all_gather"), ("1x1x2x2", 2, 1, "all", "all_gather"),
-    ("2x1x2x1", 2, 0, "oag", "ring"), ("1x1x4x1", 4, 0, "none", "ring")])
+    ("2x1x2x1", 2, 0, "oag", "ring"), ("1x1x4x1", 4, 0, "none", "ring"), ("1x1x2x2", 2, 2, "all", "ring")])
 def test_gpt_trains_under_cp_as_serial(ranks, spec, cp, zero, overlap, exchange):
     n = 1
     for v in spec.split("x"):

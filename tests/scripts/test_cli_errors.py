@@ -116,3 +116,31 @@ def test_report_says_a_missing_or_empty_log_in_one_line(tmp_path, capsys, conten
     assert e.value.code == 1 and capsys.readouterr().err == f"report: {log}: {msg}" + (
         "; pass the --log files of axgrid runs (train_gpt --log)\n" if content is None else
         " (did it stop before its first step?)\n")
+
+
+@pytest.mark.parametrize("script,extra,msg", [
+    ("finetune", ["--seq", "18", "--cp", "2"], "--seq 18 with --cp 2: sequence length 18 does not cut into 2·cp = 4 "
+                                               "equal chunks (cp=2, causal balance); use a multiple of 4, e.g. 12, "
+                                               "16, 20, 24"),
+    ("finetune", ["--seq", "16", "--cp", "2"], "--cp 2 with grid 1x1x1x1: a sequence is split over the z-ranks, so "
+                                               "--cp must divide Gz = 1; use --cp in [1]"),
+    ("finetune", ["--seq", "16", "--cp", "0"], "--cp 0: the context-parallel size must be >= 1"),
+    ("finetune", ["--seq", "16", "--cp", "2", "--sample-prompt", "Hi"], "--sample-prompt with --cp 2: generation"),
+    ("pretrain", ["--seq", "30", "--cp", "4"], "--seq 30 with --cp 4: sequence length 30 does not cut into 2·cp = 8 "
+                                               "equal chunks (cp=4, causal balance); use a multiple of 8, e.g. 16, "
+                                               "24, 32, 40"),
+    ("pretrain", ["--seq", "32", "--cp", "4"], "--cp 4 with grid 1x1x1x1: a sequence is split over the z-ranks"),
+    ("train_gpt", ["--seq", "18", "--cp", "2"], "--seq 18 with --cp 2: sequence length 18 does not cut into 2·cp"),
+])
+def test_drivers_refuse_context_parallel_sizes_that_do_not_work_in_one_line(tmp_path, script, extra, msg):
+    """--cp: a sequence not cut into 2·cp chunks, or cp not dividing Gz (the token shard a model splits over z),
+    refused by every driver in one line naming what works, before the grid (so before any collective; the
+    multi-rank case is in test_finetune.py and test_gpt_train.py)."""
+    from transformers import LlamaConfig
+    LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64).save_pretrained(tmp_path)
+    model = {"finetune": ["--checkpoint", str(tmp_path)], "pretrain": ["--config", str(tmp_path)],
+             "train_gpt": ["--model", "gpt-tiny"]}[script]
+    with pytest.raises(SystemExit) as e:
+        load_script(f"train/{script}.py").main(model + ["--grid", "1x1x1x1", "--steps", "1"] + extra)
+    assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)

@@ -112,6 +112,9 @@ DRYRUN_LLAMA = CoveredBy("tests/ranks/test_dryrun.py::"
 PEERS_SCALE = CoveredBy("tests/scripts/test_bench_peers_scale.py::"
                         "test_both_layouts_count_their_bytes_inside_and_across_nodes")
 MEMORY_CHECK = CoveredBy("tests/scripts/test_gpu_check.py::test_memory_check_passes_on_cpu")
+#: bench_context_parallel's runs (docs/results.md#context-parallelism-on-cpu-ranks), one small run under a budget
+CP_BENCH = Call("axgrid launch -n 2 -- python experiments/bench/bench_context_parallel.py --cp 2 --seq 64 --layers 1 "
+                "--hidden 32 --heads 2 --vocab 64 --budget-mib 48", expect='"fits": true')
 CALIBRATE = CoveredBy("tests/ranks/test_calibration.py::test_collectives_script_writes_samples_that_calibrate_fits")
 VALIDATE = CoveredBy("tests/ranks/test_calibration.py::test_steps_script_times_what_validate_compares")
 REPORT = CoveredBy("tests/scripts/test_report.py::test_report_on_a_real_two_rank_run")
@@ -290,6 +293,18 @@ DOCUMENTED: dict[str, Declaration] = {
     "python -m axgrid.perfmodel validate --model gpt-tiny --gpus 4 --machine local-4 --batch 8 --dtype fp32 "
     "--measured runs/steps.json": VALIDATE,
     "python experiments/checks/memory_check.py --device cpu --hidden 64 --seq 64 --batch 4 --vocab 256": MEMORY_CHECK,
+    "axgrid launch -n 1 -- python experiments/bench/bench_context_parallel.py "
+    "--cp 1 --budget-mib 48 --out cp.jsonl": CP_BENCH,
+    "axgrid launch -n 2 -- python experiments/bench/bench_context_parallel.py "
+    "--cp 2 --budget-mib 48 --out cp.jsonl": CP_BENCH,
+    "axgrid launch -n 4 -- python experiments/bench/bench_context_parallel.py "
+    "--cp 4 --budget-mib 48 --out cp.jsonl": CP_BENCH,
+    "axgrid launch -n 1 -- python experiments/bench/bench_context_parallel.py "
+    "--cp 1 --out cp.jsonl": CP_BENCH,
+    "axgrid launch -n 2 -- python experiments/bench/bench_context_parallel.py "
+    "--cp 2 --exchange all_gather --out cp.jsonl": CP_BENCH,
+    "axgrid launch -n 4 -- python experiments/bench/bench_context_parallel.py "
+    "--cp 4 --exchange all_gather --out cp.jsonl": CP_BENCH,
     "axgrid launch -n 4 -- python experiments/checks/memory_check.py --device cpu --grid 1x2x1x2 --zero 2":
         Call("axgrid launch -n 2 -- python experiments/checks/memory_check.py --device cpu --grid 1x1x1x2 --zero 2 "
              "--layers 1 --hidden 32 --seq 16 --batch 4 --vocab 64", expect="PASS"),

@@ -195,3 +195,31 @@ def test_lora_finetune_on_conversations_matches_one_rank_and_exports_both_forms(
     ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (merged(input_ids=ids).logits - adapted(input_ids=ids).logits).abs().max() < 1e-4
+
+
+def rank_refusal(argv: list) -> str:
+    try:
+        _finetune().main(argv)
+    except SystemExit as e:
+        return str(e)
+    return "no error"
+
+
+def test_instruction_finetuning_under_context_parallelism_equals_one_rank(ranks, checkpoints, tmp_path):
+    """--cp 2: each packed row's chunks on two z-ranks (the loss over the assistant tokens of whole rows), beside
+    data parallelism: the losses and the held-out loss before and after equal one rank's; a sequence that does not
+    cut into 2·cp chunks is refused on every rank alike, in one line, before the grid."""
+    argv = ["--checkpoint", checkpoints["chat"], "--chat-file", str(KJV_INSTRUCTIONS), "--steps", "2",
+            "--heldout-rows", "4"] + COMMON
+    serial = ranks(1, rank_run, argv + ["--grid", "1x1x1x1"])[0]
+    log = str(tmp_path / "cp.jsonl")
+    split = ranks(4, rank_run, argv + ["--grid", "1x1x2x2", "--cp", "2", "--log", log])
+    assert all(r["losses"] == split[0]["losses"] for r in split)
+    assert split[0]["losses"] == pytest.approx(serial["losses"], rel=1e-5)
+    for key in ("valid_loss_before", "valid_loss"):
+        assert split[0][key] == pytest.approx(serial[key], rel=1e-5), key
+    records = [json.loads(line) for line in open(log)]
+    assert records[0]["cp"] == 2 and "c" in [r for r in records if r["event"] == "step"][0]["comm_bytes"]
+    msgs = ranks(2, rank_refusal, argv + ["--grid", "1x1x2x1", "--cp", "2", "--seq", "14"])
+    assert all(m.startswith("--seq 14 with --cp 2: sequence length 14 does not cut into 2·cp = 4") and "12, 16" in m
+               and "\n" not in m for m in msgs), msgs

@@ -77,7 +77,7 @@ def test_train_gpt_under_context_parallelism_gives_the_same_losses(ranks, tmp_pa
     assert all(m.startswith("--seq 18 with --cp 2: sequence length 18 does not cut into 2·cp = 4") and "16, 20" in m
                and "\n" not in m for m in msgs), msgs
     msgs = ranks(2, rank_bad_batch, COMMON + ["--grid", "1x1x1x2", "--cp", "2"])
-    assert all(m.startswith("--cp 2 with grid 1x1x1x2: the GPT splits a sequence over z") and "[1]" in m
+    assert all(m.startswith("--cp 2 with grid 1x1x1x2: a sequence is split over the z-ranks, so --cp must divide Gz = 1") and "[1]" in m
                for m in msgs), msgs
 
 

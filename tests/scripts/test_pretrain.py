@@ -1,7 +1,7 @@
 """experiments/train/pretrain.py from a tiny LlamaConfig and a tiny (tied) Qwen3Config, in-process on 4 real gloo
 ranks of 4D grids, on a corpus in Megatron's indexed format: each step's loss equals single-process transformers
 training the same initial weights (``init_causal_lm_`` of the dense model) with torch's AdamW and gradient clipping
-on the same global batches; a run saved after 2 steps and resumed on another grid gives the uninterrupted run's
+on the same global batches (also under context parallelism, ``--cp 2 --zero 2``); a run saved after 2 steps and resumed on another grid gives the uninterrupted run's
 loss; the export loads back in transformers."""
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def files(tmp_path_factory):
 
 
 def rank_pretrain(argv: list) -> tuple[dict, dict]:
-    """main(argv) on this rank; also the rows of each step's global batch this rank read: {step: {row: (x, y)}}."""
+    """main(argv) on this rank; also the rows of each step's global batch this rank read: {step: {row: (x, y)}}
+    (under context parallelism, asserted 0 outside its chunks' positions: the corpus read only those)."""
+    import torch
     mod = load_script("train/pretrain.py")
     seen: dict = {}
     step_fn = mod.run_step
@@ -48,6 +50,14 @@ def rank_pretrain(argv: list) -> tuple[dict, dict]:
     def run_step(model, opt, grid, s, step, inputs, targets, metrics, **kw):
         rows = s.rows_read(grid)
         seen[step] = {r: (inputs[r].clone(), targets[r].clone()) for r in rows}
+        if grid.size("c") > 1:         # a context-parallel rank read its chunks' tokens only (and their targets)
+            from axgrid.context_parallel import sample_spans
+            read = torch.zeros(SEQ + 1, dtype=torch.bool)           # the positions of a sample's SEQ + 1 tokens
+            for a, b in sample_spans(SEQ, grid.size("c"), grid.index("c")):
+                read[a:b] = True
+            assert 0 < int(read.sum()) < SEQ + 1
+            for x, y in seen[step].values():            # x = tokens 0..S-1, y = tokens 1..S of the sample
+                assert not x[~read[:-1]].any() and not y[~read[1:]].any(), (step, grid.rank)
         return step_fn(model, opt, grid, s, step, inputs, targets, metrics, **kw)
     mod.run_step = run_step
     return mod.main(argv), seen
@@ -59,7 +69,10 @@ def global_batches(results: list) -> list:
     steps = sorted(results[0][1])
     out = []
     for step in steps:
-        rows = {r: xy for _, seen in results for r, xy in seen[step].items()}
+        rows: dict = {}
+        for _, seen in results:        # under context parallelism each rank of a group read its chunks: merged
+            for r, xy in seen[step].items():
+                rows[r] = tuple(torch.maximum(a, b) for a, b in zip(rows[r], xy)) if r in rows else xy
         assert sorted(rows) == list(range(BATCH))
         out.append(tuple(torch.stack([rows[r][i] for r in range(BATCH)]) for i in (0, 1)))
     return out
@@ -92,11 +105,14 @@ def transformers_losses(config_json: str, batches: list, seed: int) -> list[floa
     return losses
 
 
-@pytest.mark.parametrize("kind,grid", [("llama", "2x1x1x2"), ("qwen3", "1x2x2x1")])
-def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, kind, grid):
+@pytest.mark.parametrize("kind,grid,extra", [("llama", "2x1x1x2", []), ("qwen3", "1x2x2x1", []),
+                                             ("llama", "1x1x2x2", ["--cp", "2", "--zero", "2"])])
+def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, kind, grid, extra):
+    """Also under context parallelism (--cp 2: each sequence's chunks on two z-ranks) with the gradients and
+    optimizer state sharded over d (--zero 2)."""
     export = str(tmp_path / "export")
     argv = ["--config", files[kind], "--data-path", files["corpus"], "--grid", grid, "--steps", "3",
-            "--export", export] + COMMON
+            "--export", export] + COMMON + extra
     results = ranks(4, rank_pretrain, argv)
     losses = results[0][0]["losses"]
     assert all(r["losses"] == losses for r, _ in results)

@@ -137,6 +137,32 @@ def test_samples_are_windows_of_each_epochs_shuffled_stream(tmp_path):
         reseeded.open(1)
 
 
+def test_a_context_parallel_rank_reads_its_chunks_and_their_targets_only(tmp_path):
+    """Under context parallelism a sample is read in the spans of one rank's two chunks (the chunk and the token
+    after it): those positions equal the whole sample's, the others stay 0, and the ranks of a group together
+    read every position of it; the spans cross document boundaries as the whole read does."""
+    from axgrid.context_parallel import sample_spans
+    random_dataset(tmp_path / "d", docs=30, max_len=9, seed=2)                # short documents: windows cross them
+    data = IndexedTokens(tmp_path / "d")
+    s = GPTSamples(data, (0, 30), seq=16, seed=1, cache=tmp_path / "c")
+    s.build(1)
+    s.open(1)
+    for cp in (1, 2, 4):
+        for i in range(min(s.per_epoch, 6)):
+            whole = s.sample(i)
+            union = np.zeros(17, dtype=bool)
+            for index in range(cp):
+                spans = sample_spans(16, cp, index)
+                part = s.sample(i, spans)
+                inside = np.zeros(17, dtype=bool)
+                for a, b in spans:
+                    inside[a:b] = True
+                assert np.array_equal(part[inside], whole[inside]) and not part[~inside].any(), (cp, index)
+                union |= inside
+            assert union.all()
+    assert sample_spans(16, 2, 0) == [(0, 5), (12, 17)] and sample_spans(16, 2, 1) == [(4, 9), (8, 13)]
+
+
 def test_corpus_without_a_grid_and_split_tokens(tmp_path):
     docs = random_dataset(tmp_path / "d", docs=100, vocab=300)
     settings = DataSettings((str(tmp_path / "d"),), "80,20,0", cache=str(tmp_path / "c"))
