@@ -407,7 +407,7 @@ DOCUMENTED: dict[str, Declaration] = {
     "python examples/fabric_train.py --grid 1x1x1x2 --zero 1 --steps 2 --batch 4 --seq 16":
         CoveredBy("tests/system/test_fabric_launch.py::test_fabric_launcher_starts_the_ranks_and_trains_as_serially"),
     "torchrun --standalone --nproc-per-node 4 examples/fabric_train.py --grid 2x1x1x2 --zero 1 --steps 2 --batch 4 "
-    "--seq 16": CoveredBy("tests/system/test_fabric_launch.py::test_torchrun_starts_4_ranks_that_train_as_serially"),
+    "--seq 16": CoveredBy("tests/system/test_fabric_launch.py::test_torchrun_starts_the_ranks_that_train_as_serially"),
     "srun --ntasks-per-node 4 --kill-on-bad-exit=1 python examples/fabric_train.py --grid 2x1x1x2 --zero 1 --steps 2 "
     "--batch 4 --seq 16": CoveredBy("tests/system/test_fabric_launch.py::"
                                     "test_srun_tasks_train_as_serially_with_fabrics_slurm_environment"),
