@@ -13,13 +13,10 @@ A new or changed documented command fails test_every_documented_command_is_decla
 """
 from __future__ import annotations
 
-import io
 import os
-import runpy
 import shlex
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -28,6 +25,7 @@ import pytest
 
 from helpers import ROOT
 from helpers.documented_commands import block_commands, documented_commands
+from helpers.python_process import run_entry_point
 
 
 @dataclass(frozen=True)
@@ -531,32 +529,6 @@ def test_documented_command_runs(command, run, tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == run.code, out[-4000:]
     assert run.expect in out, out[-4000:]
-
-
-def run_entry_point(words: list[str], root: str) -> tuple[int, str]:
-    """``python SCRIPT ARGS``, ``python -m MODULE ARGS`` or ``axgrid ARGS`` (``words``), its ``__main__`` block run
-    in this process from ``root``: (exit code, what it printed)."""
-    out, argv, cwd = io.StringIO(), sys.argv, os.getcwd()
-    os.chdir(root)
-    try:
-        with redirect_stdout(out), redirect_stderr(out):
-            try:
-                if words[0] == "axgrid":
-                    sys.argv = words
-                    runpy.run_module("axgrid.cli", run_name="__main__", alter_sys=True)
-                elif words[1] == "-m":
-                    sys.argv = [words[2], *words[3:]]
-                    runpy.run_module(words[2], run_name="__main__", alter_sys=True)
-                else:
-                    sys.argv = words[1:]
-                    runpy.run_path(os.path.join(root, words[1]), run_name="__main__")
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    finally:
-        sys.argv = argv
-        os.chdir(cwd)
-    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")
