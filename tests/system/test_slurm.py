@@ -1,7 +1,8 @@
 """Real Slurm jobs on a private one-node cluster (the ``slurm`` fixture: axgrid/testing/slurm.py).
 
 - ``srun`` launches: the demo and train_gpt on 4 ranks; every rank finds its place from ``SLURM_*``; the demo again
-  under ``srun --mpi=pmi2`` (which adds ``PMI_*`` as Cray's plugin does) with no ``MASTER_ADDR``, matching serial.
+  on 2 ranks under ``srun --mpi=pmi2`` (which adds ``PMI_*`` as Cray's plugin does) with no ``MASTER_ADDR``, matching
+  serial.
 - The reliability table under srun (axgrid/testing/faults.py, 2 ranks, run side by side as separate jobs): a rank raises,
   stops on one of the project's errors (said once, by it), is SIGKILLed, hangs (collective timeout 5 s), or the job is
   ``scancel``-ed; with and without
@@ -66,10 +67,10 @@ def launches(slurm):
                   "--grid", "2x1x1x2", "--steps", "3", "--batch", "4", "--no-progress", *TINY.split()],
         "detect": ["-n", "4", "-J", "detect", "python", "-c",
                    "from axgrid.launch.env import detect_launch; print(detect_launch(use_mpi=False))"],
-        "pmi2": ["--mpi=pmi2", "-n", "4", "--kill-on-bad-exit=1", "-J", "pmi2", "python", "-c",
+        "pmi2": ["--mpi=pmi2", "-n", "2", "--kill-on-bad-exit=1", "-J", "pmi2", "python", "-c",
                  "import os, sys, runpy; from axgrid.launch.env import detect_launch; "
                  "print('PMI', os.environ.get('PMI_RANK'), os.environ.get('PMI_SIZE'), 'MASTER_ADDR' in os.environ, "
-                 "detect_launch(), flush=True); sys.argv = ['axgrid.demo', '--grid', '2x2x1x1', '--steps', '3']; "
+                 "detect_launch(), flush=True); sys.argv = ['axgrid.demo', '--grid', '1x2x1x1', '--steps', '3']; "
                  "runpy.run_module('axgrid.demo', run_name='__main__')"],
     }
     with ThreadPoolExecutor(len(jobs)) as ex:
@@ -97,12 +98,13 @@ def test_srun_demo_on_4_ranks_matches_serial(launches, slurm):
 
 def test_srun_with_the_pmi2_plugin_and_no_master_addr_matches_serial(launches, slurm):
     """``srun --mpi=pmi2`` sets PMI_RANK/PMI_SIZE beside SLURM_* (as Cray's cray_shasta does on HPE systems), and the
-    job exports no MASTER_ADDR: the ranks meet on the step's first node from Slurm's variables, without MPI."""
+    job exports no MASTER_ADDR: the ranks meet on the step's first node from Slurm's variables, without MPI. (2 ranks:
+    what differs from the plain srun launches above is where a rank reads its place; 4 ranks are theirs.)"""
     res = launches["pmi2"]
     assert res.returncode == 0, res.stdout + res.stderr
-    seen = sorted(re.findall(r"PMI (\d) 4 False LaunchEnv\(rank=(\d), world_size=4, .*launcher='slurm'", res.stdout))
-    assert seen == [(str(i), str(i)) for i in range(4)], res.stdout
-    assert "grid 2x2x1x1" in res.stdout and ": MATCH" in res.stdout, res.stdout
+    seen = sorted(re.findall(r"PMI (\d) 2 False LaunchEnv\(rank=(\d), world_size=2, .*launcher='slurm'", res.stdout))
+    assert seen == [(str(i), str(i)) for i in range(2)], res.stdout
+    assert "grid 1x2x1x1" in res.stdout and ": MATCH" in res.stdout, res.stdout
     assert [(c.state, c.exit_code) for c in slurm.completion(name="pmi2")] == [("COMPLETED", "0:0")]
 
 
