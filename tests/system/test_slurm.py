@@ -198,8 +198,8 @@ WARN_S = 600               # link 1's --signal=USR1@WARN_S; its time limit is cu
 LINK2_STEPS = 10           # link 2 is signalled once it has trained this many steps (compared with the reference)
 REF_PAST = 100             # the reference is signalled once it is this many steps past link 1's save (link 2 stops
                            # within a few steps of LINK2_STEPS) ...
-REF_MARGIN = 100           # ... and only while it has more steps than this to go (a signal after its loop, when
-                           # the handler is gone, would kill it)
+REF_MARGIN = 200           # ... and only while it has more steps than this to go (a signal after its loop, when
+                           # the handler is gone, would kill it: 200 steps are 3 s on an idle host)
 
 
 def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm, tmp_path):
