@@ -92,6 +92,14 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 @pytest.fixture(scope="session")
+def published_checks() -> tuple:
+    """perfmodel's prediction for every published point (``axgrid.perfmodel.published.check_all``, ~9 s of CPU),
+    priced once for the session's tests that read them (the checks are frozen dataclasses)."""
+    from axgrid.perfmodel.published import check_all
+    return tuple(check_all())
+
+
+@pytest.fixture(scope="session")
 def ranks():
     r = Ranks()
     yield r

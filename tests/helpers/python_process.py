@@ -4,11 +4,18 @@ runtime and the tests' preloads imported already, the seconds a fresh ``import t
 Its exit status, stdout and stderr come back as a finished subprocess's.
 
     done = run_python(["experiments/checks/memory_check.py", "--device", "cpu"])    # a CompletedProcess
+
+:func:`run_entry_point` runs one in the calling process instead (on the session's gloo ranks: ``ranks(n,
+run_entry_point, words, root)``, what ``axgrid launch -n N -- python ...`` starts).
 """
 from __future__ import annotations
 
+import io
+import os
+import runpy
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 
 from axgrid.testing.isolated import run_isolated
 
@@ -59,3 +66,29 @@ def run_python(argv: list[str], timeout_s: float = 300.0, preload: tuple[str, ..
     starts it."""
     code, out, err = run_isolated(_python_main, list(argv), timeout_s=timeout_s, preload=preload)
     return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
+
+
+def run_entry_point(words: list[str], root: str) -> tuple[int, str]:
+    """``python SCRIPT ARGS``, ``python -m MODULE ARGS`` or ``axgrid ARGS`` (``words``), its ``__main__`` block run
+    in this process from ``root``: (exit code, what it printed)."""
+    out, argv, cwd = io.StringIO(), sys.argv, os.getcwd()
+    os.chdir(root)
+    try:
+        with redirect_stdout(out), redirect_stderr(out):
+            try:
+                if words[0] == "axgrid":
+                    sys.argv = words
+                    runpy.run_module("axgrid.cli", run_name="__main__", alter_sys=True)
+                elif words[1] == "-m":
+                    sys.argv = [words[2], *words[3:]]
+                    runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+                else:
+                    sys.argv = words[1:]
+                    runpy.run_path(os.path.join(root, words[1]), run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+    return code, out.getvalue()

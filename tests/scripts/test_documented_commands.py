@@ -13,13 +13,10 @@ A new or changed documented command fails test_every_documented_command_is_decla
 """
 from __future__ import annotations
 
-import io
 import os
-import runpy
 import shlex
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -28,6 +25,7 @@ import pytest
 
 from helpers import ROOT
 from helpers.documented_commands import block_commands, documented_commands
+from helpers.python_process import run_entry_point
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,9 @@ GEMM_BENCH = Call("python experiments/bench/bench_gemm.py --models gpt-tiny --gr
                   "--warmup 0 --max-tune-seconds 0.05 --cache {tmp}/gemm.json", expect="distinct signatures")
 RANK_80B = "--model gpt-80b --gpus 64 --machine perlmutter --batch 64"
 RANK = Call(f"python -m axgrid.perfmodel rank {RANK_80B} --top 10", expect="best 4D")
-CHECK_PUBLISHED = Call("python -m axgrid.perfmodel check-published", expect="Korthikanti 1T")
+#: the same command line through perfmodel's main, its table checked point by point (every published point priced
+#: once per session: the ``published_checks`` fixture)
+CHECK_PUBLISHED = CoveredBy("tests/unit/test_perfmodel_scale.py::test_check_published")
 DRYRUN_GPT = Call("python -m axgrid.dryrun --model gpt-tiny --grid 2x1x1x2 --machine perlmutter --batch 8 "
                   "--microbatches 2 --json {tmp}/dryrun.json", expect="agree")
 DRYRUN_BEST = Call("python -m axgrid.dryrun --model gpt-tiny --gpus 8 --machine frontier --batch 8", expect="agree")
@@ -426,7 +426,7 @@ DOCUMENTED: dict[str, Declaration] = {
     "python examples/fabric_train.py --grid 1x1x1x2 --zero 1 --steps 2 --batch 4 --seq 16":
         CoveredBy("tests/system/test_fabric_launch.py::test_fabric_launcher_starts_the_ranks_and_trains_as_serially"),
     "torchrun --standalone --nproc-per-node 4 examples/fabric_train.py --grid 2x1x1x2 --zero 1 --steps 2 --batch 4 "
-    "--seq 16": CoveredBy("tests/system/test_fabric_launch.py::test_torchrun_starts_4_ranks_that_train_as_serially"),
+    "--seq 16": CoveredBy("tests/system/test_fabric_launch.py::test_torchrun_starts_the_ranks_that_train_as_serially"),
     "srun --ntasks-per-node 4 --kill-on-bad-exit=1 python examples/fabric_train.py --grid 2x1x1x2 --zero 1 --steps 2 "
     "--batch 4 --seq 16": CoveredBy("tests/system/test_fabric_launch.py::"
                                     "test_srun_tasks_train_as_serially_with_fabrics_slurm_environment"),
@@ -548,32 +548,6 @@ def test_documented_command_runs(command, run, tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == run.code, out[-4000:]
     assert run.expect in out, out[-4000:]
-
-
-def run_entry_point(words: list[str], root: str) -> tuple[int, str]:
-    """``python SCRIPT ARGS``, ``python -m MODULE ARGS`` or ``axgrid ARGS`` (``words``), its ``__main__`` block run
-    in this process from ``root``: (exit code, what it printed)."""
-    out, argv, cwd = io.StringIO(), sys.argv, os.getcwd()
-    os.chdir(root)
-    try:
-        with redirect_stdout(out), redirect_stderr(out):
-            try:
-                if words[0] == "axgrid":
-                    sys.argv = words
-                    runpy.run_module("axgrid.cli", run_name="__main__", alter_sys=True)
-                elif words[1] == "-m":
-                    sys.argv = [words[2], *words[3:]]
-                    runpy.run_module(words[2], run_name="__main__", alter_sys=True)
-                else:
-                    sys.argv = words[1:]
-                    runpy.run_path(os.path.join(root, words[1]), run_name="__main__")
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    finally:
-        sys.argv = argv
-        os.chdir(cwd)
-    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,20 @@
 """examples/fabric_train.py started as users start it, by each launcher the strategy meets (Fabric's cluster
-environments), and trained to the losses of serial training on 4 ranks:
+environments), and trained to the losses of serial training on 4 ranks (srun) or 2 (the others):
 
 - Fabric's own launcher: ``python examples/fabric_train.py`` re-runs itself in a second process (LightningEnvironment);
-- torchrun: ``torchrun --standalone --nproc-per-node 4 ...`` (TorchElasticEnvironment);
+- torchrun: ``torchrun --standalone --nproc-per-node 2 ...`` (TorchElasticEnvironment);
 - srun, on the private one-node Slurm cluster (axgrid/testing/slurm.py): ``srun --ntasks-per-node 4 python ...``
-  (SLURMEnvironment); the same in a job named ``interactive``, which Fabric leaves to its own launcher (each of the
-  4 tasks would have started 4 processes of its own) and AxgridStrategy runs as the srun task it is; and
+  (SLURMEnvironment); the same with 2 tasks in a job named ``interactive``, which Fabric leaves to its own launcher
+  (each task would have started processes of its own) and AxgridStrategy runs as the srun task it is; and
   ``python examples/fabric_train.py`` in a batch script without srun, which Fabric takes for task 0 of 4 (it would
   wait for 3 ranks that never come), and mpiexec inside a batch script, whose ranks Fabric all reads as rank 0 of
   SLURM_NTASKS: one line naming the fix, at once.
 
-Each 4-rank run prints which environment Fabric chose, the losses (equal to serial training's: the ranks formed one
-world, grid 2x1x1x2 splits every layer over x and the batch over d), and every rank's grid coordinate and the windows
-it read: the ranks of one d-group read the same ones, the two d-groups each half of every step's batch.
+Each run that trains prints which environment Fabric chose, the losses (equal to serial training's: the ranks formed
+one world; grid 2x1x1x2 splits every layer over x and the batch over d, 1x1x1x2 the batch), and every rank's grid
+coordinate and the windows it read: the ranks of one d-group read the same ones, the two d-groups each half of every
+step's batch. One launcher (srun) runs the 4-rank grid; the others show their environment and one world on 2 ranks,
+which is what differs between launchers (fewer processes importing torch and Fabric side by side on 2 cores).
 
 Every launch of the module runs side by side: the two local ones start with the module (``local_runs``), the Slurm
 ones with the first Slurm test (``slurm_jobs``; those tests come first); each test checks its own launch."""
@@ -50,10 +52,12 @@ def printed_losses(out: str) -> list[float]:
     return [float(x) for x in re.findall(r"^step \d+: loss ([0-9.]+)$", out, re.M)]
 
 
-def assert_trained_on_4_ranks(out: str, environment: str) -> None:
-    """The example's output: Fabric chose ``environment`` for one world of 4, the losses are serial training's,
-    and the sampler gave the ranks of one d-group the same windows, each d-group its own half of every step."""
-    assert re.search(rf"^fabric_train: 4 ranks \({environment}\), grid 2x1x1x2, precision 32-true$", out, re.M), out
+def assert_trained(out: str, environment: str, ranks: int = 4) -> None:
+    """The example's output: Fabric chose ``environment`` for one world of ``ranks`` (4: grid 2x1x1x2, 2: grid
+    1x1x1x2), the losses are serial training's, and the sampler gave the ranks of one d-group the same windows, each
+    d-group its own half of every step."""
+    grid = {4: "2x1x1x2", 2: "1x1x1x2"}[ranks]
+    assert re.search(rf"^fabric_train: {ranks} ranks \({environment}\), grid {grid}, precision 32-true$", out, re.M), out
     assert len(re.findall(r"^fabric_train: ", out, re.M)) == 1, out            # one world, one rank 0
     want = serial_fabric_losses(steps=2, batch=4, seq=16)
     assert printed_losses(out) == pytest.approx(want, rel=1e-4), (out, want)
@@ -61,14 +65,15 @@ def assert_trained_on_4_ranks(out: str, environment: str) -> None:
     assert line, out
     read = {int(r): (tuple(map(int, c.split(", "))), [int(w) for w in rows.split(", ")])
             for r, c, rows in re.findall(r"(\d+) \(([\d, ]+)\): \[([\d, ]+)\]", line.group(1))}
-    assert sorted(read) == [0, 1, 2, 3], line.group(0)
+    assert sorted(read) == list(range(ranks)), line.group(0)
     by_d: dict[int, set] = {}
     for coord, rows in read.values():
         by_d.setdefault(coord[3], set()).add(tuple(rows))
     assert sorted(by_d) == [0, 1] and all(len(v) == 1 for v in by_d.values()), line.group(0)   # alike in a d-group
     halves = [set(next(iter(v))) for v in by_d.values()]
     assert not halves[0] & halves[1] and halves[0] | halves[1] == set(range(8)), line.group(0)
-    assert sorted(c for c, _ in read.values()) == [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1)]
+    coords = [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1)] if ranks == 4 else [(0, 0, 0, 0), (0, 0, 0, 1)]
+    assert sorted(c for c, _ in read.values()) == coords
 
 
 # ---- Fabric's launcher and torchrun, on this machine ----------------------------------------------------------
@@ -87,8 +92,8 @@ def local_runs(tmp_path_factory):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     calls = {"fabric": partial(local_run, [sys.executable, str(ROOT / EXAMPLE), *ARGV],
                                tmp_path_factory.mktemp("fabric-launcher")),
-             "torchrun": partial(local_run, [torchrun, "--standalone", "--nproc-per-node", "4", str(ROOT / EXAMPLE),
-                                             *ARGV4], tmp_path_factory.mktemp("torchrun"))}
+             "torchrun": partial(local_run, [torchrun, "--standalone", "--nproc-per-node", "2", str(ROOT / EXAMPLE),
+                                             *ARGV], tmp_path_factory.mktemp("torchrun"))}
     with side_by_side(calls) as started:
         yield started
 
@@ -115,8 +120,9 @@ def slurm_jobs(slurm, tmp_path_factory):
                        f"#SBATCH -o {tmp}/fabric-mpiexec-%j.out\n"
                        f"cd {ROOT}\nmpiexec -launcher fork -n 2 python {EXAMPLE} {' '.join(ARGV)}\n")
 
-    def srun(name: str, *args: str) -> str:
-        res = subprocess.run(["srun", "-J", name, "--kill-on-bad-exit=1", *args, "python", EXAMPLE, *ARGV4], env=env,
+    def srun(name: str, tasks: int, argv: list[str]) -> str:
+        res = subprocess.run(["srun", "-J", name, "--kill-on-bad-exit=1", "--ntasks-per-node", str(tasks), "python",
+                              EXAMPLE, *argv], env=env,
                              cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT_S)
         return f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
 
@@ -127,8 +133,8 @@ def slurm_jobs(slurm, tmp_path_factory):
         took = time.monotonic() - started
         return f"{rec.state} {rec.exit_code} {took:.0f}s\n{(tmp / f'{name}-{job}.out').read_text()}"
 
-    calls = {"srun": partial(srun, "fabric-srun", "--ntasks-per-node", "4"),
-             "interactive": partial(srun, "interactive", "--ntasks-per-node", "4"),
+    calls = {"srun": partial(srun, "fabric-srun", 4, ARGV4),
+             "interactive": partial(srun, "interactive", 2, ARGV),
              "batch": partial(sbatch, "fabric-batch", batch),
              "mpiexec": partial(sbatch, "fabric-mpiexec", mpiexec)}
     try:
@@ -146,17 +152,18 @@ def test_srun_tasks_train_as_serially_with_fabrics_slurm_environment(slurm_jobs)
     world the srun tasks' (as axgrid's launch table reads them), one world of 4."""
     out = outcome(slurm_jobs["srun"], timeout_s=RUN_LIMIT_S + 60)
     assert out.startswith("exit 0"), out
-    assert_trained_on_4_ranks(out, "SLURMEnvironment")
+    assert_trained(out, "SLURMEnvironment", ranks=4)
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(2 * RUN_LIMIT_S)
 def test_srun_tasks_of_an_interactive_job_train_as_one_world(slurm_jobs):
-    """``srun -J interactive ...``: Fabric would leave each task to its own launcher (4 worlds of 4, each training
-    alone); the strategy runs each task as the srun task it is: one world of 4, the same losses."""
+    """``srun -J interactive --ntasks-per-node 2 ...``: Fabric would leave each task to its own launcher (2 worlds
+    of 2, each training alone); the strategy runs each task as the srun task it is: one world of 2, the same losses.
+    (2 tasks show one world as 4 do; the 4-rank grid's windows are the plain srun test's.)"""
     out = outcome(slurm_jobs["interactive"], timeout_s=RUN_LIMIT_S + 60)
     assert out.startswith("exit 0"), out
-    assert_trained_on_4_ranks(out, "SLURMEnvironment")
+    assert_trained(out, "SLURMEnvironment", ranks=2)
 
 
 @pytest.mark.slurm
@@ -204,10 +211,11 @@ def test_fabric_launcher_starts_the_ranks_and_trains_as_serially(local_runs):
 
 
 @pytest.mark.timeout(RUN_LIMIT_S + 60)
-def test_torchrun_starts_4_ranks_that_train_as_serially(local_runs):
-    """``torchrun --standalone --nproc-per-node 4``: Fabric's TorchElasticEnvironment, whose ranks the strategy
-    checked against axgrid's launch table (the torchrun row) before the process group."""
+def test_torchrun_starts_the_ranks_that_train_as_serially(local_runs):
+    """``torchrun --standalone --nproc-per-node 2``: Fabric's TorchElasticEnvironment, whose ranks the strategy
+    checked against axgrid's launch table (the torchrun row) before the process group: one world of 2 (the 4-rank
+    grid's windows are the srun test's)."""
     pytest.importorskip("lightning_fabric")
     run = outcome(local_runs["torchrun"], timeout_s=RUN_LIMIT_S)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert_trained_on_4_ranks(run.stdout, "TorchElasticEnvironment")
+    assert_trained(run.stdout, "TorchElasticEnvironment", ranks=2)

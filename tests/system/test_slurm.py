@@ -1,7 +1,8 @@
 """Real Slurm jobs on a private one-node cluster (the ``slurm`` fixture: axgrid/testing/slurm.py).
 
 - ``srun`` launches: the demo and train_gpt on 4 ranks; every rank finds its place from ``SLURM_*``; the demo again
-  under ``srun --mpi=pmi2`` (which adds ``PMI_*`` as Cray's plugin does) with no ``MASTER_ADDR``, matching serial.
+  on 2 ranks under ``srun --mpi=pmi2`` (which adds ``PMI_*`` as Cray's plugin does) with no ``MASTER_ADDR``, matching
+  serial.
 - The reliability table under srun (axgrid/testing/faults.py, 2 ranks, run side by side as separate jobs): a rank raises,
   stops on one of the project's errors (said once, by it), is SIGKILLed, hangs (collective timeout 5 s), or the job is
   ``scancel``-ed; with and without
@@ -66,10 +67,10 @@ def launches(slurm):
                   "--grid", "2x1x1x2", "--steps", "3", "--batch", "4", "--no-progress", *TINY.split()],
         "detect": ["-n", "4", "-J", "detect", "python", "-c",
                    "from axgrid.launch.env import detect_launch; print(detect_launch(use_mpi=False))"],
-        "pmi2": ["--mpi=pmi2", "-n", "4", "--kill-on-bad-exit=1", "-J", "pmi2", "python", "-c",
+        "pmi2": ["--mpi=pmi2", "-n", "2", "--kill-on-bad-exit=1", "-J", "pmi2", "python", "-c",
                  "import os, sys, runpy; from axgrid.launch.env import detect_launch; "
                  "print('PMI', os.environ.get('PMI_RANK'), os.environ.get('PMI_SIZE'), 'MASTER_ADDR' in os.environ, "
-                 "detect_launch(), flush=True); sys.argv = ['axgrid.demo', '--grid', '2x2x1x1', '--steps', '3']; "
+                 "detect_launch(), flush=True); sys.argv = ['axgrid.demo', '--grid', '1x2x1x1', '--steps', '3']; "
                  "runpy.run_module('axgrid.demo', run_name='__main__')"],
     }
     with ThreadPoolExecutor(len(jobs)) as ex:
@@ -97,12 +98,13 @@ def test_srun_demo_on_4_ranks_matches_serial(launches, slurm):
 
 def test_srun_with_the_pmi2_plugin_and_no_master_addr_matches_serial(launches, slurm):
     """``srun --mpi=pmi2`` sets PMI_RANK/PMI_SIZE beside SLURM_* (as Cray's cray_shasta does on HPE systems), and the
-    job exports no MASTER_ADDR: the ranks meet on the step's first node from Slurm's variables, without MPI."""
+    job exports no MASTER_ADDR: the ranks meet on the step's first node from Slurm's variables, without MPI. (2 ranks:
+    what differs from the plain srun launches above is where a rank reads its place; 4 ranks are theirs.)"""
     res = launches["pmi2"]
     assert res.returncode == 0, res.stdout + res.stderr
-    seen = sorted(re.findall(r"PMI (\d) 4 False LaunchEnv\(rank=(\d), world_size=4, .*launcher='slurm'", res.stdout))
-    assert seen == [(str(i), str(i)) for i in range(4)], res.stdout
-    assert "grid 2x2x1x1" in res.stdout and ": MATCH" in res.stdout, res.stdout
+    seen = sorted(re.findall(r"PMI (\d) 2 False LaunchEnv\(rank=(\d), world_size=2, .*launcher='slurm'", res.stdout))
+    assert seen == [(str(i), str(i)) for i in range(2)], res.stdout
+    assert "grid 1x2x1x1" in res.stdout and ": MATCH" in res.stdout, res.stdout
     assert [(c.state, c.exit_code) for c in slurm.completion(name="pmi2")] == [("COMPLETED", "0:0")]
 
 
@@ -189,20 +191,29 @@ def test_srun_fault_ends_the_job_and_leaves_nothing(fault_jobs, launcher, case):
 
 
 # ---- local.sbatch: signal before the time limit, save, chain, resume on another grid -------------------------------
-CHAIN_STEPS = 600          # more than link 1 trains before its signal arrives (it saves after every step): on an
-                           # idle host 150 steps took 5 s, less than the signal's round trip (CI failed on it)
+CHAIN_STEPS = 600          # the schedule's length: more than link 1 trains before its signal arrives (it saves after
+                           # every step): on an idle host 150 steps took 5 s, less than the signal's round trip (CI
+                           # failed on it). No job trains them all: link 2 and the reference are signalled (below).
 WARN_S = 600               # link 1's --signal=USR1@WARN_S; its time limit is cut once it trains (see below)
+LINK2_STEPS = 10           # link 2 is signalled once it has trained this many steps (compared with the reference)
+REF_PAST = 100             # the reference is signalled once it is this many steps past link 1's save (link 2 stops
+                           # within a few steps of LINK2_STEPS) ...
+REF_MARGIN = 200           # ... and only while it has more steps than this to go (a signal after its loop, when
+                           # the handler is gone, would kill it: 200 steps are 3 s on an idle host)
 
 
 def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm, tmp_path):
     """Link 1 (grid 1x2x1x1, CHAIN=1, ``--signal=USR1@600``) gets SIGUSR1 from Slurm while it trains, saves and
-    exits 0; its follow-up resumes from latest on grid 2x1x1x1 and finishes; an uninterrupted run of the same
-    script gives the same losses.
+    exits 0; its follow-up resumes from latest on grid 2x1x1x1, trains, and saves on SIGUSR1 too (``scancel
+    --signal``: the schedule has CHAIN_STEPS steps, more than the signal's round trip lets link 1 train, and
+    nothing is learned from training them all); an uninterrupted run of the same script gives the same losses,
+    step for step, up to where link 2 stopped.
 
     A warning that came before train_gpt.py installs its handler would kill the ranks, and Slurm sends warnings
     at its time-limit checks, every 30 s: so once link 1 trains, its time limit is cut (scontrol update) to
     WARN_S from now, which makes the warning due, and the controller is restarted -- it checks time limits as it
-    starts -- so the warning goes out at once instead of up to 30 s later."""
+    starts -- so the warning goes out at once instead of up to 30 s later. Link 2 is signalled once it has trained
+    LINK2_STEPS steps, the reference (if it still trains) once it is REF_PAST steps past link 1's save."""
     script = str(SLURM_DIR / "local.sbatch")
     base = dict(slurm.env, REPO=str(ROOT), MODEL="gpt-tiny", BATCH="4", STEPS=str(CHAIN_STEPS), EXTRA_ARGS=TINY,
                 GRID="1x2x1x1")
@@ -210,6 +221,7 @@ def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm,
     link1 = slurm.sbatch("-t", "15", f"--signal=USR1@{WARN_S}", script, env=chain_env, cwd=tmp_path)
     ref = slurm.sbatch(script, env=dict(base, RUN_DIR=str(tmp_path / "ref"), SAVE_EVERY="0", CHAIN="0"),
                        cwd=tmp_path)
+    ref_log = tmp_path / "ref" / f"train-{ref}.jsonl"
     _wait_for(lambda: records(tmp_path / "chain" / f"train-{link1}.jsonl"), RUN_LIMIT_S, "step of link 1")
     started = slurm.command(["squeue", "-h", "-j", str(link1), "-o", "%S"]).stdout.strip()
     elapsed = time.time() - time.mktime(time.strptime(started, "%Y-%m-%dT%H:%M:%S"))
@@ -218,26 +230,37 @@ def test_local_sbatch_saves_on_usr1_and_the_chain_resumes_on_another_grid(slurm,
     slurm.restart_controller()
     rec1 = slurm.wait_done(link1, timeout_s=RUN_LIMIT_S)
     out1 = (tmp_path / f"axgrid-local-{link1}.out").read_text()
-    link2 = int(re.search(r"Submitted batch job (\d+)", out1).group(1))
-    rec2 = slurm.wait_done(link2, timeout_s=RUN_LIMIT_S)
-    out2 = (tmp_path / f"axgrid-local-{link2}.out").read_text()
-    rec_ref = slurm.wait_done(ref, timeout_s=RUN_LIMIT_S)
-
     saved = re.search(r"SIGUSR1 received; saved step (\d+)", out1)
     assert saved, out1
     k = int(saved.group(1))
-    assert 0 < k < CHAIN_STEPS, out1
+    _wait_for(lambda: len(records(ref_log)) >= k + REF_PAST or slurm.completion(ref), RUN_LIMIT_S,
+              f"step {k + REF_PAST} of the reference")
+    if not slurm.completion(ref) and len(records(ref_log)) < CHAIN_STEPS - REF_MARGIN:
+        slurm.command(["scancel", "--signal=USR1", str(ref)], check=False)     # no error if it finished meanwhile
+    link2 = int(re.search(r"Submitted batch job (\d+)", out1).group(1))
+    _wait_for(lambda: len(records(tmp_path / "chain" / f"train-{link2}.jsonl")) >= LINK2_STEPS, RUN_LIMIT_S,
+              f"step {LINK2_STEPS} of link 2")
+    slurm.command(["scancel", "--signal=USR1", str(link2)])
+    rec2 = slurm.wait_done(link2, timeout_s=RUN_LIMIT_S)
+    out2 = (tmp_path / f"axgrid-local-{link2}.out").read_text()
+    saved2 = re.search(r"SIGUSR1 received; saved step (\d+)", out2)
+    assert saved2, out2
+    k2 = int(saved2.group(1))
+    rec_ref = slurm.wait_done(ref, timeout_s=RUN_LIMIT_S)
+
+    assert 0 < k < k + LINK2_STEPS <= k2 < CHAIN_STEPS, (out1, out2)
     assert (rec1.state, rec1.exit_code) == ("COMPLETED", "0:0"), out1      # saved and left before the limit
     assert f"resumed from {tmp_path / 'chain' / 'ckpt'}" in out2 and f"at step {k} (saved on grid 1x2x1x1, " \
         "resharded to 2x1x1x1)" in out2, out2
     assert (rec2.state, rec2.exit_code) == ("COMPLETED", "0:0"), out2
     assert (rec_ref.state, rec_ref.exit_code) == ("COMPLETED", "0:0")
-    ref_loss = [r["loss"] for r in records(tmp_path / "ref" / f"train-{ref}.jsonl")]
+    ref_loss = [r["loss"] for r in records(ref_log)]
     one = records(tmp_path / "chain" / f"train-{link1}.jsonl")
     two = records(tmp_path / "chain" / f"train-{link2}.jsonl")
-    assert [r["step"] for r in one + two] == list(range(CHAIN_STEPS))
+    assert [r["step"] for r in one + two] == list(range(k2))
+    assert len(ref_loss) >= k2
     assert [r["loss"] for r in one] == ref_loss[:k]                         # the same grid: the same numbers
-    assert [r["loss"] for r in two] == pytest.approx(ref_loss[k:], rel=1e-5)   # resharded: up to rounding
+    assert [r["loss"] for r in two] == pytest.approx(ref_loss[k:k2], rel=1e-5)   # resharded: up to rounding
 
 
 def _wait_for(fn, timeout_s: float, what: str):

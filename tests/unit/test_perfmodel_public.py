@@ -21,8 +21,13 @@ PINNED = {"vtrain": {"mape": 6.9, "spearman": 0.94}, "korthikanti": {"mape": 7.8
 
 
 @pytest.fixture(scope="module")
-def suites():
-    return {r.name: r for r in run_suites()}
+def suites(published_checks):
+    """Every suite priced; the published ones from the session's checks (run_suites prices them with
+    ``published.check_all``, the function the session fixture called)."""
+    from axgrid.perfmodel import published
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(published, "check_all", lambda: list(published_checks))
+        return {r.name: r for r in run_suites()}
 
 
 def test_figures_do_not_get_worse(suites):
@@ -80,9 +85,8 @@ def test_vtrain_rows_priced_as_price_named(suites):
         assert res.measured[i] == pytest.approx(r["ms"] / 1e3)
 
 
-def test_published_suite_is_check_published(suites):
-    from axgrid.perfmodel.published import check_all
-    checks = check_all()
+def test_published_suite_is_check_published(suites, published_checks):
+    checks = list(published_checks)
     k = price_published(True, checks)
     assert k.labels == [c.point.name for c in checks if c.point.name.startswith("Korthikanti")]
     assert np.allclose(k.measured, [c.point.seconds for c in checks if c.point.seconds is not None])
@@ -111,8 +115,10 @@ def test_one_group_rho_is_scipys_and_regret_at_least_one(pairs):
         assert k["spearman"] == pytest.approx(stats.spearmanr(pred, meas).statistic, nan_ok=True)
 
 
-def test_cli_prints_and_plots(tmp_path, capsys):
+def test_cli_prints_and_plots(tmp_path, capsys, monkeypatch, published_checks):
     pytest.importorskip("matplotlib")
+    from axgrid.perfmodel import published
+    monkeypatch.setattr(published, "check_all", lambda: list(published_checks))     # priced once per session
     assert main(["validate-public", "--suite", "korthikanti", "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("korthikanti  n=    8  MAPE") and (tmp_path / "korthikanti.png").stat().st_size > 1000
