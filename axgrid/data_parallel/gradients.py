@@ -39,9 +39,28 @@ class DataParallel:
         self.all: list[weakref.ref[GradBuckets]] = []   # in the order built: every rank walks them alike
 
     def buckets_for(self, params: Sequence[torch.nn.Parameter]) -> Optional[GradBuckets]:
-        """The buckets of ``params`` (trainable, in this order), built on first use; None when Gd = 1."""
+        """The buckets of ``params`` (trainable, in this order), built on first use; None when Gd = 1.
+
+        Experts' parameters (``axgrid_expert``: distinct over the expert-parallel group, :mod:`axgrid.expert_parallel`)
+        go to buckets of their own, reduced over the expert-replica group ``"r"`` only, to the mean over all Gd
+        data-parallel batches (``.experts`` of the buckets returned; reduced with them)."""
         if self.comm.size("d") == 1 or not params:
             return None
+        experts = [p for p in params if getattr(p, "axgrid_expert", False)]
+        if experts:
+            if self.zero:
+                raise ValueError(f"zero={self.zero} with expert parallelism: the experts' optimizer state is not "
+                                 f"sharded over their replicas yet; use zero=0")
+            dense = [p for p in params if not getattr(p, "axgrid_expert", False)]
+            b = self._buckets(dense, "d", None) if dense else None
+            eb = self._buckets(experts, "r", self.comm.size("d"))
+            if b is None:
+                return eb
+            b.experts = eb
+            return b
+        return self._buckets(params, "d", None)
+
+    def _buckets(self, params: Sequence[torch.nn.Parameter], dim: str, mean_over: Optional[int]) -> GradBuckets:
         key = tuple(id(p) for p in params)
         have = getattr(params[0], "axgrid_buckets", None)
         if have is not None and have.key == key:
@@ -53,7 +72,8 @@ class DataParallel:
                                  f"state is sharded over d (zero={old.zero}): synchronise the same parameters "
                                  f"the sharded optimizer holds (the whole model)")
         b = GradBuckets(params, self.comm, self.zero, self.bucket_bytes, self.odp, delivered=self.delivered,
-                        arm=self.arm, syncing=lambda: self.sync_enabled, reduce_dtype=self.reduce_dtype)
+                        arm=self.arm, syncing=lambda: self.sync_enabled, reduce_dtype=self.reduce_dtype, dim=dim,
+                        mean_over=mean_over)
         self.all = [r for r in self.all if r() is not None] + [weakref.ref(b)]
         return b
 
@@ -157,6 +177,8 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     buckets = rt.dp.buckets_for(trainable_params(params))
     if buckets is not None:
         buckets.reduce()
+        if buckets.experts is not None:
+            buckets.experts.reduce()
 
 
 def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> bool:
@@ -166,6 +188,8 @@ def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     if buckets is None:
         return False
     buckets.zero_grad()
+    if buckets.experts is not None:
+        buckets.experts.zero_grad()
     return True
 
 

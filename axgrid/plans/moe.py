@@ -1,0 +1,91 @@
+"""Mixture-of-experts blocks of Hugging Face models on the grid: each ``*SparseMoeBlock`` becomes an
+:class:`~axgrid.expert_parallel.ExpertParallelMoE` holding only this rank's experts.
+
+transformers (5.x) keeps a block's experts fused: ``experts.gate_up_proj [E, 2f, h]`` (gate rows, then up rows) and
+``experts.down_proj [E, h, f]``, and its router ``gate.weight [E, h]``. Here expert ``e`` of this rank becomes two 3D
+Linear layers -- ``gate_up`` (normal, ``[2f, h]`` with segments ``(f, f)``, so a y-rank holds its share of gate and of
+up) and ``down`` (transposed, ``[h, f]``) -- and the router an :class:`~axgrid.expert_parallel.TopKRouter` whose
+class also derives from the model's own router class, so that transformers' output recorder, which finds routers by
+type, records its logits (``output_router_logits``, and the auxiliary load-balancing loss computed from them).
+
+Read from the model: the router's ``top_k``, ``num_experts`` and ``norm_topk_prob`` (absent: normalised, as Mixtral
+does), the experts' ``act_fn``; refused in one line: top-k larger than the experts, experts not divisible by the
+expert-parallel size, Mixtral's router jitter (``router_jitter_noise`` > 0), a block with a shared expert.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from ..core.grid import EP_DIM, Grid
+from ..expert_parallel import ExpertParallelMoE, TopKRouter, check_moe
+from ..expert_parallel.moe import Expert, local_experts
+from ..tensor_parallel.linear import Linear
+
+@functools.cache
+def router_type(model_router: type) -> type:
+    """:class:`TopKRouter` with ``model_router`` mixed in (its forward and init are TopKRouter's); one type per
+    model router class."""
+    return type(f"Grid{model_router.__name__}", (TopKRouter, model_router), {})
+
+
+def describe_block(block: nn.Module, name: str) -> tuple[int, int, bool]:
+    """``(num_experts, top_k, normalize)`` of a transformers MoE block, or a one-line ValueError naming what this
+    block has that the plan does not take."""
+    gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+    if gate is None or experts is None or not isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor):
+        raise ValueError(f"plan: {name} is not a transformers MoE block (gate, experts.gate_up_proj [E, 2f, h], "
+                         f"experts.down_proj [E, h, f]); use plan={{}} (drop-in)")
+    if getattr(block, "shared_expert", None) is not None:
+        raise ValueError(f"plan: {name} has a shared expert, which the expert-parallel plan does not place yet; use "
+                         f"plan={{}} (drop-in)")
+    if getattr(block, "jitter_noise", 0.0):
+        raise ValueError(f"plan: {name} multiplies its input by router jitter noise {block.jitter_noise}; set the "
+                         f"config's router_jitter_noise=0 to run it expert-parallel")
+    if getattr(experts, "has_bias", False) or getattr(experts, "is_transposed", False):
+        raise ValueError(f"plan: {name}'s experts have biases or transposed weights; use plan={{}} (drop-in)")
+    return int(gate.num_experts), int(gate.top_k), bool(getattr(gate, "norm_topk_prob", True))
+
+
+def expert_parallel_block(block: nn.Module, grid: Grid, name: str = "MoE block") -> ExpertParallelMoE:
+    """``block``'s router and this rank's experts, on the grid (see the module docstring); on the meta device
+    (a model built without memory) the layers are left for a loader to fill."""
+    num_experts, top_k, normalize = describe_block(block, name)
+    check_moe(num_experts, top_k, grid.size(EP_DIM), name)
+    gate, experts = block.gate, block.experts
+    h, f = experts.gate_up_proj.shape[2], experts.gate_up_proj.shape[1] // 2
+    meta = experts.gate_up_proj.device.type == "meta"
+    dtype = experts.gate_up_proj.dtype
+    router = router_type(type(gate))(h, num_experts, top_k, grid, normalize=normalize, dtype=gate.weight.dtype)
+    if not meta:
+        router.load_dense_(gate.weight.detach())
+    router.weight.requires_grad_(gate.weight.requires_grad)
+    made: dict[int, Expert] = {}
+    for e in local_experts(num_experts, grid):
+        gate_up = Linear(h, 2 * f, bias=False, grid=grid, input_layout="sharded", output_layout="sharded",
+                         out_segments=(f, f), dtype=dtype, init=False)
+        down = Linear(f, h, bias=False, transpose=True, grid=grid, input_layout="sharded", output_layout="sharded",
+                      dtype=dtype, init=False)
+        if not meta:
+            gate_up.load_dense_(experts.gate_up_proj[e].detach())
+            down.load_dense_(experts.down_proj[e].detach())
+        for layer, dense in ((gate_up, experts.gate_up_proj), (down, experts.down_proj)):
+            layer.weight.requires_grad_(dense.requires_grad)
+        made[e] = Expert(gate_up, down, experts.act_fn)
+    return ExpertParallelMoE(router, made, grid)
+
+
+def check_blocks(model: nn.Module, names: list[str], grid: Grid) -> None:
+    """Every MoE block of ``names`` fits ``grid`` (one line otherwise, before any collective)."""
+    for n in names:
+        num_experts, top_k, _ = describe_block(model.get_submodule(n), n)
+        check_moe(num_experts, top_k, grid.size(EP_DIM), n)
+
+
+def use_expert_parallel(model: nn.Module, names: list[str], grid: Grid) -> None:
+    """Swap each MoE block of ``names`` for its expert-parallel block, in place."""
+    for n in names:
+        parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
+        setattr(parent, n.rsplit(".", 1)[-1], expert_parallel_block(model.get_submodule(n), grid, n))

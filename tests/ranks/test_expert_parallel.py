@@ -1,0 +1,162 @@
+"""Mixture-of-experts models (Mixtral, Qwen3-MoE) under their built-in plans with expert parallelism: the loss (with
+the auxiliary load-balancing loss), the logits, the router logits and every gradient equal single-process
+transformers' on each data-parallel rank's batch, and two AdamW steps track it -- on 4-rank grids with the experts
+over d (ep 2 and 4), beside x, y and z, over cases generated with hypothesis (experts, top-k, hidden size, tokens,
+the router's normalisation, a dense layer among the sparse ones). A bounded number of examples by default;
+``AXGRID_DEEP=1`` runs more. Bad input is refused before step 0 in one line."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+import axgrid
+from axgrid.io.part_copy import part_of_dense
+from axgrid.plans import gather_logits
+
+pytest.importorskip("transformers")
+
+DEEP = bool(os.environ.get("AXGRID_DEEP"))
+#: (grid, ep): the experts over all of d; over half of d (two replicas of each expert); beside x; beside y; beside z.
+LAYOUTS = (("1x1x1x4", 4), ("1x1x1x4", 2), ("2x1x1x2", 2), ("1x2x1x2", 2), ("1x1x2x2", 2))
+EXAMPLES = 2 if not DEEP else 60
+TOL = 1e-4          # fp32 round-off, relative to the reference's largest magnitude
+VOCAB = 64
+
+
+@dataclass(frozen=True)
+class MoECase:
+    family: str             # "mixtral" or "qwen3_moe"
+    grid: str
+    ep: int
+    experts_per_rank: int   # experts = ep * experts_per_rank
+    top_k: int
+    hidden_units: int       # hidden = 8 * hidden_units
+    ffn: int                # expert intermediate size = 4 * ffn
+    seq: int
+    batch: int              # sequences per z-rank per data-parallel rank
+    normalize: bool         # Qwen3-MoE's norm_topk_prob (Mixtral always normalises)
+    dense_layer: bool       # Qwen3-MoE: layer 0 a dense MLP (mlp_only_layers=[0])
+    seed: int
+
+    @property
+    def experts(self) -> int:
+        return self.ep * self.experts_per_rank
+
+
+def tiny_moe(case: MoECase) -> torch.nn.Module:
+    import transformers
+    h = 8 * case.hidden_units
+    common = dict(vocab_size=VOCAB, hidden_size=h, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, output_router_logits=True, router_aux_loss_coef=0.1,
+                  num_experts_per_tok=case.top_k)
+    if case.family == "mixtral":
+        cfg = transformers.MixtralConfig(**common, intermediate_size=4 * case.ffn, num_local_experts=case.experts,
+                                         router_jitter_noise=0.0)
+        model_cls = transformers.MixtralForCausalLM
+    else:
+        cfg = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=4 * case.ffn, intermediate_size=16,
+                                          num_experts=case.experts, norm_topk_prob=case.normalize, head_dim=4,
+                                          mlp_only_layers=[0] if case.dense_layer else [])
+        model_cls = transformers.Qwen3MoeForCausalLM
+    torch.manual_seed(case.seed)
+    model = model_cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:                    # norms away from 1, so each weight is seen
+                p.add_(0.3 * torch.randn(p.shape))
+            elif name.endswith("gate.weight"):  # routers that tell experts apart (no near-ties)
+                p.normal_(0.0, 1.0)
+    return model
+
+
+def _dense_part(name: str, p: torch.Tensor, dense: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The part of the serial model's tensor that ``p`` (named ``name`` on the grid) holds."""
+    if ".mlp.experts." in name:                 # ...mlp.experts.<e>.gate_up.weight -> ...mlp.experts.gate_up_proj[e]
+        head, rest = name.split(".mlp.experts.")
+        e, layer, _ = rest.split(".")
+        full = dense[f"{head}.mlp.experts.{'gate_up_proj' if layer == 'gate_up' else 'down_proj'}"][int(e)]
+    else:
+        full = dense[name]
+    tile = getattr(p, "axgrid_tile", None)
+    return full if tile is None else part_of_dense(tile, full)
+
+
+def rank_moe(case: MoECase, zero: int = 0) -> dict[str, float]:
+    """The largest difference (relative to the reference's largest magnitude) per quantity over two AdamW steps."""
+    grid = axgrid.init(case.grid, ep=case.ep, config=axgrid.RuntimeConfig(timeout_s=60, seed=0, zero=zero))
+    try:
+        gd, d, gz = grid.size("d"), grid.index("d"), grid.size("z")
+        serial, par = tiny_moe(case), tiny_moe(case)
+        axgrid.parallelize(par, grid)
+        opt_s = torch.optim.AdamW(serial.parameters(), lr=1e-2, eps=1e-4)
+        opt_p = torch.optim.AdamW(par.parameters(), lr=1e-2, eps=1e-4)
+        g = torch.Generator().manual_seed(case.seed + 1)
+        b = case.batch * gz
+        worst = {k: 0.0 for k in ("loss", "aux", "logits", "router", "grad", "param")}
+
+        def rel(a: torch.Tensor, want: torch.Tensor) -> float:
+            return float((a - want).abs().max() / (want.abs().max() + 1e-6))
+
+        for _ in range(2):
+            ids = torch.randint(0, VOCAB, (b * gd, case.seq), generator=g)
+            labels = ids.clone()
+            labels[:, :2] = -100
+            opt_s.zero_grad()
+            opt_p.zero_grad()
+            outs = [serial(input_ids=ids[i * b:(i + 1) * b], labels=labels[i * b:(i + 1) * b]) for i in range(gd)]
+            (sum(o.loss for o in outs) / gd).backward()
+            mine = outs[d]
+            out = par(input_ids=ids[d * b:(d + 1) * b], labels=labels[d * b:(d + 1) * b])
+            out.loss.backward()
+            axgrid.sync_gradients(par, grid)
+            worst["loss"] = max(worst["loss"], rel(out.loss.detach(), mine.loss.detach()))
+            worst["aux"] = max(worst["aux"], rel(out.aux_loss.detach(), mine.aux_loss.detach()))
+            worst["logits"] = max(worst["logits"], rel(gather_logits(out.logits.detach(), grid), mine.logits.detach()))
+            for got, want in zip(out.router_logits, mine.router_logits, strict=True):
+                worst["router"] = max(worst["router"], rel(got.detach(), want.detach()))
+            dense = {n: p.grad for n, p in serial.named_parameters()}
+            for n, p in par.named_parameters():
+                worst["grad"] = max(worst["grad"], rel(p.grad, _dense_part(n, p, dense)))
+            opt_s.step()
+            opt_p.step()
+        dense = {n: p.detach() for n, p in serial.named_parameters()}
+        for n, p in par.named_parameters():
+            worst["param"] = max(worst["param"], float((p.detach() - _dense_part(n, p, dense)).abs().max()))
+        return worst
+    finally:
+        grid.destroy()
+
+
+def _world(spec: str) -> int:
+    n = 1
+    for v in spec.split("x"):
+        n *= int(v)
+    return n
+
+
+@st.composite
+def cases(draw, grid: str, ep: int) -> MoECase:
+    per = draw(st.integers(1, 2))
+    family = draw(st.sampled_from(["mixtral", "qwen3_moe"]))
+    return MoECase(family, grid, ep, per, top_k=draw(st.integers(1, min(3, ep * per))),
+                   hidden_units=draw(st.integers(1, 2)), ffn=draw(st.integers(1, 3)), seq=draw(st.integers(3, 8)),
+                   batch=draw(st.integers(1, 2)), normalize=draw(st.booleans()),
+                   dense_layer=family == "qwen3_moe" and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.parametrize("grid,ep", LAYOUTS, ids=[f"{g}-ep{e}" for g, e in LAYOUTS])
+def test_moe_models_under_ep_equal_transformers(ranks, grid, ep):
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=not DEEP, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=cases(grid, ep))
+    def check(case: MoECase) -> None:
+        per_rank = ranks(_world(grid), rank_moe, case)
+        bad = [f"rank {r}: {k} differs by {v:.3g}" for r, w in enumerate(per_rank) for k, v in w.items()
+               if not v < TOL]
+        assert not bad, f"{case}\n" + "\n".join(bad)
+
+    check()
