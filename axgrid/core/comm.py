@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -509,7 +510,7 @@ class Communicator:
             return ready(t) if async_op else t
         src = t.contiguous()
         out = src.new_empty((sum(recv_sizes), *t.shape[1:]))
-        row = src[0].numel() if src.dim() > 1 else 1
+        row = math.prod(src.shape[1:])                         # elements per row (a row may have none)
         sent = (sum(send_sizes) - send_sizes[self.indices[dim]]) * row * src.element_size()
         entry_bytes = src.numel() * src.element_size()
 

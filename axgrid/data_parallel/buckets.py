@@ -106,7 +106,8 @@ class GradBuckets:
         self.dim = dim                                         # the group reduced over ("r": experts' replicas)
         # the mean is over mean_over ranks (the data-parallel ranks, Gd) though the group may be smaller: an
         # expert's gradient on its rank already sums the batches of the E_p ranks that sent it tokens
-        self.scale = comm.size(dim) / mean_over if mean_over else 1.0
+        self.mean_over = mean_over or comm.size(dim)
+        self.scale = comm.size(dim) / self.mean_over
         self.reduce_dtype = reduce_dtype                       # the collectives' dtype (None: the gradients')
         self.key = tuple(id(p) for p in self.params)
         self.comm, self.zero, self.odp = comm, zero, odp
@@ -259,7 +260,7 @@ class GradBuckets:
                 if self.mean_in_share[bi]:
                     lo, hi = b.share(self.d)
                     g = self.grad_data[bi]
-                    g[lo:hi].mul_(self.gd)
+                    g[lo:hi].mul_(self.mean_over)
                     g[:lo].zero_()
                     g[hi:].zero_()
         self.mean_in_share = [False] * len(self.buckets)
@@ -305,6 +306,8 @@ class GradBuckets:
     def _complete(self, bi: int, pend: Pending) -> None:
         res = pend.wait()
         if self.zero == 2:
+            if self.scale != 1.0:
+                res = res * self.scale
             if self.consumed[bi]:              # the first reduction since the optimizer's step
                 self.grad_data[bi].copy_(res)
                 self.consumed[bi] = False

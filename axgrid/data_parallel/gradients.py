@@ -48,9 +48,6 @@ class DataParallel:
             return None
         experts = [p for p in params if getattr(p, "axgrid_expert", False)]
         if experts:
-            if self.zero:
-                raise ValueError(f"zero={self.zero} with expert parallelism: the experts' optimizer state is not "
-                                 f"sharded over their replicas yet; use zero=0")
             dense = [p for p in params if not getattr(p, "axgrid_expert", False)]
             b = self._buckets(dense, "d", None) if dense else None
             eb = self._buckets(experts, "r", self.comm.size("d"))

@@ -20,9 +20,12 @@ from axgrid.plans import gather_logits
 pytest.importorskip("transformers")
 
 DEEP = bool(os.environ.get("AXGRID_DEEP"))
-#: (grid, ep): the experts over all of d; over half of d (two replicas of each expert); beside x; beside y; beside z.
-LAYOUTS = (("1x1x1x4", 4), ("1x1x1x4", 2), ("2x1x1x2", 2), ("1x2x1x2", 2), ("1x1x2x2", 2))
-EXAMPLES = 2 if not DEEP else 60
+#: (grid, ep, zero): the experts over half of d (two replicas of each expert, their gradients and optimizer state
+#: over those two); beside x; beside y; beside z; over all of d (one replica). With AXGRID_DEEP=1 every zero on each.
+LAYOUTS = (("1x1x1x4", 2, 1), ("2x1x1x2", 2, 0), ("1x2x1x2", 2, 2), ("1x1x2x2", 2, 0), ("1x1x1x4", 4, 2))
+if DEEP:
+    LAYOUTS = tuple((g, e, z) for g, e, _ in LAYOUTS for z in (0, 1, 2))
+EXAMPLES = 1 if not DEEP else 20
 TOL = 1e-4          # fp32 round-off, relative to the reference's largest magnitude
 VOCAB = 64
 
@@ -73,15 +76,14 @@ def tiny_moe(case: MoECase) -> torch.nn.Module:
     return model
 
 
-def _dense_part(name: str, p: torch.Tensor, dense: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The part of the serial model's tensor that ``p`` (named ``name`` on the grid) holds."""
+def _dense_part(name: str, tile, dense: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The part ``tile`` (a TileSpec or None: the whole) of the serial model's tensor matching the grid's ``name``."""
     if ".mlp.experts." in name:                 # ...mlp.experts.<e>.gate_up.weight -> ...mlp.experts.gate_up_proj[e]
         head, rest = name.split(".mlp.experts.")
         e, layer, _ = rest.split(".")
         full = dense[f"{head}.mlp.experts.{'gate_up_proj' if layer == 'gate_up' else 'down_proj'}"][int(e)]
     else:
         full = dense[name]
-    tile = getattr(p, "axgrid_tile", None)
     return full if tile is None else part_of_dense(tile, full)
 
 
@@ -93,7 +95,8 @@ def rank_moe(case: MoECase, zero: int = 0) -> dict[str, float]:
         serial, par = tiny_moe(case), tiny_moe(case)
         axgrid.parallelize(par, grid)
         opt_s = torch.optim.AdamW(serial.parameters(), lr=1e-2, eps=1e-4)
-        opt_p = torch.optim.AdamW(par.parameters(), lr=1e-2, eps=1e-4)
+        opt_p = axgrid.shard_optimizer(torch.optim.AdamW(par.parameters(), lr=1e-2, eps=1e-4), par, grid)
+        names = {id(p): n for n, p in par.named_parameters()}
         g = torch.Generator().manual_seed(case.seed + 1)
         b = case.batch * gz
         worst = {k: 0.0 for k in ("loss", "aux", "logits", "router", "grad", "param")}
@@ -119,13 +122,21 @@ def rank_moe(case: MoECase, zero: int = 0) -> dict[str, float]:
             for got, want in zip(out.router_logits, mine.router_logits, strict=True):
                 worst["router"] = max(worst["router"], rel(got.detach(), want.detach()))
             dense = {n: p.grad for n, p in serial.named_parameters()}
-            for n, p in par.named_parameters():
-                worst["grad"] = max(worst["grad"], rel(p.grad, _dense_part(n, p, dense)))
+            if zero == 0:
+                for n, p in par.named_parameters():
+                    worst["grad"] = max(worst["grad"], rel(p.grad, _dense_part(n, getattr(p, "axgrid_tile", None), dense)))
+            else:                               # the reduced gradients are this rank's pieces of each parameter
+                for row in opt_p.checkpoint_slots():
+                    for p, q, tile, _ in row:
+                        if q.numel():
+                            want = _dense_part(names[id(p)], tile, dense).reshape(-1)
+                            worst["grad"] = max(worst["grad"], rel(q.grad.reshape(-1), want))
             opt_s.step()
             opt_p.step()
         dense = {n: p.detach() for n, p in serial.named_parameters()}
+        axgrid.finish_gradients(grid)           # zero >= 1: the last step's parameter all-gathers
         for n, p in par.named_parameters():
-            worst["param"] = max(worst["param"], float((p.detach() - _dense_part(n, p, dense)).abs().max()))
+            worst["param"] = max(worst["param"], float((p.detach() - _dense_part(n, getattr(p, "axgrid_tile", None), dense)).abs().max()))
         return worst
     finally:
         grid.destroy()
@@ -148,13 +159,13 @@ def cases(draw, grid: str, ep: int) -> MoECase:
                    dense_layer=family == "qwen3_moe" and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
-@pytest.mark.parametrize("grid,ep", LAYOUTS, ids=[f"{g}-ep{e}" for g, e in LAYOUTS])
-def test_moe_models_under_ep_equal_transformers(ranks, grid, ep):
+@pytest.mark.parametrize("grid,ep,zero", LAYOUTS, ids=[f"{g}-ep{e}-zero{z}" for g, e, z in LAYOUTS])
+def test_moe_models_under_ep_equal_transformers(ranks, grid, ep, zero):
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=not DEEP, database=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=cases(grid, ep))
     def check(case: MoECase) -> None:
-        per_rank = ranks(_world(grid), rank_moe, case)
+        per_rank = ranks(_world(grid), rank_moe, case, zero)
         bad = [f"rank {r}: {k} differs by {v:.3g}" for r, w in enumerate(per_rank) for k, v in w.items()
                if not v < TOL]
         assert not bad, f"{case}\n" + "\n".join(bad)
