@@ -171,3 +171,38 @@ def test_moe_models_under_ep_equal_transformers(ranks, grid, ep, zero):
         assert not bad, f"{case}\n" + "\n".join(bad)
 
     check()
+
+
+def rank_refusals() -> list[str]:
+    """The one-line messages of: ep not dividing Gd (at axgrid.init), experts not divisible by ep and top-k above the
+    experts (at axgrid.parallelize), each before any collective."""
+    msgs = []
+    try:
+        axgrid.init("1x1x1x2", ep=4, config=axgrid.RuntimeConfig(timeout_s=30, seed=0)).destroy()
+        msgs.append("no error")
+    except ValueError as e:
+        msgs.append(str(e))
+    grid = axgrid.init("1x1x1x2", ep=2, config=axgrid.RuntimeConfig(timeout_s=30, seed=0))
+    try:
+        for per, top_k, ep in ((1, 1, 3), (1, 3, 2)):     # 3 experts over ep=2; top-3 of 2 experts
+            case = MoECase("mixtral", "1x1x1x2", ep, per, top_k, 1, 1, 4, 1, True, False, 0)
+            try:
+                axgrid.parallelize(tiny_moe(case), grid)
+                msgs.append("no error")
+            except ValueError as e:
+                msgs.append(str(e))
+    finally:
+        grid.destroy()
+    return msgs
+
+
+def test_bad_sizes_are_refused_before_step_0_in_one_line(ranks):
+    msgs = ranks(2, rank_refusals)
+    assert msgs[0] == msgs[1]
+    ep, experts, top_k = msgs[0]
+    assert "expert-parallel size ep=4 does not divide Gd=2 of grid 1x1x1x2" in ep and "choose ep in [1, 2]" in ep
+    assert experts == ("model.layers.0.mlp: 3 experts do not divide over the expert-parallel size ep=2; choose ep in "
+                       "[1, 3] that also divides Gd"), experts
+    assert top_k == ("model.layers.0.mlp: top-k=3 experts per token but the model has 2 experts; choose "
+                     "num_experts_per_tok in 1..2"), top_k
+    assert all("\n" not in m for m in msgs[0])
