@@ -214,7 +214,8 @@ def _gradients(ps: list[torch.Tensor], grid: Grid) -> tuple[list[tuple[torch.Ten
     sharded over d."""
     buckets = _sharded(ps, grid)
     if buckets is not None:
-        return [(pc.param, pc.grad) for pc in buckets.pieces()], True
+        sets = [buckets] + ([buckets.experts] if buckets.experts is not None else [])
+        return [(pc.param, pc.grad) for b in sets for pc in b.pieces()], True
     return [(p, p.grad) for p in ps if p.grad is not None], False
 
 
@@ -222,13 +223,22 @@ def _norm(pairs: list[tuple[torch.Tensor, torch.Tensor]], sharded: bool, grid: G
     """The global norm of :func:`_gradients`' ``pairs`` (see :func:`grad_norm`)."""
     device = pairs[0][1].device if pairs else grid.device
     total = torch.zeros((), dtype=torch.float64, device=device)
+    experts = torch.zeros((), dtype=torch.float64, device=device)    # distinct over "e" (expert parallelism)
     for p, g in pairs:
         if g.numel() == 0 or any(grid.coord[c] != 0 for c in replicated_over(p) if c != "d"):
             continue
         # each tensor's norm in its own dtype (a reduction: no temporary the size of the gradient; an fp64 copy of
         # a 2.1e9-element table gradient would hold 17 GB, seen by the dry run), combined in fp64
         n = torch.linalg.vector_norm(g.detach(), norm_type).double()
-        total = torch.maximum(total, n) if math.isinf(norm_type) else total + n ** norm_type
+        if getattr(p, "axgrid_expert", False) and not sharded and grid.size("e") > 1:
+            experts = torch.maximum(experts, n) if math.isinf(norm_type) else experts + n ** norm_type
+        else:
+            total = torch.maximum(total, n) if math.isinf(norm_type) else total + n ** norm_type
+    if grid.size("e") > 1 and not sharded:      # each expert's gradient once: the other experts are on "e"
+        if math.isinf(norm_type):
+            total = torch.maximum(total, grid.comm.all_gather(experts.reshape(1), "e").max())
+        else:
+            total = total + grid.comm.all_reduce(experts.reshape(1), "e")[0]
     for dims in ("xyz", "d") if sharded else ("xyz",):
         if grid.size(dims) == 1:
             continue

@@ -99,7 +99,7 @@ def rank_moe(case: MoECase, zero: int = 0) -> dict[str, float]:
         names = {id(p): n for n, p in par.named_parameters()}
         g = torch.Generator().manual_seed(case.seed + 1)
         b = case.batch * gz
-        worst = {k: 0.0 for k in ("loss", "aux", "logits", "router", "grad", "param")}
+        worst = {k: 0.0 for k in ("loss", "aux", "logits", "router", "grad", "norm", "param")}
 
         def rel(a: torch.Tensor, want: torch.Tensor) -> float:
             return float((a - want).abs().max() / (want.abs().max() + 1e-6))
@@ -122,6 +122,8 @@ def rank_moe(case: MoECase, zero: int = 0) -> dict[str, float]:
             for got, want in zip(out.router_logits, mine.router_logits, strict=True):
                 worst["router"] = max(worst["router"], rel(got.detach(), want.detach()))
             dense = {n: p.grad for n, p in serial.named_parameters()}
+            want_norm = torch.stack([g.norm() for g in dense.values()]).norm()
+            worst["norm"] = max(worst["norm"], rel(axgrid.grad_norm(par, grid).float(), want_norm))
             if zero == 0:
                 for n, p in par.named_parameters():
                     worst["grad"] = max(worst["grad"], rel(p.grad, _dense_part(n, getattr(p, "axgrid_tile", None), dense)))
@@ -206,3 +208,27 @@ def test_bad_sizes_are_refused_before_step_0_in_one_line(ranks):
     assert top_k == ("model.layers.0.mlp: top-k=3 experts per token but the model has 2 experts; choose "
                      "num_experts_per_tok in 1..2"), top_k
     assert all("\n" not in m for m in msgs[0])
+
+
+def rank_all_to_all(spec: str, ep: int) -> list[float]:
+    """Each rank sends member j of "e" (rank + 1)·(j + 1) mod 3 rows (some none) tagged with (sender, receiver, row):
+    what arrives is, in member order, every sender's rows for this rank; the ledger counts the sent bytes."""
+    grid = axgrid.init(spec, ep=ep, config=axgrid.RuntimeConfig(timeout_s=30, seed=0))
+    try:
+        p, me = grid.size("e"), grid.index("e")
+        count = [[(s + 1) * (j + 1) % 3 for j in range(p)] for s in range(p)]
+        rows = torch.tensor([[me, j, r] for j in range(p) for r in range(count[me][j])], dtype=torch.float32)
+        got = grid.comm.all_to_all_uneven(rows.reshape(-1, 3), "e", count[me], [count[s][me] for s in range(p)])
+        want = [[s, me, r] for s in range(p) for r in range(count[s][me])]
+        assert got.tolist() == want, (got.tolist(), want)
+        entry = grid.ledger.entries[("e", "all_to_all")]
+        assert entry.bytes == rows.numel() * 4
+        assert entry.wire_bytes == (sum(count[me]) - count[me][me]) * 12
+        return got.tolist()
+    finally:
+        grid.destroy()
+
+
+def test_all_to_all_of_uneven_rows_lands_in_member_order(ranks):
+    out = ranks(4, rank_all_to_all, "1x1x1x4", 4)
+    assert sum(len(o) for o in out) == sum((s + 1) * (j + 1) % 3 for s in range(4) for j in range(4))
