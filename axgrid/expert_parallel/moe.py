@@ -28,7 +28,7 @@ from torch import nn
 
 from ..core.grid import EP_DIM, Grid
 from .dispatch import combine_rows, dispatch_rows, plan_routing
-from .router import TopKRouter, sum_grad_over_x
+from .router import SharedExpertGate, TopKRouter, sum_grad_over_x
 
 
 def check_moe(num_experts: int, top_k: int, ep: int, where: str = "MoE") -> None:
@@ -63,13 +63,30 @@ class Expert(nn.Module):
         return self.down(self.act(gate) * up)
 
 
+class SharedExpert(nn.Module):
+    """A dense MLP every token goes through beside the routed experts (Qwen2-MoE's ``shared_expert``): ``gate_proj``
+    and ``up_proj`` (normal 3D Linear layers, ``[m, h/Gx] -> [m, f_s/Gy]``), ``act(gate)·up``, ``down_proj``
+    (transposed, back to ``[m, h/Gx]``); the layers are built by the plan."""
+
+    def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module,
+                 act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj, self.act_fn = gate_proj, up_proj, down_proj, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
 class ExpertParallelMoE(nn.Module):
     """The block (see the module docstring). ``gate``: the router; ``experts``: this rank's experts by global id (a
-    ``ModuleDict`` whose keys are the ids, so parameter names say which expert they are).
+    ``ModuleDict`` whose keys are the ids, so parameter names say which expert they are). ``shared_expert`` and
+    ``shared_expert_gate`` (Qwen2-MoE): every token also gets ``sigmoid(gate(x)) · shared_expert(x)``.
 
     Forward: ``[..., h/Gx]`` -> ``[..., h/Gx]`` (the stream layout in and out)."""
 
-    def __init__(self, gate: TopKRouter, experts: dict[int, Expert], grid: Grid) -> None:
+    def __init__(self, gate: TopKRouter, experts: dict[int, Expert], grid: Grid,
+                 shared_expert: "SharedExpert | None" = None,
+                 shared_expert_gate: "SharedExpertGate | None" = None) -> None:
         super().__init__()
         check_moe(gate.num_experts, gate.top_k, grid.size(EP_DIM))
         want = list(local_experts(gate.num_experts, grid))
@@ -81,6 +98,9 @@ class ExpertParallelMoE(nn.Module):
         self.experts = nn.ModuleDict({str(e): experts[e] for e in want})
         for p in self.experts.parameters():
             p.axgrid_expert = True
+        if (shared_expert is None) != (shared_expert_gate is None):
+            raise ValueError("ExpertParallelMoE: a shared expert comes with its gate (give both or neither)")
+        self.shared_expert, self.shared_expert_gate = shared_expert, shared_expert_gate
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         lead, f = hidden.shape[:-1], hidden.shape[-1]
@@ -95,6 +115,9 @@ class ExpertParallelMoE(nn.Module):
         back = combine_rows(torch.cat(outs), routing, self.grid)                   # [T·k, h/Gx]
         w = sum_grad_over_x(weights, self.grid).reshape(-1, 1)
         out = (back * w).to(x.dtype).view(-1, self.top_k, f).sum(1)
+        if self.shared_expert is not None:
+            g = sum_grad_over_x(self.shared_expert_gate(x), self.grid)           # [T, 1], partial over x in backward
+            out = out + g * self.shared_expert(x)
         return out.reshape(*lead, f)
 
     def extra_repr(self) -> str:
@@ -106,4 +129,4 @@ def expert_parameters(model: nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if getattr(p, "axgrid_expert", False)]
 
 
-__all__ = ["ExpertParallelMoE", "Expert", "check_moe", "local_experts", "expert_parameters"]
+__all__ = ["ExpertParallelMoE", "Expert", "SharedExpert", "check_moe", "local_experts", "expert_parameters"]

@@ -128,3 +128,32 @@ class TopKRouter(nn.Module):
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden}, experts={self.num_experts}, top_k={self.top_k}, scoring={self.scoring}, "
                 f"normalize={self.normalize}")
+
+
+class SharedExpertGate(nn.Module):
+    """A shared expert's gate (Qwen2-MoE's ``shared_expert_gate``, ``nn.Linear(h, 1)`` then a sigmoid): ``x [T, h/Gx]``
+    -> ``sigmoid(AR_x(x W_loc^T)) [T, 1]``, the same on every rank of the x·y block. ``weight``: this rank's columns
+    ``[1, h/Gx]`` of the dense ``[1, h]`` (copies over y, z and d; its gradient summed over z like the router's)."""
+
+    def __init__(self, hidden: int, grid: Grid, dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        gx = grid.size("x")
+        if hidden % gx:
+            raise ValueError(f"shared expert gate: hidden size {hidden} is not divisible by Gx={gx} of grid {grid.shape}")
+        self.grid, self.hidden = grid, hidden
+        local = hidden // gx
+        self.weight = nn.Parameter(torch.zeros(1, local, dtype=dtype or torch.get_default_dtype(), device=grid.device))
+        self.weight.axgrid_tile = TileSpec((1, hidden), (0, grid.index("x") * local), (1, local))
+        self.weight.axgrid_replicated = "yzd"
+
+    def load_dense_(self, weight: torch.Tensor) -> "SharedExpertGate":
+        """This rank's columns of a dense ``weight [1, h]``."""
+        local = self.hidden // self.grid.size("x")
+        with torch.no_grad():
+            self.weight.copy_(weight[:, self.grid.index("x") * local:(self.grid.index("x") + 1) * local])
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        uses = self.grid.runtime.grads.uses_token([self.weight]) \
+            if self.weight.requires_grad and torch.is_grad_enabled() else None
+        return torch.sigmoid(_RouterLogits.apply(x, self.weight, self, uses))

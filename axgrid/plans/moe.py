@@ -10,7 +10,9 @@ type, records its logits (``output_router_logits``, and the auxiliary load-balan
 
 Read from the model: the router's ``top_k``, ``num_experts`` and ``norm_topk_prob`` (absent: normalised, as Mixtral
 does), the experts' ``act_fn``; refused in one line: top-k larger than the experts, experts not divisible by the
-expert-parallel size, Mixtral's router jitter (``router_jitter_noise`` > 0), a block with a shared expert.
+expert-parallel size, Mixtral's router jitter (``router_jitter_noise`` > 0). A shared expert (Qwen2-MoE's
+``shared_expert``, gated by ``sigmoid(shared_expert_gate(x))``) becomes a pair of 3D Linear producers and a transposed
+consumer, replicated over d like the dense layers, and its gate a column-split ``[1, h]`` weight.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from torch import nn
 
 from ..core.grid import EP_DIM, Grid
 from ..expert_parallel import ExpertParallelMoE, TopKRouter, check_moe
-from ..expert_parallel.moe import Expert, local_experts
+from ..expert_parallel.moe import Expert, SharedExpert, local_experts
+from ..expert_parallel.router import SharedExpertGate
 from ..tensor_parallel.linear import Linear
+from .parallelize import LinearPlan, parallel_copy
 
 @functools.cache
 def router_type(model_router: type) -> type:
@@ -38,9 +42,12 @@ def describe_block(block: nn.Module, name: str) -> tuple[int, int, bool]:
     if gate is None or experts is None or not isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor):
         raise ValueError(f"plan: {name} is not a transformers MoE block (gate, experts.gate_up_proj [E, 2f, h], "
                          f"experts.down_proj [E, h, f]); use plan={{}} (drop-in)")
-    if getattr(block, "shared_expert", None) is not None:
-        raise ValueError(f"plan: {name} has a shared expert, which the expert-parallel plan does not place yet; use "
-                         f"plan={{}} (drop-in)")
+    shared = getattr(block, "shared_expert", None)
+    if shared is not None and not (all(isinstance(getattr(shared, n, None), nn.Linear)
+                                       for n in ("gate_proj", "up_proj", "down_proj"))
+                                   and isinstance(getattr(block, "shared_expert_gate", None), nn.Linear)):
+        raise ValueError(f"plan: {name} has a shared expert that is not gate_proj/up_proj/down_proj with a "
+                         f"shared_expert_gate Linear; use plan={{}} (drop-in)")
     if getattr(block, "jitter_noise", 0.0):
         raise ValueError(f"plan: {name} multiplies its input by router jitter noise {block.jitter_noise}; set the "
                          f"config's router_jitter_noise=0 to run it expert-parallel")
@@ -74,7 +81,18 @@ def expert_parallel_block(block: nn.Module, grid: Grid, name: str = "MoE block")
         for layer, dense in ((gate_up, experts.gate_up_proj), (down, experts.down_proj)):
             layer.weight.requires_grad_(dense.requires_grad)
         made[e] = Expert(gate_up, down, experts.act_fn)
-    return ExpertParallelMoE(router, made, grid)
+    shared, shared_gate = None, None
+    if getattr(block, "shared_expert", None) is not None:
+        mlp = block.shared_expert
+        up_plan, down_plan = LinearPlan(False, "sharded", "sharded"), LinearPlan(True, "sharded", "sharded")
+        shared = SharedExpert(parallel_copy(mlp.gate_proj, grid, up_plan), parallel_copy(mlp.up_proj, grid, up_plan),
+                              parallel_copy(mlp.down_proj, grid, down_plan), mlp.act_fn)
+        dense_gate = block.shared_expert_gate.weight
+        shared_gate = SharedExpertGate(h, grid, dtype=dense_gate.dtype)
+        if not meta:
+            shared_gate.load_dense_(dense_gate.detach())
+        shared_gate.weight.requires_grad_(dense_gate.requires_grad)
+    return ExpertParallelMoE(router, made, grid, shared, shared_gate)
 
 
 def check_blocks(model: nn.Module, names: list[str], grid: Grid) -> None:

@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (Mixtral, Qwen3-MoE) under their built-in plans with expert parallelism: the loss (with
+"""Mixture-of-experts models (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert) under their built-in plans with expert parallelism: the loss (with
 the auxiliary load-balancing loss), the logits, the router logits and every gradient equal single-process
 transformers' on each data-parallel rank's batch, and two AdamW steps track it -- on 4-rank grids with the experts
 over d (ep 2 and 4), beside x, y and z, over cases generated with hypothesis (experts, top-k, hidden size, tokens,
@@ -32,7 +32,7 @@ VOCAB = 64
 
 @dataclass(frozen=True)
 class MoECase:
-    family: str             # "mixtral" or "qwen3_moe"
+    family: str             # "mixtral", "qwen3_moe" or "qwen2_moe"
     grid: str
     ep: int
     experts_per_rank: int   # experts = ep * experts_per_rank
@@ -41,8 +41,8 @@ class MoECase:
     ffn: int                # expert intermediate size = 4 * ffn
     seq: int
     batch: int              # sequences per z-rank per data-parallel rank
-    normalize: bool         # Qwen3-MoE's norm_topk_prob (Mixtral always normalises)
-    dense_layer: bool       # Qwen3-MoE: layer 0 a dense MLP (mlp_only_layers=[0])
+    normalize: bool         # the Qwen-MoE norm_topk_prob (Mixtral always normalises)
+    dense_layer: bool       # Qwen-MoE: layer 0 a dense MLP (mlp_only_layers=[0])
     seed: int
 
     @property
@@ -60,6 +60,11 @@ def tiny_moe(case: MoECase) -> torch.nn.Module:
         cfg = transformers.MixtralConfig(**common, intermediate_size=4 * case.ffn, num_local_experts=case.experts,
                                          router_jitter_noise=0.0)
         model_cls = transformers.MixtralForCausalLM
+    elif case.family == "qwen2_moe":              # a shared expert beside the routed ones, q/k/v biases
+        cfg = transformers.Qwen2MoeConfig(**common, moe_intermediate_size=4 * case.ffn, intermediate_size=16,
+                                          shared_expert_intermediate_size=8, num_experts=case.experts,
+                                          norm_topk_prob=case.normalize, mlp_only_layers=[0] if case.dense_layer else [])
+        model_cls = transformers.Qwen2MoeForCausalLM
     else:
         cfg = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=4 * case.ffn, intermediate_size=16,
                                           num_experts=case.experts, norm_topk_prob=case.normalize, head_dim=4,
@@ -154,11 +159,11 @@ def _world(spec: str) -> int:
 @st.composite
 def cases(draw, grid: str, ep: int) -> MoECase:
     per = draw(st.integers(1, 2))
-    family = draw(st.sampled_from(["mixtral", "qwen3_moe"]))
+    family = draw(st.sampled_from(["mixtral", "qwen3_moe", "qwen2_moe"]))
     return MoECase(family, grid, ep, per, top_k=draw(st.integers(1, min(3, ep * per))),
                    hidden_units=draw(st.integers(1, 2)), ffn=draw(st.integers(1, 3)), seq=draw(st.integers(3, 8)),
                    batch=draw(st.integers(1, 2)), normalize=draw(st.booleans()),
-                   dense_layer=family == "qwen3_moe" and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+                   dense_layer=family != "mixtral" and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
 @pytest.mark.parametrize("grid,ep,zero", LAYOUTS, ids=[f"{g}-ep{e}-zero{z}" for g, e, z in LAYOUTS])
