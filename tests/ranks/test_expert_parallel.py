@@ -237,3 +237,65 @@ def rank_all_to_all(spec: str, ep: int) -> list[float]:
 def test_all_to_all_of_uneven_rows_lands_in_member_order(ranks):
     out = ranks(4, rank_all_to_all, "1x1x1x4", 4)
     assert sum(len(o) for o in out) == sum((s + 1) * (j + 1) % 3 for s in range(4) for j in range(4))
+
+
+def rank_step_against_replicated(ep: int) -> dict[str, float]:
+    """One training step of a Mixtral of 8 experts on 1x1x1x4 with the experts over ``ep`` ranks of d (ep=1: every
+    rank holds all 8, the model replicated over d): per rank the parameter bytes (all, the experts'), the bytes of
+    each grid dimension's collectives, the all-to-all's, and the step's seconds."""
+    import time
+    import transformers
+    grid = axgrid.init("1x1x1x4", ep=ep, config=axgrid.RuntimeConfig(timeout_s=60, seed=0))
+    try:
+        cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
+                                         num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.01,
+                                         max_position_embeddings=64)
+        torch.manual_seed(0)
+        model = transformers.MixtralForCausalLM(cfg)
+        axgrid.parallelize(model, grid)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(grid.index("d")))
+        model(input_ids=ids, labels=ids).loss.backward()          # warm-up: buckets built, first-call costs paid
+        axgrid.sync_gradients(model, grid)
+        opt.step()
+        opt.zero_grad()
+        grid.ledger.reset()
+        start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        axgrid.sync_gradients(model, grid)
+        opt.step()
+        seconds = time.perf_counter() - start
+        opt.zero_grad()
+        params = list(model.parameters())
+        out = {"param_bytes": sum(p.numel() * p.element_size() for p in params),
+               "expert_param_bytes": sum(p.numel() * p.element_size() for p in params
+                                         if getattr(p, "axgrid_expert", False)),
+               "expert_params": sum(1 for p in params if getattr(p, "axgrid_expert", False)), "seconds": seconds}
+        for dim, n in grid.ledger.bytes_by_dim().items():
+            out[f"bytes_{dim}"] = n
+        out["bytes_all_to_all"] = grid.ledger.entries.get(("e", "all_to_all"), None).bytes if ep > 1 else 0
+        return out
+    finally:
+        grid.destroy()
+
+
+def test_expert_parallel_step_against_replicated(ranks):
+    """The experts' memory per rank falls by ep; the all-to-all moves, per MoE layer, the counts (8 int64) and each
+    routed row's 64 fp32 features four times (dispatch, combine, and both again in backward); the experts' gradients
+    are no longer all-reduced (their replica group is this one rank). The figures are in
+    docs/results.md#expert-parallelism-against-the-replicated-model."""
+    rep, ep = ranks(4, rank_step_against_replicated, 1), ranks(4, rank_step_against_replicated, 4)
+    print("\nmeasured (rank 0): replicated", rep[0], "\nep=4", ep[0])
+    for r, e in zip(rep, ep):
+        assert e["expert_param_bytes"] * 4 == r["expert_param_bytes"] > 0
+        assert r["param_bytes"] - e["param_bytes"] == r["expert_param_bytes"] * 3 // 4
+        # replicated: the experts' gradients (and one int32 used-flag each) are all-reduced over "r", here all of d;
+        # ep=4: "r" is one rank, nothing moves; the dense gradients' all-reduce over d is the same
+        assert r["bytes_r"] == r["expert_param_bytes"] + 4 * r["expert_params"] and "bytes_r" not in e
+        assert e["bytes_d"] == r["bytes_d"]
+    # per MoE layer each rank sends its 8 counts (int64) once, and rows of 64 fp32 features four times: its 128
+    # assignments (dispatch; the combine's gradient back) and the rows it received (combine; the dispatch's gradient
+    # back), which over the 4 ranks are the same 512 rows
+    rows = 4 * 2 * 32 * 2
+    assert sum(e["bytes_all_to_all"] for e in ep) == 2 * (4 * 8 * 8 + 4 * rows * 64 * 4)
