@@ -1,7 +1,7 @@
 """Mixture-of-experts models (Mixtral, Qwen3-MoE, Qwen2-MoE with its shared expert) under their built-in plans with expert parallelism: the loss (with
 the auxiliary load-balancing loss), the logits, the router logits and every gradient equal single-process
 transformers' on each data-parallel rank's batch, and two AdamW steps track it -- on 4-rank grids with the experts
-over d (ep 2 and 4), beside x, y and z, over cases generated with hypothesis (experts, top-k, hidden size, tokens,
+over d (ep 2 and 4), beside x, y and z, zero 0/1/2, with and without every overlap, over cases generated with hypothesis (experts, top-k, hidden size, tokens,
 the router's normalisation, a dense layer among the sparse ones). A bounded number of examples by default;
 ``AXGRID_DEEP=1`` runs more. Bad input is refused before step 0 in one line."""
 from __future__ import annotations
@@ -20,11 +20,13 @@ from axgrid.plans import gather_logits
 pytest.importorskip("transformers")
 
 DEEP = bool(os.environ.get("AXGRID_DEEP"))
-#: (grid, ep, zero): the experts over half of d (two replicas of each expert, their gradients and optimizer state
-#: over those two); beside x; beside y; beside z; over all of d (one replica). With AXGRID_DEEP=1 every zero on each.
-LAYOUTS = (("1x1x1x4", 2, 1), ("2x1x1x2", 2, 0), ("1x2x1x2", 2, 2), ("1x1x2x2", 2, 0), ("1x1x1x4", 4, 2))
+#: (grid, ep, zero, every overlap on): the experts over half of d (two replicas of each expert, their gradients and
+#: optimizer state over those two); beside x; beside y; beside z; over all of d (one replica). With AXGRID_DEEP=1
+#: every zero, with and without the overlaps, on each.
+LAYOUTS = (("1x1x1x4", 2, 1, False), ("2x1x1x2", 2, 0, True), ("1x2x1x2", 2, 2, False), ("1x1x2x2", 2, 2, True),
+           ("1x1x1x4", 4, 2, False))
 if DEEP:
-    LAYOUTS = tuple((g, e, z) for g, e, _ in LAYOUTS for z in (0, 1, 2))
+    LAYOUTS = tuple((g, e, z, o) for g, e, _, _ in LAYOUTS for z in (0, 1, 2) for o in (False, True))
 EXAMPLES = 1 if not DEEP else 20
 TOL = 1e-4          # fp32 round-off, relative to the reference's largest magnitude
 VOCAB = 64
@@ -92,9 +94,12 @@ def _dense_part(name: str, tile, dense: dict[str, torch.Tensor]) -> torch.Tensor
     return full if tile is None else part_of_dense(tile, full)
 
 
-def rank_moe(case: MoECase, zero: int = 0) -> dict[str, float]:
-    """The largest difference (relative to the reference's largest magnitude) per quantity over two AdamW steps."""
-    grid = axgrid.init(case.grid, ep=case.ep, config=axgrid.RuntimeConfig(timeout_s=60, seed=0, zero=zero))
+def rank_moe(case: MoECase, zero: int = 0, overlap: bool = False) -> dict[str, float]:
+    """The largest difference (relative to the reference's largest magnitude) per quantity over two AdamW steps;
+    ``overlap``: every overlap on (OAR, ORS, OAG, ODP)."""
+    ov = axgrid.OverlapConfig(oar=True, ors=True, oag=True, odp=True) if overlap else axgrid.OverlapConfig()
+    grid = axgrid.init(case.grid, ep=case.ep, config=axgrid.RuntimeConfig(timeout_s=60, seed=0, zero=zero,
+                                                                          overlap=ov))
     try:
         gd, d, gz = grid.size("d"), grid.index("d"), grid.size("z")
         serial, par = tiny_moe(case), tiny_moe(case)
@@ -166,13 +171,14 @@ def cases(draw, grid: str, ep: int) -> MoECase:
                    dense_layer=family != "mixtral" and draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
-@pytest.mark.parametrize("grid,ep,zero", LAYOUTS, ids=[f"{g}-ep{e}-zero{z}" for g, e, z in LAYOUTS])
-def test_moe_models_under_ep_equal_transformers(ranks, grid, ep, zero):
+@pytest.mark.parametrize("grid,ep,zero,overlap", LAYOUTS,
+                         ids=[f"{g}-ep{e}-zero{z}" + ("-overlap" if o else "") for g, e, z, o in LAYOUTS])
+def test_moe_models_under_ep_equal_transformers(ranks, grid, ep, zero, overlap):
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=not DEEP, database=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=cases(grid, ep))
     def check(case: MoECase) -> None:
-        per_rank = ranks(_world(grid), rank_moe, case, zero)
+        per_rank = ranks(_world(grid), rank_moe, case, zero, overlap)
         bad = [f"rank {r}: {k} differs by {v:.3g}" for r, w in enumerate(per_rank) for k, v in w.items()
                if not v < TOL]
         assert not bad, f"{case}\n" + "\n".join(bad)
