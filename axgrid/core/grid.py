@@ -29,9 +29,9 @@ GROUP_DIMS = ("x", "y", "z", "d", "xy", "xyz")
 #: The context-parallel group's name (``RankLayout.cp`` ranks splitting the tokens of z and d; made after the others,
 #: only when ``cp`` > 1; :mod:`axgrid.spec.layout`).
 CP_DIM = "c"
-#: The expert-parallel group's name (``RankLayout.ep`` ranks of one x·y·z position inside d, holding different experts)
-#: and the expert-replica group's (the ranks holding the same experts); made after the others, only when ``ep`` > 1
-#: (:mod:`axgrid.spec.layout`, :mod:`axgrid.expert_parallel`).
+#: The expert-parallel group's name (``RankLayout.ep`` ranks of one x·y·z position inside d, holding different
+#: experts) and the expert-replica group's (the ranks holding the same experts); made after the others, only when
+#: ``ep`` > 1 (:mod:`axgrid.spec.layout`, :mod:`axgrid.expert_parallel`).
 EP_DIM, REPLICA_DIM = "e", "r"
 
 

@@ -31,7 +31,8 @@ class _AllToAll(torch.autograd.Function):
     """Rows to the members of ``"e"`` (forward); the gradient rows back the opposite way (backward)."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, grid: Grid, send: list[int], recv: list[int]) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, rows: torch.Tensor, grid: Grid, send: list[int],  # type: ignore[override]
+                recv: list[int]) -> torch.Tensor:
         ctx.grid, ctx.send, ctx.recv = grid, send, recv
         return grid.comm.all_to_all_uneven(rows, EP_DIM, send, recv)
 

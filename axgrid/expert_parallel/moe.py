@@ -1,6 +1,7 @@
 """A mixture-of-experts block on the grid: route, dispatch over ``"e"``, this rank's experts, combine.
 
-Shapes on this rank (``T`` tokens of its x·y·z block, ``k`` experts per token, ``E`` experts, ``E_p`` ranks in ``"e"``):
+Shapes on this rank (``T`` tokens of its x·y·z block, ``k`` experts per token, ``E`` experts, ``E_p`` ranks in
+``"e"``):
 
 =================  ===============================  ==========================================================
 step               tensor                           how
@@ -8,9 +9,9 @@ step               tensor                           how
 stream in          ``[T, h/Gx]``                    the plan's residual-stream layout (copies over y)
 router             ``weights, indices [T, k]``      :class:`~axgrid.expert_parallel.router.TopKRouter`
 dispatch           ``[R, h/Gx]``                    all-to-all over ``"e"``, grouped by local expert
-expert ``e``       ``[R_e, h/Gx] -> [R_e, h/Gx]``   ``gate_up`` (normal 3D Linear, ``[R_e, 2f/Gy]`` = this rank's
-                                                    share of gate, then of up), ``act(gate)·up [R_e, f/Gy]``,
-                                                    ``down`` (transposed 3D Linear) back to the stream layout
+expert ``e``       ``[R_e, h/Gx] -> [R_e, h/Gx]``   ``gate_proj``, ``up_proj`` (normal 3D Linear layers,
+                                                    ``[R_e, f/Gy]``), ``act(gate)·up``, ``down_proj``
+                                                    (transposed 3D Linear) back to the stream layout
 combine            ``[T, h/Gx]``                    all-to-all back; ``sum_k weight_k · out_k`` per token
 =================  ===============================  ==========================================================
 
@@ -49,24 +50,11 @@ def local_experts(num_experts: int, grid: Grid) -> range:
     return range(i * per, (i + 1) * per)
 
 
-class Expert(nn.Module):
-    """One expert's feed-forward on the grid: ``gate_up`` (``[m, h/Gx] -> [m, 2f/Gy]``: this rank's share of the gate
-    rows, then of the up rows), ``act(gate)·up``, ``down`` (``[m, f/Gy] -> [m, h/Gx]``). The two layers are 3D Linear
-    layers built by the plan (the room takes them as modules)."""
-
-    def __init__(self, gate_up: nn.Module, down: nn.Module, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.gate_up, self.down, self.act = gate_up, down, act
-
-    def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(rows).chunk(2, dim=-1)
-        return self.down(self.act(gate) * up)
-
-
-class SharedExpert(nn.Module):
-    """A dense MLP every token goes through beside the routed experts (Qwen2-MoE's ``shared_expert``): ``gate_proj``
-    and ``up_proj`` (normal 3D Linear layers, ``[m, h/Gx] -> [m, f_s/Gy]``), ``act(gate)·up``, ``down_proj``
-    (transposed, back to ``[m, h/Gx]``); the layers are built by the plan."""
+class ExpertMLP(nn.Module):
+    """One expert's feed-forward on the grid (a routed expert, or a shared expert every token goes through):
+    ``gate_proj`` and ``up_proj`` (normal 3D Linear layers, ``[m, h/Gx] -> [m, f/Gy]``), ``act(gate)·up``,
+    ``down_proj`` (transposed, back to ``[m, h/Gx]``). The layers are built by the plan (the room takes them as
+    modules); their names are those of the checkpoints' per-expert tensors."""
 
     def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module,
                  act: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -84,8 +72,8 @@ class ExpertParallelMoE(nn.Module):
 
     Forward: ``[..., h/Gx]`` -> ``[..., h/Gx]`` (the stream layout in and out)."""
 
-    def __init__(self, gate: TopKRouter, experts: dict[int, Expert], grid: Grid,
-                 shared_expert: "SharedExpert | None" = None,
+    def __init__(self, gate: TopKRouter, experts: dict[int, ExpertMLP], grid: Grid,
+                 shared_expert: "ExpertMLP | None" = None,
                  shared_expert_gate: "SharedExpertGate | None" = None) -> None:
         super().__init__()
         check_moe(gate.num_experts, gate.top_k, grid.size(EP_DIM))
@@ -129,4 +117,4 @@ def expert_parameters(model: nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if getattr(p, "axgrid_expert", False)]
 
 
-__all__ = ["ExpertParallelMoE", "Expert", "SharedExpert", "check_moe", "local_experts", "expert_parameters"]
+__all__ = ["ExpertParallelMoE", "ExpertMLP", "check_moe", "local_experts", "expert_parameters"]

@@ -139,7 +139,8 @@ class SharedExpertGate(nn.Module):
         super().__init__()
         gx = grid.size("x")
         if hidden % gx:
-            raise ValueError(f"shared expert gate: hidden size {hidden} is not divisible by Gx={gx} of grid {grid.shape}")
+            raise ValueError(f"shared expert gate: hidden size {hidden} is not divisible by Gx={gx} of grid "
+                             f"{grid.shape}")
         self.grid, self.hidden = grid, hidden
         local = hidden // gx
         self.weight = nn.Parameter(torch.zeros(1, local, dtype=dtype or torch.get_default_dtype(), device=grid.device))

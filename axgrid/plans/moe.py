@@ -1,10 +1,13 @@
 """Mixture-of-experts blocks of Hugging Face models on the grid: each ``*SparseMoeBlock`` becomes an
 :class:`~axgrid.expert_parallel.ExpertParallelMoE` holding only this rank's experts.
 
-transformers (5.x) keeps a block's experts fused: ``experts.gate_up_proj [E, 2f, h]`` (gate rows, then up rows) and
-``experts.down_proj [E, h, f]``, and its router ``gate.weight [E, h]``. Here expert ``e`` of this rank becomes two 3D
-Linear layers -- ``gate_up`` (normal, ``[2f, h]`` with segments ``(f, f)``, so a y-rank holds its share of gate and of
-up) and ``down`` (transposed, ``[h, f]``) -- and the router an :class:`~axgrid.expert_parallel.TopKRouter` whose
+transformers (5.x) keeps a block's experts fused in the model: ``experts.gate_up_proj [E, 2f, h]`` (gate rows, then
+up rows) and ``experts.down_proj [E, h, f]``, and its router ``gate.weight [E, h]``; its weight files keep one tensor
+per expert and layer (Qwen-MoE: ``experts.<e>.gate_proj``, ``up_proj``, ``down_proj``; Mixtral:
+``block_sparse_moe.experts.<e>.w1``, ``w3``, ``w2``). Here expert ``e`` of this rank becomes three 3D Linear layers,
+``gate_proj`` and ``up_proj`` (normal, ``[f, h]``) and ``down_proj`` (transposed, ``[h, f]``), each of which
+:func:`axgrid.from_pretrained` reads from its own file tensor (this rank's part only; the other ranks' experts are
+not read), and the router an :class:`~axgrid.expert_parallel.TopKRouter` whose
 class also derives from the model's own router class, so that transformers' output recorder, which finds routers by
 type, records its logits (``output_router_logits``, and the auxiliary load-balancing loss computed from them).
 
@@ -23,7 +26,7 @@ from torch import nn
 
 from ..core.grid import EP_DIM, Grid
 from ..expert_parallel import ExpertParallelMoE, TopKRouter, check_moe
-from ..expert_parallel.moe import Expert, SharedExpert, local_experts
+from ..expert_parallel.moe import ExpertMLP, local_experts
 from ..expert_parallel.router import SharedExpertGate
 from ..tensor_parallel.linear import Linear
 from .parallelize import LinearPlan, parallel_copy
@@ -69,30 +72,43 @@ def expert_parallel_block(block: nn.Module, grid: Grid, name: str = "MoE block")
     if not meta:
         router.load_dense_(gate.weight.detach())
     router.weight.requires_grad_(gate.weight.requires_grad)
-    made: dict[int, Expert] = {}
+    layer = name.rsplit(".", 1)[0]
+    aliases(router.weight, [f"{layer}.block_sparse_moe.gate.weight"])
+    up_plan, down_plan = LinearPlan(False, "sharded", "sharded"), LinearPlan(True, "sharded", "sharded")
+    made: dict[int, ExpertMLP] = {}
     for e in local_experts(num_experts, grid):
-        gate_up = Linear(h, 2 * f, bias=False, grid=grid, input_layout="sharded", output_layout="sharded",
-                         out_segments=(f, f), dtype=dtype, init=False)
-        down = Linear(f, h, bias=False, transpose=True, grid=grid, input_layout="sharded", output_layout="sharded",
-                      dtype=dtype, init=False)
-        if not meta:
-            gate_up.load_dense_(experts.gate_up_proj[e].detach())
-            down.load_dense_(experts.down_proj[e].detach())
-        for layer, dense in ((gate_up, experts.gate_up_proj), (down, experts.down_proj)):
-            layer.weight.requires_grad_(dense.requires_grad)
-        made[e] = Expert(gate_up, down, experts.act_fn)
+        parts = []
+        for rows, transpose, hf, legacy in ((slice(0, f), False, "gate_proj", "w1"),
+                                            (slice(f, 2 * f), False, "up_proj", "w3"), (None, True, "down_proj", "w2")):
+            dense = experts.down_proj[e] if transpose else experts.gate_up_proj[e][rows]      # [out, in]
+            lin = Linear(dense.shape[1], dense.shape[0], bias=False, transpose=transpose, grid=grid,
+                         input_layout="sharded", output_layout="sharded", dtype=dtype, init=False)
+            if not meta:
+                lin.load_dense_(dense.detach())
+            lin.weight.requires_grad_((experts.down_proj if transpose else experts.gate_up_proj).requires_grad)
+            aliases(lin.weight, [f"{name}.experts.{e}.{hf}.weight",
+                                 f"{layer}.block_sparse_moe.experts.{e}.{legacy}.weight"])
+            parts.append(lin)
+        made[e] = ExpertMLP(*parts, experts.act_fn)
     shared, shared_gate = None, None
     if getattr(block, "shared_expert", None) is not None:
         mlp = block.shared_expert
-        up_plan, down_plan = LinearPlan(False, "sharded", "sharded"), LinearPlan(True, "sharded", "sharded")
-        shared = SharedExpert(parallel_copy(mlp.gate_proj, grid, up_plan), parallel_copy(mlp.up_proj, grid, up_plan),
-                              parallel_copy(mlp.down_proj, grid, down_plan), mlp.act_fn)
+        shared = ExpertMLP(parallel_copy(mlp.gate_proj, grid, up_plan), parallel_copy(mlp.up_proj, grid, up_plan),
+                           parallel_copy(mlp.down_proj, grid, down_plan), mlp.act_fn)
         dense_gate = block.shared_expert_gate.weight
         shared_gate = SharedExpertGate(h, grid, dtype=dense_gate.dtype)
         if not meta:
             shared_gate.load_dense_(dense_gate.detach())
         shared_gate.weight.requires_grad_(dense_gate.requires_grad)
     return ExpertParallelMoE(router, made, grid, shared, shared_gate)
+
+
+def aliases(param: torch.nn.Parameter, names: list[str]) -> None:
+    """Other names ``param`` goes by in Hugging Face weight files (``axgrid_file_names``, which
+    :func:`axgrid.from_pretrained` also looks for): an expert's ``.../experts.<e>.gate_proj.weight`` (Qwen-MoE) or
+    ``.../block_sparse_moe.experts.<e>.w1.weight`` (Mixtral's files; ``w3`` up, ``w2`` down), Mixtral's router
+    ``.../block_sparse_moe.gate.weight``."""
+    param.axgrid_file_names = list(names)
 
 
 def check_blocks(model: nn.Module, names: list[str], grid: Grid) -> None:
