@@ -213,6 +213,12 @@ def rank_refusals() -> list[str]:
                 msgs.append("no error")
             except ValueError as e:
                 msgs.append(str(e))
+        model = axgrid.parallelize(tiny_moe(MoECase("mixtral", "1x1x1x2", 2, 1, 1, 1, 1, 4, 1, True, False, 0)), grid)
+        try:
+            axgrid.lora(model, grid, targets=["q_proj", "gate_proj"])
+            msgs.append("no error")
+        except ValueError as e:
+            msgs.append(str(e))
     finally:
         grid.destroy()
     return msgs
@@ -221,7 +227,9 @@ def rank_refusals() -> list[str]:
 def test_bad_sizes_are_refused_before_step_0_in_one_line(ranks):
     msgs = ranks(2, rank_refusals)
     assert msgs[0] == msgs[1]
-    ep, experts, top_k = msgs[0]
+    ep, experts, top_k, lora = msgs[0]
+    assert lora.startswith("LoRA: the targets ['q_proj', 'gate_proj'] take experts' layers (gate_proj) under expert "
+                           "parallelism (ep=2)"), lora
     assert "expert-parallel size ep=4 does not divide Gd=2 of grid 1x1x1x2" in ep and "choose ep in [1, 2]" in ep
     assert experts == ("model.layers.0.mlp: 3 experts do not divide over the expert-parallel size ep=2; choose ep in "
                        "[1, 3] that also divides Gd"), experts
@@ -332,7 +340,8 @@ def rank_from_pretrained(path: str, case: MoECase) -> dict[str, float]:
         expert_bytes = cfg.num_hidden_layers * case.experts * 3 * cfg.hidden_size * f * 4
         total = sum(p.numel() * 4 for p in serial.parameters())
         return {"logits": float((got - want).abs().max() / want.abs().max()),
-                "read": model.axgrid_load_report.bytes_read, "want_read": total - expert_bytes * (case.ep - 1) // case.ep}
+                "read": model.axgrid_load_report.bytes_read,
+                "want_read": total - expert_bytes * (case.ep - 1) // case.ep}
     finally:
         grid.destroy()
 
