@@ -24,11 +24,12 @@ pytest.importorskip("transformers")
 DEEP = bool(os.environ.get("AXGRID_DEEP"))
 #: (grid, ep, zero, every overlap on): the experts over half of d (two replicas of each expert, their gradients and
 #: optimizer state over those two); beside x; beside y; beside z; over all of d (one replica). With AXGRID_DEEP=1
-#: every zero, with and without the overlaps, on each.
+#: every zero, with and without the overlaps, on each, and two 8-rank grids.
 LAYOUTS = (("1x1x1x4", 2, 1, False), ("2x1x1x2", 2, 0, True), ("1x2x1x2", 2, 2, False), ("1x1x2x2", 2, 2, True),
            ("1x1x1x4", 4, 2, False))
-if DEEP:
-    LAYOUTS = tuple((g, e, z, o) for g, e, _, _ in LAYOUTS for z in (0, 1, 2) for o in (False, True))
+if DEEP:                                   # and two 8-rank grids: 4 experts' ranks beside x; 2 beside z, 2 replicas
+    LAYOUTS = tuple((g, e, z, o) for g, e, _, _ in LAYOUTS + (("2x1x1x4", 4, 0, False), ("1x1x2x4", 2, 0, False))
+                    for z in (0, 1, 2) for o in (False, True))
 EXAMPLES = 1 if not DEEP else 20
 TOL = 1e-4          # fp32 round-off, relative to the reference's largest magnitude
 VOCAB = 64
