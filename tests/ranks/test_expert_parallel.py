@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import axgrid
+from axgrid.checkpoint import save_checkpoint
 from axgrid.io.part_copy import part_of_dense
 from axgrid.plans import gather_logits
 
@@ -196,7 +197,7 @@ def test_moe_models_under_ep_equal_transformers(ranks, grid, ep, zero, overlap):
     check()
 
 
-def rank_refusals() -> list[str]:
+def rank_refusals(path: str) -> list[str]:
     """The one-line messages of: ep not dividing Gd (at axgrid.init), experts not divisible by ep and top-k above the
     experts (at axgrid.parallelize), each before any collective."""
     msgs = []
@@ -215,20 +216,26 @@ def rank_refusals() -> list[str]:
             except ValueError as e:
                 msgs.append(str(e))
         model = axgrid.parallelize(tiny_moe(MoECase("mixtral", "1x1x1x2", 2, 1, 1, 1, 1, 4, 1, True, False, 0)), grid)
-        try:
-            axgrid.lora(model, grid, targets=["q_proj", "gate_proj"])
-            msgs.append("no error")
-        except ValueError as e:
-            msgs.append(str(e))
+        for attempt in (lambda: axgrid.lora(model, grid, targets=["q_proj", "gate_proj"]),
+                        lambda: save_checkpoint(path, model, grid=grid, step=0),
+                        lambda: axgrid.export_pretrained(model, path, grid)):
+            try:
+                attempt()
+                msgs.append("no error")
+            except ValueError as e:
+                msgs.append(str(e))
     finally:
         grid.destroy()
     return msgs
 
 
-def test_bad_sizes_are_refused_before_step_0_in_one_line(ranks):
-    msgs = ranks(2, rank_refusals)
+def test_bad_sizes_are_refused_before_step_0_in_one_line(ranks, tmp_path):
+    """And what expert parallelism does not do yet (LoRA on experts, checkpoints, the dense export), refused alike."""
+    msgs = ranks(2, rank_refusals, str(tmp_path))
     assert msgs[0] == msgs[1]
-    ep, experts, top_k, lora = msgs[0]
+    ep, experts, top_k, lora, save, export = msgs[0]
+    assert save.startswith("save_checkpoint: the model's experts are spread over ep=2 ranks of d"), save
+    assert "export is not supported yet" in export, export
     assert lora.startswith("LoRA: the targets ['q_proj', 'gate_proj'] take experts' layers (gate_proj) under expert "
                            "parallelism (ep=2)"), lora
     assert "expert-parallel size ep=4 does not divide Gd=2 of grid 1x1x1x2" in ep and "choose ep in [1, 2]" in ep
