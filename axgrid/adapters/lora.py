@@ -89,6 +89,12 @@ def lora(model: nn.Module, grid: Grid, config: Optional[LoraConfig] = None, *, r
     for n, m in layers.items():
         if m.grid is not grid:
             raise ValueError(f"LoRA: {n} lives on another grid ({m.grid.shape}) than the one given ({grid.shape})")
+    experts = sorted(n for n, m in layers.items() if getattr(m.weight, "axgrid_expert", False))
+    if experts and grid.size("e") > 1:
+        kinds = sorted({n.rsplit(".", 1)[-1] for n in experts})      # the same words on every rank
+        raise ValueError(f"LoRA: the targets {list(cfg.targets)} take experts' layers ({', '.join(kinds)}) under expert "
+                         f"parallelism (ep={grid.size('e')}), whose adapters are not supported yet; target the "
+                         f"attention or dense layers, or use ep=1")
     if any(getattr(p, "axgrid_buckets", None) is not None for p in model.parameters()):
         raise ValueError("LoRA: the model's data-parallel buckets are built already (grid.watch, sync_gradients or "
                          "shard_optimizer ran): add the adapters first, then build the optimizer")

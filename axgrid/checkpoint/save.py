@@ -62,6 +62,9 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     files are removed (those of a save killed on the way are removed by the next save).
     """
     rank, world = _rank_world(grid)
+    if grid is not None and grid.size("e") > 1 and any(getattr(p, "axgrid_expert", False) for p in model.parameters()):
+        raise ValueError(f"save_checkpoint: the model's experts are spread over ep={grid.size('e')} ranks of d, which "
+                         f"checkpoints do not store yet (they keep one d-replica); train with ep=1 to checkpoint")
     if grid is not None:
         check_replicas(model, grid)          # a checkpoint keeps one replica: make every replica that one first
     final = os.path.join(root, f"step-{int(step):08d}")

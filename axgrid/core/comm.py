@@ -6,6 +6,8 @@ wire bytes and optionally time, per dimension and operation), and handles the ba
 - gloo silently corrupts ``all_reduce``/``broadcast`` on non-contiguous views -> we reduce a contiguous copy;
 - gloo's ``all_gather_into_tensor`` wants a flat output -> we gather flat and reshape;
 - uneven ``all_gather`` raises -> ``all_gather_uneven`` pads to the largest part and trims;
+- uneven all-to-all (expert parallelism's dispatch and combine) -> ``all_to_all_uneven``, rows of a contiguous
+  buffer with per-member split sizes (``all_to_all_single``), a part of no rows included;
 - gloo sums bf16 in bf16 -> low-precision reductions are summed in fp32 (``RuntimeConfig.reduce_in_fp32``);
 - a backend without ``reduce_scatter_tensor`` gets it from an all-reduce, still asynchronous, and the ledger
   counts the all-reduce's bytes (what really moved).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -489,6 +492,36 @@ class Communicator:
         src = dist.get_global_rank(self.groups[dim], src_index)
         return self._post(dim, "recv", out.numel() * out.element_size(),
                           lambda: dist.irecv(out, src=src, group=self.groups[dim], tag=tag), lambda: out, async_op)
+
+    def all_to_all_uneven(self, t: torch.Tensor, dim: str, send_sizes: Sequence[int], recv_sizes: Sequence[int], *,
+                          async_op: bool = False) -> torch.Tensor | Pending:
+        """Rows of ``t [sum(send_sizes), ...]`` to the members of the group along ``dim``: the first
+        ``send_sizes[0]`` rows to member 0, the next to member 1, ...; returns ``[sum(recv_sizes), ...]``, the rows
+        member ``j`` sent this rank in place ``j`` (``recv_sizes[j]`` of them, what ``j`` had as ``send_sizes`` for
+        this rank). Sizes may be uneven and 0. Ledger op ``all_to_all``: bytes are this rank's sent buffer, wire bytes
+        those sent to the other members."""
+        self._check(dim)
+        p = self.sizes[dim]
+        if len(send_sizes) != p or len(recv_sizes) != p or sum(send_sizes) != t.shape[0]:
+            raise ValueError(f"all_to_all_uneven over {dim}: send sizes {list(send_sizes)} and receive sizes "
+                             f"{list(recv_sizes)} need one per member of the group of {p}, the send sizes summing to "
+                             f"the {t.shape[0]} rows given")
+        if p == 1:
+            return ready(t) if async_op else t
+        src = t.contiguous()
+        out = src.new_empty((sum(recv_sizes), *t.shape[1:]))
+        row = math.prod(src.shape[1:])                         # elements per row (a row may have none)
+        sent = (sum(send_sizes) - send_sizes[self.indices[dim]]) * row * src.element_size()
+        entry_bytes = src.numel() * src.element_size()
+
+        def launch() -> dist.Work:
+            return dist.all_to_all_single(out, src, [int(v) for v in recv_sizes], [int(v) for v in send_sizes],
+                                          group=self.groups[dim], async_op=True)
+
+        res = self._post(dim, "all_to_all", entry_bytes, launch, lambda: out, async_op)
+        e = self.ledger._entries[(dim, "all_to_all")]
+        e.wire_bytes += sent - (p - 1) / p * entry_bytes      # what really left this rank, not a ring's share
+        return res
 
     def broadcast_object(self, obj: object, dim: str, src_index: int = 0) -> object:
         """Member ``src_index``'s picklable ``obj`` on every member of the group along ``dim`` (ledger op

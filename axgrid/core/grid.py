@@ -29,6 +29,10 @@ GROUP_DIMS = ("x", "y", "z", "d", "xy", "xyz")
 #: The context-parallel group's name (``RankLayout.cp`` ranks splitting the tokens of z and d; made after the others,
 #: only when ``cp`` > 1; :mod:`axgrid.spec.layout`).
 CP_DIM = "c"
+#: The expert-parallel group's name (``RankLayout.ep`` ranks of one x·y·z position inside d, holding different
+#: experts) and the expert-replica group's (the ranks holding the same experts); made after the others, only when
+#: ``ep`` > 1 (:mod:`axgrid.spec.layout`, :mod:`axgrid.expert_parallel`).
+EP_DIM, REPLICA_DIM = "e", "r"
 
 
 class Grid:
@@ -81,9 +85,22 @@ class Grid:
                 mine, every = dist.new_subgroups_by_enumeration(layout.cp_groups(), timeout=timeout)
             self._groups[CP_DIM] = mine
             self._all_groups.extend(every)
-        sizes = {d: self.shape.extent(d) for d in GROUP_DIMS} | {CP_DIM: layout.cp}
+        for dim, of, every_group in ((EP_DIM, layout.ep_group_of, layout.ep_groups),
+                                     (REPLICA_DIM, layout.replica_group_of, layout.replica_groups)):
+            self._groups[dim] = self._groups["d"] if dim == REPLICA_DIM and layout.ep == 1 else None
+            if layout.ep > 1 and len(of(self.rank)) > 1:
+                if backend == "fake":
+                    mine = dist.new_group(of(self.rank), timeout=timeout, use_local_synchronization=True)
+                    every = [mine]
+                else:
+                    mine, every = dist.new_subgroups_by_enumeration(every_group(), timeout=timeout)
+                self._groups[dim] = mine
+                self._all_groups.extend(every)
+        sizes = {d: self.shape.extent(d) for d in GROUP_DIMS} | {CP_DIM: layout.cp} \
+            | {EP_DIM: layout.ep, REPLICA_DIM: self.shape.gd // layout.ep}
         indices = {d: sorted(layout.group_of(self.rank, d)).index(self.rank) for d in GROUP_DIMS} \
-            | {CP_DIM: layout.cp_index(self.rank)}
+            | {CP_DIM: layout.cp_index(self.rank), EP_DIM: self.coord.d % layout.ep,
+               REPLICA_DIM: self.coord.d // layout.ep}
         clock = clock_for(backend, device) if (config.record_timing or config.trace) else None
         run_dir = config.run_dir or launch.run_dir
         recorder = FlightRecorder(self.rank, config.flight_records, run_dir, config.hang_seconds(),
@@ -115,12 +132,18 @@ class Grid:
         return self.comm.ledger
 
     def size(self, dims: str) -> int:
-        """Number of ranks along ``dims`` (e.g. ``"x"`` or ``"xyz"``; ``"c"``: the context-parallel group)."""
-        return self.layout.cp if dims == CP_DIM else self.shape.extent(dims)
+        """Number of ranks along ``dims`` (e.g. ``"x"`` or ``"xyz"``; ``"c"``: the context-parallel group; ``"e"``,
+        ``"r"``: the expert-parallel and expert-replica groups)."""
+        if dims in (CP_DIM, EP_DIM, REPLICA_DIM):
+            return self.comm.sizes[dims]
+        return self.shape.extent(dims)
 
     def index(self, dims: str) -> int:
-        """This rank's position along ``dims`` (first letter fastest; ``"c"``: which chunks of a sequence it holds)."""
-        return self.layout.cp_index(self.rank) if dims == CP_DIM else self.layout.index_in(self.rank, dims)
+        """This rank's position along ``dims`` (first letter fastest; ``"c"``: which chunks of a sequence it holds;
+        ``"e"``: which experts it holds)."""
+        if dims in (CP_DIM, EP_DIM, REPLICA_DIM):
+            return self.comm.indices[dims]
+        return self.layout.index_in(self.rank, dims)
 
     def group(self, dims: str) -> Optional[dist.ProcessGroup]:
         """Process group along ``dims`` (None when it has one rank)."""
@@ -141,6 +164,9 @@ class Grid:
         if self.layout.cp > 1:
             lines.append(f"  c    size {self.layout.cp} (context parallel, inside z·d): "
                          + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.layout.cp_groups()[:16]))
+        if self.layout.ep > 1:
+            lines.append(f"  e    size {self.layout.ep} (expert parallel, inside d): "
+                         + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.layout.ep_groups()[:16]))
         lines.append(f"  this rank {self.rank}: {self.coord}, node {self.node_of(self.rank)} "
                      f"({self.hosts[self.rank]}), local rank {self.local_rank}")
         return "\n".join(lines)

@@ -135,7 +135,7 @@ def build_grid(layout: RankLayout, launch: LaunchEnv, backend: str, config: Runt
 def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None, gz: Optional[int] = None,
          gdata: Optional[int] = None, order: str = "xyzd", *, config: Optional[RuntimeConfig] = None,
          backend: Optional[str] = None, timeout_s: Optional[float] = None,
-         device: Union[None, str, torch.device, Device] = None, cp: int = 1) -> Grid:
+         device: Union[None, str, torch.device, Device] = None, cp: int = 1, ep: int = 1) -> Grid:
     """Build the grid and its runtime on all ranks of the job. Every rank must call it with the same arguments.
 
     ``gx`` may be a whole grid as a string ``"2x2x2x1"`` (or ``"2x2x2"``: Gdata inferred). With integers,
@@ -149,6 +149,9 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
 
     ``cp``: the context-parallel size: each sequence split over ``cp`` ranks of the z·d token plane (group ``"c"``,
     :mod:`axgrid.context_parallel`); a size the grid does not take is refused here, in one line naming those it does.
+
+    ``ep``: the expert-parallel size: a mixture-of-experts model's experts spread over ``ep`` ranks of d (group
+    ``"e"``; the ranks holding the same experts form group ``"r"``; :mod:`axgrid.expert_parallel`); it must divide Gd.
     """
     config = config or RuntimeConfig()
     if timeout_s is not None:
@@ -168,7 +171,7 @@ def init(gx: Union[int, str, Sequence[int], GridShape], gy: Optional[int] = None
     else:
         sizes = [gx, 1 if gy is None else gy, 1 if gz is None else gz]
         shape = grid_shape_for(sizes if gdata is None else sizes + [gdata], launch)
-    layout = RankLayout(shape, order, cp)
+    layout = RankLayout(shape, order, cp, ep)
     if config.zero and shape.gd == 1:
         raise GridError(f"RuntimeConfig(zero={config.zero}) on grid {shape}: Gd = 1, so there is nothing to shard "
                         f"over d; use zero=0, or a grid with Gd > 1")

@@ -100,13 +100,19 @@ class GradBuckets:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], comm: Communicator, zero: int, bucket_bytes: int,
                  odp: bool, *, delivered: Callable[[torch.nn.Parameter], bool], arm: Callable[[], None],
-                 syncing: Callable[[], bool], reduce_dtype: Optional[torch.dtype] = torch.float32) -> None:
+                 syncing: Callable[[], bool], reduce_dtype: Optional[torch.dtype] = torch.float32,
+                 dim: str = "d", mean_over: Optional[int] = None) -> None:
         self.params = list(params)
+        self.dim = dim                                         # the group reduced over ("r": experts' replicas)
+        # the mean is over mean_over ranks (the data-parallel ranks, Gd) though the group may be smaller: an
+        # expert's gradient on its rank already sums the batches of the E_p ranks that sent it tokens
+        self.mean_over = mean_over or comm.size(dim)
+        self.scale = comm.size(dim) / self.mean_over
         self.reduce_dtype = reduce_dtype                       # the collectives' dtype (None: the gradients')
         self.key = tuple(id(p) for p in self.params)
         self.comm, self.zero, self.odp = comm, zero, odp
         self.delivered, self.arm, self.syncing = delivered, arm, syncing
-        self.gd, self.d = comm.size("d"), comm.indices["d"]
+        self.gd, self.d = comm.size(dim), comm.indices[dim]
         self.order = self.params[::-1]                         # the packing order
         self.buckets: list[Bucket] = pack_buckets(
             [p.numel() for p in self.order], [p.element_size() for p in self.order],
@@ -159,6 +165,7 @@ class GradBuckets:
         self.reduced = False                                   # zero 0/1: the buffers hold this step's mean
         self.mean_in_share = [False] * len(self.buckets)       # zero 1: the share holds a mean, the rest sums
         self.consumed = [False] * len(self.buckets)            # zero 2: the step used the share; overwrite it
+        self.experts: Optional["GradBuckets"] = None            # the experts' own buckets, reduced over "r"
 
     # -- what exists (memory accounting) -----------------------------------------------------------------
     def buffers(self) -> dict[str, list[torch.Tensor]]:
@@ -253,7 +260,7 @@ class GradBuckets:
                 if self.mean_in_share[bi]:
                     lo, hi = b.share(self.d)
                     g = self.grad_data[bi]
-                    g[lo:hi].mul_(self.gd)
+                    g[lo:hi].mul_(self.mean_over)
                     g[:lo].zero_()
                     g[hi:].zero_()
         self.mean_in_share = [False] * len(self.buckets)
@@ -283,14 +290,14 @@ class GradBuckets:
         g = self.grad_data[bi]
         src = g if self._wire(g.dtype) == g.dtype else g.to(self._wire(g.dtype))   # written back on completion
         if self.zero == 0:
-            pend = self.comm.all_reduce(src, "d", average=True, async_op=True)
+            pend = self.comm.all_reduce(src, self.dim, average=True, async_op=True)
         elif self.zero == 1:
-            pend = self.comm.reduce_scatter_(src, "d", average=True, async_op=True)
+            pend = self.comm.reduce_scatter_(src, self.dim, average=True, async_op=True)
         else:
             if self.full[bi] is None:          # no member had a gradient: it still takes part (zeros)
                 b = self.buckets[bi]
                 self.full[bi] = torch.zeros(b.padded, dtype=self._wire(g.dtype), device=g.device)
-            pend = self.comm.reduce_scatter_(self.full[bi], "d", average=True, async_op=True)
+            pend = self.comm.reduce_scatter_(self.full[bi], self.dim, average=True, async_op=True)
         self.inflight.append((bi, pend))
         if self.zero == 2:
             while len(self.inflight) > (GRADIENT_WINDOW if self.odp else 0):
@@ -299,6 +306,8 @@ class GradBuckets:
     def _complete(self, bi: int, pend: Pending) -> None:
         res = pend.wait()
         if self.zero == 2:
+            if self.scale != 1.0:
+                res = res * self.scale
             if self.consumed[bi]:              # the first reduction since the optimizer's step
                 self.grad_data[bi].copy_(res)
                 self.consumed[bi] = False
@@ -310,6 +319,8 @@ class GradBuckets:
             dst = self.grad_data[bi][lo:hi]
             if not same_memory(res, dst):
                 dst.copy_(res)                 # reduced in another dtype (grad_reduce_dtype, reduce_in_fp32)
+            if self.scale != 1.0:
+                dst.mul_(self.scale)
             self.mean_in_share[bi] = self.zero == 1
 
     def _finish_cycle(self) -> None:
@@ -358,7 +369,7 @@ class GradBuckets:
         dev = self.grad_data[0].device
         mine = torch.ones(len(local), dtype=torch.int32, device=dev) if all(local) else \
             torch.tensor(local, dtype=torch.int32).to(dev)
-        return all(local), self.comm.all_reduce(mine, "d", async_op=True)
+        return all(local), self.comm.all_reduce(mine, self.dim, async_op=True)
 
     def _used_from(self, flags: tuple[bool, Pending]) -> set[int]:
         have_all, pend = flags
@@ -407,7 +418,7 @@ class GradBuckets:
         ``async_op`` left in flight for :meth:`wait_params` / :meth:`settle`."""
         self.settle()
         for bi in reversed(range(len(self.buckets))):
-            self.gathers[bi] = self.comm.all_gather_(self.param_data[bi], "d", async_op=True)
+            self.gathers[bi] = self.comm.all_gather_(self.param_data[bi], self.dim, async_op=True)
         if not async_op:
             self.settle()
 

@@ -39,9 +39,25 @@ class DataParallel:
         self.all: list[weakref.ref[GradBuckets]] = []   # in the order built: every rank walks them alike
 
     def buckets_for(self, params: Sequence[torch.nn.Parameter]) -> Optional[GradBuckets]:
-        """The buckets of ``params`` (trainable, in this order), built on first use; None when Gd = 1."""
+        """The buckets of ``params`` (trainable, in this order), built on first use; None when Gd = 1.
+
+        Experts' parameters (``axgrid_expert``: distinct over the expert-parallel group, :mod:`axgrid.expert_parallel`)
+        go to buckets of their own, reduced over the expert-replica group ``"r"`` only, to the mean over all Gd
+        data-parallel batches (``.experts`` of the buckets returned; reduced with them)."""
         if self.comm.size("d") == 1 or not params:
             return None
+        experts = [p for p in params if getattr(p, "axgrid_expert", False)]
+        if experts:
+            dense = [p for p in params if not getattr(p, "axgrid_expert", False)]
+            b = self._buckets(dense, "d", None) if dense else None
+            eb = self._buckets(experts, "r", self.comm.size("d"))
+            if b is None:
+                return eb
+            b.experts = eb
+            return b
+        return self._buckets(params, "d", None)
+
+    def _buckets(self, params: Sequence[torch.nn.Parameter], dim: str, mean_over: Optional[int]) -> GradBuckets:
         key = tuple(id(p) for p in params)
         have = getattr(params[0], "axgrid_buckets", None)
         if have is not None and have.key == key:
@@ -53,7 +69,8 @@ class DataParallel:
                                  f"state is sharded over d (zero={old.zero}): synchronise the same parameters "
                                  f"the sharded optimizer holds (the whole model)")
         b = GradBuckets(params, self.comm, self.zero, self.bucket_bytes, self.odp, delivered=self.delivered,
-                        arm=self.arm, syncing=lambda: self.sync_enabled, reduce_dtype=self.reduce_dtype)
+                        arm=self.arm, syncing=lambda: self.sync_enabled, reduce_dtype=self.reduce_dtype, dim=dim,
+                        mean_over=mean_over)
         self.all = [r for r in self.all if r() is not None] + [weakref.ref(b)]
         return b
 
@@ -157,6 +174,8 @@ def sync_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     buckets = rt.dp.buckets_for(trainable_params(params))
     if buckets is not None:
         buckets.reduce()
+        if buckets.experts is not None:
+            buckets.experts.reduce()
 
 
 def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid) -> bool:
@@ -166,6 +185,8 @@ def zero_gradients(params: Iterable[torch.Tensor] | torch.nn.Module, grid: Grid)
     if buckets is None:
         return False
     buckets.zero_grad()
+    if buckets.experts is not None:
+        buckets.experts.zero_grad()
     return True
 
 
@@ -193,7 +214,8 @@ def _gradients(ps: list[torch.Tensor], grid: Grid) -> tuple[list[tuple[torch.Ten
     sharded over d."""
     buckets = _sharded(ps, grid)
     if buckets is not None:
-        return [(pc.param, pc.grad) for pc in buckets.pieces()], True
+        sets = [buckets] + ([buckets.experts] if buckets.experts is not None else [])
+        return [(pc.param, pc.grad) for b in sets for pc in b.pieces()], True
     return [(p, p.grad) for p in ps if p.grad is not None], False
 
 
@@ -201,13 +223,22 @@ def _norm(pairs: list[tuple[torch.Tensor, torch.Tensor]], sharded: bool, grid: G
     """The global norm of :func:`_gradients`' ``pairs`` (see :func:`grad_norm`)."""
     device = pairs[0][1].device if pairs else grid.device
     total = torch.zeros((), dtype=torch.float64, device=device)
+    experts = torch.zeros((), dtype=torch.float64, device=device)    # distinct over "e" (expert parallelism)
     for p, g in pairs:
         if g.numel() == 0 or any(grid.coord[c] != 0 for c in replicated_over(p) if c != "d"):
             continue
         # each tensor's norm in its own dtype (a reduction: no temporary the size of the gradient; an fp64 copy of
         # a 2.1e9-element table gradient would hold 17 GB, seen by the dry run), combined in fp64
         n = torch.linalg.vector_norm(g.detach(), norm_type).double()
-        total = torch.maximum(total, n) if math.isinf(norm_type) else total + n ** norm_type
+        if getattr(p, "axgrid_expert", False) and not sharded and grid.size("e") > 1:
+            experts = torch.maximum(experts, n) if math.isinf(norm_type) else experts + n ** norm_type
+        else:
+            total = torch.maximum(total, n) if math.isinf(norm_type) else total + n ** norm_type
+    if grid.size("e") > 1 and not sharded:      # each expert's gradient once: the other experts are on "e"
+        if math.isinf(norm_type):
+            total = torch.maximum(total, grid.comm.all_gather(experts.reshape(1), "e").max())
+        else:
+            total = total + grid.comm.all_reduce(experts.reshape(1), "e")[0]
     for dims in ("xyz", "d") if sharded else ("xyz",):
         if grid.size(dims) == 1:
             continue

@@ -75,8 +75,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         buckets = grid.runtime.dp.buckets_for(params)
         assert buckets is not None         # zero >= 1 needs Gd > 1, checked by axgrid.init
         self.buckets: GradBuckets = buckets
+        #: the buckets it steps: the model's, and the experts' (sharded over their replica group "r") when it has any
+        self.sets: list[GradBuckets] = [buckets] + ([buckets.experts] if buckets.experts is not None else [])
         self.grid = grid
-        by_id = {id(pc.param): pc for pc in buckets.pieces()}
+        by_id = {id(pc.param): pc for b in self.sets for pc in b.pieces()}
         self.model_groups: list[list[torch.nn.Parameter]] = []
         self._pieces: dict[int, Piece] = {}           # id(piece tensor) -> its Piece
         groups = []
@@ -101,7 +103,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.state = self.inner.state                # one state, one list of groups: the inner optimizer's
         self.param_groups = self.inner.param_groups
         if self.buckets.odp:
-            buckets.hook_modules(model)
+            for b in self.sets:
+                b.hook_modules(model)
 
     def piece_of(self, tensor: torch.Tensor) -> Piece:
         """The :class:`~axgrid.data_parallel.buckets.Piece` a tensor of ``param_groups`` is."""
@@ -130,10 +133,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         ``.grad`` is None), and all-gather the parameters over d."""
         if closure is not None:
             raise ValueError("ShardedOptimizer.step takes no closure: run the forward and backward first")
-        self.buckets.settle()               # a gather still in flight (two steps without a forward)
+        for b in self.sets:
+            b.settle()                      # a gather still in flight (two steps without a forward)
         self.grid.runtime.grads.finish()    # ORS: the last gradients arrive
-        self.buckets.reduce()               # a no-op when the backward (or sync_gradients) did it
-        used = self.buckets.used_params()
+        for b in self.sets:
+            b.reduce()                      # a no-op when the backward (or sync_gradients) did it
+        used = set().union(*(b.used_params() for b in self.sets))
         skipped = [q for g in self.param_groups for q in g["params"] if id(self._pieces[id(q)].param) not in used]
         for q in skipped:
             q.grad = None
@@ -142,14 +147,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             for q in skipped:
                 q.grad = self._pieces[id(q)].grad
-        self.buckets.stepped()
-        self.buckets.gather_params(async_op=self.buckets.odp)
+        for b in self.sets:
+            b.stepped()
+            b.gather_params(async_op=b.odp)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients in place in their buckets (the buckets are the gradients' storage); with
         ``set_to_none`` the parameters count as having no gradient until one arrives, as torch's."""
-        self.buckets.zero_grad(set_to_none)
+        for b in self.sets:
+            b.zero_grad(set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's pieces' state (per rank; :mod:`axgrid.checkpoint` saves a reshardable form)."""

@@ -161,6 +161,7 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names:
     """
     if not 0 <= rank < grid.world_size:
         raise ValueError(f"iter_dense_state_dict: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
+    refuse_spread_experts(model, grid, "iter_dense_state_dict")
     keys = model.state_dict(keep_vars=True).keys()
     order = list(keys) if names is None else list(names)
     unknown = [n for n in order if n not in keys]
@@ -223,6 +224,14 @@ def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk
             del dense
 
 
+def refuse_spread_experts(model: nn.Module, grid: Grid, what: str) -> None:
+    """One line, before any collective, when ``model``'s experts are spread over the expert-parallel group (each
+    d-rank holds others: a dense copy of them is not written yet)."""
+    if grid.size("e") > 1 and any(getattr(p, "axgrid_expert", False) for p in model.parameters()):
+        raise ValueError(f"{what}: the model's experts are spread over ep={grid.size('e')} ranks of d, whose dense "
+                         f"export is not supported yet; export from a grid with ep=1 (from_pretrained loads onto any)")
+
+
 def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
     """Every tensor of ``model.state_dict()`` in its dense shape, on every rank (collective over the grid).
 
@@ -231,6 +240,7 @@ def dense_state_dict(model: nn.Module, grid: Grid) -> dict[str, torch.Tensor]:
     are copied.
     Tensors stay on their device.
     """
+    refuse_spread_experts(model, grid, "dense_state_dict")
     entries = _checked_entries(model, grid, "dense_state_dict")
     pieces = _pieces(entries, grid)
     out: dict[str, torch.Tensor] = {}
@@ -356,6 +366,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
         raise ValueError(f"export_pretrained: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
     if chunk_bytes < 1:
         raise ValueError(f"export_pretrained: chunk_bytes={chunk_bytes} must be a positive number of bytes")
+    refuse_spread_experts(model, grid, "export_pretrained")
     files, index_meta = _shard_plan(model, grid, max_shard_size)
     writer_rank = grid.rank == rank
     err: Optional[BaseException] = None

@@ -138,7 +138,7 @@ def _reads(model: nn.Module, ck: HFCheckpoint) -> list[_Read]:
     out = []
     for tid, t in tensors.items():
         mod, attr, is_param = owners[tid]
-        cands = list(dict.fromkeys(names[tid]))
+        cands = list(dict.fromkeys(names[tid] + getattr(t, "axgrid_file_names", [])))   # a plan's other names
         if prefix:
             cands += [f"{prefix}.{n}" for n in cands] + [n[len(prefix) + 1:] for n in cands
                                                          if n.startswith(prefix + ".")]

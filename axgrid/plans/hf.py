@@ -1,5 +1,5 @@
-"""Built-in plans for Hugging Face ``transformers`` decoder families: Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text)
-and Phi-3.
+"""Built-in plans for Hugging Face ``transformers`` decoder families: Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text),
+Phi-3, and the mixtures of experts Mixtral, Qwen2-MoE (with its shared expert) and Qwen3-MoE.
 
 All share one structure (``modeling_llama``): ``embed_tokens``; per layer an input norm, ``self_attn`` with its
 projections, a norm before the MLP, ``mlp``; a final ``norm``; ``lm_head`` on the causal-LM class (tied to
@@ -19,6 +19,11 @@ Phi-3                      fused ``qkv_proj`` ``[(H + 2·H_kv)·d, h]`` and ``ga
                            rank holds its own heads' q, k, v rows and its share of gate and up
                            (``Pair.segments``; the tiles map the rows back to the files' order); its
                            attention reads the head counts, so it sees this rank's (``local_heads``)
+Mixtral, Qwen2/3-MoE       each ``mlp`` a mixture of experts (``moe``): its router and only this rank's
+                           experts, each expert's FC layers 3D Linear layers, the experts spread over
+                           the expert-parallel group (:mod:`axgrid.plans.moe`); Qwen2-MoE's shared expert
+                           a 3D Linear pair beside them; the Qwen-MoE dense layers (``mlp_only_layers``,
+                           ``decoder_sparse_step``) keep the MLP pair
 =========================  ============================================================================
 
 The config fields read are ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (when
@@ -61,6 +66,35 @@ def _gemma3(p: str, cfg, name: str) -> TransformerPlan:
     return replace(_qwen3(p, cfg, name), norms=norms, embedding_scale=cfg.hidden_size ** 0.5, unit_offset_norms=True)
 
 
+def _moe_dense_layers(cfg) -> bool:
+    """Whether some decoder layer of a Qwen-MoE config keeps a dense MLP (``mlp_only_layers``, or a sparse step
+    above 1)."""
+    return bool(getattr(cfg, "mlp_only_layers", None)) or getattr(cfg, "decoder_sparse_step", 1) > 1
+
+
+def _mixtral(p: str, cfg, name: str) -> TransformerPlan:
+    layer = p + "layers.*."
+    return replace(_llama(p, cfg, name), pairs=_llama(p, cfg, name).pairs[:1], moe=(layer + "mlp",))
+
+
+def _qwen3_moe(p: str, cfg, name: str) -> TransformerPlan:
+    layer = p + "layers.*."
+    plan = _qwen3(p, cfg, name)
+    if not _moe_dense_layers(cfg):
+        return replace(plan, pairs=plan.pairs[:1], moe=(layer + "mlp",))
+    return replace(plan, moe=tuple(f"{p}layers.{i}.mlp" for i in range(cfg.num_hidden_layers)
+                                   if i not in (cfg.mlp_only_layers or []) and (i + 1) % cfg.decoder_sparse_step == 0))
+
+
+def _qwen2_moe(p: str, cfg, name: str) -> TransformerPlan:
+    layer = p + "layers.*."
+    plan = _llama(p, cfg, name)
+    if not _moe_dense_layers(cfg):
+        return replace(plan, pairs=plan.pairs[:1], moe=(layer + "mlp",))
+    return replace(plan, moe=tuple(f"{p}layers.{i}.mlp" for i in range(cfg.num_hidden_layers)
+                                   if i not in (cfg.mlp_only_layers or []) and (i + 1) % cfg.decoder_sparse_step == 0))
+
+
 def _phi3(p: str, cfg, name: str) -> TransformerPlan:
     layer = p + "layers.*."
     d, f = hf_head_dim(cfg), cfg.intermediate_size
@@ -83,6 +117,9 @@ HF_FAMILIES: dict[str, tuple[str, Callable[[str, object, str], TransformerPlan]]
     "Qwen3Model": ("", _qwen3), "Qwen3ForCausalLM": ("model.", _qwen3),
     "Gemma3TextModel": ("", _gemma3), "Gemma3ForCausalLM": ("model.", _gemma3),
     "Phi3Model": ("", _phi3), "Phi3ForCausalLM": ("model.", _phi3),
+    "MixtralModel": ("", _mixtral), "MixtralForCausalLM": ("model.", _mixtral),
+    "Qwen3MoeModel": ("", _qwen3_moe), "Qwen3MoeForCausalLM": ("model.", _qwen3_moe),
+    "Qwen2MoeModel": ("", _qwen2_moe), "Qwen2MoeForCausalLM": ("model.", _qwen2_moe),
 }
 
 

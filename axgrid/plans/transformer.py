@@ -51,6 +51,7 @@ from ..tensor_parallel.redistribute import gather_tokens_features
 from ..spec.layout import all_shapes
 from .cp_attention import chunk_batch, use_context_parallel_attention
 from .loss import VocabParallelCausalLMLoss
+from .moe import check_blocks, use_expert_parallel
 from .parallelize import LinearPlan, parallel_copy, set_submodule
 
 
@@ -86,7 +87,9 @@ class TransformerPlan:
     fp32 (Gemma); ``local_heads``: modules whose forward reads the head counts (Phi-3's attention slices its fused
     ``qkv`` at ``config.num_attention_heads · d``) get this rank's counts (:class:`LocalHeadsConfig`); ``attention``:
     the attention modules (they call transformers' attention interface), whose implementation becomes axgrid's
-    under context parallelism (:mod:`axgrid.plans.cp_attention`; a plan without them is refused there)."""
+    under context parallelism (:mod:`axgrid.plans.cp_attention`; a plan without them is refused there); ``moe``:
+    mixture-of-experts blocks (transformers' ``*SparseMoeBlock``), each made expert-parallel with only this rank's
+    experts (:mod:`axgrid.plans.moe`); what is inside them is theirs, not the pairs'."""
 
     embedding: str
     norms: tuple[str, ...]
@@ -98,6 +101,7 @@ class TransformerPlan:
     local_heads: tuple[str, ...] = ()
     attention: tuple[str, ...] = ()
     batch_inputs: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "labels", "shift_labels")
+    moe: tuple[str, ...] = ()
     name: str = "custom"
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -137,6 +141,7 @@ class _Resolved:
     tied: bool
     local_heads: list[str]
     attention: list[str]
+    moe: list[str] = field(default_factory=list)
 
 
 #: ``(what, value, grid dimension)``: ``value`` must be divisible by G<dim>.
@@ -155,6 +160,9 @@ def resolve(model: nn.Module, grid: Grid, plan: TransformerPlan) -> _Resolved:
     """Concrete module names and Linear layouts of ``plan`` on ``model``; raises (before any collective, on every
     rank alike) a ValueError naming the module, the value and the fix when the model does not fit the grid (the
     grids of this size that fit, or ``plan={}``)."""
+    moe = [n for pat in plan.moe for n in _expand(model, pat, (nn.Module,), "moe")]
+    check_blocks(model, moe, grid)
+    inside_moe = tuple(n + "." for n in moe)
     emb_name = _expand(model, plan.embedding, (nn.Embedding,), "embedding")
     if len(emb_name) != 1:
         raise ValueError(f"plan: embedding {plan.embedding!r} matches {emb_name}; name one module")
@@ -212,13 +220,14 @@ def resolve(model: nn.Module, grid: Grid, plan: TransformerPlan) -> _Resolved:
                              f"carry; use plan={{}} (drop-in)")
         checks.append((f"{head} vocabulary", lin.out_features, "y"))
         linears[head] = LinearPlan(False, "sharded", "sharded")
-    others = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in linears)
+    others = sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in linears
+                    and not n.startswith(inside_moe))
     if others:
         raise ValueError(f"plan {plan.name!r}: Linear modules {others} are not in the plan; the stream is sharded, "
                          f"so every Linear must be a producer, consumer or the head")
     placed = {emb_name[0], *norms, *head_norms, *linears}
-    loose = [n for n, m in model.named_modules() if n not in placed and any(p is not None for p in
-                                                                            m._parameters.values())]
+    loose = [n for n, m in model.named_modules() if n not in placed and not n.startswith(inside_moe)
+             and any(p is not None for p in m._parameters.values())]
     if loose:
         raise ValueError(f"plan {plan.name!r}: {loose[:4]} hold parameters the plan does not place; the stream is "
                          f"sharded, so a norm over the hidden features goes in norms and one over each head's "
@@ -226,7 +235,7 @@ def resolve(model: nn.Module, grid: Grid, plan: TransformerPlan) -> _Resolved:
     local_heads = [n for pat in plan.local_heads for n in _expand(model, pat, (nn.Module,), "local_heads")]
     attention = [n for pat in plan.attention for n in _expand(model, pat, (nn.Module,), "attention")]
     _check_fits(plan, checks, grid)
-    return _Resolved(emb_name[0], norms, head_norms, linears, head, tied, local_heads, attention)
+    return _Resolved(emb_name[0], norms, head_norms, linears, head, tied, local_heads, attention, moe)
 
 
 def _check_fits(plan: TransformerPlan, checks: list[Constraint], grid: Grid) -> None:
@@ -290,6 +299,9 @@ def apply_plan(model: nn.Module, grid: Grid, plan: TransformerPlan) -> nn.Module
         raise ValueError(f"axgrid plan on grid {grid.shape} with cp={cp}: a plan splits sequences over z only, so cp "
                          f"must divide Gz={gz}; choose cp in {[c for c in range(1, gz + 1) if gz % c == 0]}")
     r = resolve(model, grid, plan)
+    if r.moe and cp > 1:
+        raise ValueError(f"axgrid plan {plan.name!r}: mixture-of-experts blocks under context parallelism (cp={cp}) "
+                         f"are not supported; use cp=1")
     emb = model.get_submodule(r.embedding)
     made = {n: parallel_copy(model.get_submodule(n), grid, p) for n, p in r.linears.items()}
     for n, layer in made.items():
@@ -306,6 +318,7 @@ def apply_plan(model: nn.Module, grid: Grid, plan: TransformerPlan) -> nn.Module
         set_submodule(model, n, HeadRMSNorm.from_dense(norm.weight, _eps(norm), grid, plan.unit_offset_norms))
     for n in r.local_heads:
         _localize_heads(model.get_submodule(n), grid.size("y"))
+    use_expert_parallel(model, r.moe, grid)
     if grid.size("c") > 1:
         use_context_parallel_attention(model, [model.get_submodule(n) for n in r.attention], grid)
     model.register_forward_pre_hook(_BatchSplit(grid, plan.batch_inputs, type(model).forward), with_kwargs=True)

@@ -12,6 +12,12 @@ one x·y position that differ in z and d are numbered ``t = z + Gz·d`` (z faste
 is ``cp`` consecutive such numbers, so it lies inside one z-group when ``cp`` divides Gz (the z-groups sit nearer in
 rank numbers than the d-groups with the default order), or is made of whole z-groups when Gz divides ``cp``.
 docs/design.md#context-parallelism says why.
+
+Expert parallelism (``ep`` > 1) is no fifth letter either: it lives inside d. The expert-parallel group ("e") is the
+``ep`` ranks of one x·y·z position whose d indices form one block of ``ep`` consecutive numbers (``d // ep`` equal);
+a rank's place in it is ``d % ep`` (which experts it holds). The expert-replica group ("r") is the ``Gd / ep`` ranks of
+one x·y·z position with the same ``d % ep``: the ranks holding the same experts, over which their gradients reduce.
+docs/design.md#expert-parallelism says why.
 """
 from __future__ import annotations
 
@@ -152,10 +158,12 @@ class RankLayout:
     shape: GridShape
     order: str = "xyzd"
     cp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
         check_order(self.order)
         check_cp(self.shape, self.cp)
+        check_ep(self.shape, self.ep)
 
     def _strides(self) -> dict[str, int]:
         strides, s = {}, 1
@@ -246,6 +254,31 @@ class RankLayout:
         sequence it holds)."""
         return self.cp_group_of(rank).index(rank)
 
+    def ep_group_of(self, rank: int) -> list[int]:
+        """The expert-parallel group ("e") holding ``rank``: the ``ep`` ranks of its x·y·z position whose d lie in
+        its block ``[d // ep · ep, d // ep · ep + ep)``, in d order (a member's index there is ``d % ep``)."""
+        c = self.coord(rank)
+        first = c.d // self.ep * self.ep
+        return [self.rank(Coord(c.x, c.y, c.z, d)) for d in range(first, first + self.ep)]
+
+    def ep_groups(self) -> list[list[int]]:
+        """Every expert-parallel group, in a deterministic order (the same on every rank)."""
+        return [self.ep_group_of(self.rank(Coord(x, y, z, d)))
+                for d in range(0, self.shape.gd, self.ep) for z in range(self.shape.gz)
+                for y in range(self.shape.gy) for x in range(self.shape.gx)]
+
+    def replica_group_of(self, rank: int) -> list[int]:
+        """The expert-replica group ("r") holding ``rank``: the ``Gd / ep`` ranks of its x·y·z position with its
+        ``d % ep`` (the same experts), in d order."""
+        c = self.coord(rank)
+        return [self.rank(Coord(c.x, c.y, c.z, d)) for d in range(c.d % self.ep, self.shape.gd, self.ep)]
+
+    def replica_groups(self) -> list[list[int]]:
+        """Every expert-replica group, in a deterministic order (the same on every rank)."""
+        return [self.replica_group_of(self.rank(Coord(x, y, z, d)))
+                for d in range(self.ep) for z in range(self.shape.gz)
+                for y in range(self.shape.gy) for x in range(self.shape.gx)]
+
     def index_in(self, rank: int, dims: str) -> int:
         """Position of ``rank`` inside its group along ``dims`` (first letter fastest)."""
         c = self.coord(rank)
@@ -273,6 +306,18 @@ def check_cp(shape: GridShape, cp: int) -> int:
                         f"so it must divide Gz·Gd = {shape.gz * shape.gd} and divide Gz or be a multiple of it; "
                         f"choose one of {cp_sizes(shape)}")
     return cp
+
+
+def check_ep(shape: GridShape, ep: int) -> int:
+    """``ep`` when it divides Gd; a one-line GridError naming the sizes that work otherwise."""
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise GridError(f"expert-parallel size ep={ep!r} is invalid: it must be an integer >= 1 (1: no expert "
+                        f"parallelism)")
+    if shape.gd % ep:
+        raise GridError(f"expert-parallel size ep={ep} does not divide Gd={shape.gd} of grid {shape}: the experts are "
+                        f"spread over the data-parallel ranks; choose ep in "
+                        f"{[e for e in range(1, shape.gd + 1) if shape.gd % e == 0]}")
+    return ep
 
 
 def all_shapes(world_size: int) -> Iterable[GridShape]:
