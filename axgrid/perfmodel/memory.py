@@ -20,10 +20,12 @@ the
          the full buckets being filled and reduce-scattered (``dp buckets``, :class:`DataParallelBytes`): while
          the last block's backward runs (the peak's second candidate below) the first bucket of the layout if it
          holds more than the head's and ln_f's gradients (still filling), else the second (filling) and with ODP
-         the first (in flight); at the end of the backward, with the activations gone, the largest bucket being
-         reduce-scattered (with ODP up to ``GRADIENT_WINDOW`` + 1 of them), and on a device whose reduce-scatter
-         copies its input (gloo) one copy. (``zero=1`` with ODP on gloo holds such copies too, until the backward
-         ends: not counted.)
+         the first (in flight); a head tied to the token table has its gradient in the table's bucket, the last
+         of the layout, alive from the head's backward on (so the first bucket holds the final norm's and the
+         last block's gradients, and is filling); at the end of the backward, with the activations gone, the
+         largest bucket being reduce-scattered (with ODP up to ``GRADIENT_WINDOW`` + 1 of them), and on a device
+         whose reduce-scatter copies its input (gloo) one copy. (``zero=1`` with ODP on gloo holds such copies too,
+         until the backward ends: not counted.)
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
          weight source (``axgrid/tensor_parallel/overlap.py``); without keep, one block at a time (the largest), with
          OAG the prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
@@ -194,11 +196,14 @@ def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, de
         return DataParallelBytes(padded, padded, 2.0 * share + steps, none, none)
     copies = 2.0 if (device or GPU).reduce_scatter_copies else 1.0     # the reduce-scatter's copy of its input
     first, second = bt.first.reshape(shape) * 4.0, bt.second.reshape(shape) * 4.0
-    # the first bucket is complete before the last block's backward when it holds only the head's and ln_f's
-    # gradients: then the second fills (and with ODP the first is in flight); else the first is still filling
-    early = ((head.shard + spec.norm_parameters * hx) * 4 >= opt.bucket_bytes).reshape(shape) & (
-        bt.count.reshape(shape) > 1)
+    # the first bucket is complete before the last block's backward when it holds only gradients final before it:
+    # the final norm's and an untied head's (a tied head's is the token table's, final after the lookup's backward
+    # and packed last); then the second fills (and with ODP the first is in flight); else the first is still filling
+    final = spec.norm_parameters * hx + (0 if spec.tied else head.shard)
+    early = (final * 4 >= opt.bucket_bytes).reshape(shape) & (bt.count.reshape(shape) > 1)
     at_block = np.where(early, second + (first if opt.overlap_dp else 0.0), first)
+    if spec.tied:     # the table's bucket (the last) holds the head's gradient from the head's backward on
+        at_block = at_block + np.where(bt.count.reshape(shape) > 1, bt.last.reshape(shape) * 4.0, 0.0)
     # at the end: the buckets waited for (with ODP the last one and the GRADIENT_WINDOW before it) and the copy of
     # the one being reduced
     alive = np.minimum(bt.count, GRADIENT_WINDOW + 1 if opt.overlap_dp else 1).reshape(shape) + (copies - 1.0)

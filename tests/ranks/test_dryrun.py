@@ -256,6 +256,26 @@ def test_each_familys_dry_run_agrees_with_perfmodel_at_zero_0_on_data_parallel_g
         assert comm == p.comm and 0 < memory["buckets"] <= p.used_flags, (cfg.model.family, memory, p.used_flags)
 
 
+@pytest.mark.slow          # one dry run of ~40 s
+def test_a_tied_decoders_zero_2_peak_agrees_with_the_dry_run(tmp_path):
+    """A tied Llama at zero 2 with buckets small enough that the tied head's gradient fills one: the head's gradient
+    is the token table's, packed last (``spec.pack_buckets``), so the first bucket of the layout holds the final
+    norm's and the last layer's gradients and is still filling during the last layer's backward, while the table's
+    bucket is alive from the head's backward on. perfmodel priced the first bucket as complete (holding the head's
+    gradient, as an untied head's) and the second as filling: the dry run's peak was 5.9% under its peak here. The
+    buckets alive at the dry run's peak are a whole layer's (a decoder registers its norms after its FC layers, so
+    the bucket opening a layer waits for the layer's last gradient and holds back the others): more than perfmodel
+    prices, which the report's bucket bound would flag; not compared here."""
+    path = _llama_config(tmp_path / "tied", True, ffn=512)
+    cfg = resolve(path, None, 4, grid="1x1x1x2", machine="local-4", dtype="fp32", recompute=True, overlap="all",
+                  microbatches=2, zero=2, seq=16, bucket_bytes=4096)
+    (d,) = run_isolated(dry_ranks, cfg, [0], timeout_s=300)
+    p = predict(cfg)
+    for k in ("parameters", "gradients", "optimizer", "activations", "gathered"):
+        assert d.memory[k] == p.memory[k], (k, d.memory[k], p.memory[k])
+    assert abs(d.peak / p.peak - 1) <= PEAK_TOLERANCE, (d.peak, p.peak, d.moment, d.memory, p.memory)
+
+
 def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):
     ok = _llama_config(tmp_path / "ok", False)
     with pytest.raises(DryRunError, match=r"model_type 'gpt2' .* not a family the dry run models; use a config of "
