@@ -272,6 +272,11 @@ def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_b
       probabilities ``[H/Gy, S, K]`` in ``math_bytes`` and the output);
     - the gated MLP's gate and up outputs, the activation and the product (down's input): ``4·b·f/Gy``.
 
+    A fused q, k, v projection (Phi-3's ``qkv_proj``, with flash attention) saves ``b·(2q + kv)/Gy`` more: v is a
+    view of the fused output, which stays alive whole, and one more ``[m', q/Gy]`` (measured on the dry run of five
+    tiny Phi-3 configs, recompute off: hidden, key-value heads, MLP width, Gy and bf16/fp32 varied one at a time,
+    equal to the byte; Phi-3's head size is h/H, so the second q-width tensor cannot be told from an h/Gy one).
+
     Measured on the dry run of 22 tiny Llama configs (hidden, heads, key-value heads, head size, MLP width, Gx, Gy,
     bf16 and fp32 varied one at a time, by hand): equal to the byte; ``tests/ranks/test_dryrun.py``'s Hugging Face
     cases keep it equal to the dry run's activations on its grids."""
@@ -287,6 +292,10 @@ def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_b
         per_token = per_token + 4 * (qy + kvy) + 4 * (Hy + ceil_div(spec.kv_heads, gy))
     if device.attention == "flash":
         per_token = per_token + b * (qy + kvy) + b * kvy + b * qy + 4 * Hy
+        if next(layer for layer in spec.block_layers() if layer.attention).n > spec.attention_width:
+            # a fused q, k, v projection (Phi-3): v is a view of the fused output, which stays alive whole (q and k
+            # besides v), and one more ``[m', q/Gy]``: b·(2q + kv)/Gy (measured: below)
+            per_token = per_token + b * (2 * qy + kvy)
     else:
         c = device.math_bytes or b
         per_token = per_token + c * (qy + 2 * kvy) + c * Hy * spec.attended_keys() + b * qy
