@@ -276,6 +276,9 @@ def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_b
     view of the fused output, which stays alive whole, and one more ``[m', q/Gy]`` (measured on the dry run of five
     tiny Phi-3 configs, recompute off: hidden, key-value heads, MLP width, Gy and bf16/fp32 varied one at a time,
     equal to the byte; Phi-3's head size is h/H, so the second q-width tensor cannot be told from an h/Gy one).
+    Gemma 3's layer saves ``b·q/Gy`` more (measured on nine tiny Gemma 3 dry runs, recompute off: head size, key-value
+    heads, hidden, MLP width, Gx, Gy and the sliding layers varied one at a time, equal to the byte; not known which
+    tensor: Gemma 3 normalises q after its transpose, Qwen3 before).
 
     Measured on the dry run of 22 tiny Llama configs (hidden, heads, key-value heads, head size, MLP width, Gx, Gy,
     bf16 and fp32 varied one at a time, by hand): equal to the byte; ``tests/ranks/test_dryrun.py``'s Hugging Face
@@ -296,6 +299,8 @@ def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_b
             # a fused q, k, v projection (Phi-3): v is a view of the fused output, which stays alive whole (q and k
             # besides v), and one more ``[m', q/Gy]``: b·(2q + kv)/Gy (measured: below)
             per_token = per_token + b * (2 * qy + kvy)
+        if spec.family == "gemma3_text":       # measured: one more [m', q/Gy] (below)
+            per_token = per_token + b * qy
     else:
         c = device.math_bytes or b
         per_token = per_token + c * (qy + 2 * kvy) + c * Hy * spec.attended_keys() + b * qy
@@ -311,6 +316,12 @@ def head_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int
     return mp * (4 * hx + 4 + act_bytes * hx) + ce
 
 
+def rotary_tables(spec: TransformerShape) -> int:
+    """The rotary tables (cos and sin) a decoder's layers read: Gemma 3's sliding layers have their own (the local
+    base frequency), so 2 where its layers mix sliding and full attention (measured: 8·S·d B more), else 1."""
+    return 2 if spec.family == "gemma3_text" and 0 < spec.sliding_layers < spec.layers else 1
+
+
 def embedding_activation_bytes(mprime, spec: TransformerShape | None = None, recompute: bool = False) -> np.ndarray:
     """The GPT's token and position ids ``[m']`` (int64) the two embedding lookups save; a decoder's token ids and
     one byte per token besides (two when tied; measured), and without recompute the rotary table's cos and sin
@@ -319,7 +330,8 @@ def embedding_activation_bytes(mprime, spec: TransformerShape | None = None, rec
     mp = np.asarray(mprime, dtype=float)
     if spec is None or spec.is_gpt:
         return 16.0 * mp
-    return (10.0 if spec.tied else 9.0) * mp + (0.0 if recompute else 8.0 * spec.seq * spec.head_dim)
+    rope = 0.0 if recompute else 8.0 * rotary_tables(spec) * spec.seq * spec.head_dim
+    return (10.0 if spec.tied else 9.0) * mp + rope
 
 
 def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,
