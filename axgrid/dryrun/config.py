@@ -20,8 +20,8 @@ from typing import Callable, Optional
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.cli import parse_grid
 from axgrid.perfmodel.comm import used_flag_bytes
-from axgrid.perfmodel.decoder import decoder_collective_events, decoder_dp_gradient_sizes, decoder_static_bytes
-from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
+from axgrid.perfmodel.memory import static_bytes
+from axgrid.perfmodel.step import step_collective_events, step_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
@@ -162,9 +162,8 @@ def step_time(cfg: "DryRunConfig") -> str:
 
 
 def predict(cfg: DryRunConfig) -> Prediction:
-    """perfmodel's memory (``perfmodel.memory.memory_per_gpu``, on a GPU) and collectives
-    (``perfmodel.collective_bytes`` / ``collective_calls`` of the whole GPT step) for ``cfg``; for a Hugging Face
-    config, ``perfmodel.decoder``'s collectives and parameter, gradient and optimizer bytes."""
+    """perfmodel's memory (``perfmodel.memory.memory_per_gpu``, on a GPU) and collectives (the replay of the whole
+    step, ``perfmodel.step``, for the GPT and a Hugging Face config alike) for ``cfg``."""
     gx, gy, gz, gd = cfg.shape
     b = DTYPE_BYTES[cfg.dtype]
     opt = cfg.options()
@@ -180,13 +179,8 @@ def predict(cfg: DryRunConfig) -> Prediction:
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip,      # the step clips (step.py)
               lora=lora_plan(cfg.model, opt))
-    if cfg.hf:
-        comm = _count(decoder_collective_events(*args, **kw))
-        trained = decoder_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
-    else:
-        nbytes, calls = pm.collective_bytes(*args, **kw), pm.collective_calls(*args, **kw)
-        comm = {k: (calls[k], nbytes[k]) for k in nbytes}
-        trained = gpt_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
+    comm = _count(step_collective_events(*args, **kw))
+    trained = step_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
     flags = used_flag_bytes(trained) if cfg.zero == 0 and gd > 1 else 0
     return Prediction(peak, memory, comm, step=step_time(cfg), used_flags=flags)
 
@@ -201,22 +195,22 @@ def _count(events: list[tuple[str, str, int]]) -> dict[tuple[str, str], tuple[in
 
 
 def _predict_decoder(cfg: DryRunConfig) -> Prediction:
-    """perfmodel's figures for LoRA on a Hugging Face decoder (:mod:`axgrid.perfmodel.decoder`): every collective
+    """perfmodel's figures for LoRA on a Hugging Face decoder (:mod:`axgrid.perfmodel.step`): every collective
     (the clipping's included), and the parameter, gradient and optimizer bytes (the buckets: nothing with zero 0 or
     Gd = 1; with zero >= 1 not modelled, though with zero 1 the report still bounds them by the gradients, as for
     the GPT); the adapters' activations are priced for the GPT block only, so the rest is named as not
     modelled."""
     m, opt = cfg.model, cfg.options()
     lora = lora_plan(m, opt)
-    comm = _count(decoder_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
-                                            DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute,
-                                            opt.grad_bytes, opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora))
-    params, grads, optimizer = decoder_static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora)
+    comm = _count(step_collective_events(m, cfg.shape, cfg.sequences_per_microbatch * m.seq, cfg.microbatches,
+                                         DTYPE_BYTES[cfg.dtype], opt.keep_gathered, opt.recompute,
+                                         opt.grad_bytes, opt.bucket_bytes, cfg.zero, clip=opt.clip, lora=lora))
+    params, grads, optimizer = static_bytes(m, cfg.shape, cfg.zero, cfg.bucket_bytes, lora)
     memory: dict[str, Optional[int]] = {"parameters": params, "gradients": grads, "optimizer": optimizer,
                                         "buckets": 0 if cfg.zero == 0 or cfg.shape[3] == 1 else None}
     unknown = ["activations", "gathered", "temporaries"] + ([] if memory["buckets"] is not None else ["buckets"])
     memory.update({c: None for c in unknown})
-    trained = decoder_dp_gradient_sizes(m, cfg.shape, opt.grad_bytes, lora)      # the adapters: their used-flags
+    trained = step_gradient_sizes(m, cfg.shape, opt.grad_bytes, lora)      # the adapters: their used-flags
     flags = used_flag_bytes(trained) if cfg.zero == 0 and cfg.shape[3] > 1 else 0
     return Prediction(None, memory, comm, f"{', '.join(unknown)} and the peak: not modelled by perfmodel for LoRA "
                                           f"on {m.family} (its adapters' formulas are the GPT block's)",

@@ -6,7 +6,7 @@ order -- reverse ``model.parameters()`` order, ``perfmodel.parameters.gradient_e
 ``Options.bucket_bytes``: a tensor joins the open bucket, which is closed once it holds the limit or more; with
 ``zero`` >= 1 each bucket is padded to a multiple of Gd elements. The element counts feed
 the memory of each ``zero`` mode (``perfmodel.memory``), the bytes the collectives over d (``perfmodel.model``,
-``perfmodel.gpt``).
+``perfmodel.step``).
 """
 from __future__ import annotations
 

@@ -170,8 +170,8 @@ def collective_events(
     ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerShape), or None."""
     if isinstance(layers, TransformerShape):
         from .step import step_collective_events
-        return step_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-                    grad_dtype_bytes, bucket_bytes, zero, clip, lora)
+        return step_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
+                                      keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip, lora)
     if lora is not None:
         raise PerfModelError("lora: a LoRA step is priced for a TransformerShape, not a list of FC layers")
     layers = [as_layer(t) for t in layers]

@@ -20,10 +20,12 @@ the
          the full buckets being filled and reduce-scattered (``dp buckets``, :class:`DataParallelBytes`): while
          the last block's backward runs (the peak's second candidate below) the first bucket of the layout if it
          holds more than the head's and ln_f's gradients (still filling), else the second (filling) and with ODP
-         the first (in flight); at the end of the backward, with the activations gone, the largest bucket being
-         reduce-scattered (with ODP up to ``GRADIENT_WINDOW`` + 1 of them), and on a device whose reduce-scatter
-         copies its input (gloo) one copy. (``zero=1`` with ODP on gloo holds such copies too, until the backward
-         ends: not counted.)
+         the first (in flight); a head tied to the token table has its gradient in the table's bucket, the last
+         of the layout, alive from the head's backward on (so the first bucket holds the final norm's and the
+         last block's gradients, and is filling); at the end of the backward, with the activations gone, the
+         largest bucket being reduce-scattered (with ODP up to ``GRADIENT_WINDOW`` + 1 of them), and on a device
+         whose reduce-scatter copies its input (gloo) one copy. (``zero=1`` with ODP on gloo holds such copies too,
+         until the backward ends: not counted.)
 gathered: Gz > 1 only (with Gz = 1 the block *is* the shard, a view): fp32 blocks ``[n_blk, k_blk]`` from the
          weight source (``axgrid/tensor_parallel/overlap.py``); without keep, one block at a time (the largest), with
          OAG the prefetched next one too (two consecutive layers in forward; in backward only with recompute, whose
@@ -194,11 +196,14 @@ def data_parallel_bytes(spec: TransformerShape, gx, gy, gz, gd, opt: Options, de
         return DataParallelBytes(padded, padded, 2.0 * share + steps, none, none)
     copies = 2.0 if (device or GPU).reduce_scatter_copies else 1.0     # the reduce-scatter's copy of its input
     first, second = bt.first.reshape(shape) * 4.0, bt.second.reshape(shape) * 4.0
-    # the first bucket is complete before the last block's backward when it holds only the head's and ln_f's
-    # gradients: then the second fills (and with ODP the first is in flight); else the first is still filling
-    early = ((head.shard + spec.norm_parameters * hx) * 4 >= opt.bucket_bytes).reshape(shape) & (
-        bt.count.reshape(shape) > 1)
+    # the first bucket is complete before the last block's backward when it holds only gradients final before it:
+    # the final norm's and an untied head's (a tied head's is the token table's, final after the lookup's backward
+    # and packed last); then the second fills (and with ODP the first is in flight); else the first is still filling
+    final = spec.norm_parameters * hx + (0 if spec.tied else head.shard)
+    early = (final * 4 >= opt.bucket_bytes).reshape(shape) & (bt.count.reshape(shape) > 1)
     at_block = np.where(early, second + (first if opt.overlap_dp else 0.0), first)
+    if spec.tied:     # the table's bucket (the last) holds the head's gradient from the head's backward on
+        at_block = at_block + np.where(bt.count.reshape(shape) > 1, bt.last.reshape(shape) * 4.0, 0.0)
     # at the end: the buckets waited for (with ODP the last one and the GRADIENT_WINDOW before it) and the copy of
     # the one being reduced
     alive = np.minimum(bt.count, GRADIENT_WINDOW + 1 if opt.overlap_dp else 1).reshape(shape) + (copies - 1.0)
@@ -267,6 +272,14 @@ def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_b
       probabilities ``[H/Gy, S, K]`` in ``math_bytes`` and the output);
     - the gated MLP's gate and up outputs, the activation and the product (down's input): ``4·b·f/Gy``.
 
+    A fused q, k, v projection (Phi-3's ``qkv_proj``, with flash attention) saves ``b·(2q + kv)/Gy`` more: v is a
+    view of the fused output, which stays alive whole, and one more ``[m', q/Gy]`` (measured on the dry run of five
+    tiny Phi-3 configs, recompute off: hidden, key-value heads, MLP width, Gy and bf16/fp32 varied one at a time,
+    equal to the byte; Phi-3's head size is h/H, so the second q-width tensor cannot be told from an h/Gy one).
+    Gemma 3's layer saves ``b·q/Gy`` more (measured on nine tiny Gemma 3 dry runs, recompute off: head size, key-value
+    heads, hidden, MLP width, Gx, Gy and the sliding layers varied one at a time, equal to the byte; not known which
+    tensor: Gemma 3 normalises q after its transpose, Qwen3 before).
+
     Measured on the dry run of 22 tiny Llama configs (hidden, heads, key-value heads, head size, MLP width, Gx, Gy,
     bf16 and fp32 varied one at a time, by hand): equal to the byte; ``tests/ranks/test_dryrun.py``'s Hugging Face
     cases keep it equal to the dry run's activations on its grids."""
@@ -282,6 +295,12 @@ def decoder_block_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_b
         per_token = per_token + 4 * (qy + kvy) + 4 * (Hy + ceil_div(spec.kv_heads, gy))
     if device.attention == "flash":
         per_token = per_token + b * (qy + kvy) + b * kvy + b * qy + 4 * Hy
+        if next(layer for layer in spec.block_layers() if layer.attention).n > spec.attention_width:
+            # a fused q, k, v projection (Phi-3): v is a view of the fused output, which stays alive whole (q and k
+            # besides v), and one more ``[m', q/Gy]``: b·(2q + kv)/Gy (measured: below)
+            per_token = per_token + b * (2 * qy + kvy)
+        if spec.family == "gemma3_text":       # measured: one more [m', q/Gy] (below)
+            per_token = per_token + b * qy
     else:
         c = device.math_bytes or b
         per_token = per_token + c * (qy + 2 * kvy) + c * Hy * spec.attended_keys() + b * qy
@@ -297,6 +316,12 @@ def head_activation_bytes(spec: TransformerShape, gx, gy, mprime, act_bytes: int
     return mp * (4 * hx + 4 + act_bytes * hx) + ce
 
 
+def rotary_tables(spec: TransformerShape) -> int:
+    """The rotary tables (cos and sin) a decoder's layers read: Gemma 3's sliding layers have their own (the local
+    base frequency), so 2 where its layers mix sliding and full attention (measured: 8·S·d B more), else 1."""
+    return 2 if spec.family == "gemma3_text" and 0 < spec.sliding_layers < spec.layers else 1
+
+
 def embedding_activation_bytes(mprime, spec: TransformerShape | None = None, recompute: bool = False) -> np.ndarray:
     """The GPT's token and position ids ``[m']`` (int64) the two embedding lookups save; a decoder's token ids and
     one byte per token besides (two when tied; measured), and without recompute the rotary table's cos and sin
@@ -305,7 +330,8 @@ def embedding_activation_bytes(mprime, spec: TransformerShape | None = None, rec
     mp = np.asarray(mprime, dtype=float)
     if spec is None or spec.is_gpt:
         return 16.0 * mp
-    return (10.0 if spec.tied else 9.0) * mp + (0.0 if recompute else 8.0 * spec.seq * spec.head_dim)
+    rope = 0.0 if recompute else 8.0 * rotary_tables(spec) * spec.seq * spec.head_dim
+    return (10.0 if spec.tied else 9.0) * mp + rope
 
 
 def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: int, fp32: bool,

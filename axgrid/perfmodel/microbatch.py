@@ -12,7 +12,7 @@ output all-reduces) is redone before the backward of the block's last layer (MLP
 all-reduce hides under the dW GEMM when OAR is on; RS_z(j) hides under the rest of the backward compute of the next
 layer processed when ORS is on (the last one is exposed); the bias AR_z is blocking. Each window of compute hides at
 most one collective, so the model is monotone: more bandwidth or more FLOP/s never predicts a slower step.
-The GPT's other collectives (``perfmodel.gpt``: layer-norm statistics AR_x and gradient AR_z, the embedding
+The step's other collectives (``perfmodel.step``: layer-norm statistics AR_x and gradient AR_z, the embedding
 tables' gradient AR_z, the vocabulary-parallel cross entropy's AG_y and AR_y, the loss AR_z; all fp32) are priced
 per call, as blocking; with ORS the layer norms' AR_z (one call each for weight and bias, as the runtime posts it)
 join the reduce-scatter of the layer they feed, right before them in the backward, and hide under the same window,
@@ -130,7 +130,7 @@ def layer_costs(spec: TransformerShape, g: Grids, mprime: np.ndarray, mp_int: np
 
 
 class SideCosts(NamedTuple):
-    """The collectives beyond the FC layers' (``perfmodel.gpt``, ``perfmodel.decoder``; fp32, blocking), seconds
+    """The collectives beyond the FC layers' (``perfmodel.step``; fp32, blocking), seconds
     per call [N]: ``ln_fwd``: a norm's forward statistics (a LayerNorm's 2 AR_x of ``[m']``, mean and variance; an
     RMSNorm's one); ``ln_bwd_x``: its backward AR_x (``[m', 2]``; ``[m']``); ``ln_bwd_z``: its parameters'
     gradient AR_z (weight and bias ``[2·h/Gx]`` in one call; the weight ``[h/Gx]``); ``emb_z``: the embedding
@@ -255,7 +255,7 @@ def forward(costs: list[LayerCost], blocks: int, opt: Options, comm: CommTally) 
 
 
 def add_side(spec: TransformerShape, side: SideCosts, opt: Options, comm: CommTally) -> None:
-    """Add the GPT's other collectives of a micro-batch (blocking; ``perfmodel.gpt``) to ``comm``: every layer
+    """Add the GPT's other collectives of a micro-batch (blocking; ``perfmodel.step``) to ``comm``: every layer
     norm's AR_x (forward, again for the blocks' in the recompute forward, and backward), the cross entropy's y
     collectives, the embeddings' and the loss's AR_z, and the layer norms' gradient AR_z unless ORS takes them."""
     n_ln = spec.layer_norms()

@@ -1,7 +1,8 @@
 """The trainable tensors of one rank, for every family perfmodel prices, and their gradients' elements on N grids.
 
-One list per family (:func:`trainable_parameters`, ``model.parameters()`` order), the one the collective replay
-(``perfmodel.step``) uses. The data-parallel
+One list for every family (:func:`trainable_parameters`, ``model.parameters()`` order; the families differ in the
+order they register a block's modules, :func:`layer_modules`, their norms' vectors, their tables and a tied head),
+the one the collective replay (``perfmodel.step``) uses. The data-parallel
 buckets (``perfmodel.buckets.pack``), the memory of each ``zero`` mode and the bytes over d all read the elements
 from here, so the time model, the memory model and the replay pack the same tensors.
 """
@@ -22,7 +23,7 @@ HEAD_NORMS = ("q_norm", "k_norm")
 
 
 class GPTParam(NamedTuple):
-    """One trainable tensor on one rank: ``key`` (e.g. "b3.up.w", "l3.q_proj.w"), elements on this rank, and
+    """One trainable tensor on one rank: ``key`` (e.g. "b3.up.w", "l3.input_layernorm.w"), elements on this rank, and
     ``kind``: "fc_w", "fc_b", "ln" or "emb"."""
 
     key: str
@@ -30,30 +31,14 @@ class GPTParam(NamedTuple):
     kind: str
 
 
-def gpt_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
-    """The GPT's trainable tensors of one rank in ``model.parameters()`` order (zero-size tensors left out)."""
-    gx, gy, gz, _ = (int(v) for v in grid)
-    hx = ceil_div(spec.hidden, gx)
-    out = [GPTParam("wte", spec.vocab * hx, "emb"), GPTParam("wpe", spec.seq * hx, "emb")]
-    fc = {L.name: L for L in spec.block_layers()}
-    vol = {name: layer_volumes(L, gx, gy, gz, 1) for name, L in fc.items()}
-    for i in range(spec.layers):
-        for name in spec.block_modules():
-            if name not in fc:                            # a layer norm
-                out += [GPTParam(f"b{i}.{name}.w", hx, "ln"), GPTParam(f"b{i}.{name}.b", hx, "ln")]
-                continue
-            out.append(GPTParam(f"b{i}.{name}.w", int(vol[name].shard), "fc_w"))
-            if fc[name].bias:
-                out.append(GPTParam(f"b{i}.{name}.b", int(vol[name].bias_loc), "fc_b"))
-    out += [GPTParam("ln_f.w", hx, "ln"), GPTParam("ln_f.b", hx, "ln")]
-    out.append(GPTParam("head.w", int(layer_volumes(spec.head_layer(), gx, gy, gz, 1).shard), "fc_w"))
-    return out
-
-
 def layer_modules(spec: TransformerShape) -> list[str]:
-    """One decoder layer's parameterised modules in ``model.parameters()`` order, as transformers registers them:
-    the attention's FC layers (Phi-3: ``o_proj`` before ``qkv_proj``), its head norms (``q_norm``, ``k_norm``: Qwen3,
-    Gemma 3), the MLP's FC layers, then the hidden-width norms in forward order (Gemma 3's four)."""
+    """One block's parameterised modules in ``model.parameters()`` order. The GPT registers them in forward order
+    (``TransformerShape.block_modules``: each norm before its layer). A Hugging Face decoder layer as transformers
+    registers them: the attention's FC layers (Phi-3: ``o_proj`` before ``qkv_proj``), its head norms (``q_norm``,
+    ``k_norm``: Qwen3, Gemma 3), the MLP's FC layers, then the hidden-width norms in forward order (Gemma 3's
+    four)."""
+    if spec.is_gpt:
+        return list(spec.block_modules())
     layers = spec.block_layers()
     o = next(i for i, layer in enumerate(layers) if layer.transposed)       # the attention's output projection
     attention = [layer.name for layer in layers[:o + 1]]
@@ -64,35 +49,44 @@ def layer_modules(spec: TransformerShape) -> list[str]:
             + norms)
 
 
-def decoder_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
-    """A Hugging Face decoder's trainable tensors of one rank in ``model.parameters()`` order: the token table
-    (tied: the head's weight shard), per layer its modules (:func:`layer_modules`: an FC layer's weight shard, then
-    its bias; a head norm's ``[d]``, replicated; a hidden-width norm's ``[h/Gx]``), the final norm, the head's
-    weight shard (untied)."""
+def trainable_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
+    """The trainable tensors of one rank of ``grid`` in ``model.parameters()`` order: the token table (``[V, h/Gx]``;
+    tied to the head: the head's weight shard), the GPT's position table ``[S, h/Gx]``; per block its modules
+    (:func:`layer_modules`: an FC layer's weight shard, then its bias; a norm's weight (and a LayerNorm's bias)
+    ``[h/Gx]``; a head norm's ``[d]``, replicated); the final norm; an untied head's weight shard. Keys name the
+    runtime's modules: the GPT's ``wte``, ``wpe``, ``b3.ln1.w``, ``b3.up.b``, ``ln_f.w``, ``head.w``; a decoder's
+    ``embed_tokens``, ``l3.q_proj.w``, ``l3.input_layernorm.w``, ``norm.w``, ``lm_head.w``."""
     gx, gy, gz, _ = (int(v) for v in grid)
     hx = ceil_div(spec.hidden, gx)
-    head = int(layer_volumes(spec.head_layer(), gx, gy, gz, 1).shard)
-    out = [GPTParam("embed_tokens", head, "fc_w") if spec.tied else GPTParam("embed_tokens", spec.vocab * hx, "emb")]
+    head = spec.head_layer()
+    head_shard = int(layer_volumes(head, gx, gy, gz, 1).shard)
+    block, token = ("b", "wte") if spec.is_gpt else ("l", "embed_tokens")
+    norm = (".w", ".b")[:spec.norm_parameters]
+    out = [GPTParam(token, head_shard, "fc_w") if spec.tied else GPTParam(token, spec.vocab * hx, "emb")]
+    if spec.is_gpt:                                       # learned positions
+        out.append(GPTParam("wpe", spec.seq * hx, "emb"))
     fc = {layer.name: (layer, layer_volumes(layer, gx, gy, gz, 1)) for layer in spec.block_layers()}
     modules = layer_modules(spec)
     for i in range(spec.layers):
         for name in modules:
+            key = f"{block}{i}.{name}"
             if name in fc:
                 layer, v = fc[name]
-                out.append(GPTParam(f"l{i}.{name}.w", int(v.shard), "fc_w"))
+                out.append(GPTParam(f"{key}.w", int(v.shard), "fc_w"))
                 if layer.bias:
-                    out.append(GPTParam(f"l{i}.{name}.b", int(v.bias_loc), "fc_b"))
+                    out.append(GPTParam(f"{key}.b", int(v.bias_loc), "fc_b"))
+            elif name in HEAD_NORMS:
+                out.append(GPTParam(f"{key}.w", spec.head_dim, "ln"))
             else:
-                out.append(GPTParam(f"l{i}.{name}", spec.head_dim if name in HEAD_NORMS else hx, "ln"))
-    out.append(GPTParam("norm", hx, "ln"))
+                out += [GPTParam(key + suffix, hx, "ln") for suffix in norm]
+    out += [GPTParam(head.norm + suffix, hx, "ln") for suffix in norm]
     if not spec.tied:
-        out.append(GPTParam("lm_head", head, "fc_w"))
+        out.append(GPTParam(f"{head.name}.w", head_shard, "fc_w"))
     return out
 
 
-def trainable_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
-    """The trainable tensors of one rank of ``grid`` in ``model.parameters()`` order."""
-    return gpt_parameters(spec, grid) if spec.is_gpt else decoder_parameters(spec, grid)
+#: the family-named lists (tests and experiments read them): :func:`trainable_parameters`
+gpt_parameters = decoder_parameters = trainable_parameters
 
 
 @lru_cache(maxsize=4096)

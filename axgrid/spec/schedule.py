@@ -1,5 +1,5 @@
 """The overlap schedule, shared by the runtime (:mod:`axgrid.tensor_parallel.overlap`, :class:`axgrid.RuntimeConfig`),
-the performance model that replays it (``perfmodel.gpt``, ``perfmodel.comm``) and the dry run: its switches
+the performance model that replays it (``perfmodel.step``, ``perfmodel.comm``) and the dry run: its switches
 (:class:`OverlapConfig`, and the one parser of ``--overlap``) and constants.
 
 - ORS: each gradient collective (a weight's ``RS_z``, a bias' or layer norm's ``AR_z``) is posted

@@ -365,7 +365,7 @@ class TransformerShape:
 
     def block_modules(self) -> tuple[str, ...]:
         """One block's hidden-width norms and FC layers in forward order (the GPT's ``model.parameters()`` order;
-        a Hugging Face decoder registers its norms after the FC layers, :func:`axgrid.perfmodel.decoder`)."""
+        a Hugging Face decoder registers its norms after the FC layers, ``axgrid.perfmodel.parameters``)."""
         return block_modules(self.block_layers())
 
     def block_norms(self) -> int:

@@ -184,9 +184,6 @@ HF_CASES = [
     ("gemma3_text", "1x2x2x1", 4, 2, True, "oar,oag", 0, True),   # four norms, scaled tied embedding, GeGLU
     ("phi3", "2x2x1x2", 4, 2, True, "all", 1, False),        # fused qkv and gate_up
 ]
-#: families whose peak perfmodel.memory does not yet price within 5% here (Phi-3: +5.8% at 2x2x1x2, its
-#: temporaries); their collectives, bytes and activations are still compared
-PEAK_PENDING = {"phi3"}
 
 
 @pytest.mark.slow          # the fast set runs a config through the command line (below)
@@ -201,7 +198,7 @@ def test_a_hugging_face_config_dry_run_equals_real_ranks_and_perfmodel(ranks, tm
     p = predict(cfg)
     # perfmodel's peak is a micro-batch's that starts with the gradients accumulated: one micro-batch on Gd = 1 peaks
     # lower by up to the gradients (perfmodel.memory's docstring), so the peak is compared from two on or Gd > 1
-    compare_peak = (mb > 1 or cfg.shape[3] > 1) and family not in PEAK_PENDING
+    compare_peak = mb > 1 or cfg.shape[3] > 1
     compared = sorted({0, cfg.gpus - 1})
     for r, d in zip(compared, run_isolated(dry_ranks, cfg, compared, timeout_s=300)):
         assert d.comm == got[r].comm, f"rank {r}: ledger {d.comm} in the dry run, {got[r].comm} on gloo"
@@ -249,11 +246,31 @@ def test_each_familys_dry_run_agrees_with_perfmodel_at_zero_0_on_data_parallel_g
             for family, grid, zero, tied in cases]
     for cfg, (comm, memory, problems) in zip(cfgs, run_isolated(dry_and_predict, cfgs, timeout_s=300)):
         p = predict(cfg)
-        if cfg.model.family in ("gemma3_text", "phi3"):     # perfmodel.memory's activations and peak for Gemma's
-            problems = [x for x in problems               # four norms and Phi-3's fused layers are not yet the
-                        if " activations:" not in x and " peak:" not in x]   # dry run's at every grid
+        if cfg.model.family == "gemma3_text":       # perfmodel.memory's activations and peak for Gemma's four norms
+            problems = [x for x in problems         # are not yet the dry run's at every grid
+                        if " activations:" not in x and " peak:" not in x]
         assert problems == [], (cfg.model.family, cfg.grid, problems)
         assert comm == p.comm and 0 < memory["buckets"] <= p.used_flags, (cfg.model.family, memory, p.used_flags)
+
+
+@pytest.mark.slow          # one dry run of ~40 s
+def test_a_tied_decoders_zero_2_peak_agrees_with_the_dry_run(tmp_path):
+    """A tied Llama at zero 2 with buckets small enough that the tied head's gradient fills one: the head's gradient
+    is the token table's, packed last (``spec.pack_buckets``), so the first bucket of the layout holds the final
+    norm's and the last layer's gradients and is still filling during the last layer's backward, while the table's
+    bucket is alive from the head's backward on. perfmodel priced the first bucket as complete (holding the head's
+    gradient, as an untied head's) and the second as filling: the dry run's peak was 5.9% under its peak here. The
+    buckets alive at the dry run's peak are a whole layer's (a decoder registers its norms after its FC layers, so
+    the bucket opening a layer waits for the layer's last gradient and holds back the others): more than perfmodel
+    prices, which the report's bucket bound would flag; not compared here."""
+    path = _llama_config(tmp_path / "tied", True, ffn=512)
+    cfg = resolve(path, None, 4, grid="1x1x1x2", machine="local-4", dtype="fp32", recompute=True, overlap="all",
+                  microbatches=2, zero=2, seq=16, bucket_bytes=4096)
+    (d,) = run_isolated(dry_ranks, cfg, [0], timeout_s=300)
+    p = predict(cfg)
+    for k in ("parameters", "gradients", "optimizer", "activations", "gathered"):
+        assert d.memory[k] == p.memory[k], (k, d.memory[k], p.memory[k])
+    assert abs(d.peak / p.peak - 1) <= PEAK_TOLERANCE, (d.peak, p.peak, d.moment, d.memory, p.memory)
 
 
 def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):
