@@ -54,6 +54,9 @@ from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, ada
 
 #: the head norms' module names (RMS norms over each head's ``head_dim`` features, after q_proj and k_proj)
 HEAD_NORMS = ("q_norm", "k_norm")
+#: a MoE layer's router (``[E, h]``, with Qwen2-MoE's shared-expert gate ``[1, h]``): held ``[·, h/Gx]`` on every
+#: rank, its gradient packed with the dense ones (``perfmodel.moe``; the experts' are reduced over their replicas)
+ROUTERS = ("router",)
 
 
 def layer_modules(spec: TransformerShape) -> list[str]:
@@ -66,8 +69,8 @@ def layer_modules(spec: TransformerShape) -> list[str]:
     if spec.family == "phi3":
         attention = attention[-1:] + attention[:-1]
     norms = [n for layer in layers for n in (layer.norm, layer.post_norm) if n]
-    return (attention + (list(HEAD_NORMS) if spec.head_norms else []) + [layer.name for layer in layers[o + 1:]]
-            + norms)
+    return (attention + (list(HEAD_NORMS) if spec.head_norms else []) + (list(ROUTERS) if spec.is_moe else [])
+            + [layer.name for layer in layers[o + 1:]] + norms)
 
 
 def decoder_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
@@ -87,8 +90,11 @@ def decoder_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) 
                 out.append(GPTParam(f"l{i}.{name}.w", int(v.shard), "fc_w"))
                 if layer.bias:
                     out.append(GPTParam(f"l{i}.{name}.b", int(v.bias_loc), "fc_b"))
+            elif name in ROUTERS:
+                out.append(GPTParam(f"l{i}.{name}", spec.router_parameters() // spec.hidden * hx, "router"))
             else:
-                out.append(GPTParam(f"l{i}.{name}", spec.head_dim if name in HEAD_NORMS else hx, "ln"))
+                q, k = spec.head_norm_widths()
+                out.append(GPTParam(f"l{i}.{name}", {"q_norm": q, "k_norm": k}.get(name, hx), "ln"))
     out.append(GPTParam("norm", hx, "ln"))
     if not spec.tied:
         out.append(GPTParam("lm_head", head, "fc_w"))
