@@ -120,7 +120,9 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
         "mb": ev.microbatches, "comp": ev.compute, "static": ev.memory.static, "buf": ev.memory.buffers,
         "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids))),
         "ew": ev.extra.get("elementwise", np.zeros(len(ev.grids))),
-        "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64)), "ep": ev.grids.eps}.items()}
+        "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64)), "ep": ev.grids.eps,
+        "a2a": ev.extra.get("all_to_all", np.zeros(len(ev.grids))),
+        "a2a_bytes": ev.extra.get("all_to_all_bytes", np.zeros(len(ev.grids)))}.items()}
     ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in GROUPS}
     rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in GROUPS}
     sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in GROUPS}
@@ -134,7 +136,8 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             exposed_s={d: ex[d][pos] for d in GROUPS}, raw_comm_s={d: rw[d][pos] for d in GROUPS},
             step_bytes={d: sb[d][pos] for d in GROUPS},
             memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
-            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos]), ep=int(L["ep"][pos])))
+            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos]), ep=int(L["ep"][pos]),
+            all_to_all_s=L["a2a"][pos], all_to_all_bytes=L["a2a_bytes"][pos]))
     return out
 
 

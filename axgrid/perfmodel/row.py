@@ -37,6 +37,8 @@ class Row:
     within_error: bool = False  # band overlaps the best row's: not told apart from the best by the model
     out_of_range: str = ""      # why this prediction lies outside what was validated on the machine ("" = inside)
     ep: int = 1                 # expert-parallel size (a split of Gd; ``perfmodel.moe``), 1 for a dense model
+    all_to_all_s: float = 0.0   # the MoE dispatch/combine all-to-alls' seconds per batch (in d's exposed time)
+    all_to_all_bytes: float = 0.0  # ... the bytes one GPU sends off itself in them per batch (in d's bytes)
 
     @property
     def grid_str(self) -> str:
