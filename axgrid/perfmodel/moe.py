@@ -286,9 +286,12 @@ def with_expert_memory(mem, spec: TransformerShape, gx, gy, gz, gd, ep, mprime, 
     static = mem.static + params + grads + optimizer
     buffers = mem.buffers + gathered + (act if opt.recompute else 0.0)
     activations = mem.activations + (0.0 if opt.recompute else spec.moe_layers * act)
+    def plus(part, extra):                      # a part the layout does not itemise stays None
+        return None if part is None else part + extra
     return replace(mem, static=static, buffers=buffers, activations=activations,
-                   total=static + buffers + activations, params=mem.params + params, grads=mem.grads + grads,
-                   optimizer=mem.optimizer + optimizer, gathered=mem.gathered + gathered)
+                   total=static + buffers + activations, params=plus(mem.params, params),
+                   grads=plus(mem.grads, grads), optimizer=plus(mem.optimizer, optimizer),
+                   gathered=plus(mem.gathered, gathered))
 
 
 def expert_kernels(spec: TransformerShape, ep) -> np.ndarray:
