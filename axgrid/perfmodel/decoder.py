@@ -50,6 +50,7 @@ from .buckets import pack
 from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
+from .moe import expert_dp_events, moe_layer_events
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
 
 #: the head norms' module names (RMS norms over each head's ``head_dim`` features, after q_proj and k_proj)
@@ -138,10 +139,12 @@ def _live_inputs(groups: list[tuple[str, ...]], lora: Optional[LoraPlan],
 
 def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
                  dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
-                 grad_dtype_bytes: Optional[int] = None, lora: Optional[LoraPlan] = None) -> list[tuple[str, str, int]]:
+                 grad_dtype_bytes: Optional[int] = None, lora: Optional[LoraPlan] = None,
+                 ep: int = 1) -> list[tuple[str, str, int]]:
     """Every collective of the step but the data-parallel ones, as (dim, op, bytes) (module docstring); ``lora``: a
     LoRA step's (``perfmodel.lora``: the adapters' collectives, no frozen gradient reduced, no backward before the
-    first adapter)."""
+    first adapter); a mixture of experts' routed experts with EP size ``ep`` after each layer's dense part
+    (``perfmodel.moe.moe_layer_events``)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     size = {"x": gx, "y": gy, "z": gz, "d": gd}
     b, gb = dtype_bytes, grad_dtype_bytes or dtype_bytes
@@ -195,6 +198,12 @@ def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime
             fc_fwd(v, layer)
             if layer.post_norm:
                 norm_fwd()
+        moe(True)
+
+    def moe(forward: bool) -> None:                  # the routed experts (perfmodel.moe)
+        if spec.is_moe:
+            for e in moe_layer_events(spec, grid, ep, mprime, b, gb, keep_gathered, forward):
+                post(*e)
 
     # with recompute, transformers' gradient checkpointing makes the layers' input need a gradient (measured: block
     # 0's norm and q, k, v post their input-gradient collectives under LoRA then), so only without it does LoRA skip
@@ -225,6 +234,7 @@ def decoder_step(spec: TransformerShape, grid: tuple[int, int, int, int], mprime
                 continue
             if recompute:
                 layer_fwd()
+            moe(False)
             for layer, v in reversed(list(zip(layers, vols))):
                 if layer.post_norm and (needs[layer.post_norm] or lora is None):
                     norm_bwd(needs[layer.post_norm])
@@ -246,9 +256,11 @@ def decoder_collective_events(spec: TransformerShape, grid: tuple[int, int, int,
                               n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                               recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
                               bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0,
-                              clip: bool = False, lora: Optional[LoraPlan] = None) -> list[tuple[str, str, int]]:
+                              clip: bool = False, lora: Optional[LoraPlan] = None,
+                              ep: int = 1) -> list[tuple[str, str, int]]:
     """Every collective of one training step as (dim, op, bytes): :func:`decoder_step`, then the data-parallel
-    ones (:func:`perfmodel.comm.dp_events` over :func:`decoder_parameters` in the buckets' layout order), with
+    ones (:func:`perfmodel.comm.dp_events` over :func:`decoder_parameters` in the buckets' layout order; a mixture
+    of experts' expert gradients over their replicas after them, ``perfmodel.moe.expert_dp_events``), with
     ``clip`` the gradient clipping's norm between them (``perfmodel.comm.step_tail``)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     seqs, rem = divmod(tokens_per_microbatch_global, spec.seq)
@@ -257,9 +269,10 @@ def decoder_collective_events(spec: TransformerShape, grid: tuple[int, int, int,
                              f"{spec.seq} that split over Gd*Gz={gd * gz}")
     gb = grad_dtype_bytes or dtype_bytes
     ev = decoder_step(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
-                      keep_gathered, recompute, gb, lora)
+                      keep_gathered, recompute, gb, lora, ep)
     sizes = decoder_dp_gradient_sizes(spec, grid, gb, lora)
-    return ev + step_tail(dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches), grid, zero, clip)
+    experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches)
+    return ev + step_tail(dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches) + experts, grid, zero, clip)
 
 
 def decoder_dp_gradient_sizes(spec: TransformerShape, grid: tuple[int, int, int, int], grad_dtype_bytes: int,

@@ -264,11 +264,63 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     dp_exposed = np.maximum(dp - compute_bwd, 0.0) if opt.overlap_dp else dp
     mbf = np.asarray(mb, float)
     nbytes["d"] += (mbf * L * calls * sent + np.where(replicas > 1, dp_bytes, 0.0))
-    for k in ("x", "y", "z"):
-        nbytes[k] = mbf * nbytes[k]
+    for k in ("x", "y", "z"):                        # one MoE layer's above: every layer, every micro-batch
+        nbytes[k] = mbf * L * nbytes[k]
     exposed["d_step"], raw["d_step"] = dp_exposed, dp
     return MoECost(compute_fwd, compute_bwd, exposed, raw, nbytes, mbf * a2a, mbf * L * calls * sent)
 
+
+
+def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep: int, mprime: int,
+                     dtype_bytes: int, grad_dtype_bytes: int, keep_gathered: bool,
+                     forward: bool) -> list[tuple[str, str, int]]:
+    """One MoE layer's collectives on one micro-batch for the step replay (``perfmodel.decoder``), as (dim, op,
+    bytes), in posting order (module docstring); ``forward``: the router's AR_x, the dispatch all-to-all, each local
+    expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward all-to-all, the experts'
+    layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z), the dispatch's backward
+    all-to-all, the router's AR_z. An all-to-all's bytes are those a rank sends off itself (uniform routing, whole
+    bytes); dimensions of size 1 post nothing."""
+    gx, gy, gz, _ = (int(v) for v in grid)
+    size = {"x": gx, "y": gy, "z": gz, "d": ep}
+    b, gb = dtype_bytes, grad_dtype_bytes
+    me = max(int(expert_tokens(spec, mprime, ep)), 1)
+    sent = int(round(float(all_to_all_bytes(spec, gx, mprime, ep, b))))
+    router = spec.router_parameters() // spec.hidden
+    hx = ceil_div(spec.hidden, gx)
+    local = spec.experts // ep
+    layers = [(layer, layer_volumes(layer, gx, gy, gz, me)) for layer in spec.expert_layers()]
+    ev: list[tuple[str, str, int]] = []
+    if forward:
+        ev.append(("x", "all_reduce", mprime * router * b))
+        ev.append(("d", "all_to_all", sent))
+        for _ in range(local):
+            for _, v in layers:
+                ev += [("z", "all_gather", int(v.padded) * b), (v.fwd_ar_dim, "all_reduce", int(v.fwd_ar) * b)]
+        ev.append(("d", "all_to_all", sent))
+    else:
+        ev.append(("d", "all_to_all", sent))
+        for _ in range(local):
+            for _, v in reversed(layers):
+                ev += [] if keep_gathered else [("z", "all_gather", int(v.padded) * b)]
+                ev += [(v.bwd_ar_dim, "all_reduce", int(v.bwd_ar) * b), ("z", "reduce_scatter", int(v.padded) * gb)]
+        ev.append(("d", "all_to_all", sent))
+        ev.append(("z", "all_reduce", hx * router * STAT_BYTES))
+    return [e for e in ev if size[e[0]] > 1 and e[2] > 0]
+
+
+def expert_dp_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep: int, grad_dtype_bytes: int,
+                     zero: int, microbatches: int) -> list[tuple[str, str, int]]:
+    """The experts' gradients over their replica group (``Gd/ep`` ranks, posted on d) in one step: zero 0 one
+    all-reduce; zero 1 a reduce-scatter, zero 2 one per micro-batch, then the fp32 parameters' all-gather after the
+    optimizer step (unbucketed: one call of all a rank's expert gradients); none with ``Gd/ep`` = 1."""
+    gx, gy, gz, gd = (int(v) for v in grid)
+    if not spec.is_moe or gd // ep == 1:
+        return []
+    elems = int(expert_elements(spec, gx, gy, gz, ep))
+    if zero == 0:
+        return [("d", "all_reduce", elems * grad_dtype_bytes)]
+    scatters = [("d", "reduce_scatter", elems * grad_dtype_bytes)] * (microbatches if zero == 2 else 1)
+    return scatters + [("d", "all_gather", elems * PARAM_BYTES)]
 
 
 def with_expert_memory(mem, spec: TransformerShape, gx, gy, gz, gd, ep, mprime, dtype_bytes: int, opt):
@@ -316,4 +368,5 @@ def expert_elementwise_bytes(spec: TransformerShape, gx, gy, mprime, dtype_bytes
 __all__ = ["BACKWARD_ALL_TO_ALLS", "FORWARD_ALL_TO_ALLS", "MoECost", "all_to_all_bytes", "all_to_all_time", "all_to_alls",
            "check_moe", "ep_reasons", "ep_sizes", "expert_activation_bytes", "expert_elements",
            "expert_elementwise_bytes", "expert_gathered_bytes", "expert_kernels", "expert_static_bytes",
-           "expert_tokens", "moe_flops", "price_moe", "with_expert_memory"]
+           "expert_tokens", "moe_flops", "price_moe", "with_expert_memory", "moe_layer_events",
+           "expert_dp_events"]
