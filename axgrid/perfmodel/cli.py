@@ -171,6 +171,10 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
     con.print("axgrid: yes = axgrid runs this grid (train_gpt.py --grid G; --emit-slurm writes its sbatch script); "
               "no = a TP×PP×DP layout, priced only to compare (axgrid has no pipeline parallelism; "
               "--layouts 4d shows the 4D grids alone).")
+    if p.model.is_moe:
+        con.print(f"{p.model.name} is a mixture of experts ({p.model.experts} experts, {p.model.top_k} per token): "
+                  f"/epN = N-way expert parallelism inside d (perfmodel.moe: uniform routing); TP×PP×DP is not "
+                  f"priced for it.")
     con.print(m.elementwise_note())
     if rk.band is not None:
         con.print(f"band: {rk.band.describe()}. ≈ = within model error of the best row (bands overlap).")
@@ -232,9 +236,20 @@ def cmd_rank(a: argparse.Namespace) -> int:
     if single and not named:
         raise PerfModelError(f"{' and '.join(single)} describe(s) one TP×PP×DP configuration: give --tp/--pp/--dp "
                              f"with it (the ranking already tries VPP 1/2/4, micro-batch sizes 1/2/4/8 and SP)")
+    if a.ep is not None and not a.grid:
+        raise PerfModelError(f"--ep {a.ep} prices one grid's expert-parallel size: give --grid with it (the ranking "
+                             f"tries every EP size)")
     if a.grid:
-        print(explain(prob, machine, price_grid(prob, machine, parse_grid(a.grid, prob.gpus))))
+        grid = parse_grid(a.grid, prob.gpus)
+        from .moe import ep_reasons
+        bad = ep_reasons(prob.model, grid[3], 1 if a.ep is None else a.ep)
+        if bad:
+            raise PerfModelError(f"--ep {a.ep} with --grid {a.grid}: {'; '.join(bad)}")
+        print(explain(prob, machine, price_grid(prob, machine, grid, 1 if a.ep is None else a.ep)))
         return 0
+    if named and prob.model.is_moe:
+        raise PerfModelError(f"{prob.model.name} is a mixture of experts: TP×PP×DP prices dense MLPs only; price a "
+                             f"4D grid with --grid and --ep")
     if named:
         from .pipeline import price_named
         tp, pp = a.tp or 1, a.pp or 1
@@ -396,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json")
     r.add_argument("--explain", type=int, metavar="N", help="print the breakdown of row N of the ranking")
     r.add_argument("--grid", metavar="GXxGYxGZxGD", help="price this one 4D grid and print its breakdown")
+    r.add_argument("--ep", type=int, help="with --grid: the expert-parallel size of a mixture of experts (divides Gd "
+                   "and the experts; default 1)")
     r.add_argument("--tp", type=int, help="price one Megatron-style configuration: tensor parallel degree")
     r.add_argument("--pp", type=int, help="... pipeline stages")
     r.add_argument("--dp", type=int, help="... data parallel degree (default: GPUs / (TP·PP))")

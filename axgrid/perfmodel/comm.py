@@ -25,6 +25,9 @@ GROUPS = DIMS + ("xyz",)
 #: Bytes per parameter element the runtime keeps (fp32; autocast casts per GEMM): what the all-gather of the
 #: parameters over d moves with ``zero`` >= 1.
 PARAM_BYTES = 4
+#: Bytes per element of the runtime's fp32 side collectives (norm statistics and parameter gradients, cross-entropy
+#: reductions, the loss, the embedding gradients over z).
+STAT_BYTES = 4
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: Bytes of the gradient clipping's all-reduce: one fp64 element, the sum of squares of the gradients this rank
 #: counts (``axgrid.data_parallel.gradients.clip_grad_norm_``).

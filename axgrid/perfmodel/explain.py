@@ -68,6 +68,13 @@ def explain(prob: Problem, machine: Machine, row: Row, position: int | None = No
                          f"parameters all-gathered over d after the step"
                          f"{' under the next forward (ODP)' if odp else ''}")
     mp = row.memory_parts
+    if prob.model.is_moe and row.layout == "4D":
+        moe = prob.model
+        lines.append(f"  experts: {moe.experts}, {moe.top_k} per token, over ep={row.ep} (each rank holds "
+                     f"{moe.experts // row.ep}, "
+                     f"gradients over Gd/ep={row.grid[3] // row.ep} replicas); dispatch/combine all-to-alls "
+                     f"{row.all_to_all_s:.4g} s, {row.all_to_all_bytes / 1e9:.3f} GB sent per GPU per batch "
+                     f"(in d; uniform routing, perfmodel.moe)")
     lines.append(f"  memory/GPU {row.memory_bytes / 2**30:.2f} GiB = static {mp['static'] / 2**30:.2f} + buffers "
                  f"{mp['buffers'] / 2**30:.2f} + activations {mp['activations'] / 2**30:.2f} (limit "
                  f"{p.options.memory_usable * m.memory_bytes / 2**30:.1f} GiB)")

@@ -43,6 +43,7 @@ from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_
 from .step import STAT_BYTES, loss_elements
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
+from .moe import expert_elementwise_bytes, expert_elements, expert_kernels, price_moe, with_expert_memory
 from .microbatch import (CommTally, LayerCost, Rings, add_side, attention_time, backward, forward, layer_costs,
                          norm_volumes, side_costs, table_bytes)
 from .space import Grids, describe, divisibility
@@ -105,6 +106,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
         mprime = np.where(ok, (prob.batch // c) * spec.seq / (g.gd * g.gz), 1.0)
         mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, prob.dtype_bytes, prob.dtype == "fp32", opt,
                              inflight, seq_split, memory_layout)
+        mem = with_expert_memory(mem, spec, g.gx, g.gy, g.gz, g.gd, g.eps, mprime, prob.dtype_bytes, opt)
         fits = ok & (mem.total <= limit)
         pick = fits & (chosen == 0)
         chosen[pick] = c
@@ -227,9 +229,12 @@ def _kernel_latency(spec: TransformerShape, opt: Options, machine: Machine, n: i
 def _optimizer_time(spec: TransformerShape, g: Grids, opt: Options, machine: Machine, layout: str) -> np.ndarray:
     """Seconds [N] of the optimizer step: the parameters one GPU updates (its x·y·z shard of the model, and of that
     its d-share when the optimizer state is sharded over d) times ``compute.OPTIMIZER_BYTES`` through HBM."""
-    local = spec.params / (g.gx * g.gy * g.gz)
     sharded = bool(opt.zero1_over_d or opt.zero)
-    return memory_time(local / (g.gd if sharded else 1) * OPTIMIZER_BYTES[layout], machine)
+    experts = expert_elements(spec, g.gx, g.gy, g.gz, g.eps) if spec.is_moe else 0.0   # over Gd/ep replicas
+    dense = (spec.params - spec.moe_layers * spec.experts * sum(layer.n * layer.k for layer in spec.expert_layers())
+             ) / (g.gx * g.gy * g.gz)
+    local = dense / (g.gd if sharded else 1) + experts / (g.gd / g.eps if sharded else 1)
+    return memory_time(local * OPTIMIZER_BYTES[layout], machine)
 
 
 def _step_bytes(spec: TransformerShape, costs: list[LayerCost], g: Grids, mb: np.ndarray, mp_int: np.ndarray,
@@ -278,7 +283,7 @@ def _infeasibility(prob: Problem, g: Grids, mem: Memory, limit: float, mb: np.nd
     tuples = None
     for i in np.nonzero(infeasible)[0].tolist():
         tuples = tuples or g.tuples()
-        why = [describe(k, spec, prob.batch, tuples[i], opt.microbatches) for k, v in bad.items()
+        why = [describe(k, spec, prob.batch, tuples[i] + (int(g.eps[i]),), opt.microbatches) for k, v in bad.items()
                if v[i] and k not in ("microbatches", "zero")]
         if "zero" in bad and bad["zero"][i]:
             why.append(f"zero={opt.zero} needs Gd > 1 (nothing to shard over d)")
@@ -356,6 +361,16 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     clip_bytes = _clipping(g, opt, machine, rings, comm)
     elementwise, scores_fwd = _elementwise(spec, g, mprime, hx, seq_split, b, opt, machine, memory_layout)
     kernels = _kernel_latency(spec, opt, machine, len(g))
+    # the routed experts (perfmodel.moe; nothing for a dense model): GEMMs, collectives, all-to-alls, kernels
+    moe = price_moe(spec, g, g.eps, mprime, mp_int, mb, b, opt.grad_bytes, opt, machine, prob.dtype)
+    compute_fwd, compute_bwd = compute_fwd + moe.fwd, compute_bwd + moe.bwd
+    for d in ("x", "y", "z"):
+        comm.add(d, moe.exposed[d], moe.raw[d])
+    comm.add("d", mb * moe.exposed["d"] + moe.exposed["d_step"], mb * moe.raw["d"] + moe.raw["d_step"])
+    passes = 3 + int(opt.recompute)
+    elementwise = elementwise + spec.moe_layers * passes * memory_time(
+        expert_elementwise_bytes(spec, g.gx, g.gy, mprime, b), machine)
+    kernels = kernels + spec.moe_layers * passes * expert_kernels(spec, g.eps) * machine.kernel_latency
     loss = memory_time(mprime * spec.vocab / g.gy * CROSS_ENTROPY_BYTES, machine)
     optimizer = _optimizer_time(spec, g, opt, machine, memory_layout)
     device = compute_fwd + compute_bwd + elementwise + loss
@@ -368,9 +383,12 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
 
     mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, prob.dtype == "fp32", opt, inflight, seq_split,
                          memory_layout)
+    mem = with_expert_memory(mem, spec, g.gx, g.gy, g.gz, g.gd, g.eps, mprime, b, opt)
     limit = opt.memory_usable * machine.memory_bytes
     infeasible, reasons = _infeasibility(prob, g, mem, limit, mb, mb_valid)
     step_bytes = _step_bytes(spec, costs, g, mb, mp_int, hx, d_bytes, b, opt)
+    for d in DIMS:
+        step_bytes[d] = step_bytes[d] + moe.step_bytes[d]
     step_bytes["xyz"] = clip_bytes["xyz"]
     step_bytes["d"] = step_bytes["d"] + clip_bytes["d"]
     return Evaluation(
@@ -382,5 +400,6 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
                "attention": mb * 3 * spec.layers * att, "elementwise": mb * elementwise,
                "kernels": mb * kernels, "loss": mb * loss, "optimizer": optimizer,
                "scores_fwd": mb * spec.layers * scores_fwd, "dp_buckets": np.where(g.gd > 1, buckets.count, 0),
-               "zero": np.full(len(g), opt.zero)},
+               "zero": np.full(len(g), opt.zero), "ep": g.eps,
+               "all_to_all": moe.all_to_all_s, "all_to_all_bytes": moe.all_to_all_bytes},
     )

@@ -20,6 +20,9 @@ from .comm import layer_volumes
 
 #: the head norms' module names (RMS norms over each head's ``head_dim`` features, after q_proj and k_proj)
 HEAD_NORMS = ("q_norm", "k_norm")
+#: a MoE layer's router (``[E, h]``, with Qwen2-MoE's shared-expert gate ``[1, h]``): held ``[·, h/Gx]`` on every
+#: rank, its gradient packed with the dense ones (``perfmodel.moe``; the experts' are reduced over their replicas)
+ROUTERS = ("router",)
 
 
 class GPTParam(NamedTuple):
@@ -45,8 +48,8 @@ def layer_modules(spec: TransformerShape) -> list[str]:
     if spec.family == "phi3":
         attention = attention[-1:] + attention[:-1]
     norms = [n for layer in layers for n in (layer.norm, layer.post_norm) if n]
-    return (attention + (list(HEAD_NORMS) if spec.head_norms else []) + [layer.name for layer in layers[o + 1:]]
-            + norms)
+    return (attention + (list(HEAD_NORMS) if spec.head_norms else []) + (list(ROUTERS) if spec.is_moe else [])
+            + [layer.name for layer in layers[o + 1:]] + norms)
 
 
 def trainable_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]) -> list[GPTParam]:
@@ -76,7 +79,9 @@ def trainable_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]
                 if layer.bias:
                     out.append(GPTParam(f"{key}.b", int(v.bias_loc), "fc_b"))
             elif name in HEAD_NORMS:
-                out.append(GPTParam(f"{key}.w", spec.head_dim, "ln"))
+                out.append(GPTParam(f"{key}.w", dict(zip(HEAD_NORMS, spec.head_norm_widths()))[name], "ln"))
+            elif name in ROUTERS:
+                out.append(GPTParam(key, spec.router_parameters() // spec.hidden * hx, "router"))
             else:
                 out += [GPTParam(key + suffix, hx, "ln") for suffix in norm]
     out += [GPTParam(head.norm + suffix, hx, "ln") for suffix in norm]
@@ -111,5 +116,5 @@ def gradient_elements(spec: TransformerShape, gx, gy, gz) -> list[np.ndarray]:
     return [elems[:, i] for i in range(elems.shape[1] - 1, -1, -1)]
 
 
-__all__ = ["GPTParam", "HEAD_NORMS", "decoder_parameters", "gpt_parameters", "gradient_elements", "layer_modules",
+__all__ = ["GPTParam", "HEAD_NORMS", "ROUTERS", "decoder_parameters", "gpt_parameters", "gradient_elements", "layer_modules",
            "trainable_parameters"]

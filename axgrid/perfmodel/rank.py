@@ -20,6 +20,7 @@ from .comm import GROUPS
 from .errors import NoFeasibleConfig, PerfModelError
 from .machines import Machine
 from .model import Evaluation, evaluate
+from .moe import ep_sizes
 from .pipeline import best_of, enumerate_configs, price
 from .space import Grids, enumerate_grids
 from .row import Row
@@ -119,7 +120,9 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
         "mb": ev.microbatches, "comp": ev.compute, "static": ev.memory.static, "buf": ev.memory.buffers,
         "act": ev.memory.activations, "dpb": ev.extra.get("dp_buckets", np.zeros(len(ev.grids))),
         "ew": ev.extra.get("elementwise", np.zeros(len(ev.grids))),
-        "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64))}.items()}
+        "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64)), "ep": ev.grids.eps,
+        "a2a": ev.extra.get("all_to_all", np.zeros(len(ev.grids))),
+        "a2a_bytes": ev.extra.get("all_to_all_bytes", np.zeros(len(ev.grids)))}.items()}
     ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in GROUPS}
     rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in GROUPS}
     sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in GROUPS}
@@ -133,14 +136,15 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             exposed_s={d: ex[d][pos] for d in GROUPS}, raw_comm_s={d: rw[d][pos] for d in GROUPS},
             step_bytes={d: sb[d][pos] for d in GROUPS},
             memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
-            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos])))
+            dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos]), ep=int(L["ep"][pos]),
+            all_to_all_s=L["a2a"][pos], all_to_all_bytes=L["a2a_bytes"][pos]))
     return out
 
 
 def order_of(ev: Evaluation) -> np.ndarray:
     """Indices: feasible by (time, gx, gy, gz, gd), then infeasible by grid tuple."""
     g = ev.grids
-    return np.lexsort((g.gd, g.gz, g.gy, g.gx, ev.time, ~ev.feasible))
+    return np.lexsort((g.eps, g.gd, g.gz, g.gy, g.gx, ev.time, ~ev.feasible))
 
 
 def _ranked(rows: list[Row]) -> list[Row]:
@@ -155,8 +159,11 @@ def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_fe
     ``tp_pp_dp`` is False) every Megatron-style TP×PP×DP configuration (``pipeline.enumerate_configs``).
 
     Raises NoFeasibleConfig (with a summary of the reasons) when no 4D grid is feasible and ``require_feasible``."""
-    grids = enumerate_grids(prob.gpus) if grids is None else grids
-    tp_pp_dp = tp_pp_dp and not prob.options.lora_r      # Megatron's layout is priced for full training only
+    if grids is None:
+        grids = enumerate_grids(prob.gpus)
+        if prob.model.is_moe:                          # every EP size of each grid (perfmodel.moe)
+            grids = grids.with_expert_parallel(lambda gd: ep_sizes(prob.model, gd))
+    tp_pp_dp = tp_pp_dp and not prob.options.lora_r and not prob.model.is_moe      # Megatron's layout is priced for full training only
     ev = evaluate(prob, machine, grids)
     order = order_of(ev)
     rows = _rows(ev, order, ranked=True)
@@ -283,11 +290,12 @@ def layout_verdict(rk: Ranking) -> str:
             f"them apart")
 
 
-def price_grid(prob: Problem, machine: Machine, grid: tuple[int, int, int, int]) -> Row:
-    """One named 4D grid, priced (feasible or not, with the reason) with the machine's error band; rank None."""
+def price_grid(prob: Problem, machine: Machine, grid: tuple[int, int, int, int], ep: int = 1) -> Row:
+    """One named 4D grid (with expert-parallel size ``ep``), priced (feasible or not, with the reason) with the
+    machine's error band; rank None."""
     gx, gy, gz, gd = grid
     if gx * gy * gz * gd != prob.gpus:
         raise PerfModelError(f"grid {'x'.join(map(str, grid))} has {gx * gy * gz * gd} GPUs, not --gpus "
                              f"{prob.gpus}")
-    ev = evaluate(prob, machine, Grids.of([grid]))
+    ev = evaluate(prob, machine, Grids.of([tuple(grid) + (ep,)]))
     return banded(_rows(ev, np.array([0]), ranked=False)[0], machine, prob.gpus)

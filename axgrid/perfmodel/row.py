@@ -36,11 +36,14 @@ class Row:
     time_high: float = 0.0
     within_error: bool = False  # band overlaps the best row's: not told apart from the best by the model
     out_of_range: str = ""      # why this prediction lies outside what was validated on the machine ("" = inside)
+    ep: int = 1                 # expert-parallel size (a split of Gd; ``perfmodel.moe``), 1 for a dense model
+    all_to_all_s: float = 0.0   # the MoE dispatch/combine all-to-alls' seconds per batch (in d's exposed time)
+    all_to_all_bytes: float = 0.0  # ... the bytes one GPU sends off itself in them per batch (in d's bytes)
 
     @property
     def grid_str(self) -> str:
-        """``2x4x8x16`` for a 4D grid; ``TP4xPP8xDP32`` (``v2`` interleaved, ``+SP``) for TP×PP×DP."""
+        """``2x4x8x16`` for a 4D grid (``2x4x8x16/ep8`` with expert parallelism); ``TP4xPP8xDP32`` (``v2`` interleaved, ``+SP``) for TP×PP×DP."""
         if self.layout == "4D":
-            return "x".join(str(v) for v in self.grid)
+            return "x".join(str(v) for v in self.grid) + (f"/ep{self.ep}" if self.ep > 1 else "")
         return (f"TP{self.grid[1]}xPP{self.pp}xDP{self.grid[3]}" + (f"v{self.vpp}" if self.vpp > 1 else "")
                 + ("+SP" if self.sp else "") + (f"/{self.recompute}" if self.recompute else ""))

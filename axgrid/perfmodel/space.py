@@ -34,20 +34,35 @@ class Grids:
     gy: np.ndarray
     gz: np.ndarray
     gd: np.ndarray
+    ep: np.ndarray | None = None     # expert-parallel sizes (a split of d; ``perfmodel.moe``); None: 1 everywhere
 
     def __len__(self) -> int:
         return int(self.gx.shape[0])
+
+    @property
+    def eps(self) -> np.ndarray:
+        """The expert-parallel size of each grid [N] (1 where none is set)."""
+        return np.ones_like(self.gd) if self.ep is None else self.ep
+
+    def with_expert_parallel(self, sizes) -> "Grids":
+        """Each grid once per EP size ``sizes(gd)`` gives it (a list of ints; ``perfmodel.moe.ep_sizes``)."""
+        rows = [(*t, e) for t in self.tuples() for e in sizes(t[3])]
+        return Grids.of(rows)
 
     def tuples(self) -> list[tuple[int, int, int, int]]:
         return list(zip(self.gx.tolist(), self.gy.tolist(), self.gz.tolist(), self.gd.tolist()))
 
     @staticmethod
-    def of(tuples: list[tuple[int, int, int, int]]) -> "Grids":
-        a = np.asarray(tuples, dtype=np.int64).reshape(-1, 4)
-        return Grids(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy())
+    def of(tuples: list[tuple[int, ...]]) -> "Grids":
+        """Grids of (gx, gy, gz, gd) tuples, or (gx, gy, gz, gd, ep) with an expert-parallel size."""
+        width = len(tuples[0]) if len(tuples) else 4
+        a = np.asarray(tuples, dtype=np.int64).reshape(-1, width)
+        return Grids(a[:, 0].copy(), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].copy(),
+                     a[:, 4].copy() if width == 5 else None)
 
     def take(self, idx: np.ndarray) -> "Grids":
-        return Grids(self.gx[idx], self.gy[idx], self.gz[idx], self.gd[idx])
+        return Grids(self.gx[idx], self.gy[idx], self.gz[idx], self.gd[idx],
+                     None if self.ep is None else self.ep[idx])
 
 
 def enumerate_grids(gpus: int) -> Grids:
@@ -95,6 +110,9 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
         for what, value, dim in spec.grid_rules():
             key = f"{what} % G{dim}"
             out[key] = out.get(key, False) | (value % size[dim] != 0)
+    if spec.is_moe or grids.ep is not None:      # expert parallelism: ep divides Gd and the experts
+        out["ep % Gd"] = grids.gd % grids.eps != 0
+        out["experts % ep"] = (spec.experts % grids.eps != 0) if spec.is_moe else grids.eps != 1
     out["batch % Gd"] = batch % grids.gd != 0
     out["batch % (Gd*Gz)"] = batch % (grids.gd * grids.gz) != 0
     if microbatches is not None:
@@ -104,7 +122,10 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
 
 def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
     """A readable reason for one violated rule on one grid."""
-    gx, gy, gz, gd = g
+    gx, gy, gz, gd = g[:4]
+    if rule in ("ep % Gd", "experts % ep"):
+        from .moe import ep_reasons
+        return "; ".join(ep_reasons(spec, gd, g[4] if len(g) > 4 else 1))
     if not spec.is_gpt and rule not in RULES:            # a decoder's size rule, "<field> % G<dim>": its own line
         what, dim = rule.split(" % G")
         return next(line for line in spec.divisibility(g) if line.startswith(f"{what} ") and f" by G{dim}=" in line)

@@ -30,7 +30,7 @@ Then the data-parallel collectives of :func:`step_gradient_sizes` (``perfmodel.c
 module whose input needs no gradient (before the first adapter) has no backward (:func:`block_liveness`).
 
 What one block posts is :meth:`StepReplay.block_forward` and :meth:`StepReplay.block_backward`: the place to add
-a block's further collectives (context parallelism's, a mixture of experts' all-to-alls).
+a block's further collectives (a mixture of experts' routed experts: :meth:`StepReplay.experts`).
 """
 from __future__ import annotations
 
@@ -38,14 +38,11 @@ from typing import NamedTuple, Optional
 
 from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, TransformerShape, ceil_div
 
-from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
+from .comm import STAT_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
 from .errors import PerfModelError
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors
+from .moe import expert_dp_events, moe_layer_events
 from .parameters import HEAD_NORMS, trainable_parameters
-
-#: Bytes per element of the runtime's fp32 side collectives (norm statistics and parameter gradients, cross-entropy
-#: reductions, the loss, the embedding gradients over z).
-STAT_BYTES = 4
 
 Event = tuple[str, str, int]
 
@@ -150,8 +147,9 @@ class StepReplay:
 
     def __init__(self, spec: TransformerShape, grid: tuple[int, int, int, int], mprime: int, dtype_bytes: int,
                  keep_gathered: bool = False, grad_dtype_bytes: Optional[int] = None,
-                 lora: Optional[LoraPlan] = None) -> None:
+                 lora: Optional[LoraPlan] = None, ep: int = 1) -> None:
         self.spec, self.family, self.lora, self.keep_gathered = spec, step_family(spec), lora, keep_gathered
+        self.grid, self.ep = tuple(int(v) for v in grid), int(ep)
         self.gx, self.gy, self.gz, self.gd = (int(v) for v in grid)
         self.size = {"x": self.gx, "y": self.gy, "z": self.gz, "d": self.gd}
         self.mprime, self.b, self.gb = int(mprime), dtype_bytes, grad_dtype_bytes or dtype_bytes
@@ -197,13 +195,19 @@ class StepReplay:
     def head_norms_backward(self) -> None:
         """q_norm, k_norm: local statistics; each weight's gradient ``[d]`` over y, then z."""
         if self.family.head_norms and self.lora is None:
-            for _ in HEAD_NORMS:
-                self.post([("y", "all_reduce", self.spec.head_dim * STAT_BYTES),
-                           ("z", "all_reduce", self.spec.head_dim * STAT_BYTES)])
+            for width in self.spec.head_norm_widths():
+                self.post([("y", "all_reduce", width * STAT_BYTES), ("z", "all_reduce", width * STAT_BYTES)])
 
     def tables(self, forward: bool) -> None:
         fwd, bwd = table_events(self.spec, self.mprime, self.hx, self.vol[self.head.name].padded, self.b, self.gb)
         self.post(fwd if forward else bwd)
+
+    def experts(self, forward: bool) -> None:
+        """A mixture of experts' routed experts with EP size ``ep`` (``perfmodel.moe.moe_layer_events``: the router,
+        the dispatch and combine all-to-alls, each local expert's 3D layers); nothing for a dense block."""
+        if self.spec.is_moe:
+            self.post(moe_layer_events(self.spec, self.grid, self.ep, self.mprime, self.b, self.gb,
+                                       self.keep_gathered, forward))
 
     def loss(self) -> None:
         if self.gy > 1:                              # vocabulary-parallel cross entropy
@@ -220,10 +224,12 @@ class StepReplay:
             self.fc_forward(layer)
             if layer.post_norm:
                 self.norm_forward()
+        self.experts(forward=True)
 
     def block_backward(self, needs: dict[str, bool]) -> None:
         """What one block posts in its backward; ``needs``: whether each module's input needs a gradient."""
         full = self.lora is None
+        self.experts(forward=False)
         for layer in reversed(self.layers):
             if layer.post_norm and (needs[layer.post_norm] or full):
                 self.norm_backward(needs[layer.post_norm])
@@ -256,10 +262,11 @@ class StepReplay:
 
 def step_events(spec: TransformerShape, grid: tuple[int, int, int, int], mprime: int, n_microbatches: int,
                 dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
-                grad_dtype_bytes: Optional[int] = None, lora: Optional[LoraPlan] = None) -> list[Event]:
+                grad_dtype_bytes: Optional[int] = None, lora: Optional[LoraPlan] = None, ep: int = 1) -> list[Event]:
     """Every collective of the step but the data-parallel ones, as (dim, op, bytes) in posting order (module
-    docstring). ``mprime``: tokens per GPU per micro-batch; ``lora``: the adapters of a LoRA step."""
-    replay = StepReplay(spec, grid, mprime, dtype_bytes, keep_gathered, grad_dtype_bytes, lora)
+    docstring). ``mprime``: tokens per GPU per micro-batch; ``lora``: the adapters of a LoRA step; ``ep``: a mixture
+    of experts' expert-parallel size."""
+    replay = StepReplay(spec, grid, mprime, dtype_bytes, keep_gathered, grad_dtype_bytes, lora, ep)
     blocks, head_live = block_liveness(spec, lora, recompute)
     for _ in range(n_microbatches):
         replay.microbatch(recompute, blocks, head_live)
@@ -279,12 +286,14 @@ def step_collective_events(spec: TransformerShape, grid: tuple[int, int, int, in
                            n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                            recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
                            bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0, clip: bool = False,
-                           lora: Optional[LoraPlan] = None) -> list[Event]:
+                           lora: Optional[LoraPlan] = None, ep: int = 1) -> list[Event]:
     """Every collective of one training step as (group, op, bytes): the micro-batches' forward and backward
     (:func:`step_events`), then the data-parallel ones (``perfmodel.comm.dp_events`` over
     :func:`step_gradient_sizes`; listed last even where they are posted during the backward), with ``clip`` the
     clipping's norm all-reduces among them (``perfmodel.comm.step_tail``). ``tokens_per_microbatch_global`` must be
-    whole sequences that split over Gd·Gz (z splits by sequence)."""
+    whole sequences that split over Gd·Gz (z splits by sequence). A mixture of experts' expert gradients are reduced
+    over their replicas after the dense ones (``perfmodel.moe.expert_dp_events``; ``ep``: the expert-parallel
+    size)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
         raise PerfModelError(f"grid sizes must be positive, got {grid}")
@@ -294,9 +303,10 @@ def step_collective_events(spec: TransformerShape, grid: tuple[int, int, int, in
                              f"{spec.seq} that split over Gd*Gz={gd * gz}")
     gb = grad_dtype_bytes or dtype_bytes
     ev = step_events(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
-                     keep_gathered, recompute, gb, lora)
+                     keep_gathered, recompute, gb, lora, ep)
     dp = dp_events(step_gradient_sizes(spec, grid, gb, lora), gd, gb, bucket_bytes, zero, n_microbatches)
-    return ev + step_tail(dp, grid, zero, clip)
+    experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches) if spec.is_moe else []
+    return ev + step_tail(dp + experts, grid, zero, clip)
 
 
 __all__ = ["STAT_BYTES", "StepFamily", "StepReplay", "block_liveness", "layer_groups", "loss_elements",

@@ -35,6 +35,15 @@ The block structures (``family``):
   ``post_feedforward_layernorm`` after down: the layers' ``norm`` and ``post_norm``), GeGLU (gelu_pytorch_tanh),
   ``head_dim`` from the config, tied embeddings by default; sliding-window layers as ``layer_types`` says (else
   ``sliding_window_pattern``: all but every 6th layer).
+- ``"mixtral"``, ``"qwen2_moe"``, ``"qwen3_moe"``, ``"olmoe"`` (:data:`MOE_FAMILIES`): mixtures of experts on the
+  attention of Mistral, Qwen2, Qwen3 and Llama (OLMoE: its q_norm and k_norm over the whole q and k widths,
+  :meth:`TransformerShape.head_norm_widths`). Each MoE layer's MLP is a router ``[E, h]`` (no bias) choosing
+  ``top_k`` of ``experts`` SwiGLU experts (gate and up ``[f_e, h]``, down ``[h, f_e]``, ``f_e`` = ``expert_ffn``),
+  scoring by ``router_scoring`` and renormalising the chosen weights with ``norm_topk_prob``; Qwen2-MoE adds a
+  shared expert of width ``shared_expert_ffn`` on every token, scaled by a sigmoid gate ``[1, h]``. Qwen2/3-MoE's
+  ``decoder_sparse_step`` and ``mlp_only_layers`` leave some layers a dense MLP of width ``ffn``
+  (``dense_layers``). :meth:`TransformerShape.block_layers` lists a MoE layer's dense FC layers (attention, shared
+  expert); :meth:`TransformerShape.expert_layers` one routed expert's.
 - ``"phi3"``: fused ``qkv_proj`` ``[(H + 2·H_kv)·d, h]`` and ``gate_up_proj`` ``[2f, h]`` (one FC layer each, as the
   plan splits them: each segment over y on its own, so a rank's block is as large as the unfused layers'), o and
   down as Llama's, no biases; ``sliding_window`` (when set) on every layer.
@@ -64,6 +73,14 @@ GPT2_PADDED_VOCAB = 51200
 #: (``axgrid.plans.hf`` has a plan for each)
 DECODER_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                     "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+#: ``model_type`` -> causal-LM class of the mixture-of-experts families (part of :data:`DECODER_FAMILIES`)
+MOE_FAMILIES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+DECODER_FAMILIES.update(MOE_FAMILIES)
+#: a MoE family -> the dense family whose attention (biases, windows, head norms) it has
+MOE_ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "llama"}
+#: how a router scores the experts before its top-k (Mixtral, Qwen-MoE, OLMoE: softmax; DeepSeek-V3: sigmoid)
+ROUTER_SCORINGS = ("softmax", "sigmoid")
 #: the model_type of Gemma 3's multimodal config, whose ``text_config`` is a ``"gemma3_text"`` decoder's
 GEMMA3_MULTIMODAL = "gemma3"
 #: family -> transformers' defaults (``*Config`` class fields, transformers 5.x) for the config.json fields a shape
@@ -72,6 +89,14 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": 4096},
     "qwen2": {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
     "qwen3": {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+    "mixtral": {"sliding_window": None, "num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2_moe": {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28, "qkv_bias": True,
+                  "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                  "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False},
+    "qwen3_moe": {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+                  "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8,
+                  "num_experts": 128, "norm_topk_prob": False},
+    "olmoe": {"num_experts_per_tok": 8, "num_experts": 64, "norm_topk_prob": False},
     "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
                     "sliding_window_pattern": 6, "tie_word_embeddings": True},
@@ -85,6 +110,7 @@ def _sliding(config: Any, family: str, layers: int) -> tuple[int, int]:
     Mistral and Phi-3 every layer when ``sliding_window`` is set; Qwen2/Qwen3 only with ``use_sliding_window``, the
     layers ``layer_types`` names (else those from ``max_window_layers`` on); Gemma 3 the ``"sliding_attention"``
     layers of ``layer_types`` (else all but every ``sliding_window_pattern``-th); Llama none."""
+    family = MOE_ATTENTION.get(family, family)
     window = _field(config, "sliding_window") or 0
     if family in ("qwen2", "qwen3") and not _field(config, "use_sliding_window"):
         window = 0
@@ -101,6 +127,28 @@ def _sliding(config: Any, family: str, layers: int) -> tuple[int, int]:
     else:
         count = layers
     return (window, count) if count else (0, 0)
+
+
+def _experts(config: Any, family: str, layers: int) -> dict[str, Any]:
+    """The MoE fields of a Hugging Face ``config`` of a :data:`MOE_FAMILIES` family ({} for the others), as
+    transformers builds the model: Mixtral's ``num_local_experts`` of ``intermediate_size`` and its always
+    renormalised top-k; Qwen2/3-MoE's and OLMoE's ``num_experts``, their ``moe_intermediate_size`` (OLMoE:
+    ``intermediate_size``) and ``norm_topk_prob``; Qwen2-MoE's shared expert; a layer ``i`` is dense when it is in
+    ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step`` is not 0 (Qwen2/3-MoE)."""
+    if family not in MOE_FAMILIES:
+        return {}
+    count = _field(config, "num_local_experts" if family == "mixtral" else "num_experts")
+    width = _field(config, "moe_intermediate_size" if family in ("qwen2_moe", "qwen3_moe") else "intermediate_size")
+    dense: tuple[int, ...] = ()
+    if family in ("qwen2_moe", "qwen3_moe"):
+        step = _field(config, "decoder_sparse_step") or 1
+        only = set(_field(config, "mlp_only_layers") or ())
+        dense = tuple(i for i in range(layers) if i in only or (i + 1) % step)
+    return {"experts": count, "top_k": _field(config, "num_experts_per_tok"), "expert_ffn": width,
+            "shared_expert_ffn": (_field(config, "shared_expert_intermediate_size") or 0) if family == "qwen2_moe"
+            else 0, "router_scoring": _field(config, "scoring_func") or "softmax",
+            "norm_topk_prob": True if family == "mixtral" else bool(_field(config, "norm_topk_prob", False)),
+            "dense_layers": dense}
 
 
 def _field(config: Any, key: str, default: Any = None) -> Any:
@@ -134,7 +182,10 @@ class TransformerShape:
     read from ("" for the others; the runtime builds a Hugging Face model from it). ``head_norms``: RMS norms over
     each head's features of q and k (Qwen3, Gemma 3); ``sliding_window``: the attention window of the
     ``sliding_layers`` layers that have one (Mistral's, Gemma 3's local layers; 0: every layer attends to the whole
-    sequence).
+    sequence). A mixture of experts (:data:`MOE_FAMILIES`): ``experts`` routed experts of width ``expert_ffn``,
+    ``top_k`` of them per token, scored by ``router_scoring`` ("softmax" or "sigmoid"), the chosen weights
+    renormalised with ``norm_topk_prob``; ``shared_expert_ffn`` the width of Qwen2-MoE's shared expert (0: none);
+    ``dense_layers`` the layers whose MLP is dense (``ffn`` wide) instead. Dense families leave them 0 / ().
 
     Defaults: ``ffn`` 4·hidden, ``kv_heads`` = heads, ``head_dim`` = hidden / heads, filled in on construction, so
     ``dataclasses.replace`` keeps them: with a new ``hidden`` or ``heads`` pass them as None too where they should
@@ -159,6 +210,13 @@ class TransformerShape:
     head_norms: bool = False
     sliding_window: int = 0
     sliding_layers: int = 0
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_expert_ffn: int = 0
+    router_scoring: str = "softmax"
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -178,6 +236,7 @@ class TransformerShape:
             raise ValueError(f"TransformerShape {self.name}: sliding_window={self.sliding_window} over "
                              f"sliding_layers={self.sliding_layers} of {self.layers} layers; give a window >= 0 and "
                              f"0 <= sliding_layers <= layers")
+        self._check_experts()
         if self.family == "gpt":
             if self.hidden % self.heads:
                 raise ValueError(f"TransformerShape {self.name}: hidden={self.hidden} is not divisible by "
@@ -200,6 +259,34 @@ class TransformerShape:
             if self.bias:
                 raise ValueError(f"TransformerShape {self.name}: bias is the GPT block's; a {self.family} shape "
                                  f"says its biases with attention_bias, output_bias and mlp_bias (give bias=False)")
+
+    def _check_experts(self) -> None:
+        """The MoE fields: set (and consistent) for a :data:`MOE_FAMILIES` shape, unset for the others."""
+        moe = (self.experts, self.top_k, self.expert_ffn, self.shared_expert_ffn, self.dense_layers)
+        if self.family not in MOE_FAMILIES:
+            if any(moe) or self.norm_topk_prob:
+                raise ValueError(f"TransformerShape {self.name}: experts, top_k, expert_ffn, shared_expert_ffn, "
+                                 f"norm_topk_prob and dense_layers describe a mixture of experts "
+                                 f"({', '.join(MOE_FAMILIES)}), not family {self.family!r}; leave them unset")
+            return
+        for f in ("experts", "top_k", "expert_ffn"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"TransformerShape {self.name}: {f}={v!r} must be an integer >= 1 for a "
+                                 f"{self.family} mixture of experts")
+        if self.top_k > self.experts:
+            raise ValueError(f"TransformerShape {self.name}: top_k={self.top_k} experts per token is more than the "
+                             f"{self.experts} experts; give top_k <= experts")
+        if self.router_scoring not in ROUTER_SCORINGS:
+            raise ValueError(f"TransformerShape {self.name}: router_scoring={self.router_scoring!r}; choose one of "
+                             f"{', '.join(ROUTER_SCORINGS)}")
+        if self.shared_expert_ffn and self.family != "qwen2_moe" or self.shared_expert_ffn < 0:
+            raise ValueError(f"TransformerShape {self.name}: shared_expert_ffn={self.shared_expert_ffn} is "
+                             f"Qwen2-MoE's shared expert; give 0 for {self.family}")
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+        if any(not 0 <= i < self.layers for i in self.dense_layers):
+            raise ValueError(f"TransformerShape {self.name}: dense_layers={list(self.dense_layers)} must be layer "
+                             f"indices in [0, {self.layers})")
 
     # -- constructors -------------------------------------------------------------------------------------
     @staticmethod
@@ -246,16 +333,19 @@ class TransformerShape:
             raise ValueError(f"sequence length {seq!r}: give a positive --seq")
         heads, layers = _field(config, "num_attention_heads"), _field(config, "num_hidden_layers")
         asked = bool(_field(config, "attention_bias", False))
-        attention_bias = family == "qwen2" or (asked and family in ("llama", "qwen3", "gemma3_text"))
+        attention = MOE_ATTENTION.get(family, family)
+        attention_bias = ((family == "qwen2") or (family == "qwen2_moe" and bool(_field(config, "qkv_bias", True)))
+                          or (asked and attention in ("llama", "qwen3", "gemma3_text")))
         window, sliding = _sliding(config, family, layers)
         return TransformerShape(
             name or family, layers, _field(config, "hidden_size"), heads, seq,
             _field(config, "vocab_size"), bias=False, ffn=_field(config, "intermediate_size"), family=family,
             kv_heads=_field(config, "num_key_value_heads") or heads, head_dim=hf_head_dim(config),
             tied=bool(_field(config, "tie_word_embeddings", False)), attention_bias=attention_bias,
-            output_bias=attention_bias and family != "qwen2",
+            output_bias=attention_bias and attention != "qwen2",
             mlp_bias=family == "llama" and bool(_field(config, "mlp_bias", False)), path=path,
-            head_norms=family in ("qwen3", "gemma3_text"), sliding_window=window, sliding_layers=sliding)
+            head_norms=attention in ("qwen3", "gemma3_text") or family == "olmoe", sliding_window=window,
+            sliding_layers=sliding, **_experts(config, family, layers))
 
     @staticmethod
     def from_config_json(path: str, seq: int) -> "TransformerShape":
@@ -299,10 +389,12 @@ class TransformerShape:
             "num_hidden_layers": self.layers, "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
             "head_dim": self.head_dim, "intermediate_size": self.ffn, "vocab_size": self.vocab,
             "max_position_embeddings": max(self.seq, 2048), "tie_word_embeddings": self.tied,
-            "attention_bias": self.attention_bias if self.family != "qwen2" else False,
+            "attention_bias": self.attention_bias if self.family not in ("qwen2", "qwen2_moe") else False,
             "mlp_bias": self.mlp_bias, "sliding_window": self.sliding_window or None}
         if self.family != "gemma3_text":
             out["hidden_act"] = "silu"
+        if self.is_moe:
+            out.update(self._hf_experts())
         if self.family == "phi3":
             del out["head_dim"]                                  # Phi-3 reads h / H
             out.update(pad_token_id=0, bos_token_id=min(1, self.vocab - 1), eos_token_id=min(2, self.vocab - 1))
@@ -315,11 +407,32 @@ class TransformerShape:
                 out["layer_types"] = ["sliding_attention" if i < self.sliding_layers else "full_attention"
                                       for i in range(self.layers)]
                 out["sliding_window"] = self.sliding_window or 4096     # the default; no layer uses it when 0
-        if self.family in ("qwen2", "qwen3"):
+        if self.family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
             out.update(use_sliding_window=bool(self.sliding_window), max_window_layers=self.layers - self.sliding_layers)
-        if self.family in ("mistral", "phi3") and self.sliding_layers not in (0, self.layers):
+        if self.family in ("mistral", "phi3", "mixtral") and self.sliding_layers not in (0, self.layers):
             raise ValueError(f"TransformerShape {self.name}: {self.family} applies its sliding_window to every layer, "
                              f"not {self.sliding_layers} of {self.layers}; give sliding_layers 0 or {self.layers}")
+        return out
+
+    def _hf_experts(self) -> dict[str, Any]:
+        """The config.json fields of the MoE fields (what :func:`_experts` reads back)."""
+        if self.router_scoring != "softmax":
+            raise ValueError(f"TransformerShape {self.name}: {self.family} routes with softmax in transformers, not "
+                             f"{self.router_scoring}")
+        if self.family == "mixtral":
+            if not self.norm_topk_prob:
+                raise ValueError(f"TransformerShape {self.name}: Mixtral always renormalises its top-k weights; "
+                                 f"give norm_topk_prob=True")
+            return {"num_local_experts": self.experts, "num_experts_per_tok": self.top_k,
+                    "intermediate_size": self.expert_ffn}
+        out: dict[str, Any] = {"num_experts": self.experts, "num_experts_per_tok": self.top_k,
+                               "norm_topk_prob": self.norm_topk_prob}
+        if self.family == "olmoe":
+            return {**out, "intermediate_size": self.expert_ffn}
+        out.update(moe_intermediate_size=self.expert_ffn, decoder_sparse_step=1,
+                   mlp_only_layers=list(self.dense_layers))
+        if self.family == "qwen2_moe":
+            out.update(shared_expert_intermediate_size=self.shared_expert_ffn, qkv_bias=self.attention_bias)
         return out
 
     # -- what follows -------------------------------------------------------------------------------------
@@ -327,6 +440,41 @@ class TransformerShape:
     def is_gpt(self) -> bool:
         """Whether this is axgrid's GPT block (else a Hugging Face decoder, :data:`DECODER_FAMILIES`)."""
         return self.family == "gpt"
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether this is a mixture of experts (:data:`MOE_FAMILIES`)."""
+        return self.family in MOE_FAMILIES
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is the routed experts (all but ``dense_layers``; 0 for a dense family)."""
+        return self.layers - len(self.dense_layers) if self.is_moe else 0
+
+    def expert_layers(self) -> list[FCLayer]:
+        """One routed expert's FC layers in forward order, each a 3D Linear as a dense MLP's: gate and up normal
+        ``[f_e, h]``, down transposed ``[h, f_e]`` (no biases); [] for a dense family."""
+        if not self.is_moe:
+            return []
+        f, h = self.expert_ffn, self.hidden
+        return [FCLayer(f, h, False, False, "experts.gate_proj"), FCLayer(f, h, False, False, "experts.up_proj"),
+                FCLayer(h, f, True, False, "experts.down_proj")]
+
+    def router_parameters(self) -> int:
+        """Elements of one MoE layer's dense MLP tensors that are no FC layer of the grid: the router ``[E, h]``
+        and Qwen2-MoE's shared-expert gate ``[1, h]`` (0 for a dense family)."""
+        if not self.is_moe:
+            return 0
+        return self.hidden * (self.experts + (1 if self.shared_expert_ffn else 0))
+
+    def head_norm_widths(self) -> tuple[int, int]:
+        """Features of the q and k norms' weights: one head's ``head_dim`` each (Qwen3, Gemma 3, Qwen3-MoE), the
+        whole q and k widths (OLMoE's); (0, 0) without ``head_norms``."""
+        if not self.head_norms:
+            return 0, 0
+        if self.family == "olmoe":
+            return self.attention_width, self.kv_heads * self.head_dim
+        return self.head_dim, self.head_dim
 
     @property
     def gated_mlp(self) -> bool:
@@ -349,6 +497,18 @@ class TransformerShape:
                     FCLayer(2 * f, h, False, False, "gate_up_proj", norm="post_attention_layernorm"),
                     FCLayer(h, f, True, False, "down_proj")]
         gemma = self.family == "gemma3_text"
+        if self.is_moe:          # the dense FC layers; the router and the experts: router_parameters, expert_layers
+            f, out = self.shared_expert_ffn, self.output_bias
+            if not f:            # no dense layer reads post_attention_layernorm: it closes the attention (same norm)
+                return [FCLayer(qd, h, False, ab, "q_proj", norm="input_layernorm", attention=True),
+                        FCLayer(kvd, h, False, ab, "k_proj"), FCLayer(kvd, h, False, ab, "v_proj"),
+                        FCLayer(h, qd, True, out, "o_proj", post_norm="post_attention_layernorm")]
+            return [FCLayer(qd, h, False, ab, "q_proj", norm="input_layernorm", attention=True),
+                    FCLayer(kvd, h, False, ab, "k_proj"), FCLayer(kvd, h, False, ab, "v_proj"),
+                    FCLayer(h, qd, True, out, "o_proj"),
+                    FCLayer(f, h, False, False, "shared_expert.gate_proj", norm="post_attention_layernorm"),
+                    FCLayer(f, h, False, False, "shared_expert.up_proj"),
+                    FCLayer(h, f, True, False, "shared_expert.down_proj")]
         return [FCLayer(qd, h, False, ab, "q_proj", norm="input_layernorm", attention=True),
                 FCLayer(kvd, h, False, ab, "k_proj"), FCLayer(kvd, h, False, ab, "v_proj"),
                 FCLayer(h, qd, True, self.output_bias, "o_proj", post_norm="post_attention_layernorm" if gemma else ""),
@@ -384,11 +544,26 @@ class TransformerShape:
         head norms (2 per layer, ``head_dim`` each), the token table V·h and the head V·h unless tied."""
         if self.is_gpt:
             return gpt_parameters(self.layers, self.hidden, self.seq, self.vocab, self.ffn, self.bias)
+        return self._parameters(self.experts)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: :attr:`params` with ``top_k`` routed experts per MoE layer
+        instead of all ``experts`` (= :attr:`params` for a dense model)."""
+        return self._parameters(self.top_k) if self.is_moe else self.params
+
+    def _parameters(self, experts: int) -> int:
+        """The decoder's parameters with ``experts`` routed experts per MoE layer (a dense layer: gate, up, down
+        of ``ffn``)."""
         block = sum(layer.n * layer.k + (layer.n if layer.bias else 0) for layer in self.block_layers())
-        block += self.block_norms() * self.hidden + (2 * self.head_dim if self.head_norms else 0)
+        block += self.block_norms() * self.hidden + sum(self.head_norm_widths())
         head = self.head_layer()
-        return (self.layers * block + self.hidden + self.vocab * self.hidden
-                + (0 if self.tied else head.n * head.k))
+        total = self.layers * block + self.hidden + self.vocab * self.hidden + (0 if self.tied else head.n * head.k)
+        if self.is_moe:
+            expert = sum(layer.n * layer.k for layer in self.expert_layers())
+            total += self.moe_layers * (experts * expert + self.router_parameters())
+            total += len(self.dense_layers) * 3 * self.hidden * self.ffn
+        return total
 
     @property
     def norm_kind(self) -> str:
@@ -429,6 +604,10 @@ class TransformerShape:
             return gpt_flops_per_iteration(batch, S, self.layers, self.hidden, self.vocab, recompute)
         head = self.head_layer()
         matrices = self.layers * sum(layer.n * layer.k for layer in self.block_layers()) + head.n * head.k
+        if self.is_moe:          # each token through top_k experts and the router (active weights)
+            expert = sum(layer.n * layer.k for layer in self.expert_layers())
+            matrices += self.moe_layers * (self.top_k * expert + self.router_parameters())
+            matrices += len(self.dense_layers) * 3 * self.hidden * self.ffn
         tokens = batch * S
         return (6 + 2 * int(recompute)) * tokens * (matrices + 2 * self.layers * self.attended_keys(S)
                                                     * self.attention_width)
@@ -439,6 +618,15 @@ class TransformerShape:
         if self.is_gpt:
             return [("hidden", self.hidden, "x"), ("hidden", self.hidden, "y"), ("heads", self.heads, "y"),
                     ("ffn", self.ffn, "x"), ("ffn", self.ffn, "y"), ("vocab", self.vocab, "y")]
+        if self.is_moe:
+            rules = [("hidden_size", self.hidden, "x"), ("num_attention_heads", self.heads, "y"),
+                     ("num_key_value_heads", self.kv_heads, "y"), ("expert_ffn", self.expert_ffn, "y"),
+                     ("vocab_size", self.vocab, "y")]
+            if self.shared_expert_ffn:
+                rules.append(("shared_expert_intermediate_size", self.shared_expert_ffn, "y"))
+            if self.dense_layers:
+                rules.append(("intermediate_size", self.ffn, "y"))
+            return rules
         return [("hidden_size", self.hidden, "x"), ("num_attention_heads", self.heads, "y"),
                 ("num_key_value_heads", self.kv_heads, "y"), ("intermediate_size", self.ffn, "y"),
                 ("vocab_size", self.vocab, "y")]
@@ -451,4 +639,4 @@ class TransformerShape:
                 if value % size[dim]]
 
 
-__all__ = ["CONFIG_SEQ", "is_config_path", "DECODER_FAMILIES", "FAMILIES", "GPT2_PADDED_VOCAB", "TransformerShape", "hf_head_dim"]
+__all__ = ["CONFIG_SEQ", "is_config_path", "DECODER_FAMILIES", "MOE_FAMILIES", "ROUTER_SCORINGS", "FAMILIES", "GPT2_PADDED_VOCAB", "TransformerShape", "hf_head_dim"]

@@ -71,4 +71,17 @@ PUBLIC_MODELS: dict[str, TransformerShape] = {shape.name: shape for shape in (
     # gate_up, untied, a 2,047-token window on every layer, 4,096-token context)
     _decoder("phi-3-mini", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096, sliding_window=2047, sliding_layers=32),
     _decoder("phi-3-medium", "phi3", 40, 5120, 40, 10, 17920, 32064, 4096, sliding_window=2047, sliding_layers=40),
+    # mixtures of experts, at their pre-training's main sequence length:
+    # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1 config.json: 8 local experts of 14,336, 2 per token, no sliding
+    # window, untied; ~46.7e9 parameters, ~12.9e9 active)
+    _decoder("mixtral-8x7b", "mixtral", 32, 4096, 32, 8, 14336, 32000, 4096, experts=8, top_k=2, expert_ffn=14336,
+             norm_topk_prob=True),
+    # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json: 128 experts of 768, 8 per token, norm_topk_prob true,
+    # decoder_sparse_step 1, no mlp_only_layers, head_dim 128, q/k norms, untied; ~30.5e9 parameters, ~3.3e9 active)
+    _decoder("qwen3-30b-a3b", "qwen3_moe", 48, 2048, 32, 4, 6144, 151936, 4096, head_dim=128, head_norms=True,
+             experts=128, top_k=8, expert_ffn=768, norm_topk_prob=True),
+    # OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924 config.json: 64 experts of 1,024, 8 per token, norm_topk_prob false,
+    # q/k norms over the whole q and k widths, untied, 4,096-token context; ~6.9e9 parameters, ~1.3e9 active)
+    _decoder("olmoe-1b-7b", "olmoe", 16, 2048, 16, 16, 1024, 50304, 4096, head_norms=True, experts=64, top_k=8,
+             expert_ffn=1024),
 )}

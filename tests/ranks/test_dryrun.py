@@ -276,7 +276,8 @@ def test_a_tied_decoders_zero_2_peak_agrees_with_the_dry_run(tmp_path):
 def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):
     ok = _llama_config(tmp_path / "ok", False)
     with pytest.raises(DryRunError, match=r"model_type 'gpt2' .* not a family the dry run models; use a config of "
-                                          r"gemma3_text, llama, mistral, phi3, qwen2, qwen3"):
+                                          r"gemma3_text, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, "
+                                          r"qwen3, qwen3_moe"):
         resolve(_llama_config(tmp_path / "gpt2", False, model_type="gpt2"), None, 4, grid="1x1x1x1")
     with pytest.raises(DryRunError, match=r"num_key_value_heads 2 not divisible by Gy=4; grids of 4 ranks that do: "
                                           r"1x1x1x4, 1x1x2x2, 1x1x4x1, 1x2x1x2"):

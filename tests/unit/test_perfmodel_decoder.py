@@ -45,8 +45,9 @@ def test_a_family_it_does_not_model_is_refused_in_one_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]}))
     with pytest.raises(ValueError, match=r"model_type 'gemma2' \(Gemma2ForCausalLM\) is not a family the "
-                                             r"dry run models; use a config of gemma3_text, llama, mistral, phi3, "
-                                             r"qwen2, qwen3 \(or gemma3 with a text_config\)"):
+                                             r"dry run models; use a config of gemma3_text, llama, mistral, mixtral, "
+                                             r"olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe \(or gemma3 with a "
+                                             r"text_config\)"):
         TransformerShape.from_config_json(str(tmp_path), 2048)
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     with pytest.raises(ValueError, match="num_hidden_layers, num_attention_heads, intermediate_size, vocab_size "
