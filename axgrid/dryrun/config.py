@@ -61,6 +61,8 @@ class DryRunConfig:
     zero: int = 0
     lora_r: int = 0                        # LoRA adapters of this rank (0: full training); axgrid.lora's alpha 2r
     lora_targets: tuple[str, ...] = ()     # their target layers (empty: every block FC layer, perfmodel's default)
+    cp: int = 1                            # context parallelism: each sequence split over cp z-ranks (group "c")
+    cp_exchange: str = "all_gather"        # how attention exchanges keys and values under it ("all_gather", "ring")
 
     @property
     def lora_layers(self) -> tuple[str, ...]:
@@ -87,7 +89,7 @@ class DryRunConfig:
     def tokens_per_gpu(self) -> int:
         """m': tokens per GPU per micro-batch."""
         _, _, gz, gd = self.shape
-        return self.sequences_per_microbatch * self.model.seq // (gz * gd)
+        return self.sequences_per_microbatch * self.model.seq // (gz * gd)      # the same under context parallelism
 
     def options(self) -> pm.Options:
         """perfmodel's options for this run."""
@@ -95,7 +97,8 @@ class DryRunConfig:
         return pm.Options(overlap_ar=ov.oar, overlap_rs=ov.ors, overlap_ag=ov.oag, overlap_dp=ov.odp,
                           keep_gathered=ov.keep_gathered_weights, recompute=self.recompute,
                           microbatches=self.microbatches, bucket_bytes=self.bucket_bytes, zero=self.zero,
-                          lora_r=self.lora_r, lora_targets=self.lora_layers or None)
+                          lora_r=self.lora_r, lora_targets=self.lora_layers or None, cp=self.cp,
+                          cp_exchange=self.cp_exchange)
 
     def problem(self) -> pm.Problem:
         return pm.Problem(self.model, self.batch, self.gpus, self.dtype, self.options())
@@ -103,7 +106,7 @@ class DryRunConfig:
     def gpt_config(self):
         """The runtime's ``GPTConfig`` of the same model (imports torch)."""
         from axgrid.models.gpt import GPTConfig
-        return GPTConfig(self.model, recompute=self.recompute)
+        return GPTConfig(self.model, recompute=self.recompute, cp_exchange=self.cp_exchange)
 
     @property
     def hf(self) -> bool:
@@ -118,7 +121,8 @@ class DryRunConfig:
                 "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
                 "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero,
-                "lora_r": self.lora_r, "lora_targets": list(self.lora_layers)}
+                "lora_r": self.lora_r, "lora_targets": list(self.lora_layers), "cp": self.cp,
+                "cp_exchange": self.cp_exchange}
 
 
 #: the memory categories of a rank's step, measured (:mod:`axgrid.dryrun.step`) and predicted
@@ -179,7 +183,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip,      # the step clips (step.py)
-              lora=lora_plan(cfg.model, opt))
+              lora=lora_plan(cfg.model, opt), cp=cfg.cp, cp_exchange=cfg.cp_exchange)
     if cfg.hf:
         comm = _count(decoder_collective_events(*args, **kw))
         trained = decoder_dp_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])

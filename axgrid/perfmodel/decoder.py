@@ -48,6 +48,7 @@ from axgrid.spec import DEFAULT_BUCKET_BYTES, TransformerShape, ceil_div
 
 from .buckets import pack
 from .comm import dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
+from .context_parallel import step_events as cp_step_events
 from .errors import PerfModelError
 from .gpt import STAT_BYTES, GPTParam
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, lora_static_bytes
@@ -240,18 +241,23 @@ def decoder_collective_events(spec: TransformerShape, grid: tuple[int, int, int,
                               n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                               recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
                               bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0,
-                              clip: bool = False, lora: Optional[LoraPlan] = None) -> list[tuple[str, str, int]]:
+                              clip: bool = False, lora: Optional[LoraPlan] = None, cp: int = 1,
+                              cp_exchange: str = "all_gather") -> list[tuple[str, str, int]]:
     """Every collective of one training step as (dim, op, bytes): :func:`decoder_step`, then the data-parallel
     ones (:func:`perfmodel.comm.dp_events` over :func:`decoder_parameters` in the buckets' layout order), with
-    ``clip`` the gradient clipping's norm between them (``perfmodel.comm.step_tail``)."""
+    ``clip`` the gradient clipping's norm between them (``perfmodel.comm.step_tail``); under context parallelism
+    (``cp``) the sequences split over Gd·Gz/cp and the key-value exchange follows the micro-batches' events
+    (:func:`perfmodel.context_parallel.step_events`)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     seqs, rem = divmod(tokens_per_microbatch_global, spec.seq)
-    if rem or seqs % (gd * gz):
+    if rem or seqs % max(gd * gz // cp, 1):
         raise PerfModelError(f"tokens per micro-batch {tokens_per_microbatch_global} are not whole sequences of "
-                             f"{spec.seq} that split over Gd*Gz={gd * gz}")
+                             f"{spec.seq} that split over Gd*Gz/cp={gd * gz // cp}")
     gb = grad_dtype_bytes or dtype_bytes
     ev = decoder_step(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
                       keep_gathered, recompute, gb, lora)
+    ev += cp_step_events(spec, gy, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes, cp,
+                         cp_exchange, recompute)
     sizes = decoder_dp_gradient_sizes(spec, grid, gb, lora)
     return ev + step_tail(dp_events(sizes, gd, gb, bucket_bytes, zero, n_microbatches), grid, zero, clip)
 

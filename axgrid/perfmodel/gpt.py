@@ -32,6 +32,7 @@ from typing import NamedTuple
 from axgrid.spec import DEFAULT_BUCKET_BYTES, TransformerShape, ceil_div
 
 from .comm import PARAM_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
+from .context_parallel import step_events as cp_step_events
 from .errors import PerfModelError
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors, needs_input_grad
 
@@ -175,24 +176,26 @@ def gpt_dp_gradient_sizes(spec: TransformerShape, grid: tuple[int, int, int, int
 def gpt_collective_events(spec: TransformerShape, grid: tuple[int, int, int, int], tokens_per_microbatch_global: int,
                           n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False, recompute: bool = False,
                           grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                          zero: int = 0, clip: bool = False, lora: LoraPlan | None = None
-                          ) -> list[tuple[str, str, int]]:
+                          zero: int = 0, clip: bool = False, lora: LoraPlan | None = None, cp: int = 1,
+                          cp_exchange: str = "all_gather") -> list[tuple[str, str, int]]:
     """Every collective of one GPT training step as (group, op, bytes) (with ``lora``: a LoRA step's,
     :mod:`perfmodel.lora`): the micro-batches' forward and backward
     (:func:`gpt_step`), then the data-parallel ones (:func:`perfmodel.comm.dp_events`; listed last even where they
     are posted during the backward), with ``clip`` the clipping's norm all-reduces among them
     (:func:`perfmodel.comm.step_tail`). ``tokens_per_microbatch_global`` must be whole sequences that split over
-    Gd·Gz (z splits by sequence)."""
+    Gd·Gz (z splits by sequence; over Gd·Gz/cp under context parallelism, whose key-value exchange over "c"
+    follows the micro-batches' events: :func:`perfmodel.context_parallel.step_events`)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
         raise PerfModelError(f"grid sizes must be positive, got {grid}")
     seqs, rem = divmod(tokens_per_microbatch_global, spec.seq)
-    if rem or seqs % (gd * gz):
+    if rem or seqs % max(gd * gz // cp, 1):
         raise PerfModelError(f"tokens per micro-batch {tokens_per_microbatch_global} are not whole sequences of "
-                             f"{spec.seq} that split over Gd*Gz={gd * gz}")
+                             f"{spec.seq} that split over Gd*Gz/cp={gd * gz // cp}")
     mprime = tokens_per_microbatch_global // (gd * gz)
     gb = grad_dtype_bytes or dtype_bytes
     ev = gpt_step(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb, lora)
+    ev += cp_step_events(spec, gy, mprime, n_microbatches, dtype_bytes, cp, cp_exchange, recompute)
     dp = dp_events(gpt_dp_gradient_sizes(spec, grid, gb, lora), gd, gb, bucket_bytes, zero, n_microbatches)
     return ev + step_tail(dp, grid, zero, clip)
 

@@ -79,6 +79,7 @@ from axgrid.spec import GRADIENT_WINDOW, TransformerShape, ceil_div
 from .buckets import pack
 from .comm import layer_volumes
 from .errors import PerfModelError
+from .context_parallel import activation_delta
 from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
                    lora_static_bytes)
 from .parameters import gradient_elements, trainable_parameters
@@ -343,7 +344,8 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     in_backward = np.where(gz > 1, in_backward, 0.0)
     gathered = np.where(gz > 1, gathered, 0.0)
 
-    blk = block_activation_bytes(spec, gx, gy, mp, b, device)
+    blk = block_activation_bytes(spec, gx, gy, mp, b, device) + activation_delta(
+        spec, gy, mp, opt.cp, b, opt.cp_exchange, device.attention, device.math_bytes)   # context parallelism
     hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(spec.ffn, gy)
     head_act = head_activation_bytes(spec, gx, gy, mp, b)
     emb = embedding_activation_bytes(mp, spec, opt.recompute)

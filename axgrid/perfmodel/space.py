@@ -78,9 +78,12 @@ RULES = (
 )
 
 
-def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
+def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches: int | None,
+                 cp: int = 1) -> dict[str, np.ndarray]:
     """Rule name → bool array [N], True where the rule is VIOLATED: the GPT's :data:`RULES`; a decoder's sizes
-    by ``TransformerShape.grid_rules`` ("num_key_value_heads % Gy", ...) and the batch rules."""
+    by ``TransformerShape.grid_rules`` ("num_key_value_heads % Gy", ...) and the batch rules. With context
+    parallelism (``cp`` > 1) a sequence spans ``cp`` z-ranks: the batch splits over Gd·Gz/cp groups, and ``cp``
+    must divide Gz ("Gz % cp")."""
     h = spec.hidden
     size = {"x": grids.gx, "y": grids.gy, "z": grids.gz, "d": grids.gd}
     if spec.is_gpt:
@@ -97,6 +100,9 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
             out[key] = out.get(key, False) | (value % size[dim] != 0)
     out["batch % Gd"] = batch % grids.gd != 0
     out["batch % (Gd*Gz)"] = batch % (grids.gd * grids.gz) != 0
+    if cp > 1:
+        out["Gz % cp"] = grids.gz % cp != 0
+        out["batch % (Gd*Gz)"] = (grids.gz % cp != 0) | (batch % np.maximum(grids.gd * grids.gz // cp, 1) != 0)
     if microbatches is not None:
         out["batch/Gd % microbatches"] = (batch % grids.gd != 0) | ((batch // grids.gd) % microbatches != 0)
     return out
@@ -116,4 +122,5 @@ def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, i
         "batch % Gd": f"batch {batch} not divisible by Gd={gd}",
         "batch % (Gd*Gz)": f"batch {batch} not divisible by Gd*Gz={gd * gz} (z splits whole sequences)",
         "batch/Gd % microbatches": f"local batch {batch}/{gd} not divisible by {mb} micro-batches",
+        "Gz % cp": f"Gz={gz} not divisible by the context-parallel size (a sequence spans cp z-ranks)",
     }[rule]
