@@ -6,7 +6,7 @@ Under CP each sequence of ``S`` tokens is cut into ``2·cp`` chunks of ``c = S/(
 micro-batch's ``B`` sequences split over ``Gz·Gd/cp`` groups instead of ``Gz·Gd`` ranks, so every FC layer, norm,
 table and data-parallel term of the step is the one without CP, and only attention differs. Per layer and
 micro-batch, with ``kv = ⌈H_kv/Gy⌉·d`` the key-value width of this rank's heads (GQA: only these travel) and ``b``
-the compute dtype's bytes, one rank's key-value block ``[2, m'·cp/S, H_kv/Gy, 2c, d]`` holds ``2·m'·kv·b`` bytes:
+the bytes of the keys' dtype (:func:`kv_bytes`), one rank's key-value block ``[2, m'·cp/S, H_kv/Gy, 2c, d]`` holds ``2·m'·kv·b`` bytes:
 
 =======================  =============================================================================================
 all-gather (default)     forward AG_c of the block (the ledger counts the output: ``cp·2·m'·kv·b``), again in the
@@ -80,9 +80,18 @@ def kv_width(spec: TransformerShape, gy) -> np.ndarray:
     return ceil_div(spec.kv_heads, np.asarray(gy, dtype=np.int64)) * spec.head_dim
 
 
+def kv_bytes(spec: TransformerShape, dtype_bytes: int) -> int:
+    """Bytes per element of the keys and values that travel: the GPT's in the compute dtype (its QKV output); a
+    Hugging Face decoder's in fp32 whatever the compute dtype, since its rotary tables follow the fp32 hidden states
+    and the rotation promotes the bf16 keys to fp32 (their stack with the values promotes those too; measured by
+    the dry run, tests/ranks/test_dryrun_context_parallel.py)."""
+    return dtype_bytes if spec.is_gpt else 4
+
+
 def kv_block_bytes(spec: TransformerShape, gy, mprime, dtype_bytes: int) -> np.ndarray:
-    """Bytes of one rank's key-value block ``[2, m'·cp/S, H_kv/Gy, 2c, d]``: ``2·m'·kv·b``."""
-    return 2.0 * np.asarray(mprime, dtype=float) * kv_width(spec, gy) * dtype_bytes
+    """Bytes of one rank's key-value block ``[2, m'·cp/S, H_kv/Gy, 2c, d]``: ``2·m'·kv`` elements of
+    :func:`kv_bytes` (``dtype_bytes``: the compute dtype's)."""
+    return 2.0 * np.asarray(mprime, dtype=float) * kv_width(spec, gy) * kv_bytes(spec, dtype_bytes)
 
 
 def step_events(spec: TransformerShape, gy: int, mprime: int, n_microbatches: int, dtype_bytes: int, cp: int,

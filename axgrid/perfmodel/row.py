@@ -36,6 +36,13 @@ class Row:
     time_high: float = 0.0
     within_error: bool = False  # band overlaps the best row's: not told apart from the best by the model
     out_of_range: str = ""      # why this prediction lies outside what was validated on the machine ("" = inside)
+    cp: int = 1            # context-parallel size of a 4D row (axgrid.init(..., cp=N); 1: none)
+
+    @property
+    def config_str(self) -> str:
+        """:attr:`grid_str`, with ``+cpN`` under context parallelism (``1x1x8x8+cp8``: the dry run's ``--grid``
+        reads it back)."""
+        return self.grid_str + (f"+cp{self.cp}" if self.cp > 1 else "")
 
     @property
     def grid_str(self) -> str:

@@ -111,7 +111,7 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
 def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, int, int], mb: int | None) -> str:
     """A readable reason for one violated rule on one grid."""
     gx, gy, gz, gd = g
-    if not spec.is_gpt and rule not in RULES:            # a decoder's size rule, "<field> % G<dim>": its own line
+    if not spec.is_gpt and rule not in RULES and rule != "Gz % cp":            # a decoder's size rule, "<field> % G<dim>": its own line
         what, dim = rule.split(" % G")
         return next(line for line in spec.divisibility(g) if line.startswith(f"{what} ") and f" by G{dim}=" in line)
     return {
