@@ -9,7 +9,10 @@ so only the ratios between sequence lengths are compared, never the rates).
 perfmodel prices the same problem (batch 8/CP sequences, recompute on, bf16, dgx-h100) on the grid 1x1x8x1 (z
 shards the weights as FSDP does; the CP group lies inside z) with each exchange: "all_gather" (what axgrid's
 Hugging Face plans run: the masked math-path attention, perfmodel.context_parallel) and "ring" (the GPT's other
-exchange, priced for the same shapes). It prints tokens/s/GPU and each series' ratio to its 32k row.
+exchange, priced for the same shapes), and a third series, "fused": the same tokens per GPU attending to the whole
+sequence with the serial (flash) attention's price and no exchange, what a fused-kernel CP that hides its exchange
+would cost (torchtitan's ring runs flash or cuDNN attention per step). It prints tokens/s/GPU and each series' ratio
+to its 32k row.
 """
 from __future__ import annotations
 
@@ -41,6 +44,15 @@ def perfmodel_tps(seq: int, cp: int, exchange: str) -> tuple[float, str]:
     return tps, row.reason
 
 
+def fused_tps(seq: int) -> float:
+    """tokens/s/GPU of 8 sequences of ``seq`` on 1x1x8x1 without CP (one sequence per rank, the flash price),
+    memory aside: the proxy for a fused-kernel CP at the same tokens per GPU."""
+    spec = replace(PUBLIC_MODELS["llama-3.1-8b"], seq=seq)
+    prob = Problem(spec, 8, 8, "bf16", Options(recompute=True, zero=0, microbatches=1))
+    row = price_grid(prob, load_machine("dgx-h100"), GRID)
+    return 8 * seq / (row.compute_s + sum(row.exposed_s.values())) / 8
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     if argv:
         raise SystemExit(f"no arguments expected, got {list(argv)}")
@@ -54,6 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             if why:
                 notes.append(f"perfmodel {exchange} at {seq} tokens, CP {cp}: does not fit ({why})")
         series[f"perfmodel {exchange}"] = vals
+    series["perfmodel fused"] = [fused_tps(seq) for seq, _, _ in TORCHTITAN]
     print("| tokens | CP | " + " | ".join(f"{k} TPS/GPU | ratio" for k in series) + " |")
     print("|---:|---:|" + "---:|---:|" * len(series))
     for i, (seq, cp, _) in enumerate(TORCHTITAN):
