@@ -184,6 +184,19 @@ def attention_saved_bytes(spec: TransformerShape, gy, mprime, cp: int, act_bytes
     return mp * cp / spec.seq * Hy * per_seq + mp * b * q
 
 
+def backward_transient_bytes(spec: TransformerShape, gy, mprime, cp: int, exchange: str = "all_gather") -> np.ndarray:
+    """Bytes live besides the saved set in the backward of the all-gather's attention: the math path's softmax
+    backward holds the gradient of the probabilities and its own output, two fp32 ``[n, H/Gy, c, w]`` of the widest
+    chunk (the last: ``w = S`` without a window). Measured: the 8B dry run at 131,072 tokens on 1x1x32x2 peaks there
+    (docs/results.md). 0 for the ring (its block products are ``c × c``) and without CP."""
+    if cp <= 1 or exchange != "all_gather":
+        return np.zeros_like(np.asarray(mprime, dtype=float))
+    c = spec.seq // (2 * cp)
+    widest = max(max(max(ws) for ws in visible_widths(spec, cp, window)) for window, _ in _layer_windows(spec))
+    n = np.asarray(mprime, dtype=float) * cp / spec.seq
+    return 2 * 4.0 * n * ceil_div(spec.heads, np.asarray(gy, dtype=np.int64)) * c * widest
+
+
 def serial_attention_saved_bytes(spec: TransformerShape, gy, mprime, act_bytes: int, attention: str = "flash",
                                  math_bytes: int | None = None) -> np.ndarray:
     """What ``perfmodel.memory``'s block activations count for attention without CP (the part CP replaces):
@@ -259,4 +272,4 @@ def cp_time(spec: TransformerShape, gy, gz, mprime, cp: int, exchange: str, reco
 
 
 __all__ = ["EXCHANGES", "check", "sizes", "kv_width", "kv_block_bytes", "step_events", "cp_bytes", "visible_widths",
-           "computed_keys", "attention_saved_bytes", "serial_attention_saved_bytes", "activation_delta", "cp_time"]
+           "computed_keys", "attention_saved_bytes", "backward_transient_bytes", "serial_attention_saved_bytes", "activation_delta", "cp_time"]

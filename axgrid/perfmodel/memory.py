@@ -79,7 +79,7 @@ from axgrid.spec import GRADIENT_WINDOW, TransformerShape, ceil_div
 from .buckets import pack
 from .comm import layer_volumes
 from .errors import PerfModelError
-from .context_parallel import activation_delta
+from .context_parallel import activation_delta, backward_transient_bytes
 from .lora import (check_lora_spec, dead_layers, lora_block_activations, lora_head_activations, lora_plan,
                    lora_static_bytes)
 from .parameters import gradient_elements, trainable_parameters
@@ -371,7 +371,8 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     dw = 0.0 if plan is not None else b + 4.0 + rs_copy
     mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (dw + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
-    block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
+    block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(
+        np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange))   # CP's softmax
     transient = np.maximum(loss_grad, block_bwd - head_act + dp_block)
     static = params + grads + optimizer
     # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest
