@@ -44,6 +44,12 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
                     "base frozen; 0 (default): full training")
     ap.add_argument("--lora-targets", help="comma-separated FC layers to adapt (default: every layer of the block; "
                     "the GPT's qkv,proj,up,down,head, a Llama's q_proj,...,down_proj,lm_head)")
+    ap.add_argument("--cp", type=int, default=1, help="context parallelism: each sequence split over N z-ranks "
+                    "(axgrid.init(..., cp=N); N divides Gz; default 1: none); a --grid of perfmodel's rank rows "
+                    "carries it as GXxGYxGZxGD+cpN")
+    ap.add_argument("--cp-exchange", choices=("all_gather", "ring"), default="all_gather",
+                    help="how attention exchanges keys and values under --cp (the GPT's; a Hugging Face plan "
+                         "all-gathers)")
     ap.add_argument("--rank", type=int, action="append", dest="ranks",
                     help="dry-run this rank (repeatable; default: ranks covering every distinct role)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
@@ -55,10 +61,18 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     if a.config is not None and not is_config_path(a.config):
         raise DryRunError(f"--config {a.config}: give the path of a Hugging Face config.json (or its folder); a named "
                           f"size goes to --model")
-    cfg = resolve(a.config if a.config is not None else a.model, a.gpus, a.batch, grid=a.grid, machine=a.machine,
+    from axgrid.perfmodel import PerfModelError
+    from axgrid.perfmodel.cli import split_cp
+    try:
+        grid, cp = split_cp(a.grid) if a.grid else (None, 1)
+    except PerfModelError as e:
+        raise DryRunError(f"--grid: {e}") from None
+    if cp > 1 and a.cp > 1 and cp != a.cp:
+        raise DryRunError(f"--grid {a.grid} names cp={cp} and --cp {a.cp}: give one")
+    cfg = resolve(a.config if a.config is not None else a.model, a.gpus, a.batch, grid=grid, machine=a.machine,
                   dtype=a.dtype, recompute=a.recompute, overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq, lora_r=a.lora_r,
                   lora_targets=tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
-                  if a.lora_targets else None)
+                  if a.lora_targets else None, cp=max(cp, a.cp), cp_exchange=a.cp_exchange)
     ranks = a.ranks or role_ranks(cfg)
     bad = [r for r in ranks if not 0 <= r < cfg.gpus]
     if bad:
@@ -77,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     prediction = predict(cfg)
     machine = pm.load_machine(cfg.machine)
     lora = f", LoRA r={cfg.lora_r} on {','.join(cfg.lora_layers)}" if cfg.lora_r else ""
-    print(f"dry run: {cfg.model.name} on {cfg.grid} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
+    print(f"dry run: {cfg.model.name} on {cfg.grid}{f'+cp{cfg.cp} ({cfg.cp_exchange})' if cfg.cp > 1 else ''} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
           f"{cfg.microbatches} micro-batch(es), {cfg.dtype}, recompute {'on' if cfg.recompute else 'off'}, overlap "
           f"{cfg.overlap}, zero {cfg.zero}{lora}; ranks {', '.join(map(str, ranks))}", flush=True)
     measures, problems = [], []

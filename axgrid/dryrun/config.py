@@ -61,6 +61,8 @@ class DryRunConfig:
     zero: int = 0
     lora_r: int = 0                        # LoRA adapters of this rank (0: full training); axgrid.lora's alpha 2r
     lora_targets: tuple[str, ...] = ()     # their target layers (empty: every block FC layer, perfmodel's default)
+    cp: int = 1                            # context parallelism: each sequence split over cp z-ranks (group "c")
+    cp_exchange: str = "all_gather"        # how attention exchanges keys and values under it ("all_gather", "ring")
 
     @property
     def lora_layers(self) -> tuple[str, ...]:
@@ -87,7 +89,7 @@ class DryRunConfig:
     def tokens_per_gpu(self) -> int:
         """m': tokens per GPU per micro-batch."""
         _, _, gz, gd = self.shape
-        return self.sequences_per_microbatch * self.model.seq // (gz * gd)
+        return self.sequences_per_microbatch * self.model.seq // (gz * gd)      # the same under context parallelism
 
     def options(self) -> pm.Options:
         """perfmodel's options for this run."""
@@ -95,7 +97,8 @@ class DryRunConfig:
         return pm.Options(overlap_ar=ov.oar, overlap_rs=ov.ors, overlap_ag=ov.oag, overlap_dp=ov.odp,
                           keep_gathered=ov.keep_gathered_weights, recompute=self.recompute,
                           microbatches=self.microbatches, bucket_bytes=self.bucket_bytes, zero=self.zero,
-                          lora_r=self.lora_r, lora_targets=self.lora_layers or None)
+                          lora_r=self.lora_r, lora_targets=self.lora_layers or None, cp=self.cp,
+                          cp_exchange=self.cp_exchange)
 
     def problem(self) -> pm.Problem:
         return pm.Problem(self.model, self.batch, self.gpus, self.dtype, self.options())
@@ -103,7 +106,7 @@ class DryRunConfig:
     def gpt_config(self):
         """The runtime's ``GPTConfig`` of the same model (imports torch)."""
         from axgrid.models.gpt import GPTConfig
-        return GPTConfig(self.model, recompute=self.recompute)
+        return GPTConfig(self.model, recompute=self.recompute, cp_exchange=self.cp_exchange)
 
     @property
     def hf(self) -> bool:
@@ -118,7 +121,8 @@ class DryRunConfig:
                 "vocab": m.vocab, "gpus": self.gpus, "grid": self.grid, "machine": self.machine, "batch": self.batch,
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
                 "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero,
-                "lora_r": self.lora_r, "lora_targets": list(self.lora_layers)}
+                "lora_r": self.lora_r, "lora_targets": list(self.lora_layers), "cp": self.cp,
+                "cp_exchange": self.cp_exchange}
 
 
 #: the memory categories of a rank's step, measured (:mod:`axgrid.dryrun.step`) and predicted
@@ -178,7 +182,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip,      # the step clips (step.py)
-              lora=lora_plan(cfg.model, opt))
+              lora=lora_plan(cfg.model, opt), cp=cfg.cp, cp_exchange=cfg.cp_exchange)
     comm = _count(step_collective_events(*args, **kw))
     trained = step_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
     flags = used_flag_bytes(trained) if cfg.zero == 0 and gd > 1 else 0
@@ -228,8 +232,11 @@ def valid_grids(model: TransformerShape, gpus: int, batch: int, microbatches: Op
 
 
 def _grid_problems(model: TransformerShape, shape: tuple[int, int, int, int], batch: int,
-                   microbatches: Optional[int]) -> list[str]:
-    bad = divisibility(model, batch, Grids.of([shape]), microbatches)
+                   microbatches: Optional[int], cp: int = 1) -> list[str]:
+    bad = divisibility(model, batch, Grids.of([shape]), microbatches, cp)
+    if cp > 1 and shape[2] % cp:
+        return [f"cp={cp} does not divide Gz={shape[2]} (a sequence spans cp z-ranks); context-parallel sizes that "
+                f"do: {[c for c in range(1, shape[2] + 1) if shape[2] % c == 0]}"]
     return [describe(k, model, batch, shape, microbatches) for k, v in bad.items() if v[0]]
 
 
@@ -252,6 +259,15 @@ def _list(grids: list[str], show: int = 12) -> str:
     return ", ".join(grids[:show]) + more
 
 
+def _check_cp(spec: TransformerShape, cp: int, exchange: str) -> None:
+    """``--cp`` and ``--cp-exchange`` against the model (``perfmodel.context_parallel.check``), as a DryRunError."""
+    from axgrid.perfmodel.context_parallel import check
+    try:
+        check(spec, cp, exchange)
+    except pm.PerfModelError as e:
+        raise DryRunError(f"--cp {cp}: {e}") from None
+
+
 def _check_options(dtype: str, overlap: str, zero: Optional[int], batch: Optional[int]) -> None:
     """The options a named size and a config.json share, each refused in one line naming the value and the fix."""
     if dtype not in ("bf16", "fp32"):
@@ -267,12 +283,17 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
             grid: Optional[str] = None, machine: str = "frontier", dtype: str = "bf16", recompute: bool = True,
             overlap: str = "all", microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
             zero: Optional[int] = None, seq: Optional[int] = None, lora_r: int = 0,
-            lora_targets: Optional[tuple[str, ...]] = None) -> DryRunConfig:
+            lora_targets: Optional[tuple[str, ...]] = None, cp: int = 1,
+            cp_exchange: str = "all_gather") -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
     fastest that fits). ``model``: a named size, a shape, or the path of a Hugging Face config.json (or its folder),
     trained on ``seq``-token sequences (default ``axgrid.spec.CONFIG_SEQ``). ``lora_r`` > 0: LoRA adapters of that rank on
     ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
-    :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names)."""
+    :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names).
+    ``cp``: context parallelism (``axgrid.init(..., cp=N)``: each sequence over ``cp`` z-ranks, so ``cp`` must divide
+    Gz and cut the sequence into ``2·cp`` chunks), attention exchanging keys and values by ``cp_exchange``."""
+    if cp != 1 and lora_r:
+        raise DryRunError(f"--cp {cp} with --lora-r {lora_r}: LoRA under context parallelism is not priced; drop one")
     if isinstance(model, str) and not is_config_path(model) and model.lower() in PUBLIC_MODELS:
         model = PUBLIC_MODELS[model.lower()]
         if seq is not None:
@@ -280,7 +301,7 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
     if (isinstance(model, TransformerShape) and not model.is_gpt) or (isinstance(model, str) and is_config_path(model)):
         cfg = _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
-                               seq=seq)
+                               seq=seq, cp=cp, cp_exchange=cp_exchange)
         return _with_lora(cfg, lora_r, lora_targets)
     if lora_r:
         return _with_lora(resolve(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
@@ -295,12 +316,13 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
     except pm.PerfModelError as e:
         raise DryRunError(f"--model: {e}") from None
     _check_options(dtype, overlap, zero, batch)
+    _check_cp(spec, cp, cp_exchange)
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
         raise DryRunError(f"--microbatches {microbatches}: it must be positive and divide --batch {batch}")
     if grid is not None:
         shape = _read_grid(grid, gpus, lambda n: valid_grids(spec, n, batch, microbatches))
         gpus = shape[0] * shape[1] * shape[2] * shape[3]
-        problems = _grid_problems(spec, shape, batch, microbatches)
+        problems = _grid_problems(spec, shape, batch, microbatches, cp)
         if problems:
             raise DryRunError(f"--grid {grid} does not fit {spec.name} with batch {batch}: {'; '.join(problems)}; "
                               f"grids of {gpus} ranks that do: {_list(valid_grids(spec, gpus, batch, microbatches))}")
@@ -312,7 +334,7 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
         raise DryRunError(f"--machine: {e}") from None
     named = "x".join(map(str, shape)) if grid is not None else "1x1x1x1"     # a three-size grid: Gd from --gpus
     base = DryRunConfig(spec, named, batch, microbatches or 1, dtype, recompute, overlap, machine, bucket_bytes,
-                        zero or 0)
+                        zero or 0, cp=cp, cp_exchange=cp_exchange)
     prob = replace(base.problem(), gpus=gpus, options=replace(base.options(), microbatches=microbatches, zero=zero))
     if grid is None:
         try:
@@ -327,11 +349,12 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
         raise DryRunError(f"--zero {zero} on grid {cfg.grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
                           f"with Gd > 1")
     gz, gd = cfg.shape[2], cfg.shape[3]
-    if cfg.sequences_per_microbatch % (gz * gd):
-        fits = [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % (gz * gd) == 0]
+    groups = gz * gd // cp
+    if cfg.sequences_per_microbatch % groups:
+        fits = [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % groups == 0]
         raise DryRunError(f"a micro-batch of {cfg.sequences_per_microbatch} sequences ({batch} in {chosen}) does not "
-                          f"split over Gz·Gd = {gz * gd} (z splits whole sequences); micro-batch counts that do: "
-                          f"{fits or 'none: raise --batch'}")
+                          f"split over Gz·Gd/cp = {groups} (z splits whole sequences, cp z-ranks share one); "
+                          f"micro-batch counts that do: {fits or 'none: raise --batch'}")
     return cfg
 
 
@@ -378,7 +401,8 @@ def _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, m
 
 def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: int, *, grid: Optional[str],
                      machine: str, dtype: str, recompute: bool, overlap: str, microbatches: Optional[int],
-                     bucket_bytes: int, zero: Optional[int], seq: Optional[int]) -> DryRunConfig:
+                     bucket_bytes: int, zero: Optional[int], seq: Optional[int], cp: int = 1,
+                     cp_exchange: str = "all_gather") -> DryRunConfig:
     """:func:`resolve` for a Hugging Face config: the grid (default: perfmodel's best for ``gpus`` on the machine,
     with its micro-batches and zero mode) must divide the model (the plan's rules: hidden over Gx; the heads,
     key-value heads, intermediate size and vocabulary over Gy), the batch must split over Gz·Gd; with a grid given,
@@ -388,6 +412,7 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
     except ValueError as e:
         raise DryRunError(f"--model {model}: {e}") from None
     _check_options(dtype, overlap, zero, batch)
+    _check_cp(spec, cp, cp_exchange)
     if grid is None:
         if not gpus:
             raise DryRunError(f"--model {spec.path or spec.name}: give --gpus N (perfmodel picks the grid) or "
@@ -395,7 +420,8 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
         try:
             mach = pm.load_machine(machine)
             prob = pm.Problem(spec, batch, gpus, dtype, pm.Options(recompute=recompute, zero=zero,
-                                                                   microbatches=microbatches))
+                                                                   microbatches=microbatches, cp=cp,
+                                                                   cp_exchange=cp_exchange))
             row = pm.rank(prob, mach, tp_pp_dp=False).feasible[0]
         except (pm.PerfModelError, pm.NoFeasibleConfig) as e:
             raise DryRunError(f"--model {spec.path or spec.name}: {e}") from None
@@ -408,9 +434,11 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
     n = shape[0] * shape[1] * shape[2] * shape[3]
     problems = spec.divisibility(shape)
     gz, gd = shape[2], shape[3]
-    if (batch // microbatches) % (gz * gd):
-        problems.append(f"a micro-batch of {batch // microbatches} sequences not divisible by Gz*Gd={gz * gd} (z "
-                        f"splits whole sequences)")
+    if cp > 1 and gz % cp:
+        problems.append(f"cp={cp} does not divide Gz={gz} (a sequence spans cp z-ranks)")
+    elif (batch // microbatches) % (gz * gd // cp):
+        problems.append(f"a micro-batch of {batch // microbatches} sequences not divisible by Gz*Gd/cp="
+                        f"{gz * gd // cp} (z splits whole sequences{', cp z-ranks share one' if cp > 1 else ''})")
     if problems:
         raise DryRunError(f"--grid {grid} does not fit {spec.name}: {'; '.join(problems)}; grids of {n} ranks that "
                           f"do: {_list(_decoder_grids(spec, n, batch // microbatches))}")
@@ -423,7 +451,7 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
         raise DryRunError(f"--zero {zero} on grid {grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
                           f"with Gd > 1")
     return DryRunConfig(spec, "x".join(map(str, shape)), batch, microbatches, dtype, recompute, overlap, machine,
-                        bucket_bytes, zero)
+                        bucket_bytes, zero, cp=cp, cp_exchange=cp_exchange)
 
 
 def _decoder_grids(spec: TransformerShape, gpus: int, sequences: int) -> list[str]:

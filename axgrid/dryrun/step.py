@@ -109,7 +109,7 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
     start = time.perf_counter()
     # the backward on the calling thread: the engine's device thread for fakegpu more than doubles the time (a
     # handover per node, fake dispatch holding the GIL)
-    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config(cfg)) as run, \
+    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config(cfg), cp=cfg.cp) as run, \
             torch.autograd.set_multithreading_enabled(False):
         return measure_step(cfg, run.grid, run.autocast, run.host, init=False, start=start)
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from axgrid.spec import CONFIG_SEQ, GridError, GridShape, TransformerShape, is_config_path
 from axgrid.spec.layout import WorldSizeMismatch
 
+from .context_parallel import check as check_cp
 from .errors import PerfModelError
 from .machines import list_machines, load_gemm_table, load_machine
 from .rank import Ranking, price_grid, rank
@@ -50,6 +51,12 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
                    "0 (default): full training")
     p.add_argument("--lora-targets", help="comma-separated FC layers to adapt (qkv, proj, up, down, head; default: "
                    "the four of the block)")
+    p.add_argument("--cp", default="1", help="context parallelism (axgrid.init(..., cp=N)): each sequence split over "
+                   "N z-ranks; an int, or auto: rank searches every size that cuts the sequence into 2·N chunks "
+                   "(default 1: none)")
+    p.add_argument("--cp-exchange", default="all_gather", choices=("all_gather", "ring"),
+                   help="how attention exchanges keys and values under --cp (the GPT's GPTConfig.cp_exchange; a "
+                        "Hugging Face decoder's plan all-gathers)")
     p.add_argument("--gemm-table", help="JSON GEMM efficiency table (python -m axgrid.kernels export-efficiency FILE)")
 
 
@@ -96,11 +103,31 @@ def problem_from_args(a: argparse.Namespace) -> tuple[Problem, "object"]:
                   overlap_dp=not a.no_odp, recompute=not a.no_recompute, keep_gathered=a.keep_gathered,
                   microbatches=a.microbatches, order=a.order, bucket_bytes=_bucket_bytes(a.bucket_mib),
                   grad_reduce=getattr(a, "grad_reduce", "fp32"), zero=None if a.zero == "auto" else int(a.zero),
-                  lora_r=getattr(a, "lora_r", 0) or 0, lora_targets=_lora_targets(spec, a))
+                  lora_r=getattr(a, "lora_r", 0) or 0, lora_targets=_lora_targets(spec, a),
+                  cp=1 if _cp_arg(a) == "auto" else _cp_arg(a), cp_exchange=getattr(a, "cp_exchange", "all_gather"))
     machine = load_machine(a.machine)
     if a.gemm_table:
         machine = replace(machine, gemm_table=load_gemm_table(a.gemm_table))
     return Problem(spec, a.batch, a.gpus, a.dtype, opt), machine
+
+
+def split_cp(grid: str) -> tuple[str, int]:
+    """A grid string with an optional ``+cpN`` (``1x1x8x8+cp8``, as a ranked row prints it): (the grid, N or 1)."""
+    base, _, cp = grid.partition("+cp")
+    if _ and (not cp.isdigit() or int(cp) < 1):
+        raise PerfModelError(f"grid {grid!r}: the context-parallel size after '+cp' must be an int >= 1, e.g. "
+                             f"{base}+cp2")
+    return base, int(cp) if _ else 1
+
+
+def _cp_arg(a: argparse.Namespace) -> int | str:
+    """``--cp``: an int >= 1 or "auto" (a one-line PerfModelError otherwise)."""
+    given = str(getattr(a, "cp", "1") or "1")
+    if given == "auto":
+        return given
+    if not given.isdigit() or int(given) < 1:
+        raise PerfModelError(f"--cp {given!r}: give the context-parallel size (an int >= 1) or auto")
+    return int(given)
 
 
 def _lora_targets(spec: TransformerShape, a: argparse.Namespace) -> tuple[str, ...] | None:
@@ -138,8 +165,10 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
                     f"{m.gpu or m.name} ({m.name}), {p.dtype}, overlap {p.options.overlap_spec()}{lora}: "
                     f"{which[layouts]}")
     width = max([len(r.grid_str) for r in rows] + [6])
+    cps = any(r.cp > 1 for r in rows)                    # context parallelism: its exposed exchange, column c
+    width = max([len(r.config_str) for r in rows] + [6])
     for c in ("#", "config", "axgrid", f"{tu}/batch", f"band {tu}", "", f"{fu}/{dev}", "%peak", f"{mu}/{dev}", "mb",
-              "compute", "x", "y", "z", "d", "bubble", "p2p"):
+              "compute", "x", "y", "z", "d", *(("c",) if cps else ()), "bubble", "p2p"):
         t.add_column(c, justify="right", no_wrap=True, min_width=width if c == "config" else None)
 
     def sec(v: float) -> str:
@@ -148,12 +177,12 @@ def print_ranking(rk: Ranking, top: int, show_infeasible: int, layouts: str = "a
     for i, r in enumerate(rows, 1):
         pipe = r.layout != "4D"
         mark = ("≈" if r.within_error else "") + ("†" if r.out_of_range else "")
-        name = r.grid_str + (f" zero{r.zero}" if r.zero else "")
+        name = r.config_str + (f" zero{r.zero}" if r.zero else "")
         t.add_row(str(i), name, "no" if pipe else "yes", sec(r.time_s),
                   f"{r.time_low * tf:.3g}–{r.time_high * tf:.3g}", mark,
                   f"{r.tflops_per_gpu:.1f}" if ff == 1 else f"{r.tflops_per_gpu * ff:.3g}",
                   f"{r.pct_peak:.1f}", f"{r.memory_bytes / mf:.1f}", str(r.microbatches), sec(r.compute_s),
-                  *(sec(r.exposed_s[d]) for d in "xyzd"),
+                  *(sec(r.exposed_s[d]) for d in "xyzd"), *((sec(r.exposed_s.get("c", 0.0)),) if cps else ()),
                   sec(r.bubble_s) if pipe else "-", sec(r.p2p_s) if pipe else "-")
     from rich.measure import Measurement
     con = Console(width=max(150, Console().width))
@@ -240,7 +269,11 @@ def cmd_rank(a: argparse.Namespace) -> int:
         raise PerfModelError(f"--ep {a.ep} prices one grid's expert-parallel size: give --grid with it (the ranking "
                              f"tries every EP size)")
     if a.grid:
-        grid = parse_grid(a.grid, prob.gpus)
+        grid, cp = split_cp(a.grid)
+        if cp > 1:
+            prob = replace(prob, options=prob.options.with_(cp=cp))
+        check_cp(prob.model, prob.options.cp, prob.options.cp_exchange)
+        grid = parse_grid(grid, prob.gpus)
         from .moe import ep_reasons
         bad = ep_reasons(prob.model, grid[3], 1 if a.ep is None else a.ep)
         if bad:
@@ -261,7 +294,10 @@ def cmd_rank(a: argparse.Namespace) -> int:
                      prob.gpus)
         print(explain(prob, machine, row))
         return 0
-    rk = rank(prob, machine)
+    from .rank import context_parallel_sizes
+    auto = _cp_arg(a) == "auto"
+    check_cp(prob.model, prob.options.cp, prob.options.cp_exchange)
+    rk = rank(prob, machine, cp_sizes=context_parallel_sizes(prob) if auto else None)
     if a.verify is not None:
         from .verify import verify_rows, verify_table
         if a.verify < 1:

@@ -153,6 +153,8 @@ def collective_events(
     zero: int = 0,
     clip: bool = False,
     lora=None,
+    cp: int = 1,
+    cp_exchange: str = "all_gather",
 ) -> list[tuple[str, str, int]]:
     """Every collective one training step posts, in order, as (dim, op, bytes).
 
@@ -170,11 +172,13 @@ def collective_events(
     ``grad_dtype_bytes`` (default: dtype_bytes) sizes the gradient collectives RS_z, bias AR_z and AR_d.
     ``clip``: the step clips the global gradient norm (the drivers' default, ``--clip 1.0``): its all-reduces
     (:func:`clip_events`, over the group "xyz" and with ``zero`` >= 1 over d) follow the gradients' reduction.
-    ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerShape), or None."""
+    ``lora``: a ``perfmodel.lora.LoraPlan`` (a LoRA step of a TransformerShape), or None. ``cp``, ``cp_exchange``:
+    context parallelism of a TransformerShape's step (:mod:`perfmodel.context_parallel`)."""
     if isinstance(layers, TransformerShape):
         from .step import step_collective_events
         return step_collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
-                                      keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip, lora)
+                                      keep_gathered, recompute, grad_dtype_bytes, bucket_bytes, zero, clip, lora,
+                                      cp=cp, cp_exchange=cp_exchange)
     if lora is not None:
         raise PerfModelError("lora: a LoRA step is priced for a TransformerShape, not a list of FC layers")
     layers = [as_layer(t) for t in layers]
@@ -208,13 +212,14 @@ def collective_events(
 def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     zero: int = 0, clip: bool = False, lora=None) -> dict[tuple[str, str], int]:
+                     zero: int = 0, clip: bool = False, lora=None, cp: int = 1,
+                     cp_exchange: str = "all_gather") -> dict[tuple[str, str], int]:
     """Total bytes per (group, op) for one step, e.g. {("z", "all_gather"): 1536, ("x", "all_reduce"): ...}.
     Same arguments as ``collective_events``; (dim, op) pairs with nothing posted are absent."""
     out: Counter = Counter()
     for dim, op, nb in collective_events(layers, grid, tokens_per_microbatch_global, n_microbatches,
                                          dtype_bytes, keep_gathered, recompute, grad_dtype_bytes, bucket_bytes,
-                                         zero, clip, lora):
+                                         zero, clip, lora, cp, cp_exchange):
         out[(dim, op)] += nb
     return dict(out)
 
@@ -222,12 +227,13 @@ def collective_bytes(layers, grid, tokens_per_microbatch_global, n_microbatches,
 def collective_calls(layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes,
                      keep_gathered: bool = False, recompute: bool = False,
                      grad_dtype_bytes: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                     zero: int = 0, clip: bool = False, lora=None) -> dict[tuple[str, str], int]:
+                     zero: int = 0, clip: bool = False, lora=None, cp: int = 1,
+                     cp_exchange: str = "all_gather") -> dict[tuple[str, str], int]:
     """Number of posted calls per (group, op) for one step (same arguments as ``collective_bytes``); over d that
     is the number of gradient buckets (per collective)."""
     return dict(Counter((d, o) for d, o, _ in collective_events(
         layers, grid, tokens_per_microbatch_global, n_microbatches, dtype_bytes, keep_gathered, recompute,
-        grad_dtype_bytes, bucket_bytes, zero, clip, lora)))
+        grad_dtype_bytes, bucket_bytes, zero, clip, lora, cp, cp_exchange)))
 
 
 # ---------------------------------------------------------------- placement and ring costs

@@ -81,6 +81,7 @@ from axgrid.spec import DEFAULT_BUCKET_BYTES, GRADIENT_WINDOW, TransformerShape,
 from .buckets import pack
 from .comm import layer_volumes
 from .errors import PerfModelError
+from .context_parallel import activation_delta, backward_transient_bytes
 from .lora import (LoraPlan, check_lora_spec, dead_layers, lora_block_activations, lora_head_activations,
                    lora_plan, lora_static_bytes)
 from .parameters import gradient_elements, trainable_parameters
@@ -383,7 +384,8 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     in_backward = np.where(gz > 1, in_backward, 0.0)
     gathered = np.where(gz > 1, gathered, 0.0)
 
-    blk = block_activation_bytes(spec, gx, gy, mp, b, device)
+    blk = block_activation_bytes(spec, gx, gy, mp, b, device) + activation_delta(
+        spec, gy, mp, opt.cp, b, opt.cp_exchange, device.attention, device.math_bytes)   # context parallelism
     hx, vy, fy = ceil_div(spec.hidden, gx), ceil_div(spec.vocab, gy), ceil_div(spec.ffn, gy)
     head_act = head_activation_bytes(spec, gx, gy, mp, b)
     emb = embedding_activation_bytes(mp, spec, opt.recompute)
@@ -409,7 +411,8 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     dw = 0.0 if plan is not None else b + 4.0 + rs_copy
     mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (dw + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
-    block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(mlp_bwd, ln_bwd)
+    block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(
+        np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange))   # CP's softmax
     transient = np.maximum(loss_grad, block_bwd - head_act + dp_block)
     static = params + grads + optimizer
     # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest

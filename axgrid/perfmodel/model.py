@@ -40,6 +40,7 @@ from .comm import (CLIP_NORM_BYTES, DIMS, PARAM_BYTES, USED_FLAG_BYTES, collecti
                    ring_time)
 from .compute import (BLOCK_KERNELS_FUSED, BLOCK_KERNELS_UNFUSED, CROSS_ENTROPY_BYTES, DECODER_KERNELS_BESIDES_NORMS,
                       OPTIMIZER_BYTES, OUTER_KERNELS, elementwise_bytes, memory_time)
+from .context_parallel import cp_bytes, cp_time
 from .step import STAT_BYTES, loss_elements
 from .machines import Machine
 from .memory import Memory, memory_per_gpu
@@ -92,7 +93,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
     opt, spec = prob.options, prob.model
     if fixed is not None:
         fixed = np.asarray(fixed, dtype=np.int64)
-        ok = (prob.batch % (g.gd * fixed) == 0) & ((prob.batch // fixed) % (g.gd * g.gz) == 0)
+        ok = (prob.batch % (g.gd * fixed) == 0) & ((prob.batch // fixed) % np.maximum(g.gd * g.gz // opt.cp, 1) == 0)
         return fixed, ok
     choices = [opt.microbatches] if opt.microbatches is not None else list(opt.microbatch_choices)
     limit = opt.memory_usable * machine.memory_bytes
@@ -100,7 +101,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
     valid = np.zeros(len(g), dtype=bool)
     fallback = np.zeros(len(g), dtype=np.int64)
     for c in choices:
-        ok = (prob.batch % (g.gd * c) == 0) & ((prob.batch // c) % (g.gd * g.gz) == 0)   # whole sequences
+        ok = (prob.batch % (g.gd * c) == 0) & ((prob.batch // c) % np.maximum(g.gd * g.gz // opt.cp, 1) == 0)   # whole sequences
         if prob.batch % c:
             ok[:] = False
         mprime = np.where(ok, (prob.batch // c) * spec.seq / (g.gd * g.gz), 1.0)
@@ -116,7 +117,7 @@ def _choose_microbatches(prob: Problem, machine: Machine, g: Grids, inflight=1.0
     # configs where nothing fits: report with the largest dividing choice (least memory)
     last = np.zeros(len(g), dtype=np.int64)
     for c in choices:
-        ok = (prob.batch % (g.gd * c) == 0) & ((prob.batch // c) % (g.gd * g.gz) == 0)
+        ok = (prob.batch % (g.gd * c) == 0) & ((prob.batch // c) % np.maximum(g.gd * g.gz // opt.cp, 1) == 0)
         if prob.batch % c == 0:
             last[ok] = c
     chosen = np.where(chosen > 0, chosen, np.where(last > 0, last, choices[0]))
@@ -271,7 +272,7 @@ def _infeasibility(prob: Problem, g: Grids, mem: Memory, limit: float, mb: np.nd
     micro-batch count splits the batch, or its memory exceeds ``limit`` bytes; its reason names the sizes that do
     not divide, else the micro-batch split, else the memory ("" for a feasible grid)."""
     spec, opt = prob.model, prob.options
-    bad = divisibility(spec, prob.batch, g, opt.microbatches)
+    bad = divisibility(spec, prob.batch, g, opt.microbatches, opt.cp)
     bad["microbatches"] = ~mb_valid
     if opt.zero:
         bad["zero"] = g.gd == 1
@@ -379,6 +380,11 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
     for d in ("x", "y", "z"):
         exposed[d] = exposed[d] * mb
         raw[d] = raw[d] * mb
+    if opt.cp > 1:                                      # context parallelism: perfmodel.context_parallel
+        cp_compute, cp_exposed, cp_raw = cp_time(spec, g.gy, g.gz, mprime, opt.cp, opt.cp_exchange, opt.recompute,
+                                                 prob.dtype, b, machine, rings, rings.geo["z"][1], att)
+        compute = compute + mb * cp_compute
+        exposed["c"], raw["c"] = mb * cp_exposed, mb * cp_raw
     time = compute + sum(exposed.values())
 
     mem = memory_per_gpu(spec, g.gx, g.gy, g.gz, g.gd, mprime, b, prob.dtype == "fp32", opt, inflight, seq_split,
@@ -391,6 +397,8 @@ def _evaluate(prob: Problem, machine: Machine, grids: Grids, inflight, seq_split
         step_bytes[d] = step_bytes[d] + moe.step_bytes[d]
     step_bytes["xyz"] = clip_bytes["xyz"]
     step_bytes["d"] = step_bytes["d"] + clip_bytes["d"]
+    if opt.cp > 1:
+        step_bytes["c"] = mb * cp_bytes(spec, g.gy, mp_int, b, opt.cp, opt.cp_exchange, opt.recompute)
     return Evaluation(
         grids=g, feasible=~infeasible, reasons=reasons, microbatches=mb, time=np.where(infeasible, np.inf, time),
         compute=compute, exposed=exposed, raw=raw,

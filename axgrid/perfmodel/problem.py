@@ -83,8 +83,14 @@ class Options:
     clip: bool = True
     lora_r: int = 0
     lora_targets: tuple[str, ...] | None = None
+    cp: int = 1
+    cp_exchange: str = "all_gather"
 
     def __post_init__(self) -> None:
+        if isinstance(self.cp, bool) or not isinstance(self.cp, int) or self.cp < 1:
+            raise PerfModelError(f"cp={self.cp!r}: give the context-parallel size, an int >= 1 (1: none)")
+        if self.cp_exchange not in ("all_gather", "ring"):
+            raise PerfModelError(f"cp_exchange={self.cp_exchange!r}: choose all_gather or ring")
         if isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int) or self.lora_r < 0:
             raise PerfModelError(f"lora_r={self.lora_r!r}: give the adapters' rank, a positive int (0: full training)")
         if self.grad_reduce not in DTYPE_BYTES:

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -123,9 +124,10 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
         "zero": ev.extra.get("zero", np.zeros(len(ev.grids), dtype=np.int64)), "ep": ev.grids.eps,
         "a2a": ev.extra.get("all_to_all", np.zeros(len(ev.grids))),
         "a2a_bytes": ev.extra.get("all_to_all_bytes", np.zeros(len(ev.grids)))}.items()}
-    ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in GROUPS}
-    rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in GROUPS}
-    sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in GROUPS}
+    groups = GROUPS + tuple(k for k in ev.exposed if k not in GROUPS)       # "c" under context parallelism
+    ex = {d: np.asarray(ev.exposed[d])[order].tolist() for d in groups}
+    rw = {d: np.asarray(ev.raw[d])[order].tolist() for d in groups}
+    sb = {d: np.asarray(ev.step_bytes[d])[order].tolist() for d in groups if d in ev.step_bytes}
     out = []
     for pos, i in enumerate(order.tolist()):
         ok = L["ok"][pos]
@@ -133,8 +135,8 @@ def _rows(ev: Evaluation, order: np.ndarray, ranked: bool) -> list[Row]:
             rank=pos + 1 if (ranked and ok) else None, grid=tuples[i], feasible=ok, reason=ev.reasons[i],
             time_s=L["time"][pos], tflops_per_gpu=L["tf"][pos] if ok else 0.0, pct_peak=L["pp"][pos] if ok else 0.0,
             memory_bytes=L["mem"][pos], microbatches=L["mb"][pos], compute_s=L["comp"][pos],
-            exposed_s={d: ex[d][pos] for d in GROUPS}, raw_comm_s={d: rw[d][pos] for d in GROUPS},
-            step_bytes={d: sb[d][pos] for d in GROUPS},
+            exposed_s={d: ex[d][pos] for d in groups}, raw_comm_s={d: rw[d][pos] for d in groups},
+            step_bytes={d: sb[d][pos] for d in sb},
             memory_parts={"static": L["static"][pos], "buffers": L["buf"][pos], "activations": L["act"][pos]},
             dp_buckets=int(L["dpb"][pos]), elementwise_s=L["ew"][pos], zero=int(L["zero"][pos]), ep=int(L["ep"][pos]),
             all_to_all_s=L["a2a"][pos], all_to_all_bytes=L["a2a_bytes"][pos]))
@@ -153,10 +155,35 @@ def _ranked(rows: list[Row]) -> list[Row]:
     return [replace(r, rank=i + 1) if r.feasible else r for i, r in enumerate(rows)]
 
 
+def _rows_over_cp(prob: Problem, machine: Machine, grids: Grids, cp_sizes: Sequence[int]) -> list[Row]:
+    """The 4D rows of every context-parallel size in ``cp_sizes`` that cuts the sequence into ``2·cp`` chunks
+    (each priced with ``Options.cp``; a grid whose Gz the size does not divide is left out for that size), feasible
+    ones ranked together by time, then the rejected ones."""
+    rows: list[Row] = []
+    for c in sorted(set(int(v) for v in cp_sizes)):
+        if c < 1 or (c > 1 and prob.model.seq % (2 * c)):
+            continue
+        keep = np.nonzero(grids.gz % c == 0)[0]
+        if not len(keep):
+            continue
+        ev = evaluate(replace(prob, options=prob.options.with_(cp=c)), machine, grids.take(keep))
+        rows += [replace(r, cp=c) for r in _rows(ev, order_of(ev), ranked=False)]
+    rows.sort(key=lambda r: (not r.feasible, r.time_s if r.feasible else 0.0, r.grid, r.cp))
+    return [replace(r, rank=i + 1) if r.feasible else r for i, r in enumerate(rows)]
+
+
+def context_parallel_sizes(prob: Problem) -> list[int]:
+    """The context-parallel sizes ``rank`` searches (``--cp auto``): every divisor of the GPUs that cuts the
+    sequence into ``2·cp`` equal chunks (a grid takes those dividing its Gz)."""
+    return [c for c in range(1, prob.gpus + 1) if prob.gpus % c == 0 and (c == 1 or prob.model.seq % (2 * c) == 0)]
+
+
 def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_feasible: bool = True,
-         tp_pp_dp: bool = True) -> Ranking:
+         tp_pp_dp: bool = True, cp_sizes: Sequence[int] | None = None) -> Ranking:
     """Rank every configuration (all factorisations of prob.gpus unless ``grids`` is given), and (unless
     ``tp_pp_dp`` is False) every Megatron-style TP×PP×DP configuration (``pipeline.enumerate_configs``).
+    ``cp_sizes``: search these context-parallel sizes too (:func:`context_parallel_sizes`; each 4D row then
+    carries its ``cp``); None: ``prob.options.cp`` alone.
 
     Raises NoFeasibleConfig (with a summary of the reasons) when no 4D grid is feasible and ``require_feasible``."""
     if grids is None:
@@ -164,9 +191,12 @@ def rank(prob: Problem, machine: Machine, grids: Grids | None = None, require_fe
         if prob.model.is_moe:                          # every EP size of each grid (perfmodel.moe)
             grids = grids.with_expert_parallel(lambda gd: ep_sizes(prob.model, gd))
     tp_pp_dp = tp_pp_dp and not prob.options.lora_r and not prob.model.is_moe      # Megatron's layout is priced for full training only
-    ev = evaluate(prob, machine, grids)
-    order = order_of(ev)
-    rows = _rows(ev, order, ranked=True)
+    if cp_sizes is None:
+        ev = evaluate(prob, machine, grids)
+        order = order_of(ev)
+        rows = [replace(r, cp=prob.options.cp) for r in _rows(ev, order, ranked=True)]
+    else:
+        rows = _rows_over_cp(prob, machine, grids, cp_sizes)
     if require_feasible and not any(r.feasible for r in rows):
         raise NoFeasibleConfig(
             f"no feasible grid for {prob.model.name} with batch {prob.batch} on {prob.gpus} GPUs of {machine.name} "
@@ -298,4 +328,4 @@ def price_grid(prob: Problem, machine: Machine, grid: tuple[int, int, int, int],
         raise PerfModelError(f"grid {'x'.join(map(str, grid))} has {gx * gy * gz * gd} GPUs, not --gpus "
                              f"{prob.gpus}")
     ev = evaluate(prob, machine, Grids.of([tuple(grid) + (ep,)]))
-    return banded(_rows(ev, np.array([0]), ranked=False)[0], machine, prob.gpus)
+    return banded(replace(_rows(ev, np.array([0]), ranked=False)[0], cp=prob.options.cp), machine, prob.gpus)

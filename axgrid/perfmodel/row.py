@@ -39,6 +39,13 @@ class Row:
     ep: int = 1                 # expert-parallel size (a split of Gd; ``perfmodel.moe``), 1 for a dense model
     all_to_all_s: float = 0.0   # the MoE dispatch/combine all-to-alls' seconds per batch (in d's exposed time)
     all_to_all_bytes: float = 0.0  # ... the bytes one GPU sends off itself in them per batch (in d's bytes)
+    cp: int = 1                 # context-parallel size of a 4D row (axgrid.init(..., cp=N); 1: none)
+
+    @property
+    def config_str(self) -> str:
+        """:attr:`grid_str`, with ``+cpN`` under context parallelism (``1x1x8x8+cp8``: the dry run's ``--grid``
+        reads it back)."""
+        return self.grid_str + (f"+cp{self.cp}" if self.cp > 1 else "")
 
     @property
     def grid_str(self) -> str:

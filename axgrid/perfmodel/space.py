@@ -93,9 +93,12 @@ RULES = (
 )
 
 
-def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches: int | None) -> dict[str, np.ndarray]:
+def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches: int | None,
+                 cp: int = 1) -> dict[str, np.ndarray]:
     """Rule name → bool array [N], True where the rule is VIOLATED: the GPT's :data:`RULES`; a decoder's sizes
-    by ``TransformerShape.grid_rules`` ("num_key_value_heads % Gy", ...) and the batch rules."""
+    by ``TransformerShape.grid_rules`` ("num_key_value_heads % Gy", ...) and the batch rules. With context
+    parallelism (``cp`` > 1) a sequence spans ``cp`` z-ranks: the batch splits over Gd·Gz/cp groups, and ``cp``
+    must divide Gz ("Gz % cp")."""
     h = spec.hidden
     size = {"x": grids.gx, "y": grids.gy, "z": grids.gz, "d": grids.gd}
     if spec.is_gpt:
@@ -115,6 +118,9 @@ def divisibility(spec: TransformerShape, batch: int, grids: Grids, microbatches:
         out["experts % ep"] = (spec.experts % grids.eps != 0) if spec.is_moe else grids.eps != 1
     out["batch % Gd"] = batch % grids.gd != 0
     out["batch % (Gd*Gz)"] = batch % (grids.gd * grids.gz) != 0
+    if cp > 1:
+        out["Gz % cp"] = grids.gz % cp != 0
+        out["batch % (Gd*Gz)"] = (grids.gz % cp != 0) | (batch % np.maximum(grids.gd * grids.gz // cp, 1) != 0)
     if microbatches is not None:
         out["batch/Gd % microbatches"] = (batch % grids.gd != 0) | ((batch // grids.gd) % microbatches != 0)
     return out
@@ -126,7 +132,7 @@ def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, i
     if rule in ("ep % Gd", "experts % ep"):
         from .moe import ep_reasons
         return "; ".join(ep_reasons(spec, gd, g[4] if len(g) > 4 else 1))
-    if not spec.is_gpt and rule not in RULES:            # a decoder's size rule, "<field> % G<dim>": its own line
+    if not spec.is_gpt and rule not in RULES and rule != "Gz % cp":            # a decoder's size rule, "<field> % G<dim>": its own line
         what, dim = rule.split(" % G")
         return next(line for line in spec.divisibility(g) if line.startswith(f"{what} ") and f" by G{dim}=" in line)
     return {
@@ -137,4 +143,5 @@ def describe(rule: str, spec: TransformerShape, batch: int, g: tuple[int, int, i
         "batch % Gd": f"batch {batch} not divisible by Gd={gd}",
         "batch % (Gd*Gz)": f"batch {batch} not divisible by Gd*Gz={gd * gz} (z splits whole sequences)",
         "batch/Gd % microbatches": f"local batch {batch}/{gd} not divisible by {mb} micro-batches",
+        "Gz % cp": f"Gz={gz} not divisible by the context-parallel size (a sequence spans cp z-ranks)",
     }[rule]

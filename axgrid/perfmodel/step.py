@@ -39,6 +39,7 @@ from typing import NamedTuple, Optional
 from axgrid.spec import DEFAULT_BUCKET_BYTES, FCLayer, TransformerShape, ceil_div
 
 from .comm import STAT_BYTES, dp_events, fc_backward_events, fc_forward_events, layer_volumes, step_tail
+from .context_parallel import step_events as cp_step_events
 from .errors import PerfModelError
 from .lora import LoraPlan, adapter_backward_events, adapter_forward_events, adapter_tensors
 from .moe import expert_dp_events, moe_layer_events
@@ -286,24 +287,27 @@ def step_collective_events(spec: TransformerShape, grid: tuple[int, int, int, in
                            n_microbatches: int, dtype_bytes: int, keep_gathered: bool = False,
                            recompute: bool = False, grad_dtype_bytes: Optional[int] = None,
                            bucket_bytes: int = DEFAULT_BUCKET_BYTES, zero: int = 0, clip: bool = False,
-                           lora: Optional[LoraPlan] = None, ep: int = 1) -> list[Event]:
+                           lora: Optional[LoraPlan] = None, ep: int = 1, cp: int = 1,
+                           cp_exchange: str = "all_gather") -> list[Event]:
     """Every collective of one training step as (group, op, bytes): the micro-batches' forward and backward
     (:func:`step_events`), then the data-parallel ones (``perfmodel.comm.dp_events`` over
     :func:`step_gradient_sizes`; listed last even where they are posted during the backward), with ``clip`` the
     clipping's norm all-reduces among them (``perfmodel.comm.step_tail``). ``tokens_per_microbatch_global`` must be
-    whole sequences that split over Gd·Gz (z splits by sequence). A mixture of experts' expert gradients are reduced
+    whole sequences that split over Gd·Gz (z splits by sequence; over Gd·Gz/cp under context parallelism, whose
+    key-value exchange over "c" follows the micro-batches' events: ``perfmodel.context_parallel.step_events``). A mixture of experts' expert gradients are reduced
     over their replicas after the dense ones (``perfmodel.moe.expert_dp_events``; ``ep``: the expert-parallel
     size)."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if min(gx, gy, gz, gd) <= 0:
         raise PerfModelError(f"grid sizes must be positive, got {grid}")
     seqs, rem = divmod(tokens_per_microbatch_global, spec.seq)
-    if rem or seqs % (gd * gz):
+    if rem or seqs % max(gd * gz // cp, 1):
         raise PerfModelError(f"tokens per micro-batch {tokens_per_microbatch_global} are not whole sequences of "
-                             f"{spec.seq} that split over Gd*Gz={gd * gz}")
+                             f"{spec.seq} that split over Gd*Gz/cp={gd * gz // cp}")
     gb = grad_dtype_bytes or dtype_bytes
-    ev = step_events(spec, grid, tokens_per_microbatch_global // (gd * gz), n_microbatches, dtype_bytes,
-                     keep_gathered, recompute, gb, lora, ep)
+    mprime = tokens_per_microbatch_global // (gd * gz)
+    ev = step_events(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb, lora, ep)
+    ev += cp_step_events(spec, gy, mprime, n_microbatches, dtype_bytes, cp, cp_exchange, recompute)
     dp = dp_events(step_gradient_sizes(spec, grid, gb, lora), gd, gb, bucket_bytes, zero, n_microbatches)
     experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches) if spec.is_moe else []
     return ev + step_tail(dp + experts, grid, zero, clip)
