@@ -21,6 +21,11 @@ CONFIGS = {   # hidden 32, 2 layers, vocabulary 256; GQA; Qwen3: q/k norms, head
     "llama": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                   tie_word_embeddings=True)),
+    # mixtures of experts (no auxiliary loss in the loss: output_router_logits off, transformers' default)
+    "mixtral": ("MixtralConfig", dict(num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                      num_experts_per_tok=2, router_jitter_noise=0.0)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                                         num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)),
 }
 
 
@@ -123,6 +128,21 @@ def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, 
     from transformers import AutoModelForCausalLM
     back = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)     # the export loads back
     assert type(back).__name__ == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
+
+
+@pytest.mark.parametrize("kind,grid,ep,zero", [("mixtral", "1x1x1x4", 2, 0), ("qwen3_moe", "2x1x1x2", 2, 1)])
+def test_pretraining_a_mixture_of_experts_under_ep_matches_transformers(ranks, files, kind, grid, ep, zero):
+    """--ep 2: the experts spread over two d-ranks (on 1x1x1x4 two replicas of each, their gradients reduced over
+    those two; beside x with --zero 1), two steps' losses equal transformers' fused-expert model from the same
+    initial weights (``init_causal_lm_`` seeds each expert by its grid name)."""
+    argv = ["--config", files[kind], "--data-path", files["corpus"], "--grid", grid, "--steps", "2", "--ep",
+            str(ep), "--zero", str(zero)] + COMMON
+    results = ranks(4, rank_pretrain, argv)
+    losses = results[0][0]["losses"]
+    assert all(r["losses"] == losses for r, _ in results)
+    reference = transformers_losses(files[kind], global_batches(results), seed=3)
+    assert losses == pytest.approx(reference, rel=1e-5)
+    assert reference[-1] < reference[0]
 
 
 def test_resumed_on_another_grid_gives_the_uninterrupted_loss(ranks, files, tmp_path):
