@@ -175,3 +175,19 @@ def test_bad_arguments_are_one_line_before_any_rank_starts(files, tmp_path, chan
     with pytest.raises(SystemExit) as e:
         load_script("train/pretrain.py").main(argv)
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def rank_main(argv: list) -> dict:
+    return load_script("train/pretrain.py").main(argv)
+
+
+def test_the_shipped_mixture_of_experts_config_learns_the_shipped_text_under_ep(ranks):
+    """experiments/configs/mixtral-tiny (8 experts, top-2) from its config on the shipped text (--data text), its
+    experts over all 4 d-ranks: the loss falls from ln(256)-ish well below it in 10 steps (the 40-step run of
+    docs/results.md at a smaller size)."""
+    from helpers import ROOT
+    argv = ["--config", str(ROOT / "experiments" / "configs" / "mixtral-tiny"), "--data", "text", "--grid",
+            "1x1x1x4", "--ep", "4", "--seq", "32", "--batch", "8", "--steps", "10", "--lr", "3e-3", "--warmup", "2",
+            "--no-progress", "--timeout", "60"]
+    losses = ranks(4, rank_main, argv)[0]["losses"]
+    assert losses[0] > 5.0 and losses[-1] < losses[0] - 1.0, losses
