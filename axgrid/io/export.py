@@ -354,7 +354,8 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
     whatever the size of the tensor (a tensor held whole, such as a norm, is written from the model itself,
     through a host copy when on a GPU), and the other ranks hold only their own parts. A failure on the writing
     rank is raised on every rank; the files are written under a temporary name and renamed when complete, so a
-    failed export leaves no half-written file under a final name.
+    failed export leaves no half-written file under a final name. A tensor whose parameter carries
+    ``axgrid_export_name`` is written under that name (a Mixtral's experts and router: its files' legacy names).
     """
     if getattr(model, "axgrid_lora", None) is not None:
         raise ValueError("export_pretrained: the model carries LoRA adapters; fold them in first "
@@ -368,6 +369,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
         raise ValueError(f"export_pretrained: chunk_bytes={chunk_bytes} must be a positive number of bytes")
     refuse_spread_experts(model, grid, "export_pretrained")
     files, index_meta = _shard_plan(model, grid, max_shard_size)
+    rename = {n: getattr(t, "axgrid_export_name", n) for n, t in model.state_dict(keep_vars=True).items()}
     writer_rank = grid.rank == rank
     err: Optional[BaseException] = None
     if writer_rank:
@@ -392,8 +394,9 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
                         current.close()
                     current_names = set(files[layout[name]])
                     current = SafetensorsWriter(os.path.join(save_directory, layout[name]),
-                                                [(n, *shapes[n]) for n in files[layout[name]]], {"format": "pt"})
-                current.write_rows(name, row, rows)
+                                                [(rename[n], *shapes[n]) for n in files[layout[name]]],
+                                                {"format": "pt"})
+                current.write_rows(rename[name], row, rows)
             except Exception as ex:
                 err = ex
                 if current is not None:
@@ -407,7 +410,7 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
         try:
             if current is not None:
                 current.close()
-            _finish_index(save_directory, files, index_meta)
+            _finish_index(save_directory, {f: [rename[n] for n in names] for f, names in files.items()}, index_meta)
         except Exception as ex:
             err = ex
     raise_on_any_rank(grid, err, lambda n: RuntimeError(

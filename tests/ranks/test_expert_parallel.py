@@ -360,3 +360,28 @@ def test_from_pretrained_reads_only_this_ranks_experts(ranks, tmp_path, family):
     tiny_moe(case).save_pretrained(tmp_path)         # Mixtral's files: block_sparse_moe.experts.<e>.w1/w2/w3
     for r in ranks(2, rank_from_pretrained, str(tmp_path), case):
         assert r["logits"] < TOL and r["read"] == r["want_read"], r
+
+
+def rank_export(path: str, case: MoECase) -> None:
+    """``axgrid.export_pretrained`` of the parallelized ``tiny_moe(case)`` into ``path``."""
+    grid = axgrid.init(case.grid, ep=case.ep, config=axgrid.RuntimeConfig(timeout_s=60, seed=0))
+    try:
+        axgrid.export_pretrained(axgrid.parallelize(tiny_moe(case), grid), path, grid)
+    finally:
+        grid.destroy()
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_the_export_loads_in_transformers_with_equal_logits(ranks, tmp_path, family):
+    """On 2x1x1x1 (ep 1; each expert's layers split over x): transformers loads the export into its fused experts
+    without a missing or unexpected weight (a Mixtral's under its files' block_sparse_moe names) and its logits
+    equal the model's."""
+    import transformers
+    case = MoECase(family, "2x1x1x1", 1, 4, 2, 1, 2, 6, 1, True, False, 7)
+    ranks(2, rank_export, str(tmp_path), case)
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32,
+                                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(back(input_ids=ids).logits, tiny_moe(case)(input_ids=ids).logits)
