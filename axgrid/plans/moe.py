@@ -112,9 +112,9 @@ def aliases(param: torch.nn.Parameter, names: list[str]) -> None:
     """Other names ``param`` goes by in Hugging Face weight files (``axgrid_file_names``, which
     :func:`axgrid.from_pretrained` also looks for): an expert's ``.../experts.<e>.gate_proj.weight`` (Qwen-MoE) or
     ``.../block_sparse_moe.experts.<e>.w1.weight`` (Mixtral's files; ``w3`` up, ``w2`` down), Mixtral's router
-    ``.../block_sparse_moe.gate.weight``. A Mixtral's expert and router weights also carry ``axgrid_export_name``, the legacy
-    name :func:`axgrid.export_pretrained` writes (transformers converts those names of a Mixtral file into its fused
-    experts, not the ``mlp.experts.<e>`` ones)."""
+    ``.../block_sparse_moe.gate.weight``. A Mixtral's expert and router weights also carry ``axgrid_export_name``,
+    the legacy name :func:`axgrid.export_pretrained` writes (transformers converts those names of a Mixtral file into
+    its fused experts, not the ``mlp.experts.<e>`` ones)."""
     param.axgrid_file_names = list(names)
 
 
