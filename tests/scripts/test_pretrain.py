@@ -131,18 +131,25 @@ def test_pretraining_from_a_config_matches_transformers(ranks, files, tmp_path, 
 
 
 @pytest.mark.parametrize("kind,grid,ep,zero", [("mixtral", "1x1x1x4", 2, 0), ("qwen3_moe", "2x1x1x2", 2, 1)])
-def test_pretraining_a_mixture_of_experts_under_ep_matches_transformers(ranks, files, kind, grid, ep, zero):
+def test_pretraining_a_mixture_of_experts_under_ep_matches_transformers(ranks, files, tmp_path, kind, grid, ep,
+                                                                       zero):
     """--ep 2: the experts spread over two d-ranks (on 1x1x1x4 two replicas of each, their gradients reduced over
     those two; beside x with --zero 1), two steps' losses equal transformers' fused-expert model from the same
-    initial weights (``init_causal_lm_`` seeds each expert by its grid name)."""
+    initial weights (``init_causal_lm_`` seeds each expert by its grid name); the export (every expert) loads in
+    transformers with no weight missing."""
+    export = str(tmp_path / "export")
     argv = ["--config", files[kind], "--data-path", files["corpus"], "--grid", grid, "--steps", "2", "--ep",
-            str(ep), "--zero", str(zero)] + COMMON
+            str(ep), "--zero", str(zero), "--export", export] + COMMON
     results = ranks(4, rank_pretrain, argv)
     losses = results[0][0]["losses"]
     assert all(r["losses"] == losses for r, _ in results)
     reference = transformers_losses(files[kind], global_batches(results), seed=3)
     assert losses == pytest.approx(reference, rel=1e-5)
     assert reference[-1] < reference[0]
+    import torch
+    from transformers import AutoModelForCausalLM
+    _, info = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
 
 
 def test_resumed_on_another_grid_gives_the_uninterrupted_loss(ranks, files, tmp_path):
