@@ -5,7 +5,7 @@ script holds only what is its own.
 :mod:`.options`      the shared command-line options (:func:`add_step_arguments`, :func:`add_run_arguments`,
                      :func:`add_data_arguments`, :func:`parse_step_args`, :func:`check_run_arguments`,
                      :func:`check_step_arguments`, :func:`check_output_paths`, :func:`check_data_arguments`,
-                     :func:`check_zero`, :func:`check_context_parallel`, :func:`data_settings`,
+                     :func:`check_zero`, :func:`check_context_parallel`, :func:`check_expert_parallel`, :func:`data_settings`,
                      :func:`check_corpus_tokenizer`),
                      :func:`compute_dtype`
 :mod:`.step`         :class:`StepSettings` and :func:`run_step`: one optimizer step on a global batch;
@@ -20,14 +20,14 @@ script holds only what is its own.
 from .checkpoints import RunCheckpoints
 from .data import RunData, add_own_data_arguments, check_own_data_arguments, own_batches
 from .evaluate import evaluate
-from .options import (add_context_parallel_argument, add_data_arguments, add_run_arguments, add_step_arguments,
+from .options import (add_context_parallel_argument, add_expert_parallel_argument, check_expert_parallel, add_data_arguments, add_run_arguments, add_step_arguments,
                       check_context_parallel, check_corpus_tokenizer,
                       check_data_arguments, check_output_paths, check_run_arguments, check_step_arguments,
                       check_zero, compute_dtype, data_settings, parse_step_args, run_outputs,
                       unrecorded_note)
 from .step import StepSettings, check_batch_split, run_step, share_rows
 
-__all__ = ["add_context_parallel_argument", "check_context_parallel", "RunCheckpoints", "RunData", "add_own_data_arguments", "check_own_data_arguments", "own_batches", "evaluate", "add_data_arguments", "add_run_arguments", "add_step_arguments",
+__all__ = ["add_context_parallel_argument", "add_expert_parallel_argument", "check_expert_parallel", "check_context_parallel", "RunCheckpoints", "RunData", "add_own_data_arguments", "check_own_data_arguments", "own_batches", "evaluate", "add_data_arguments", "add_run_arguments", "add_step_arguments",
            "check_corpus_tokenizer", "check_data_arguments", "check_output_paths", "check_run_arguments",
            "check_step_arguments", "check_zero", "compute_dtype", "data_settings", "parse_step_args", "run_outputs",
            "unrecorded_note",

@@ -18,7 +18,7 @@ import argparse
 import math
 import os
 import socket
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ..core.config import RuntimeConfig
 from ..launch.errors import usage_errors_raise
@@ -267,3 +267,46 @@ def compute_dtype(requested: Optional[str]) -> str:
     if not on_gpu:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     return requested or ("bf16" if on_gpu else "fp32")
+
+
+def add_expert_parallel_argument(p: argparse.ArgumentParser) -> None:
+    """``--ep N``: expert parallelism, a mixture of experts' experts spread over ``N`` d-ranks
+    (``axgrid.init(..., ep=N)``)."""
+    p.add_argument("--ep", type=int, default=1, help="expert parallelism: a mixture of experts' experts spread over "
+                                                    "EP ranks of d (EP divides Gd and the number of experts)")
+
+
+def moe_sizes(config: Any) -> Optional[tuple[int, int]]:
+    """``(experts, top-k)`` of a Hugging Face mixture-of-experts config (Mixtral's ``num_local_experts``, Qwen-MoE's
+    ``num_experts``; ``num_experts_per_tok``), None for a dense model."""
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    return (int(experts), int(top_k)) if experts and top_k else None
+
+
+def check_expert_parallel(ep: int, shape: Optional[GridShape], config: Any, where: str) -> None:
+    """``--ep``: an integer >= 1 dividing Gd; with a mixture-of-experts ``config``, top-k at most the experts and the
+    experts divisible by ``ep``; ``ep > 1`` only for a mixture of experts. SystemExit with one line naming the sizes
+    that work, identically on every rank before any collective (``where``: the config's name in the message)."""
+    if ep < 1:
+        raise SystemExit(f"--ep {ep}: the expert-parallel size must be >= 1 (1: every rank holds every expert)")
+    sizes = moe_sizes(config)
+    if sizes is not None:
+        experts, top_k = sizes
+        if top_k < 1 or top_k > experts:
+            raise SystemExit(f"{where}: num_experts_per_tok={top_k} (top-k) but the model has {experts} experts; "
+                             f"choose num_experts_per_tok in 1..{experts}")
+    if ep == 1:
+        return
+    if sizes is None:
+        raise SystemExit(f"--ep {ep} with {where}: the model is not a mixture of experts (no num_experts / "
+                         f"num_local_experts); drop --ep")
+    gd = shape.gd if shape is not None else 1
+    if gd % ep:
+        fits = [e for e in range(1, gd + 1) if gd % e == 0 and experts % e == 0]
+        raise SystemExit(f"--ep {ep} with grid {shape or '1x1x1'}: the experts spread over d-ranks, so --ep must "
+                         f"divide Gd={gd}; choose --ep in {fits} or a grid whose Gd is a multiple of {ep}")
+    if experts % ep:
+        fits = [e for e in range(1, gd + 1) if gd % e == 0 and experts % e == 0]
+        raise SystemExit(f"--ep {ep} with {where}: its {experts} experts do not divide over {ep} ranks; choose --ep "
+                         f"in {fits}")

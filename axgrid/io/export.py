@@ -64,7 +64,8 @@ def _checked_entries(model: nn.Module, grid: Grid, who: str) -> list:
     ``zero`` >= 1 the last step's parameter all-gathers complete)."""
     grid.runtime.dp.finish()
     entries = model_parts(model)
-    fp = fingerprint(entries)
+    spread = grid.size("e") > 1            # experts spread over ep > 1: each e-rank holds others (named apart)
+    fp = fingerprint([e for e in entries if not (spread and _EXPERT_KEY.match(e.name[len("model/"):]))])
     s1, s2 = agree(grid, [fp, fp * fp])
     if s1 != grid.world_size * fp or s2 != grid.world_size * fp * fp:
         raise ValueError(f"{who}: ranks hold different tensors (names, shapes or dtypes): every rank must build "
@@ -173,55 +174,127 @@ def iter_dense_state_dict(model: nn.Module, grid: Grid, rank: int = 0, *, names:
     return ((name, t) for name, _, t in _stream(model, grid, rank, order, chunk_bytes, whole=True))
 
 
-def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk_bytes: int,
-            whole: bool) -> Iterator[tuple[str, int, torch.Tensor]]:
+def _stream(model: nn.Module, grid: Grid, rank: int, order: Sequence[str], chunk_bytes: int, whole: bool,
+            remote: Optional[dict[str, tuple[str, int]]] = None) -> Iterator[tuple[str, int, torch.Tensor]]:
     """``(name, first row, rows)`` on ``rank``: with ``whole``, each tensor once (first row 0, the dense tensor);
     else each tiled tensor as consecutive slabs ``dense[r0 : r0 + len(rows)]`` assembled in a reused buffer,
     valid only until the next item (the writer's extra memory: one slab and one received piece), and each
-    untiled tensor as one item, the model's own tensor."""
+    untiled tensor as one item, the model's own tensor. ``remote``: the experts ``rank`` does not hold (experts
+    spread over ep > 1, :func:`expert_names`), each ``name -> (a name of the same shape here, the e-index holding
+    it)``: that e-rank's xyz group assembles it on its member beside ``rank`` (the same x, y, z), which passes each
+    slab to ``rank`` over ``"e"``."""
+    remote = remote or {}
     entries = {e.name[len("model/"):]: e for e in _checked_entries(model, grid, "iter_dense_state_dict")}
-    group = grid.layout.group_of(rank, "xyz")
-    if grid.rank not in group:
+    dst = grid.layout.index_in(rank, "xyz")
+    writers = grid.layout.ep_group_of(rank)                     # the writer's e group: one rank per e-index
+    mine = grid.layout.group_of(grid.rank, "xyz")[dst]          # this xyz group's member beside the writer
+    if mine not in writers:
         return
-    me, dst = grid.comm.indices["xyz"], grid.layout.index_in(rank, "xyz")
+    here, there = writers.index(mine), writers.index(rank)      # this group's e-index, the writer's
+    me = grid.comm.indices["xyz"]
     pieces = _pieces(list(entries.values()), grid, prefer=dst)
     received, slabs = _Scratch(), _Scratch()
     for name in order:
-        e = entries[name]
-        if e.tile is None:
-            if me == dst:
-                yield name, 0, e.tensor
+        if name in remote:
+            owner = remote[name][1]
+        else:                                                  # held here: an expert of this e-rank, or shared
+            owner = here if remote and _EXPERT_KEY.match(name) else there
+        if owner != here:
+            if grid.rank == rank:                              # the writer: the owner's slabs, over "e"
+                like = entries[remote[name][0]]
+                shape, dtype, device = tuple(like.dense_shape), like.tensor.dtype, like.tensor.device
+                dense = torch.empty(shape, dtype=dtype, device=device) if whole else None
+                for r0, r1 in _cuts(shape, like.tensor.element_size(), chunk_bytes):
+                    rows = dense[r0:r1] if whole else slabs.view((r1 - r0, *shape[1:]), dtype, device)
+                    grid.comm.recv(rows, "e", owner)
+                    if not whole:
+                        yield name, r0, rows
+                if whole:
+                    yield name, 0, dense
+                    del dense
             continue
-        shape, dtype, device = tuple(e.dense_shape), e.tensor.dtype, e.tensor.device
-        per = _rows_per_slab(shape, e.tensor.element_size(), chunk_bytes)
-        cuts = [(r0, min(r0 + per, shape[0])) for r0 in range(0, shape[0], per)] or [(0, 0)]   # 0 rows: one slab
-        if me != dst:
-            for p in pieces[e.name]:
-                if p.src == me:
-                    own = _own_piece(e)
-                    for r0, r1 in cuts:
-                        for s, t, _ in _runs_in_rows(p.tile, r0, r1):
-                            grid.comm.send(own[s:t], "xyz", dst)
-            continue
-        dense = torch.empty(shape, dtype=dtype, device=device) if whole else None
-        for r0, r1 in cuts:
-            rows = dense[r0:r1] if whole else slabs.view((r1 - r0, *shape[1:]), dtype, device)
-            origin = (r0,) + (0,) * (len(shape) - 1)
-            for p in pieces[e.name]:
-                if p.src == me:
-                    place_part(e.tile, e.tensor, rows, origin)
-                    continue
-                for s, t, boxes in _runs_in_rows(p.tile, r0, r1):
-                    got = grid.comm.recv(received.view((t - s,), dtype, device), "xyz", p.src)
-                    pos = 0
-                    for b in boxes:
-                        rows[b.slices(origin)] = got[pos: pos + b.numel].view(b.shape)
-                        pos += b.numel
-            if not whole:
+        for r0, rows in _assemble(entries[name], pieces, grid, me, dst, whole, received, slabs, chunk_bytes):
+            if here == there:
                 yield name, r0, rows
-        if whole:
-            yield name, 0, dense
-            del dense
+            else:                                              # an expert of this e-rank: on to the writer
+                grid.comm.send(rows.contiguous(), "e", there)
+
+
+def _cuts(shape: tuple[int, ...], element_size: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """The row ranges of the slabs a tensor of ``shape`` streams in."""
+    per = _rows_per_slab(shape, element_size, chunk_bytes)
+    return [(r0, min(r0 + per, shape[0])) for r0 in range(0, shape[0], per)] or [(0, 0)]   # 0 rows: one slab
+
+
+def _assemble(e: TensorPart, pieces: dict, grid: Grid, me: int, dst: int, whole: bool, received: "_Scratch",
+              slabs: "_Scratch", chunk_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """On xyz member ``dst``: ``(first row, rows)`` of ``e``'s dense tensor, the whole (``whole``) or slab by slab,
+    from the members' parts; the other members send theirs and yield nothing."""
+    if e.tile is None:
+        if me == dst:
+            yield 0, e.tensor
+        return
+    shape, dtype, device = tuple(e.dense_shape), e.tensor.dtype, e.tensor.device
+    cuts = _cuts(shape, e.tensor.element_size(), chunk_bytes)
+    if me != dst:
+        for p in pieces[e.name]:
+            if p.src == me:
+                own = _own_piece(e)
+                for r0, r1 in cuts:
+                    for s, t, _ in _runs_in_rows(p.tile, r0, r1):
+                        grid.comm.send(own[s:t], "xyz", dst)
+        return
+    dense = torch.empty(shape, dtype=dtype, device=device) if whole else None
+    for r0, r1 in cuts:
+        rows = dense[r0:r1] if whole else slabs.view((r1 - r0, *shape[1:]), dtype, device)
+        origin = (r0,) + (0,) * (len(shape) - 1)
+        for p in pieces[e.name]:
+            if p.src == me:
+                place_part(e.tile, e.tensor, rows, origin)
+                continue
+            for s, t, boxes in _runs_in_rows(p.tile, r0, r1):
+                got = grid.comm.recv(received.view((t - s,), dtype, device), "xyz", p.src)
+                pos = 0
+                for b in boxes:
+                    rows[b.slices(origin)] = got[pos: pos + b.numel].view(b.shape)
+                    pos += b.numel
+        if not whole:
+            yield r0, rows
+    if whole:
+        yield 0, dense
+
+
+_EXPERT_KEY = re.compile(r"^(?P<block>.+)\.experts\.(?P<e>\d+)\.(?P<layer>[^.]+)\.weight$")
+
+
+def expert_names(model: nn.Module) -> tuple[list[str], dict[str, tuple[str, int]]]:
+    """The state dict's names with every expert of each mixture-of-experts block in place of this rank's
+    (``<block>.experts.<e>.<layer>.weight`` for ``e`` in ``0..E-1``; the same list on every rank), and the experts
+    this rank does not hold: ``name -> (the name of this rank's first expert's same layer, the e-index holding it)``
+    (experts ``j·E/ep .. (j+1)·E/ep - 1`` on e-index ``j``)."""
+    sd = model.state_dict(keep_vars=True)
+    names: list[str] = []
+    remote: dict[str, tuple[str, int]] = {}
+    done: set[str] = set()
+    for n, t in sd.items():
+        m = _EXPERT_KEY.match(n)
+        if m is None or not getattr(t, "axgrid_expert", False):
+            names.append(n)
+            continue
+        block = m["block"]
+        if block in done:
+            continue
+        done.add(block)
+        moe = model.get_submodule(block)
+        local = [int(k) for k in moe.experts]
+        layers = [k.rsplit(".", 1)[0] for k in moe.experts[str(local[0])].state_dict()]
+        for e in range(moe.num_experts):
+            for layer in layers:
+                name = f"{block}.experts.{e}.{layer}.weight"
+                names.append(name)
+                if e not in local:
+                    remote[name] = (f"{block}.experts.{local[0]}.{layer}.weight", e // len(local))
+    return names, remote
 
 
 def refuse_spread_experts(model: nn.Module, grid: Grid, what: str) -> None:
@@ -327,9 +400,12 @@ def _shard_plan(model: nn.Module, grid: Grid, max_shard_size: int | str) -> tupl
     for name in getattr(model, "_keys_to_ignore_on_save", None) or ():
         local.pop(name, None)
     kept = remove_tied_weights_from_state_dict(local, model)
+    names, remote = expert_names(model)
+    sd = model.state_dict(keep_vars=True)
+    like = {n: sd[remote[n][0]] if n in remote else sd[n] for n in names}
+    kept = set(kept) | set(remote)
     dense = {n: torch.empty(tuple(t.axgrid_tile.dense_shape) if getattr(t, "axgrid_tile", None) else t.shape,
-                            dtype=t.dtype, device="meta") for n, t in model.state_dict(keep_vars=True).items()
-             if n in kept}
+                            dtype=t.dtype, device="meta") for n, t in like.items() if n in kept}
     split = split_state_dict_into_shards_factory(dense, get_storage_size=lambda t: t.numel() * t.element_size(),
                                                  filename_pattern="model{suffix}.safetensors",
                                                  max_shard_size=max_shard_size)
@@ -354,7 +430,10 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
     whatever the size of the tensor (a tensor held whole, such as a norm, is written from the model itself,
     through a host copy when on a GPU), and the other ranks hold only their own parts. A failure on the writing
     rank is raised on every rank; the files are written under a temporary name and renamed when complete, so a
-    failed export leaves no half-written file under a final name.
+    failed export leaves no half-written file under a final name. A mixture of experts spread over ep > 1
+    (each e-rank holding others) writes every expert: an e-rank's xyz group assembles its experts on its member
+    beside ``rank``, which passes them on over ``"e"`` slab by slab. A tensor whose parameter carries
+    ``axgrid_export_name`` is written under that name (a Mixtral's experts and router: its files' legacy names).
     """
     if getattr(model, "axgrid_lora", None) is not None:
         raise ValueError("export_pretrained: the model carries LoRA adapters; fold them in first "
@@ -366,8 +445,10 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
         raise ValueError(f"export_pretrained: rank={rank} is not a rank of this grid (0..{grid.world_size - 1})")
     if chunk_bytes < 1:
         raise ValueError(f"export_pretrained: chunk_bytes={chunk_bytes} must be a positive number of bytes")
-    refuse_spread_experts(model, grid, "export_pretrained")
     files, index_meta = _shard_plan(model, grid, max_shard_size)
+    names, remote = expert_names(model)
+    sd = model.state_dict(keep_vars=True)
+    rename = {n: _renamed(n, sd, remote) for n in names}
     writer_rank = grid.rank == rank
     err: Optional[BaseException] = None
     if writer_rank:
@@ -378,12 +459,14 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
     raise_on_any_rank(grid, err, lambda n: RuntimeError(
         f"export_pretrained: rank {rank} could not write {save_directory} (see its error)"))
     layout = {n: f for f, names in files.items() for n in names}
+    like = {n: sd[remote[n][0]] if n in remote else sd[n] for n in names}
     shapes = {n: (t.dtype, tuple(t.axgrid_tile.dense_shape) if getattr(t, "axgrid_tile", None) else tuple(t.shape))
-              for n, t in model.state_dict(keep_vars=True).items() if n in layout}
+              for n, t in like.items() if n in layout}
     current: Optional[SafetensorsWriter] = None
     current_names: set[str] = set()
     try:
-        for name, row, rows in _stream(model, grid, rank, list(layout), chunk_bytes, whole=False):
+        for name, row, rows in _stream(model, grid, rank, [n for n in names if n in layout], chunk_bytes,
+                                       whole=False, remote=remote):
             if err is not None:
                 continue                              # keep receiving: the other ranks are sending
             try:
@@ -392,8 +475,9 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
                         current.close()
                     current_names = set(files[layout[name]])
                     current = SafetensorsWriter(os.path.join(save_directory, layout[name]),
-                                                [(n, *shapes[n]) for n in files[layout[name]]], {"format": "pt"})
-                current.write_rows(name, row, rows)
+                                                [(rename[n], *shapes[n]) for n in files[layout[name]]],
+                                                {"format": "pt"})
+                current.write_rows(rename[name], row, rows)
             except Exception as ex:
                 err = ex
                 if current is not None:
@@ -407,12 +491,25 @@ def export_pretrained(model: nn.Module, save_directory: str, grid: Grid, *, rank
         try:
             if current is not None:
                 current.close()
-            _finish_index(save_directory, files, index_meta)
+            _finish_index(save_directory, {f: [rename[n] for n in names] for f, names in files.items()}, index_meta)
         except Exception as ex:
             err = ex
     raise_on_any_rank(grid, err, lambda n: RuntimeError(
         f"export_pretrained: rank {rank} could not write {save_directory} (see its error)"))
     return save_directory
+
+
+def _renamed(name: str, sd: dict, remote: dict[str, tuple[str, int]]) -> str:
+    """The name ``name`` is written under: its parameter's ``axgrid_export_name`` (for an expert held by another
+    e-rank, that of this rank's same layer with the expert's index put in)."""
+    if name not in remote:
+        return getattr(sd[name], "axgrid_export_name", name)
+    template = remote[name][0]
+    out = getattr(sd[template], "axgrid_export_name", None)
+    if out is None:
+        return name
+    e_here, e_there = template.split(".experts.")[1].split(".")[0], name.split(".experts.")[1].split(".")[0]
+    return out.replace(f".experts.{e_here}.", f".experts.{e_there}.")
 
 
 def _write_side_files(model: nn.Module, save_directory: str, tokenizer: Any) -> None:

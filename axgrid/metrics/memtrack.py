@@ -259,4 +259,23 @@ def watch_bucket_allocations(buckets: Any, live: LiveBytes, name: str = "buckets
 
 
 __all__ = ["storage_key", "storage_bytes", "live_keys", "optimizer_tensors", "SavedBytes", "LiveBytes",
-           "watch_weight_source", "watch_bucket_allocations"]
+           "watch_weight_source", "watch_bucket_allocations", "BudgetExceeded", "BudgetedLiveBytes"]
+
+
+class BudgetExceeded(RuntimeError):
+    """A rank's live tensor bytes would pass its budget."""
+
+
+class BudgetedLiveBytes(LiveBytes):
+    """:class:`LiveBytes` that raises :class:`BudgetExceeded` at the allocation that takes the live bytes past
+    ``budget`` (bytes; 0: none)."""
+
+    def __init__(self, existing: Iterable[Optional[torch.Tensor]], budget: int) -> None:
+        self.budget = budget
+        super().__init__(existing)
+
+    def _register(self, t: torch.Tensor) -> None:
+        super()._register(t)
+        if self.budget and self.current > self.budget:
+            raise BudgetExceeded(f"{self.current / 2**20:.1f} MiB of live tensors pass the budget of "
+                                 f"{self.budget / 2**20:.1f} MiB per rank (tensor {tuple(t.shape)})")

@@ -74,6 +74,9 @@ def expert_parallel_block(block: nn.Module, grid: Grid, name: str = "MoE block")
     router.weight.requires_grad_(gate.weight.requires_grad)
     layer = name.rsplit(".", 1)[0]
     aliases(router.weight, [f"{layer}.block_sparse_moe.gate.weight"])
+    mixtral = type(block).__name__.startswith("Mixtral")     # its weight files keep the legacy block_sparse_moe names
+    if mixtral:
+        router.weight.axgrid_export_name = f"{layer}.block_sparse_moe.gate.weight"
     up_plan, down_plan = LinearPlan(False, "sharded", "sharded"), LinearPlan(True, "sharded", "sharded")
     made: dict[int, ExpertMLP] = {}
     for e in local_experts(num_experts, grid):
@@ -88,6 +91,8 @@ def expert_parallel_block(block: nn.Module, grid: Grid, name: str = "MoE block")
             lin.weight.requires_grad_((experts.down_proj if transpose else experts.gate_up_proj).requires_grad)
             aliases(lin.weight, [f"{name}.experts.{e}.{hf}.weight",
                                  f"{layer}.block_sparse_moe.experts.{e}.{legacy}.weight"])
+            if mixtral:
+                lin.weight.axgrid_export_name = f"{layer}.block_sparse_moe.experts.{e}.{legacy}.weight"
             parts.append(lin)
         made[e] = ExpertMLP(*parts, experts.act_fn)
     shared, shared_gate = None, None
@@ -107,7 +112,9 @@ def aliases(param: torch.nn.Parameter, names: list[str]) -> None:
     """Other names ``param`` goes by in Hugging Face weight files (``axgrid_file_names``, which
     :func:`axgrid.from_pretrained` also looks for): an expert's ``.../experts.<e>.gate_proj.weight`` (Qwen-MoE) or
     ``.../block_sparse_moe.experts.<e>.w1.weight`` (Mixtral's files; ``w3`` up, ``w2`` down), Mixtral's router
-    ``.../block_sparse_moe.gate.weight``."""
+    ``.../block_sparse_moe.gate.weight``. A Mixtral's expert and router weights also carry ``axgrid_export_name``,
+    the legacy name :func:`axgrid.export_pretrained` writes (transformers converts those names of a Mixtral file into
+    its fused experts, not the ``mlp.experts.<e>`` ones)."""
     param.axgrid_file_names = list(names)
 
 

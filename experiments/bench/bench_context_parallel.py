@@ -26,26 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from axgrid.metrics.memtrack import LiveBytes
-
-
-class BudgetExceeded(RuntimeError):
-    """A rank's live tensor bytes would pass its budget."""
-
-
-class BudgetedLiveBytes(LiveBytes):
-    """:class:`LiveBytes` that raises :class:`BudgetExceeded` at the allocation that takes the live bytes past
-    ``budget`` (bytes; 0: none)."""
-
-    def __init__(self, existing: Any, budget: int) -> None:
-        self.budget = budget
-        super().__init__(existing)
-
-    def _register(self, t: torch.Tensor) -> None:
-        super()._register(t)
-        if self.budget and self.current > self.budget:
-            raise BudgetExceeded(f"{self.current / 2**20:.1f} MiB of live tensors pass the budget of "
-                                 f"{self.budget / 2**20:.1f} MiB per rank (tensor {tuple(t.shape)})")
+from axgrid.metrics.memtrack import BudgetedLiveBytes, BudgetExceeded
 
 
 def measure(cp: int, seq: int, layers: int, hidden: int, heads: int, vocab: int, exchange: str,

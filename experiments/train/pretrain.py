@@ -1,4 +1,5 @@
-"""Pre-train a Hugging Face causal LM from its config (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3) on the 4D grid.
+"""Pre-train a Hugging Face causal LM from its config (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, Mixtral,
+Qwen2/3-MoE) on the 4D grid.
 
     axgrid launch -n 8 -- python experiments/train/pretrain.py --config path/to/config.json --grid 2x2x1x2 \\
         --data-path corpus_text_document --seq 1024 --batch 16 --microbatches 2 --steps 1000 --warmup 100 \\
@@ -17,7 +18,10 @@ Data, step, checkpoints and metrics are train_gpt's (``axgrid.driver``): ``--dat
 Megatron's indexed format (``python -m axgrid.data preprocess``, with the model's tokenizer; ``--split``,
 ``--eval-interval``, ``--eval-iters``: validation loss and perplexity; docs/data.md), or ``--data text|synthetic``;
 ``--batch`` sequences of ``--seq`` tokens per step in ``--microbatches`` micro-batches, split over d and z (``--cp N``:
-context parallelism, each sequence cut into ``2·N`` chunks over ``N`` z-ranks, ``N`` dividing Gz); AdamW
+context parallelism, each sequence cut into ``2·N`` chunks over ``N`` z-ranks, ``N`` dividing Gz; ``--ep N``: a
+mixture of experts' (Mixtral, Qwen2/3-MoE) experts spread over ``N`` d-ranks, ``N`` dividing Gd and the experts;
+checkpoints under ``--ep`` > 1 are refused yet; the loss is the model's own, with its auxiliary
+load-balancing loss per micro-batch when the config's ``output_router_logits`` is on); AdamW
 (decay on matrices), warm-up then cosine decay, clipping, Goldfish, bf16 autocast on GPU; ``--zero 1|2``;
 ``--save DIR --save-every K --resume DIR`` (any grid; the data position is saved; other settings are refused unless
 ``--allow-config-change``); ``--log``/``--tensorboard`` rows of :mod:`axgrid.metrics`. ``--export DIR`` writes the
@@ -38,6 +42,7 @@ import axgrid
 from axgrid.data import load_tokenizer
 from axgrid.data.tokenizer_record import record_of
 from axgrid.driver import (RunCheckpoints, RunData, StepSettings, add_context_parallel_argument, add_data_arguments,
+                           add_expert_parallel_argument, check_expert_parallel,
                            add_own_data_arguments, add_run_arguments, add_step_arguments, check_batch_split,
                            check_context_parallel, check_corpus_tokenizer,
                            check_data_arguments, check_output_paths, check_own_data_arguments, check_run_arguments,
@@ -56,6 +61,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="Hugging Face config.json, or a folder holding one")
     p.add_argument("--seq", type=int, default=128, help="tokens per training sequence")
     add_context_parallel_argument(p)
+    add_expert_parallel_argument(p)
     p.add_argument("--steps", type=int, default=20)
     add_step_arguments(p)
     add_own_data_arguments(p)
@@ -106,6 +112,10 @@ def check_args(args: argparse.Namespace, config: Any) -> None:
     check_context_parallel(args.cp, args.seq, shape)
     check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
     check_zero(args.zero, shape)
+    check_expert_parallel(args.ep, shape, config, f"--config {args.config}")
+    if args.ep > 1 and (args.save or args.resume):
+        raise SystemExit(f"--ep {args.ep} with --save/--resume: checkpoints of experts spread over ep > 1 ranks are "
+                         f"not supported yet; run without them or with --ep 1")
     vocab = config.vocab_size
     check_own_data_arguments(args, vocab, f"--config {args.config}")
     check_data_arguments(args)
@@ -125,7 +135,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     dtype = compute_dtype(args.dtype)
     runtime = axgrid.RuntimeConfig(timeout_s=args.timeout, seed=args.seed, record_timing=args.comm_timing,
                                    zero=args.zero)
-    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=runtime, cp=args.cp)
+    grid = axgrid.init(args.grid or "1x1x1", order=args.order, config=runtime, cp=args.cp, ep=args.ep)
     try:
         return _pretrain(args, config, grid, dtype)
     finally:
@@ -151,7 +161,7 @@ def _pretrain(args: argparse.Namespace, config: Any, grid: axgrid.Grid, dtype: s
     name = type(model).__name__
     params = dense_parameters(model)
     record = {"model": name, "config": os.path.abspath(args.config), "parameters": params, "seed": args.seed,
-              "seq": args.seq, "cp": args.cp, "batch": args.batch, "microbatches": args.microbatches,
+              "seq": args.seq, "cp": args.cp, "ep": args.ep, "batch": args.batch, "microbatches": args.microbatches,
               "recompute": args.recompute, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})", "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,

@@ -218,7 +218,7 @@ def rank_refusals(path: str) -> list[str]:
         model = axgrid.parallelize(tiny_moe(MoECase("mixtral", "1x1x1x2", 2, 1, 1, 1, 1, 4, 1, True, False, 0)), grid)
         for attempt in (lambda: axgrid.lora(model, grid, targets=["q_proj", "gate_proj"]),
                         lambda: save_checkpoint(path, model, grid=grid, step=0),
-                        lambda: axgrid.export_pretrained(model, path, grid)):
+                        lambda: axgrid.dense_state_dict(model, grid)):
             try:
                 attempt()
                 msgs.append("no error")
@@ -230,7 +230,8 @@ def rank_refusals(path: str) -> list[str]:
 
 
 def test_bad_sizes_are_refused_before_step_0_in_one_line(ranks, tmp_path):
-    """And what expert parallelism does not do yet (LoRA on experts, checkpoints, the dense export), refused alike."""
+    """And what expert parallelism does not do yet (LoRA on experts, checkpoints, a dense state dict on every rank),
+    refused alike."""
     msgs = ranks(2, rank_refusals, str(tmp_path))
     assert msgs[0] == msgs[1]
     ep, experts, top_k, lora, save, export = msgs[0]
@@ -360,3 +361,29 @@ def test_from_pretrained_reads_only_this_ranks_experts(ranks, tmp_path, family):
     tiny_moe(case).save_pretrained(tmp_path)         # Mixtral's files: block_sparse_moe.experts.<e>.w1/w2/w3
     for r in ranks(2, rank_from_pretrained, str(tmp_path), case):
         assert r["logits"] < TOL and r["read"] == r["want_read"], r
+
+
+def rank_export(path: str, case: MoECase) -> None:
+    """``axgrid.export_pretrained`` of the parallelized ``tiny_moe(case)`` into ``path``."""
+    grid = axgrid.init(case.grid, ep=case.ep, config=axgrid.RuntimeConfig(timeout_s=60, seed=0))
+    try:
+        axgrid.export_pretrained(axgrid.parallelize(tiny_moe(case), grid), path, grid)
+    finally:
+        grid.destroy()
+
+
+@pytest.mark.parametrize("family,grid,ep", [("mixtral", "2x1x1x1", 1), ("qwen3_moe", "2x1x1x1", 1),
+                                             ("mixtral", "2x1x1x2", 2), ("qwen3_moe", "1x1x1x4", 4)])
+def test_the_export_loads_in_transformers_with_equal_logits(ranks, tmp_path, family, grid, ep):
+    """Each expert's layers split over x (ep 1), and the experts spread over d (ep 2 beside x; ep 4, one expert per
+    rank): transformers loads the export into its fused experts without a missing or unexpected weight (a
+    Mixtral's under its files' block_sparse_moe names) and its logits equal the model's."""
+    import transformers
+    case = MoECase(family, grid, ep, 4 // ep, 2, 1, 2, 6, 1, True, False, 7)
+    ranks(_world(grid), rank_export, str(tmp_path), case)
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32,
+                                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(back(input_ids=ids).logits, tiny_moe(case)(input_ids=ids).logits)

@@ -144,3 +144,42 @@ def test_drivers_refuse_context_parallel_sizes_that_do_not_work_in_one_line(tmp_
     with pytest.raises(SystemExit) as e:
         load_script(f"train/{script}.py").main(model + ["--grid", "1x1x1x1", "--steps", "1"] + extra)
     assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
+
+
+def rank_pretrain_refusal(argv: list) -> str:
+    """pretrain.py's one-line SystemExit on this rank (or "no error")."""
+    try:
+        load_script("train/pretrain.py").main(argv)
+    except SystemExit as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("experts,top_k,extra,msg", [
+    (4, 2, ["--ep", "4"], "--ep 4 with grid 1x1x1x2: the experts spread over d-ranks, so --ep must divide Gd=2; "
+                          "choose --ep in [1, 2] or a grid whose Gd is a multiple of 4"),
+    (3, 1, ["--ep", "2"], "with --config {config}: its 3 experts do not divide over 2 ranks; choose --ep in [1]"),
+    (2, 3, [], "--config {config}: num_experts_per_tok=3 (top-k) but the model has 2 experts; choose "
+               "num_experts_per_tok in 1..2"),
+    (4, 2, ["--ep", "2", "--save", "{out}"], "--ep 2 with --save/--resume: checkpoints of experts spread over ep > 1 "
+                                             "ranks are not supported yet"),
+    (0, 0, ["--ep", "2"], "with --config {config}: the model is not a mixture of experts"),
+])
+def test_pretrain_refuses_expert_parallel_sizes_that_do_not_work_on_every_rank(ranks, tmp_path, experts, top_k,
+                                                                               extra, msg):
+    """--ep: not dividing Gd, experts not divisible by it, top-k above the experts (and --ep on a dense model),
+    refused by pretrain.py in one line, the same on both ranks, before step 0 (the ranks start no collective: the
+    grid is not made)."""
+    from transformers import LlamaConfig, MixtralConfig
+    common = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    cfg = MixtralConfig(**common, num_local_experts=experts, num_experts_per_tok=top_k) if experts else \
+        LlamaConfig(**common)
+    cfg.save_pretrained(tmp_path / "model")
+    config = str(tmp_path / "model")
+    argv = ["--config", config, "--grid", "1x1x1x2", "--steps", "1", "--seq", "16", "--batch", "2", "--no-progress",
+            "--timeout", "30"] + [w.replace("{out}", str(tmp_path / "out")) for w in extra]
+    got = ranks(2, rank_pretrain_refusal, argv)
+    assert got[0] == got[1], got
+    assert msg.replace("{config}", config) in got[0] and "\n" not in got[0], got[0]
+    assert not (tmp_path / "out").exists()

@@ -115,6 +115,11 @@ MEMORY_CHECK = CoveredBy("tests/scripts/test_gpu_check.py::test_memory_check_pas
 #: bench_context_parallel's runs (docs/results.md#context-parallelism-on-cpu-ranks), one small run under a budget
 CP_BENCH = Call("axgrid launch -n 2 -- python experiments/bench/bench_context_parallel.py --cp 2 --seq 64 --layers 1 "
                 "--hidden 32 --heads 2 --vocab 64 --budget-mib 48", expect='"fits": true')
+#: bench_expert_parallel's runs (docs/results.md): replicated over the budget, ep=4 under it
+EP_BENCH = CoveredBy("tests/scripts/test_bench_expert_parallel.py::"
+                     "test_a_mixture_of_experts_over_budget_replicated_trains_under_ep")
+PRETRAIN_MOE = CoveredBy("tests/scripts/test_pretrain.py::"
+                         "test_the_shipped_mixture_of_experts_config_learns_the_shipped_text_under_ep")
 CALIBRATE = CoveredBy("tests/ranks/test_calibration.py::test_collectives_script_writes_samples_that_calibrate_fits")
 VALIDATE = CoveredBy("tests/ranks/test_calibration.py::test_steps_script_times_what_validate_compares")
 REPORT = CoveredBy("tests/scripts/test_report.py::test_report_on_a_real_two_rank_run")
@@ -326,6 +331,10 @@ DOCUMENTED: dict[str, Declaration] = {
     "python -m axgrid.perfmodel validate --model gpt-tiny --gpus 4 --machine local-4 --batch 8 --dtype fp32 "
     "--measured runs/steps.json": VALIDATE,
     "python experiments/checks/memory_check.py --device cpu --hidden 64 --seq 64 --batch 4 --vocab 256": MEMORY_CHECK,
+    "axgrid launch -n 4 -- python experiments/train/pretrain.py --config experiments/configs/mixtral-tiny --data text "
+    "--grid 1x1x1x4 --ep 4 --seq 64 --batch 8 --steps 40 --lr 3e-3 --warmup 4": PRETRAIN_MOE,
+    "axgrid launch -n 4 -- python experiments/bench/bench_expert_parallel.py --ep 1 --budget-mib 8": EP_BENCH,
+    "axgrid launch -n 4 -- python experiments/bench/bench_expert_parallel.py --ep 4 --budget-mib 8": EP_BENCH,
     "axgrid launch -n 1 -- python experiments/bench/bench_context_parallel.py "
     "--cp 1 --budget-mib 48 --out cp.jsonl": CP_BENCH,
     "axgrid launch -n 2 -- python experiments/bench/bench_context_parallel.py "
