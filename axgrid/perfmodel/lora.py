@@ -1,5 +1,5 @@
 """LoRA in perfmodel (``Options.lora_r``, ``Options.lora_targets``): what ``axgrid.lora`` changes in a training
-step, for the GPT (``perfmodel.gpt``, ``perfmodel.memory``) and a Hugging Face decoder (``perfmodel.decoder``).
+step, for the GPT and a Hugging Face decoder (``perfmodel.step``, ``perfmodel.memory``).
 Torch-free; the runtime it models is ``axgrid/adapters/layer.py`` (docs/lora.md).
 
 Each targeted FC layer ``W [n, k]`` gets ``A [r, k/G_in]`` (columns as the weight's) and ``B [n/G_out, r]`` (rows as

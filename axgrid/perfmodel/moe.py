@@ -1,6 +1,6 @@
 """A mixture of experts' MoE layers as perfmodel prices them: expert parallelism (EP) as a split of d, each expert's
 FC layers the 3D Linear of a dense MLP. The dense part of a MoE layer (attention, norms, Qwen2-MoE's shared expert)
-is the decoder's (``perfmodel.decoder``, ``TransformerShape.block_layers``); this module adds what the routed
+is the decoder's (``perfmodel.step``, ``TransformerShape.block_layers``); this module adds what the routed
 experts cost, on N grids at once (arrays [N]), to the step the rest of perfmodel prices.
 
 The layout (an ``ep`` dividing Gd and the experts ``E``):
@@ -273,7 +273,7 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
 def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep: int, mprime: int,
                      dtype_bytes: int, grad_dtype_bytes: int, keep_gathered: bool,
                      forward: bool) -> list[tuple[str, str, int]]:
-    """One MoE layer's collectives on one micro-batch for the step replay (``perfmodel.decoder``), as (dim, op,
+    """One MoE layer's collectives on one micro-batch for the step replay (``perfmodel.step``), as (dim, op,
     bytes), in posting order (module docstring); ``forward``: the router's AR_x, the dispatch all-to-all, each local
     expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward all-to-all, the experts'
     layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z), the dispatch's backward

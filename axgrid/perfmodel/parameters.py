@@ -90,9 +90,6 @@ def trainable_parameters(spec: TransformerShape, grid: tuple[int, int, int, int]
     return out
 
 
-#: the family-named lists (tests and experiments read them): :func:`trainable_parameters`
-gpt_parameters = decoder_parameters = trainable_parameters
-
 
 @lru_cache(maxsize=4096)
 def _elements(spec: TransformerShape, gx: int, gy: int, gz: int) -> tuple[int, ...]:
@@ -116,5 +113,5 @@ def gradient_elements(spec: TransformerShape, gx, gy, gz) -> list[np.ndarray]:
     return [elems[:, i] for i in range(elems.shape[1] - 1, -1, -1)]
 
 
-__all__ = ["GPTParam", "HEAD_NORMS", "ROUTERS", "decoder_parameters", "gpt_parameters", "gradient_elements", "layer_modules",
+__all__ = ["GPTParam", "HEAD_NORMS", "ROUTERS", "gradient_elements", "layer_modules",
            "trainable_parameters"]

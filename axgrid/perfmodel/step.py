@@ -6,7 +6,7 @@ the norm before it and the post norm after it) and its head; what differs betwee
 learned table and head untied.
 
 Per micro-batch, with ``m'`` tokens per GPU and ``h_x = h/Gx`` (the side collectives in fp32 whatever the training
-dtype: :data:`STAT_BYTES`; the family tables, ``perfmodel.gpt`` and ``perfmodel.decoder``, say which each posts):
+dtype: :data:`STAT_BYTES`; docs/perfmodel.md#what-the-step-replay-posts-by-family says what each family posts):
 
 ===========================  ===================================================================================
 tables, forward              a table tied to the head: the lookup gathers the head's block over z and all-reduces

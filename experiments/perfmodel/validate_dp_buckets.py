@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     by = {r.grid_str: r for r in rk.feasible}
     with open(a.csv, newline="") as f:
         meas = {row["grid"]: float(row["measured_s"]) for row in csv.DictReader(f)}
-    from axgrid.perfmodel.gpt import gpt_parameters
-    n_tensors = len(gpt_parameters(spec, (1, 1, 1, 1)))   # every trainable tensor: embeddings, norms, FC, head
+    from axgrid.perfmodel.parameters import trainable_parameters
+    n_tensors = len(trainable_parameters(spec, (1, 1, 1, 1)))   # every trainable tensor: embeddings, norms, FC, head
     pred_b, pred_t, ms = [], [], []
     for g, t in meas.items():
         r = by[g]

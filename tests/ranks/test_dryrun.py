@@ -232,7 +232,7 @@ FAMILY_DRY_RUNS = [("llama", "1x1x1x4", 0, True), ("qwen3", "2x2x1x2", 0, False)
 @pytest.mark.parametrize("cases", slow_where([FAMILY_DRY_RUNS[:1], FAMILY_DRY_RUNS[1:]], lambda c: len(c) > 1),
                          ids=["llama", "qwen3-gemma3-phi3"])
 def test_each_familys_dry_run_agrees_with_perfmodel_at_zero_0_on_data_parallel_grids(tmp_path, cases):
-    """A Llama, Qwen3, Gemma 3 and Phi-3 config: the dry run's collectives equal perfmodel.decoder's and the report
+    """A Llama, Qwen3, Gemma 3 and Phi-3 config: the dry run's collectives equal perfmodel.step's and the report
     finds no difference (the used-flags in flight behind the last bucket are within the decoder's bound, not the
     GPT's: a Hugging Face config at zero 0 with Gd > 1 was reported as DIFFERS)."""
     import json

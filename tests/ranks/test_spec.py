@@ -10,7 +10,7 @@ import torch
 import axgrid
 from axgrid.models.gpt import GPT, GPTConfig
 from axgrid.spec import BLOCK_MODULES, TransformerShape, block_layers, fc_volumes, head_layer
-from axgrid.perfmodel.gpt import gpt_parameters
+from axgrid.perfmodel.parameters import trainable_parameters
 
 # layers, hidden, heads, seq, vocab, ffn: on both grids below the QKV block (27 or 54 elements) and the head's
 # are not multiples of Gz, so the shards are padded
@@ -37,7 +37,7 @@ def test_serial_block_is_the_layer_list():
 
 
 def _perfmodel_key(name: str) -> str:
-    """A runtime parameter name as perfmodel.gpt keys it: blocks.3.up.weight -> b3.up.w, wte.weight -> wte."""
+    """A runtime parameter name as perfmodel.parameters keys it: blocks.3.up.weight -> b3.up.w, wte.weight -> wte."""
     module, _, kind = name.rpartition(".")
     return module if module in ("wte", "wpe") else f"{module.replace('blocks.', 'b')}.{kind[0]}"
 
@@ -71,7 +71,7 @@ def test_runtime_parameters_are_the_spec_volumes(ranks):
         for layer in block_layers(hidden, ffn=ffn) + [head_layer(hidden, vocab)]:
             v = fc_volumes(layer, *shape[:3], 1)
             want_fc.append((layer.name, layer.transposed, v.shard, v.bias_loc))
-        want_params = [(p.key, p.elems) for p in gpt_parameters(spec, shape)]
+        want_params = [(p.key, p.elems) for p in trainable_parameters(spec, shape)]
         for r, (params, fcs) in enumerate(x[i] for x in per_rank):
             assert fcs == want_fc, (g, r)
             assert params == want_params, (g, r)

@@ -98,8 +98,8 @@ def test_dp_term_priced_per_bucket_by_hand():
                          bucket_bytes=bucket, microbatches=1)
         ev = pm.evaluate(pm.Problem(spec, 4, 4, "fp32", opt), m, pm.Grids.of([(1, 1, 1, 4)]))
         from axgrid.perfmodel.comm import dp_buckets
-        from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
-        sz = gpt_dp_gradient_sizes(spec, (1, 1, 1, 4), 4)     # every parameter: embeddings, norms, FC
+        from axgrid.perfmodel.step import step_gradient_sizes
+        sz = step_gradient_sizes(spec, (1, 1, 1, 4), 4)     # every parameter: embeddings, norms, FC
         assert sum(sz) == spec.params * 4
         nb = len(dp_buckets(sz, bucket))
         flags = 4 * sum(1 for v in sz if v > 0)               # the parameters' "used" flags: one more all-reduce
@@ -287,9 +287,9 @@ def test_zero_modes_price_the_same_ring_bytes_with_another_overlap():
                      bucket_bytes=2**18, clip=False)         # several buckets: ODP can hide all but one
     ev = {z: pm.evaluate(pm.Problem(spec, 32, 16, "fp32", off.with_(zero=z)), m, g) for z in (0, 1, 2)}
     assert np.allclose(ev[1].raw["d"], ev[0].raw["d"], rtol=1e-3) and np.all(ev[1].exposed["d"] == ev[1].raw["d"])
-    from axgrid.perfmodel.gpt import gpt_dp_gradient_sizes
+    from axgrid.perfmodel.step import step_gradient_sizes
     from axgrid.perfmodel.microbatch import Rings
-    n_params = sum(1 for v in gpt_dp_gradient_sizes(spec, (1, 1, 1, 2), 4) if v > 0)
+    n_params = sum(1 for v in step_gradient_sizes(spec, (1, 1, 1, 2), 4) if v > 0)
     flags = Rings.of(g, off.order, m).time("all_reduce", "d", 4 * n_params)     # every mode: the "used" flags
     rs = (ev[1].raw["d"] - flags) / 2                        # half of the rest: the reduce-scatter (fp32: AG = RS)
     assert np.allclose(ev[2].raw["d"], ev[1].raw["d"] + rs, rtol=1e-3)      # one more reduce-scatter (2 mb)

@@ -1,4 +1,4 @@
-"""perfmodel's Hugging Face decoder (axgrid/perfmodel/decoder.py): the tensors a rank trains are the model's (their dense
+"""perfmodel's Hugging Face decoder (axgrid/perfmodel/parameters.py, memory.py): the tensors a rank trains are the model's (their dense
 total is the published parameter count of LLaMA-3.1-405B and the count of the model transformers builds from
 SmolLM2-135M's config), and a config.json of a family it does not model is refused in one line. That its collectives
 and parameter, gradient and optimizer bytes equal the runtime's is tests/ranks/test_dryrun.py's."""
@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from axgrid.perfmodel.decoder import decoder_parameters, decoder_static_bytes
+from axgrid.perfmodel.memory import static_bytes
+from axgrid.perfmodel.parameters import trainable_parameters
 from axgrid.spec import TransformerShape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,10 +21,10 @@ def test_the_405b_config_has_llama_3_1_405bs_published_parameter_count():
     spec = TransformerShape.from_config_json(LLAMA_405B, 8192)
     assert (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn, spec.vocab, spec.tied) == \
         (126, 16384, 128, 8, 53248, 128256, False)
-    assert sum(p.elems for p in decoder_parameters(spec, (1, 1, 1, 1))) == 405_853_388_800
+    assert sum(p.elems for p in trainable_parameters(spec, (1, 1, 1, 1))) == 405_853_388_800
     # on 4x4x8x64: every tensor split as the plan splits it (weights over x, y, z; norms over x; the table over x)
-    params, grads, optimizer = decoder_static_bytes(spec, (4, 4, 8, 64))
-    assert params == grads and optimizer == 2 * params + 4 * len(decoder_parameters(spec, (4, 4, 8, 64)))
+    params, grads, optimizer = static_bytes(spec, (4, 4, 8, 64))
+    assert params == grads and optimizer == 2 * params + 4 * len(trainable_parameters(spec, (4, 4, 8, 64)))
 
 
 @pytest.mark.slow
@@ -38,7 +39,7 @@ def test_a_tied_config_counts_what_transformers_builds(smollm2):
     assert spec.tied and spec.kv_heads == 3
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(smollm2))
-    assert sum(p.elems for p in decoder_parameters(spec, (1, 1, 1, 1))) == sum(p.numel() for p in model.parameters())
+    assert sum(p.elems for p in trainable_parameters(spec, (1, 1, 1, 1))) == sum(p.numel() for p in model.parameters())
 
 
 def test_a_family_it_does_not_model_is_refused_in_one_line(tmp_path):

@@ -1,6 +1,6 @@
 """perfmodel prices every family the runtime trains: a Hugging Face decoder's step (GQA, SwiGLU, RoPE, tied or
 not) is priced by the same model as the GPT's, and what it prices agrees with the references it did not write
-itself: the bytes per grid dimension equal the collective replay of the decoder's step (``perfmodel.decoder``,
+itself: the bytes per grid dimension equal the collective replay of the decoder's step (``perfmodel.step``,
 which tests/ranks/test_dryrun.py checks against the runtime), the parameter, gradient and optimizer bytes equal the
 replay's, the FLOPs equal ``axgrid.spec.llama_flops`` (the formula of the Llama 3 paper's accounting), and the
 public models' shapes hold their published parameter counts; over generated shapes and grids."""
@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import axgrid.perfmodel as pm
-from axgrid.perfmodel.decoder import decoder_collective_events, decoder_static_bytes
+from axgrid.perfmodel.memory import static_bytes
+from axgrid.perfmodel.step import step_collective_events
 from axgrid.perfmodel.memory import memory_per_gpu
 from axgrid.spec import PUBLIC_MODELS, TransformerShape, llama_flops
 
@@ -57,11 +58,11 @@ def test_a_decoders_bytes_per_dimension_equal_its_replay(spec, grid, zero, mb, k
     opt = pm.Options(microbatches=mb, keep_gathered=keep, recompute=recompute, zero=zero)
     ev = pm.evaluate(pm.Problem(spec, batch, int(np.prod(grid)), "bf16", opt), pm.load_machine("perlmutter"),
                      pm.Grids.of([grid]))
-    events = decoder_collective_events(spec, grid, batch // mb * spec.seq, mb, 2, keep, recompute, opt.grad_bytes,
+    events = step_collective_events(spec, grid, batch // mb * spec.seq, mb, 2, keep, recompute, opt.grad_bytes,
                                        opt.bucket_bytes, zero, clip=opt.clip)
     for d in ("x", "y", "z", "d", "xyz"):
         assert ev.step_bytes[d][0] == sum(n for dd, _, n in events if dd == d), (grid, d)
-    params, grads, optimizer = decoder_static_bytes(spec, grid, zero, opt.bucket_bytes)
+    params, grads, optimizer = static_bytes(spec, grid, zero, opt.bucket_bytes)
     mem = memory_per_gpu(spec, *grid, batch // mb * spec.seq / (grid[2] * grid[3]), 2, False, opt)
     assert (float(mem.params), float(mem.grads), float(mem.optimizer)) == (params, grads, optimizer)
 

@@ -1,6 +1,6 @@
 """perfmodel prices a step as a loop over the spec's layer list (``axgrid.spec.block_layers``), not over a layer order
 of its own: a block with one more FC layer (a SwiGLU-style gate ``[4h, h]`` next to MLP-up) costs exactly that
-layer's GEMMs, bytes and parameters more, in ``evaluate``, in the ledger replay (``perfmodel.gpt``) and in memory.
+layer's GEMMs, bytes and parameters more, in ``evaluate``, in the ledger replay (``perfmodel.step``) and in memory.
 No torch needed."""
 import numpy as np
 import pytest

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from axgrid import perfmodel as pm
 from axgrid.dryrun.config import resolve
 from axgrid.models.gpt import GPT, GPTConfig
-from axgrid.perfmodel.decoder import decoder_collective_events, decoder_parameters
-from axgrid.perfmodel.gpt import gpt_parameters
+from axgrid.perfmodel.parameters import trainable_parameters
+from axgrid.perfmodel.step import step_collective_events
 from axgrid.perfmodel.suites import vtrain_problem, vtrain_rows
 from axgrid.spec import NAMED_SIZES, TransformerShape
 
@@ -34,8 +34,8 @@ def built_parameters(shape: TransformerShape) -> int:
 
 
 def perfmodel_parameters(shape: TransformerShape) -> int:
-    """perfmodel's count: the tensors of one rank of the 1x1x1x1 grid (``perfmodel.gpt`` / ``perfmodel.decoder``)."""
-    tensors = gpt_parameters(shape, (1, 1, 1, 1)) if shape.is_gpt else decoder_parameters(shape, (1, 1, 1, 1))
+    """perfmodel's count: the tensors of one rank of the 1x1x1x1 grid (``perfmodel.parameters``)."""
+    tensors = trainable_parameters(shape, (1, 1, 1, 1))
     return sum(p.elems for p in tensors)
 
 
@@ -149,7 +149,7 @@ def test_a_decoders_shape_replays_the_decoders_step():
     """``perfmodel.collective_events`` of a shape replays the step of the model it describes."""
     llama = TransformerShape.from_hf_config(tiny_config("llama", tie_word_embeddings=True), 32)
     events = pm.collective_events(llama, (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
-    assert events == decoder_collective_events(llama, (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
+    assert events == step_collective_events(llama, (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
     assert events != pm.collective_events(replace(llama, family="gpt", kv_heads=None, head_dim=None, ffn=None,
                                                   tied=False), (2, 2, 1, 2), 4 * 32, 1, 2, clip=True)
 
@@ -227,7 +227,7 @@ def test_every_familys_shape_is_the_model_transformers_builds(p):
         layer.norm for layer in shape.block_layers()}
     # perfmodel's tensors are the model's, in model.parameters() order
     names = [n for n, _ in model.named_parameters()]
-    assert [t.elems for t in decoder_parameters(shape, (1, 1, 1, 1))] == [
+    assert [t.elems for t in trainable_parameters(shape, (1, 1, 1, 1))] == [
         p.numel() for p in model.parameters()], names
     types = getattr(hf_config, "layer_types", None)
     window = getattr(hf_config, "sliding_window", None) if shape.family != "llama" else None   # Llama: no window
