@@ -52,7 +52,7 @@ from axgrid.launch.env import LaunchError, detect_launch, grid_shape_for
 from axgrid.launch.errors import run
 from axgrid.metrics import Metrics, add_arguments as add_metrics_arguments
 from axgrid.plans.causal_lm import causal_lm_from_config, dense_parameters, read_hf_config
-from axgrid.spec import GridError, llama_flops
+from axgrid.spec import GridError, TransformerShape
 from axgrid.train import decay_groups
 
 
@@ -165,8 +165,10 @@ def _pretrain(args: argparse.Namespace, config: Any, grid: axgrid.Grid, dtype: s
               "recompute": args.recompute, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
               "optimizer": f"AdamW ({axgrid.adamw_kind(opt)})", "goldfish_k": args.goldfish_k,
               "goldfish_h": args.goldfish_h, "goldfish_mode": args.goldfish_mode,
-              "flop_formula": "(6 + 2r)*P*B*S + (6 + 2r)*2*L*S*a*B*S"}
-    metrics = Metrics.from_args(grid, args, flops_per_step=llama_flops(config, args.batch, args.seq, args.recompute),
+              "flop_formula": "(6 + 2r)*T*(P_active + 2*L*K*a): TransformerShape.flops_per_iteration"}
+    # the shape's count: a mixture of experts' active experts (top-k and the router), sliding windows' keys
+    flops = TransformerShape.from_hf_config(config, args.seq).flops_per_iteration(args.batch, args.recompute)
+    metrics = Metrics.from_args(grid, args, flops_per_step=flops,
                                 tokens_per_step=args.batch * args.seq, dtype=dtype, config=record,
                                 progress=None if args.no_progress else args.steps, initial=start,
                                 append=bool(args.resume))
