@@ -12,6 +12,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
+from axgrid.spec import GridShape
 from helpers.cp_reference import AttentionCase, attention_differences, loss_differences
 
 DEEP = bool(os.environ.get("AXGRID_DEEP"))
@@ -24,10 +25,7 @@ TOL = 2e-5                                  # fp32 round-off, relative to (1 + t
 
 
 def _world(spec: str) -> int:
-    n = 1
-    for v in spec.split("x"):
-        n *= int(v)
-    return n
+    return GridShape.parse(spec).size
 
 
 @st.composite

@@ -19,6 +19,7 @@ import axgrid
 from axgrid.checkpoint import save_checkpoint
 from axgrid.io.part_copy import part_of_dense
 from axgrid.plans import gather_logits
+from axgrid.spec import GridShape
 
 pytest.importorskip("transformers")
 
@@ -166,10 +167,7 @@ def rank_moe(case: MoECase, zero: int = 0, overlap: bool = False) -> dict[str, f
 
 
 def _world(spec: str) -> int:
-    n = 1
-    for v in spec.split("x"):
-        n *= int(v)
-    return n
+    return GridShape.parse(spec).size
 
 
 @st.composite
