@@ -248,6 +248,28 @@ DOCUMENTED: dict[str, Declaration] = {
     "--batch 2048": NotRun("a 405B model's step on fake tensors: ~2 minutes of this host's CPU, 126 layers"),
     "python -m axgrid.perfmodel validate-public --suite llama-public":
         CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
+    # ---- docs/results.md: context parallelism at 131,072 tokens (issue 46)
+    "python -m axgrid.perfmodel rank --model llama-3.1-8b --seq 131072 --gpus 64 --machine dgx-h100 --batch 8 "
+    "--zero auto --cp auto --layouts 4d --top 12":
+        Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --seq 32768 --gpus 8 --machine dgx-h100 --batch 4 "
+             "--cp auto --layouts 4d --top 3 --show-infeasible 0", expect="llama-3.1-8b"),
+    "/usr/bin/time -v python -m axgrid.dryrun --model llama-3.1-8b --seq 131072 --grid 2x8x1x4 --zero 1 "
+    "--microbatches 2 --machine dgx-h100 --batch 8":
+        NotRun("an 8B model's step at 131,072 tokens on fake tensors: ~2 minutes of this host's CPU", "tests/ranks/"
+               "test_dryrun_context_parallel.py::test_context_parallel_dry_run_agrees_with_perfmodel"),
+    "/usr/bin/time -v python -m axgrid.dryrun --model llama-3.1-8b --seq 131072 --grid 1x1x32x2+cp32 --zero 1 "
+    "--microbatches 4 --machine dgx-h100 --batch 8":
+        NotRun("an 8B model's step under context parallelism on fake tensors: ~10 minutes of this host's CPU",
+               "tests/ranks/test_dryrun_context_parallel.py::test_context_parallel_dry_run_agrees_with_perfmodel"),
+    "python -m axgrid.perfmodel rank --config experiments/configs/llama-3.1-405b --seq 131072 --gpus 8192 "
+    "--machine frontier --batch 128 --zero auto --cp auto --layouts 4d --top 8":
+        CoveredBy("tests/unit/test_perfmodel_context_parallel.py::test_rank_searches_context_parallel_sizes_and_names_them"),
+    "/usr/bin/time -v python -m axgrid.dryrun --model experiments/configs/llama-3.1-405b/config.json --seq 131072 "
+    "--grid 1x8x128x8+cp64 --zero 2 --microbatches 2 --machine frontier --batch 128":
+        NotRun("a 405B model's step under context parallelism on fake tensors: ~30 minutes of this host's CPU",
+               "tests/ranks/test_dryrun_context_parallel.py::test_context_parallel_dry_run_agrees_with_perfmodel"),
+    "python experiments/perfmodel/cp_falloff_torchtitan.py": Call("python experiments/perfmodel/cp_falloff_torchtitan.py",
+                                                                  expect="262,144"),
     # ---- docs/perfmodel.md (``rank ...``: the options of the line above it)
     "python -m axgrid.perfmodel rank --model gpt-80b --gpus 1024 --machine perlmutter --batch 1024 --top 10": RANK,
     "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
