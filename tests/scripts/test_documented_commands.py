@@ -136,6 +136,7 @@ MPIEXEC_TRAIN = Run("NP=2 experiments/train/run_local.sh --model gpt-tiny --grid
                     "--data text --no-progress", expect="train_gpt: loss")
 VALIDATE_PUBLIC = CoveredBy("tests/unit/test_perfmodel_public.py::test_cli_prints_and_plots")
 HEREDOC_405B = "python - 16 <<'PY'"
+MOE_RANKS = CoveredBy("tests/unit/test_perfmodel_moe.py::test_the_documented_moe_rankings")
 
 #: Every documented command (helpers.documented_commands.command_key) and how the suite holds it.
 DOCUMENTED: dict[str, Declaration] = {
@@ -249,6 +250,16 @@ DOCUMENTED: dict[str, Declaration] = {
     "python -m axgrid.perfmodel validate-public --suite llama-public":
         CoveredBy("tests/unit/test_perfmodel_public.py::test_figures_do_not_get_worse"),
     # ---- docs/perfmodel.md (``rank ...``: the options of the line above it)
+    "python -m axgrid.perfmodel rank --model mixtral-8x7b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d "
+    "--top 5": MOE_RANKS,
+    "python -m axgrid.perfmodel rank --model qwen3-30b-a3b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d "
+    "--top 5": MOE_RANKS,
+    "python -m axgrid.perfmodel rank --model mixtral-8x7b --gpus 64 --machine frontier --batch 512 --layouts 4d "
+    "--top 5": MOE_RANKS,
+    "python -m axgrid.perfmodel rank --model qwen3-30b-a3b --gpus 64 --machine frontier --batch 512 --layouts 4d "
+    "--top 5": MOE_RANKS,
+    "python -m axgrid.perfmodel rank --model qwen3-30b-a3b --gpus 8 --machine dgx-h100 --batch 512 --microbatches 16 "
+    "--zero 2 --grid 1x1x1x8 --ep 8": MOE_RANKS,
     "python -m axgrid.perfmodel rank --model gpt-80b --gpus 1024 --machine perlmutter --batch 1024 --top 10": RANK,
     "python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512":
         Call("python -m axgrid.perfmodel rank --model llama-3.1-8b --gpus 64 --machine dgx-h100 --batch 512 --top 3",

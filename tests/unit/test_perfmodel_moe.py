@@ -145,3 +145,25 @@ def test_the_time_models_bytes_per_dimension_equal_the_step_replay(case, keep):
         assert ev.step_bytes[d][0] == pytest.approx(sum(n for dd, _, n in events if dd == d), rel=1e-12), d
     sent = sum(n for _, op, n in events if op == "all_to_all")
     assert ev.extra["all_to_all_bytes"][0] == pytest.approx(sent, rel=1e-12)
+
+
+#: the commands docs/perfmodel.md and docs/results.md print the figures of (the arguments after ``rank``), and a
+#: line of output each prints
+DOCUMENTED_RANKS = {
+    "--model mixtral-8x7b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d --top 5": "1x1x8x8 zero2",
+    "--model qwen3-30b-a3b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d --top 5": "1x1x1x64/ep8 zero1",
+    "--model mixtral-8x7b --gpus 64 --machine frontier --batch 512 --layouts 4d --top 5": "1x1x32x2 zero1",
+    "--model qwen3-30b-a3b --gpus 64 --machine frontier --batch 512 --layouts 4d --top 5": "1x1x2x32/ep4 zero1",
+    "--model qwen3-30b-a3b --gpus 8 --machine dgx-h100 --batch 512 --microbatches 16 --zero 2 --grid 1x1x1x8 --ep 8":
+        "memory 97.7 GiB > 72.0 GiB",
+}
+
+
+@pytest.mark.parametrize("args", list(DOCUMENTED_RANKS))
+def test_the_documented_moe_rankings(args, capsys):
+    assert main(["rank", *args.split()]) == 0
+    out = capsys.readouterr().out
+    assert DOCUMENTED_RANKS[args] in out
+    if "--grid" not in args:                       # the best row is the one the docs name
+        first = next(line for line in out.splitlines() if line.replace(" ", "").startswith("│1│"))
+        assert DOCUMENTED_RANKS[args] in first
