@@ -260,6 +260,10 @@ def _step_bytes(spec: TransformerShape, costs: list[LayerCost], g: Grids, mb: np
     step_bytes["x"] += mb * (calls * n_ln_fwd * fwd + n_ln * bwd_x) * STAT_BYTES * on["x"]
     step_bytes["y"] += mb * (g.gy + 2) * mp_int * STAT_BYTES * on["y"]
     step_bytes["z"] += mb * (n_ln * bwd_z + loss_elements(spec)) * STAT_BYTES * on["z"]
+    if spec.head_norms and not opt.lora_r:      # q_norm, k_norm: each weight's gradient over y, then z (fp32)
+        width = sum(spec.head_norm_widths())
+        step_bytes["y"] += mb * spec.layers * width * STAT_BYTES * on["y"]
+        step_bytes["z"] += mb * spec.layers * width * STAT_BYTES * on["z"]
     for _, dim, nbytes in table_bytes(spec, mp_int, hx, costs[-1].vol.padded, b, gb):
         step_bytes[dim] += mb * nbytes * on[dim]
     step_bytes["d"] += d_bytes * on["d"]

@@ -31,16 +31,16 @@ def examples(ci: int, deep: int) -> int:
 @st.composite
 def decoders(draw) -> TransformerShape:
     """A small Llama-structured decoder: GQA (key-value heads dividing the heads), its own head size or not, tied
-    or not, Qwen2's q/k/v biases or Llama's none."""
+    or not, Qwen2's q/k/v biases or Llama's none, Qwen3's q/k norms."""
     kv = draw(st.sampled_from([1, 2, 4]))
     heads = kv * draw(st.sampled_from([1, 2]))
     head_dim = draw(st.sampled_from([4, 8]))
-    family = draw(st.sampled_from(["llama", "qwen2", "mistral"]))
+    family = draw(st.sampled_from(["llama", "qwen2", "mistral", "qwen3"]))
     return TransformerShape(
         f"gen-{family}", draw(st.integers(1, 3)), draw(st.sampled_from([16, 32])), heads,
         seq=draw(st.sampled_from([8, 16])), vocab=draw(st.sampled_from([32, 64])), bias=False,
         ffn=draw(st.sampled_from([16, 48])), family=family, kv_heads=kv, head_dim=head_dim,
-        tied=draw(st.booleans()), attention_bias=family == "qwen2")
+        tied=draw(st.booleans()), attention_bias=family == "qwen2", head_norms=family == "qwen3")
 
 
 GRIDS = [(1, 1, 1, 2), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (2, 2, 1, 2), (1, 2, 2, 1), (2, 1, 2, 2)]

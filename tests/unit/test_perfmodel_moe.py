@@ -129,13 +129,9 @@ def test_the_time_models_bytes_per_dimension_equal_the_step_replay(case, keep):
     (``perfmodel.step.step_collective_events``, posted one by one) for a mixture of experts with EP: the dense part, the
     experts' collectives, the all-to-alls and the expert gradients over their replicas."""
     from axgrid.perfmodel.step import step_collective_events
-    from dataclasses import replace
     spec, (gx, gy, gz, gd, ep), recompute, zero = case
     if zero and gd == 1:
         return
-    # without q/k norms: evaluate does not count their weight gradients' AR_y/AR_z, which the replay posts (a dense
-    # Qwen3's bytes differ so too; not the experts')
-    spec = replace(spec, head_norms=False)
     batch, mb = 64, 2
     opt = pm.Options(recompute=recompute, microbatches=mb, zero=zero, keep_gathered=keep)
     ev = pm.evaluate(pm.Problem(spec, batch, 16, "bf16", opt), H100, pm.Grids.of([(gx, gy, gz, gd, ep)]))
