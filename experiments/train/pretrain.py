@@ -113,9 +113,6 @@ def check_args(args: argparse.Namespace, config: Any) -> None:
     check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
     check_zero(args.zero, shape)
     check_expert_parallel(args.ep, shape, config, f"--config {args.config}")
-    if args.ep > 1 and (args.save or args.resume):
-        raise SystemExit(f"--ep {args.ep} with --save/--resume: checkpoints of experts spread over ep > 1 ranks are "
-                         f"not supported yet; run without them or with --ep 1")
     vocab = config.vocab_size
     check_own_data_arguments(args, vocab, f"--config {args.config}")
     check_data_arguments(args)
