@@ -20,7 +20,7 @@ Megatron's indexed format (``python -m axgrid.data preprocess``, with the model'
 ``--batch`` sequences of ``--seq`` tokens per step in ``--microbatches`` micro-batches, split over d and z (``--cp N``:
 context parallelism, each sequence cut into ``2·N`` chunks over ``N`` z-ranks, ``N`` dividing Gz; ``--ep N``: a
 mixture of experts' (Mixtral, Qwen2/3-MoE) experts spread over ``N`` d-ranks, ``N`` dividing Gd and the experts;
-checkpoints under ``--ep`` > 1 are refused yet; the loss is the model's own, with its auxiliary
+a checkpoint resumes under another ``--ep``; the loss is the model's own, with its auxiliary
 load-balancing loss per micro-batch when the config's ``output_router_logits`` is on); AdamW
 (decay on matrices), warm-up then cosine decay, clipping, Goldfish, bf16 autocast on GPU; ``--zero 1|2``;
 ``--save DIR --save-every K --resume DIR`` (any grid; the data position is saved; other settings are refused unless
