@@ -20,7 +20,9 @@ Layout on disk (``root`` is what you pass to :class:`CheckpointManager` / :func:
 
 Which rank writes a part: exactly one rank per distinct part, the one whose coordinate is 0 along every letter
 of ``param.axgrid_replicated`` (a Linear weight's z-parts are distinct, so every z-rank writes its own, as 1-3
-boxes; a part that is only padding writes nothing). Dense parameters (no tile) and scalar optimizer state
+boxes; a part that is only padding writes nothing). A mixture of experts' experts (``axgrid_expert``, named by
+global id, each e-rank holding others) are written by the first rank of their replica group ``"r"`` instead, and
+marked ``"expert"`` in the manifest: a model under another ``ep`` loads the experts it holds. Dense parameters (no tile) and scalar optimizer state
 (AdamW's ``step``) are written once, by rank 0. Optimizer tensors with the parameter's shape (``exp_avg``,
 ``exp_avg_sq``, momentum buffers) share the parameter's tile; those of an optimizer sharded over d
 (``axgrid.ShardedOptimizer``, ``zero`` >= 1) have their piece's (the parameter's tile with ``piece``: each

@@ -162,7 +162,8 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optional[torch.optim
         for e in mine:
             _check_entry(e, grid)
         have = {e.name for e in mine}
-        ck_model = {n for n, v in saved.items() if v["kind"] in ("param", "buffer")}
+        ck_model = {n for n, v in saved.items() if v["kind"] in ("param", "buffer")
+                    and not (v.get("expert") and n not in have)}     # a model under ep > 1 holds some experts
         if strict and (have - ck_model or ck_model - have):
             miss = sorted(x[6:] for x in have - ck_model)[:8]
             extra_ = sorted(x[6:] for x in ck_model - have)[:8]
@@ -243,7 +244,9 @@ def _stage_optimizer(reader: _Reader, model: nn.Module, opt: torch.optim.Optimiz
     groups = []
     for gi, (row, sg, cg) in enumerate(zip(slots, desc["param_groups"], cur["param_groups"])):
         pnames = [names.get(id(p), "?") for p, _, _, _ in row]
-        if pnames != sg["params"]:
+        held = set(pnames)                # of the checkpoint's experts, only those this rank holds (ep > 1)
+        if pnames != [n for n in sg["params"] if n in held or not reader.man["tensors"].get(f"model/{n}", {}).get(
+                "expert")]:
             raise CheckpointError(f"optimizer parameter group {gi}: the checkpoint {ckdir} holds parameters "
                                   f"{sg['params'][:6]}..., this optimizer {pnames[:6]}...: build it the same way")
         groups.append({**cg, **{k: _like(v, cg[k]) for k, v in sg.items()

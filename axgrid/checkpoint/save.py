@@ -24,11 +24,29 @@ from .runconfig import config_record
 from .state import _check_entry, _model_entries, _optim_entries, _rng_state
 from .store import list_checkpoints
 
-def _is_writer(grid, e: TensorPart) -> bool:
-    """One rank per distinct part: coordinate 0 along every letter the part is replicated over."""
+def _is_writer(grid, e: TensorPart, expert: bool = False) -> bool:
+    """One rank per distinct part: coordinate 0 along every letter the part is replicated over (an expert's part,
+    distinct over the expert-parallel group ``"e"``: index 0 in its replica group ``"r"`` instead of along d)."""
     if grid is None:
         return True
-    return all(grid.coord[c] == 0 for c in set(e.replicated) & set("xyzd"))
+    letters = set(e.replicated) & set("xyzd")
+    if expert and "d" in letters:
+        letters.discard("d")
+        if grid.index("r") != 0:
+            return False
+    return all(grid.coord[c] == 0 for c in letters)
+
+
+def _expert_names(model: nn.Module) -> set[str]:
+    """The parameter names of ``model``'s experts (``axgrid_expert``: each e-rank holds others, named by global id)."""
+    return {n for n, p in model.named_parameters() if getattr(p, "axgrid_expert", False)}
+
+
+def _is_expert_entry(name: str, experts: set[str]) -> bool:
+    """Whether a checkpoint entry (``model/<param>`` or ``optim/<param>/<key>``) belongs to an expert."""
+    if name.startswith("model/"):
+        return name[6:] in experts
+    return name.startswith("optim/") and name[6:].rsplit("/", 1)[0] in experts
 
 
 def _boxes_of(e: TensorPart) -> list[tuple[str, Box, torch.Tensor]]:
@@ -62,9 +80,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     files are removed (those of a save killed on the way are removed by the next save).
     """
     rank, world = _rank_world(grid)
-    if grid is not None and grid.size("e") > 1 and any(getattr(p, "axgrid_expert", False) for p in model.parameters()):
-        raise ValueError(f"save_checkpoint: the model's experts are spread over ep={grid.size('e')} ranks of d, which "
-                         f"checkpoints do not store yet (they keep one d-replica); train with ep=1 to checkpoint")
+    experts = _expert_names(model)
     if grid is not None:
         check_replicas(model, grid)          # a checkpoint keeps one replica: make every replica that one first
     final = os.path.join(root, f"step-{int(step):08d}")
@@ -94,7 +110,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
         rng = _rng_state(generators)
     except CheckpointError as ex:
         err = ex
-    fp = fingerprint(entries)
+    fp = fingerprint([e for e in entries if not _is_expert_entry(e.name, experts)])   # experts differ over "e"
     token = secrets.randbits(40) if rank == 0 else 0   # not torch's RNG: saving must not change training
     failed, s1, s2, token = agree(grid, [int(err is not None), fp, fp * fp, token])
     if err is not None:
@@ -111,7 +127,7 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
     tensors: dict[str, torch.Tensor] = {}
     tiles: list[dict[str, Any]] = []
     for e in entries:                                   # no collective: each writer saves its own part's boxes
-        if _is_writer(grid, e):
+        if _is_writer(grid, e, _is_expert_entry(e.name, experts)):
             for key, box, data in _boxes_of(e):
                 tensors[key] = data
                 tiles.append({"name": e.name, "key": key, "offsets": list(box.offsets), "shape": list(box.shape)})
@@ -124,7 +140,8 @@ def save_checkpoint(root: str, model: nn.Module, optimizer: Optional[torch.optim
             os.fsync(f.fileno())
         tensors.clear()
         index = {"rank": rank, "file": fname, "bytes": os.path.getsize(path), "sha256": _sha256_file(path),
-                 "tiles": tiles}
+                 "tiles": tiles, "e": 0 if grid is None else grid.index("e"), "optimizer": optim_desc,
+                 "experts": {e.name: _tensor_meta(e) for e in entries if _is_expert_entry(e.name, experts)}}
         _write_bytes(os.path.join(tmp, f"rank-{rank:05d}.json"), json.dumps(index).encode())
     except Exception as ex:  # OSError, or torch.save failing: every rank must still reach the agreement below
         err = CheckpointError(f"rank {rank} could not write {os.path.join(tmp, fname)}: {type(ex).__name__}: {ex}")
@@ -161,6 +178,8 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[TensorPart], opti
              for r in range(world)}
     files: dict[str, Any] = {}
     tiles: dict[str, list[dict[str, Any]]] = {}
+    expert_meta: dict[str, dict[str, Any]] = {}           # every e-rank's experts, by entry name
+    descs: dict[int, Optional[dict[str, Any]]] = {}      # the optimizer's description of each e-index's first rank
     for r in range(world):
         ipath = os.path.join(tmp, f"rank-{r:05d}.json")
         with open(ipath) as f:
@@ -171,17 +190,22 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[TensorPart], opti
             lst = tiles.setdefault(t["name"], [])
             if not any(o["offsets"] == t["offsets"] and o["shape"] == t["shape"] for o in lst):
                 lst.append({"file": fname, "key": t["key"], "offsets": t["offsets"], "shape": t["shape"]})
+        for n, meta in idx.get("experts", {}).items():
+            expert_meta.setdefault(n, meta)
+        descs.setdefault(int(idx.get("e", 0)), idx.get("optimizer"))
+    metas = {e.name: _tensor_meta(e) for e in entries if e.name not in expert_meta} | expert_meta
     tensors: dict[str, Any] = {}
-    for e in entries:
-        if e.name in tensors:
-            continue
-        got = tiles.get(e.name, [])
+    for name, meta in metas.items():
+        got = tiles.get(name, [])
         covered = sum(math.prod(t["shape"]) for t in got)
-        if covered != math.prod(e.dense_shape):
-            raise CheckpointError(f"{e.name}: the saved tiles cover {covered} of {math.prod(e.dense_shape)} "
+        if covered != math.prod(meta["dense_shape"]):
+            raise CheckpointError(f"{name}: the saved tiles cover {covered} of {math.prod(meta['dense_shape'])} "
                                   f"elements; its parameters' axgrid_replicated / axgrid_tile marks are wrong")
-        tensors[e.name] = {"dense_shape": list(e.dense_shape), "dtype": dtype_name(e.tensor.dtype),
-                           "kind": e.kind, "tiles": got}
+        tensors[name] = {**meta, "tiles": got} | ({"expert": True} if name in expert_meta else {})
+    if optim_desc is not None and len(descs) > 1:
+        optim_desc = _merge_optimizer(
+            [descs[i] for i in sorted(descs)],
+            {n[6:] for n in expert_meta if n.startswith("model/")})
     man = {"format": FORMAT, "version": VERSION, "step": step, "created": time.time(),
            "torch": torch.__version__, "grid": _grid_str(grid), "order": None if grid is None else grid.order,
            "world_size": world, "zero": 0 if grid is None else grid.runtime.config.zero,
@@ -208,6 +232,46 @@ def _finish(root: str, tmp: str, final: str, entries: Sequence[TensorPart], opti
         for p in done[:-keep]:
             if os.path.abspath(p) != os.path.abspath(final):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def _tensor_meta(e: TensorPart) -> dict[str, Any]:
+    """A manifest entry's description of a tensor (its tiles added by rank 0)."""
+    return {"dense_shape": list(e.dense_shape), "dtype": dtype_name(e.tensor.dtype), "kind": e.kind}
+
+
+def _merge_optimizer(descs: Sequence[dict[str, Any]], experts: set[str]) -> dict[str, Any]:
+    """One optimizer description from those of the e-ranks (in e-index order), each naming only its own experts:
+    every group's parameters in a model's order with all experts held (between two parameters that every rank
+    holds, e-index 0's experts, then e-index 1's, ...), their values and state keys together."""
+    out = {**descs[0], "param_groups": [], "values": {}, "state_keys": {}}
+    for d in descs:
+        out["values"].update(d["values"])
+        out["state_keys"].update(d["state_keys"])
+    for gi, g in enumerate(descs[0]["param_groups"]):
+        runs: list[list[list[str]]] = []               # per e-rank: its experts before each shared parameter
+        shared: Optional[list[str]] = None
+        for d in descs:
+            names = d["param_groups"][gi]["params"]
+            mine, cut = [[]], []
+            for n in names:
+                if n in experts:
+                    mine[-1].append(n)
+                else:
+                    cut.append(n)
+                    mine.append([])
+            if shared is not None and cut != shared:
+                raise CheckpointError(f"optimizer parameter group {gi} holds other parameters on different "
+                                      f"expert-parallel ranks: build the optimizer the same way on every rank")
+            shared = cut
+            runs.append(mine)
+        merged: list[str] = []
+        for i in range(len(shared or []) + 1):
+            for mine in runs:
+                merged += mine[i]
+            if i < len(shared or []):
+                merged.append(shared[i])
+        out["param_groups"].append({**g, "params": merged})
+    return out
 
 
 def _replace_in_place(tmp: str, final: str, names: Mapping[str, str], manifest: bytes, token: int) -> None:

@@ -20,7 +20,7 @@ Megatron's indexed format (``python -m axgrid.data preprocess``, with the model'
 ``--batch`` sequences of ``--seq`` tokens per step in ``--microbatches`` micro-batches, split over d and z (``--cp N``:
 context parallelism, each sequence cut into ``2·N`` chunks over ``N`` z-ranks, ``N`` dividing Gz; ``--ep N``: a
 mixture of experts' (Mixtral, Qwen2/3-MoE) experts spread over ``N`` d-ranks, ``N`` dividing Gd and the experts;
-checkpoints under ``--ep`` > 1 are refused yet; the loss is the model's own, with its auxiliary
+a checkpoint resumes under another ``--ep``; the loss is the model's own, with its auxiliary
 load-balancing loss per micro-batch when the config's ``output_router_logits`` is on); AdamW
 (decay on matrices), warm-up then cosine decay, clipping, Goldfish, bf16 autocast on GPU; ``--zero 1|2``;
 ``--save DIR --save-every K --resume DIR`` (any grid; the data position is saved; other settings are refused unless
@@ -113,9 +113,6 @@ def check_args(args: argparse.Namespace, config: Any) -> None:
     check_batch_split(args.batch, args.microbatches, shape.gd, shape.gz, str(shape), args.cp)
     check_zero(args.zero, shape)
     check_expert_parallel(args.ep, shape, config, f"--config {args.config}")
-    if args.ep > 1 and (args.save or args.resume):
-        raise SystemExit(f"--ep {args.ep} with --save/--resume: checkpoints of experts spread over ep > 1 ranks are "
-                         f"not supported yet; run without them or with --ep 1")
     vocab = config.vocab_size
     check_own_data_arguments(args, vocab, f"--config {args.config}")
     check_data_arguments(args)

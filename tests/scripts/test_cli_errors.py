@@ -161,8 +161,6 @@ def rank_pretrain_refusal(argv: list) -> str:
     (3, 1, ["--ep", "2"], "with --config {config}: its 3 experts do not divide over 2 ranks; choose --ep in [1]"),
     (2, 3, [], "--config {config}: num_experts_per_tok=3 (top-k) but the model has 2 experts; choose "
                "num_experts_per_tok in 1..2"),
-    (4, 2, ["--ep", "2", "--save", "{out}"], "--ep 2 with --save/--resume: checkpoints of experts spread over ep > 1 "
-                                             "ranks are not supported yet"),
     (0, 0, ["--ep", "2"], "with --config {config}: the model is not a mixture of experts"),
 ])
 def test_pretrain_refuses_expert_parallel_sizes_that_do_not_work_on_every_rank(ranks, tmp_path, experts, top_k,

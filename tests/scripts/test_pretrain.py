@@ -165,6 +165,18 @@ def test_resumed_on_another_grid_gives_the_uninterrupted_loss(ranks, files, tmp_
     assert [r["step"] for r in records if r["event"] == "step"] == [0, 1, 2, 2]
 
 
+def test_resumed_under_another_ep_gives_the_uninterrupted_loss(ranks, files, tmp_path):
+    """A mixture of experts saved under --ep 2 (two replicas of each expert, --zero 1: their AdamW state over the
+    two) and resumed under --ep 4 (each rank reading only its expert) goes on with the uninterrupted run's losses."""
+    ck = str(tmp_path / "ck")
+    argv = ["--config", files["mixtral"], "--data-path", files["corpus"], "--steps", "3", "--grid", "1x1x1x4"] + COMMON
+    whole = ranks(4, rank_pretrain, argv + ["--ep", "2", "--zero", "1", "--save", ck, "--save-every", "2"])
+    rest = ranks(4, rank_pretrain, argv + ["--ep", "4", "--resume", f"{ck}/step-00000002",
+                                           "--allow-config-change", "ep,zero"])[0][0]
+    assert rest["start_step"] == 2
+    assert rest["losses"] == pytest.approx(whole[0][0]["losses"][2:], rel=1e-5)
+
+
 @pytest.mark.parametrize("change,msg", [
     ({"config": "nowhere/config.json"}, "--config nowhere/config.json: no readable config.json"),
     ({"config": "{bad}"}, "no model_type field, so it is not a Hugging Face model config"),
