@@ -118,7 +118,8 @@ def causal_lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
     return out.loss
 
 
-def dense_parameters(model: torch.nn.Module) -> int:
-    """Parameters of the dense model (a parallel parameter counts its dense shape, ``axgrid_tile``)."""
-    return sum(math.prod(t.dense_shape) if (t := getattr(p, "axgrid_tile", None)) is not None else p.numel()
-               for p in model.parameters())
+def dense_parameters(model: torch.nn.Module, ep: int = 1) -> int:
+    """Parameters of the dense model (a parallel parameter counts its dense shape, ``axgrid_tile``); under expert
+    parallelism of size ``ep`` a rank holds ``1/ep`` of the experts (``axgrid_expert``), so theirs count ``ep`` times."""
+    return sum((math.prod(t.dense_shape) if (t := getattr(p, "axgrid_tile", None)) is not None else p.numel())
+               * (ep if getattr(p, "axgrid_expert", False) else 1) for p in model.parameters())

@@ -156,7 +156,7 @@ def _pretrain(args: argparse.Namespace, config: Any, grid: axgrid.Grid, dtype: s
     data = RunData.open(args, grid, settings, seq=args.seq, seed=args.seed, vocab=vocab, start=start,
                         resumed=ckpt.extra, fallback=lambda: own_batches(args, args.seq, vocab))
     name = type(model).__name__
-    params = dense_parameters(model)
+    params = dense_parameters(model, args.ep)
     record = {"model": name, "config": os.path.abspath(args.config), "parameters": params, "seed": args.seed,
               "seq": args.seq, "cp": args.cp, "ep": args.ep, "batch": args.batch, "microbatches": args.microbatches,
               "recompute": args.recompute, "zero": args.zero, "data": args.data, "corpus": data.describe() or None,
