@@ -43,9 +43,15 @@ def test_row_machine_takes_the_stated_network_and_hbm():
     m = row_machine(r, base)
     assert m.hbm_bandwidth == pytest.approx(base.hbm_bandwidth * 2.4e12 / DATASHEET_HBM["dgx-h100"])
     assert m.placement_of("inter").beta == pytest.approx(400e9 / 8 * 8)        # 400 Gb/s per GPU, 8 per node
+    # the 500 W power limit: every compute rate at the stated peak (NVIDIA's datasheets, interpolated in power)
+    assert r.peak_tflops_bf16 == pytest.approx(835.5 + (989.4 - 835.5) * (500 - 400) / (700 - 400), abs=0.05)
+    assert m.peak_flops_bf16 == pytest.approx(886.8e12)
+    assert [g.flops_per_s for g in m.gemm_table] == pytest.approx(
+        [g.flops_per_s * 886.8e12 / base.peak_flops_bf16 for g in base.gemm_table])
     ibm = next(x for x in read_rows() if x.row == "ibm-a100-l2-7b")
     a = row_machine(ibm, pm.load_machine("dgx-a100"))
     assert a.placement_of("inter").beta == pytest.approx(50e9 / 8 * 8) and a.memory_bytes > 1e12
+    assert ibm.peak_tflops_bf16 == 0 and a.peak_flops_bf16 == pm.load_machine("dgx-a100").peak_flops_bf16
 
 
 def test_excluded_rows_and_malformed_tables_raise(tmp_path):
