@@ -9,7 +9,7 @@ import pytest
 
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.llama_suite import (DATASHEET_HBM, llama_csv, measured_seconds, price_row, read_rows,
-                                          row_machine)
+                                          row_machine, row_problem)
 from axgrid.perfmodel.space import Grids
 
 
@@ -85,3 +85,16 @@ def test_a_selective_row_is_half_way_between_none_and_full(tmp_path):
         times.append(float(pm.evaluate(prob, m, Grids.of([(1, 1, 8, 1)])).time[0]))
     assert times[0] < times[1] and t == pytest.approx(sum(times) / 2)
     assert math.isfinite(tflops) and tflops > 0
+
+
+def test_a_tp_row_runs_its_token_wise_kernels_sequence_parallel():
+    """torchtitan's TP (its parallelize_llama: SequenceParallel on the norms) shards the residual stream's
+    element-wise kernels over the TP ranks: the 405B row (TP 8) is priced with seq_split = 8, which moves less
+    element-wise time than the same grid without it."""
+    r = next(x for x in read_rows() if x.row == "tt-h100-405b-2d")
+    assert r.tp == 8 and r.recompute == "full"
+    m, prob = row_machine(r), row_problem(r, True)
+    grid = Grids.of([(1, 8, 16, 1)])
+    sp, whole = (pm.evaluate(prob, m, grid, seq_split=k) for k in (8, 1))
+    assert price_row(r)[0] == pytest.approx(float(sp.time[0]))
+    assert float(sp.extra["elementwise"][0]) < 0.5 * float(whole.extra["elementwise"][0])
