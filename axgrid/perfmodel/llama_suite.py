@@ -28,8 +28,19 @@ half-way between none and full: t = (t_none + t_full) / 2. For ``selective-layer
 Machine: the row's machine file, memory not limiting (the runs were made), with the conditions the source states
 and the model can express: ``inter_node_gbps_per_gpu`` (the network per GPU, replacing the file's inter-node
 bandwidth; empty: the file's) and ``hbm_tbps`` (the GPU's datasheet HBM bandwidth: the file's ``hbm_bandwidth``
-scaled by its ratio to the file GPU's datasheet figure, ``DATASHEET_HBM``). A GPU clocked below spec is not
-modelled: such rows say it in their ``note`` (torchtitan's Grand Teton H100s at 500 W).
+scaled by its ratio to the file GPU's datasheet figure, ``DATASHEET_HBM``) and ``peak_tflops_bf16`` (a GPU
+run below its datasheet power, whose sustained clock and so its tensor-core rate are lower: the dense bf16 peak
+at that power limit; every compute rate of the file, its GEMM table's included, is scaled by its ratio to the
+file's ``peak_flops_bf16``; empty: the file's). torchtitan's Grand Teton H100s run at a 500 W limit (the SXM's
+is 700 W): their rows give 886.8 TFLOP/s, NVIDIA's datasheet dense bf16 peaks interpolated linearly in power
+between the H100 NVL (835.5 TFLOP/s, 1,671 with sparsity, at its 400 W maximum; the same GH100 die at a lower
+clock) and the H100 SXM (989.4 at 700 W). The HBM's clock is not the power limit's: its rate is not scaled.
+
+Tensor parallelism in the ``fsdp`` layout is torchtitan's plan (its ``parallelize_llama``): the norms and the
+residual stream run sequence-parallel (``SequenceParallel`` on the norms, the blocks' inputs and outputs sharded
+on the sequence), so each of the ``tp`` ranks runs the token-wise element-wise kernels on 1/``tp`` of the tokens
+(``evaluate``'s ``seq_split``); the collectives' bytes are Megatron-SP's all-gather and reduce-scatter, the
+all-reduce's.
 
 Measured time per step: tokens/s/GPU → global batch · seq / (value · GPUs); TFLOP/s/GPU → predicted time ·
 predicted TFLOP/s / value, i.e. the source's FLOP count taken as perfmodel's (``Row.tflops_per_gpu``, recompute
@@ -102,6 +113,7 @@ class PublicRow:
     status: str
     note: str
     source: str
+    peak_tflops_bf16: float = 0.0   # the GPU's dense bf16 peak at the row's power limit; 0: the machine file's
 
     @property
     def priced(self) -> bool:
@@ -148,7 +160,8 @@ def read_rows(path: str | Path | None = None) -> list[PublicRow]:
                 _int(r["pp"]) or 1, _int(r["cp"]) or 1, _int(r["fsdp"]), _int(r["replicas"]) or 1, _int(r["mbs"]),
                 int(r["global_batch"]), int(r["seq"]), r["recompute"], r["compile"] == "yes", r["fp8"] == "yes",
                 r["grad_reduce"] or "fp32", r["metric"], float(r["value"]), _float(r["inter_node_gbps_per_gpu"]),
-                _float(r["hbm_tbps"]), r["status"], r["note"], r["source"])
+                _float(r["hbm_tbps"]), r["status"], r["note"], r["source"],
+                _float(r.get("peak_tflops_bf16") or ""))
         except (KeyError, ValueError, TypeError) as e:
             raise PerfModelError(f"{path}: row {r.get('row', '?')!r} is malformed ({e!r})") from None
         bad = [f"{k} {v!r}" for k, v, ok in (
@@ -177,6 +190,8 @@ def row_machine(row: PublicRow, machine: Machine | None = None) -> Machine:
         if row.machine not in DATASHEET_HBM:
             raise PerfModelError(f"row {row.row!r}: no datasheet HBM figure for {row.machine} to scale from")
         m = replace(m, hbm_bandwidth=m.hbm_bandwidth * row.hbm_tbps * 1e12 / DATASHEET_HBM[row.machine])
+    if row.peak_tflops_bf16 > 0:
+        m = m.scaled(flops=row.peak_tflops_bf16 * 1e12 / m.peak_flops_bf16)
     return m
 
 
@@ -202,7 +217,7 @@ def _fsdp_time(row: PublicRow, m: Machine, recompute: bool) -> tuple[float, floa
     if row.tp * row.fsdp * row.replicas != row.gpus:
         raise PerfModelError(f"row {row.row!r}: TP·FSDP·replicas = {row.tp}·{row.fsdp}·{row.replicas} is not its "
                              f"{row.gpus} GPUs")
-    ev = evaluate(row_problem(row, recompute), m, Grids.of([grid]))
+    ev = evaluate(row_problem(row, recompute), m, Grids.of([grid]), seq_split=row.tp)   # torchtitan's SP
     if not ev.feasible[0]:
         raise PerfModelError(f"row {row.row!r}: grid {'x'.join(map(str, grid))} rejected: {ev.reasons[0]}")
     return float(ev.time[0]), float(ev.tflops_per_gpu[0])

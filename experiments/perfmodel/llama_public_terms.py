@@ -34,7 +34,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         m = row_machine(r)
         share = RECOMPUTE[r.recompute]
         for recompute in ([False] if share == 0 else [True] if share == 1 else [False, True]):
-            ev = evaluate(row_problem(r, recompute), m, Grids.of([(1, r.tp, r.fsdp, r.replicas)]))
+            ev = evaluate(row_problem(r, recompute), m, Grids.of([(1, r.tp, r.fsdp, r.replicas)]), seq_split=r.tp)
             terms = " ".join(f"{k} {float(ev.extra[k][0]):.3f}" for k in TERMS if k in ev.extra)
             comm = " ".join(f"{d} {float(ev.exposed[d][0]):.3f}/{float(ev.raw[d][0]):.3f}" for d in ev.exposed)
             print(f"    recompute {'full' if recompute else 'none'}: step {float(ev.time[0]):.3f} s = compute "

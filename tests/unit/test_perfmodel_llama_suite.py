@@ -9,7 +9,7 @@ import pytest
 
 from axgrid import perfmodel as pm
 from axgrid.perfmodel.llama_suite import (DATASHEET_HBM, llama_csv, measured_seconds, price_row, read_rows,
-                                          row_machine)
+                                          row_machine, row_problem)
 from axgrid.perfmodel.space import Grids
 
 
@@ -43,9 +43,15 @@ def test_row_machine_takes_the_stated_network_and_hbm():
     m = row_machine(r, base)
     assert m.hbm_bandwidth == pytest.approx(base.hbm_bandwidth * 2.4e12 / DATASHEET_HBM["dgx-h100"])
     assert m.placement_of("inter").beta == pytest.approx(400e9 / 8 * 8)        # 400 Gb/s per GPU, 8 per node
+    # the 500 W power limit: every compute rate at the stated peak (NVIDIA's datasheets, interpolated in power)
+    assert r.peak_tflops_bf16 == pytest.approx(835.5 + (989.4 - 835.5) * (500 - 400) / (700 - 400), abs=0.05)
+    assert m.peak_flops_bf16 == pytest.approx(886.8e12)
+    assert [g.flops_per_s for g in m.gemm_table] == pytest.approx(
+        [g.flops_per_s * 886.8e12 / base.peak_flops_bf16 for g in base.gemm_table])
     ibm = next(x for x in read_rows() if x.row == "ibm-a100-l2-7b")
     a = row_machine(ibm, pm.load_machine("dgx-a100"))
     assert a.placement_of("inter").beta == pytest.approx(50e9 / 8 * 8) and a.memory_bytes > 1e12
+    assert ibm.peak_tflops_bf16 == 0 and a.peak_flops_bf16 == pm.load_machine("dgx-a100").peak_flops_bf16
 
 
 def test_excluded_rows_and_malformed_tables_raise(tmp_path):
@@ -79,3 +85,16 @@ def test_a_selective_row_is_half_way_between_none_and_full(tmp_path):
         times.append(float(pm.evaluate(prob, m, Grids.of([(1, 1, 8, 1)])).time[0]))
     assert times[0] < times[1] and t == pytest.approx(sum(times) / 2)
     assert math.isfinite(tflops) and tflops > 0
+
+
+def test_a_tp_row_runs_its_token_wise_kernels_sequence_parallel():
+    """torchtitan's TP (its parallelize_llama: SequenceParallel on the norms) shards the residual stream's
+    element-wise kernels over the TP ranks: the 405B row (TP 8) is priced with seq_split = 8, which moves less
+    element-wise time than the same grid without it."""
+    r = next(x for x in read_rows() if x.row == "tt-h100-405b-2d")
+    assert r.tp == 8 and r.recompute == "full"
+    m, prob = row_machine(r), row_problem(r, True)
+    grid = Grids.of([(1, 8, 16, 1)])
+    sp, whole = (pm.evaluate(prob, m, grid, seq_split=k) for k in (8, 1))
+    assert price_row(r)[0] == pytest.approx(float(sp.time[0]))
+    assert float(sp.extra["elementwise"][0]) < 0.5 * float(whole.extra["elementwise"][0])
