@@ -50,7 +50,7 @@ optimizer step: no temporaries. The drivers and the dry run build AdamW with :fu
          does not price.
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
          which is in backward: static + the gathered blocks live in backward + all stored activations + the
-         largest transient: the loss gradient at the start of backward (Gy > 1: two fp32 ``[m', Vy]`` and
+         largest transient: the loss gradient at the start of backward, with no gathered block alive (Gy > 1: two fp32 ``[m', Vy]`` and
          under autocast a copy in b bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward
          (with ``zero=2``'s dp buckets) with its saved set (recomputed under recompute), the fp32 residual
          gradient and either MLP-down's backward (input gradient ``[m', fy]``, weight gradient ``[fy, hx]`` in b
@@ -413,7 +413,9 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(
         np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange))   # CP's softmax
-    transient = np.maximum(loss_grad, block_bwd - head_act + dp_block)
+    # the loss gradient is taken before the head's backward gathers its weight again: no gathered block is alive
+    # then (the forward's were freed), so it competes with the gathered blocks + a block's backward, not on top of them
+    transient = np.maximum(loss_grad - in_backward, block_bwd - head_act + dp_block)
     static = params + grads + optimizer
     # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest
     transient = np.maximum(transient, dp_end - in_backward - act)
