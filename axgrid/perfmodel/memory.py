@@ -412,7 +412,7 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (dw + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(
-        np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange))   # CP's softmax
+        np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange, b))   # CP's softmax
     transient = np.maximum(loss_grad, block_bwd - head_act + dp_block)
     static = params + grads + optimizer
     # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest
