@@ -184,14 +184,23 @@ def attention_saved_bytes(spec: TransformerShape, gy, mprime, cp: int, act_bytes
     return mp * cp / spec.seq * Hy * per_seq + mp * b * q
 
 
-def backward_transient_bytes(spec: TransformerShape, gy, mprime, cp: int, exchange: str = "all_gather") -> np.ndarray:
-    """Bytes live besides the saved set in the backward of the all-gather's attention: the math path's softmax
-    backward holds the gradient of the probabilities and its own output, two fp32 ``[n, H/Gy, c, w]`` of the widest
-    chunk (the last: ``w = S`` without a window). Measured: the 8B dry run at 131,072 tokens on 1x1x32x2 peaks there
-    (docs/results.md). 0 for the ring (its block products are ``c × c``) and without CP."""
-    if cp <= 1 or exchange != "all_gather":
+def backward_transient_bytes(spec: TransformerShape, gy, mprime, cp: int, exchange: str = "all_gather",
+                             act_bytes: int = 4) -> np.ndarray:
+    """Bytes live besides the saved set in the backward of CP's attention; 0 without CP.
+
+    - all-gather: the math path's softmax backward holds the gradient of the probabilities and its own output, two
+      fp32 ``[n, H/Gy, c, w]`` of the widest chunk (the last: ``w = S`` without a window). Measured: the 8B dry run
+      at 131,072 tokens on 1x1x32x2 peaks there (docs/results.md).
+    - ring: four score blocks ``[n, H/Gy, c, c]`` in the compute dtype ``act_bytes``: a pair's probabilities and
+      their gradient stay live while the next pair's scores and their scaled (masked) copy are made
+      (``axgrid/context_parallel/ring.py``'s backward). Measured: the CPU bench's peak
+      (experiments/bench/bench_context_parallel.py, docs/results.md) is that allocation."""
+    if cp <= 1:
         return np.zeros_like(np.asarray(mprime, dtype=float))
     c = spec.seq // (2 * cp)
+    if exchange == "ring":
+        n = np.asarray(mprime, dtype=float) * cp / spec.seq
+        return 4.0 * act_bytes * n * ceil_div(spec.heads, np.asarray(gy, dtype=np.int64)) * c * c
     widest = max(max(max(ws) for ws in visible_widths(spec, cp, window)) for window, _ in _layer_windows(spec))
     n = np.asarray(mprime, dtype=float) * cp / spec.seq
     return 2 * 4.0 * n * ceil_div(spec.heads, np.asarray(gy, dtype=np.int64)) * c * widest

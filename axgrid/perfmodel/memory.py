@@ -412,7 +412,7 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     mlp_bwd = mp * (b * hx + fy * (b + red)) + fy * hx * (dw + cast)
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(
-        np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange))   # CP's softmax
+        np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange, b))   # CP's softmax
     # the loss gradient is taken before the head's backward gathers its weight again: no gathered block is alive
     # then (the forward's were freed), so it competes with the gathered blocks + a block's backward, not on top of them
     # (full training without keep_gathered, measured: LLaMA-3.1-70B on 1x1x16x4, test_dryrun's

@@ -11,9 +11,10 @@ rank (and the weights over z, as AxoNN shards them). One warm-up step (AdamW's s
 measured step of two micro-batches of one sequence each. Memory: the peak of live tensor bytes on each rank
 (:class:`axgrid.metrics.memtrack.LiveBytes`, parameters, gradients and optimizer state included), the largest
 rank's. The budget: a rank whose live bytes would pass ``--budget-mib`` stops at that allocation with a one-line
-error naming it (the step does not fit); 0: no budget. Beside it, the 1/CP expectation from ``perfmodel.memory``
-(``memory_per_gpu`` with ``S/CP`` tokens per rank and Gz = CP: the stored and activation bytes of a serial rank's
-share; it does not price the K/V exchange's buffers). Transfers: the ledger's seconds of dimension ``c`` from post
+error naming it (the step does not fit); 0: no budget. Beside it, perfmodel's memory of the same step
+(``memory_per_gpu`` with ``S/CP`` tokens per rank, Gz = CP and ``Options(cp=CP, cp_exchange=...)``: the stored
+bytes, the activations with context parallelism's attention (``perfmodel.context_parallel``) and the backward's
+transients, on ``CPU_GLOO``). Transfers: the ledger's seconds of dimension ``c`` from post
 to completion and the part of them a rank waited (``RuntimeConfig.record_timing``); hidden share = 1 − waited /
 seconds. One JSON line on rank 0 (``--out FILE`` appends it there too).
 """
@@ -79,7 +80,8 @@ def measure(cp: int, seq: int, layers: int, hidden: int, heads: int, vocab: int,
             peak, seconds, waited = int(v[:, 0].max()), float(v[:, 1].mean()), float(v[:, 2].mean())
         else:
             peak = live.peak
-        mem = memory_per_gpu(spec, 1, 1, cp, 1, seq // cp, 4, True, Options(recompute=False), device=CPU_GLOO)
+        mem = memory_per_gpu(spec, 1, 1, cp, 1, seq // cp, 4, True, Options(recompute=False, cp=cp, cp_exchange=exchange),
+                             device=CPU_GLOO)
         return {"cp": cp, "seq": seq, "layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab,
                 "exchange": exchange, "budget_bytes": budget, "fits": error is None, "error": error,
                 "peak_bytes": peak if error is None else None, "expected_bytes": int(mem.total),
