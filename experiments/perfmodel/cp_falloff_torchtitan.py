@@ -17,13 +17,12 @@ to its 32k row.
 from __future__ import annotations
 
 from dataclasses import replace
+import argparse
 from typing import Optional, Sequence
 
 from axgrid.launch.errors import run
 from axgrid.perfmodel import Options, Problem, load_machine, price_grid
 from axgrid.spec import PUBLIC_MODELS
-
-PROG = "experiments/perfmodel/cp_falloff_torchtitan.py"
 
 #: (sequence length, CP, tokens/s/GPU): torchtitan's Table 2 (FSDP 8/CP, CP, local batch 1, float8 + compile)
 TORCHTITAN = [(32768, 1, 3890), (65536, 2, 2540), (131072, 4, 1071), (262144, 8, 548)]
@@ -54,8 +53,7 @@ def fused_tps(seq: int) -> float:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    if argv:
-        raise SystemExit(f"no arguments expected, got {list(argv)}")
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)     # no options: -h, and a bad one said
     series = {"torchtitan": [t for _, _, t in TORCHTITAN]}
     notes = []
     for exchange in ("all_gather", "ring"):
@@ -77,4 +75,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    run(main, PROG)
+    run(main, "cp_falloff_torchtitan")
