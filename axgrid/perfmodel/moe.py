@@ -274,16 +274,22 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
                      dtype_bytes: int, grad_dtype_bytes: int, keep_gathered: bool,
                      forward: bool) -> list[tuple[str, str, int]]:
     """One MoE layer's collectives on one micro-batch for the step replay (``perfmodel.step``), as (dim, op,
-    bytes), in posting order (module docstring); ``forward``: the router's AR_x, the dispatch all-to-all, each local
-    expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward all-to-all, the experts'
-    layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z), the dispatch's backward
-    all-to-all, the router's AR_z. An all-to-all's bytes are those a rank sends off itself (uniform routing, whole
-    bytes); dimensions of size 1 post nothing."""
+    bytes), in posting order, as the runtime's ledger counts them (``axgrid.expert_parallel``; the dry run compares
+    them call by call): ``forward``: the router's AR_x, the per-expert counts' all-to-all (``E`` int64), the dispatch
+    all-to-all, each local expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward
+    all-to-all, the experts' layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z),
+    the dispatch's backward all-to-all, the routing weights' gradient summed over x (``[m', k]``), the router's AR_z.
+    The all-to-alls are posted on the expert-parallel group ``"e"`` (``ep`` ranks of d), and their bytes are the
+    ledger's: a rank's whole send buffer (uniform routing: ``m'·k`` rows of ``⌈h/Gx⌉``), the dispatch's in the
+    residual stream's fp32 (the decoder's norm output under autocast), the combine's in the compute dtype, each
+    backward in its forward's (:func:`all_to_all_bytes` is what leaves the rank, for the time); dimensions of size 1
+    post nothing."""
     gx, gy, gz, _ = (int(v) for v in grid)
-    size = {"x": gx, "y": gy, "z": gz, "d": ep}
+    size = {"x": gx, "y": gy, "z": gz, "e": ep}
     b, gb = dtype_bytes, grad_dtype_bytes
     me = max(int(expert_tokens(spec, mprime, ep)), 1)
-    sent = int(round(float(all_to_all_bytes(spec, gx, mprime, ep, b))))
+    rows = mprime * spec.top_k * ceil_div(spec.hidden, gx)          # a rank's send buffer, in elements
+    stream, computed = rows * PARAM_BYTES, rows * b                 # the dispatch's (fp32 stream), the combine's
     router = spec.router_parameters() // spec.hidden
     hx = ceil_div(spec.hidden, gx)
     local = spec.experts // ep
@@ -291,18 +297,20 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
     ev: list[tuple[str, str, int]] = []
     if forward:
         ev.append(("x", "all_reduce", mprime * router * b))
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", spec.experts * 8))
+        ev.append(("e", "all_to_all", stream))
         for _ in range(local):
             for _, v in layers:
                 ev += [("z", "all_gather", int(v.padded) * b), (v.fwd_ar_dim, "all_reduce", int(v.fwd_ar) * b)]
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", computed))
     else:
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", computed))
         for _ in range(local):
             for _, v in reversed(layers):
                 ev += [] if keep_gathered else [("z", "all_gather", int(v.padded) * b)]
                 ev += [(v.bwd_ar_dim, "all_reduce", int(v.bwd_ar) * b), ("z", "reduce_scatter", int(v.padded) * gb)]
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", stream))
+        ev.append(("x", "all_reduce", mprime * spec.top_k * b))
         ev.append(("z", "all_reduce", hx * router * STAT_BYTES))
     return [e for e in ev if size[e[0]] > 1 and e[2] > 0]
 
