@@ -223,7 +223,7 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     bwd += 2 * gemm_time(np.asarray(mprime, float), hx, router, machine, dtype)
     router_ar = ring("all_reduce", "x", mp_int * router * b)
     router_dw = ring("all_reduce", "z", hx * router * STAT_BYTES)
-    nbytes["x"] += n_fwd * mp_int * router * b * on["x"]
+    nbytes["x"] += (n_fwd * mp_int * router * b + mp_int * spec.top_k * b) * on["x"]   # + the weights' gradient
     nbytes["z"] += hx * router * STAT_BYTES * on["z"]
 
     # the all-to-alls over the EP group: ep ranks spaced as d's
@@ -262,7 +262,13 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     dp = np.where(replicas > 1, dp, 0.0)
     dp_exposed = np.maximum(dp - compute_bwd, 0.0) if opt.overlap_dp else dp
     mbf = np.asarray(mb, float)
-    nbytes["d"] += (mbf * L * calls * sent + np.where(replicas > 1, dp_bytes, 0.0))
+    # the ledger's all-to-all bytes (group "e", counted under d here): whole send buffers, the dispatch's in the fp32
+    # stream and the combine's in the compute dtype, forward (again with recompute) and backward; the counts' E int64
+    rows = mp_int * spec.top_k * hx
+    buffers = n_fwd * (rows * PARAM_BYTES + rows * b + spec.experts * 8) + rows * (b + PARAM_BYTES)
+    clip = 8.0 * bool(getattr(opt, "clip", False)) * (not opt.zero)      # the experts' norms summed over "e"
+    nbytes["d"] += (mbf * L * np.where(ep > 1, buffers, 0.0) + np.where(ep > 1, clip, 0.0)
+                    + np.where(replicas > 1, dp_bytes, 0.0))
     for k in ("x", "y", "z"):                        # one MoE layer's above: every layer, every micro-batch
         nbytes[k] = mbf * L * nbytes[k]
     exposed["d_step"], raw["d_step"] = dp_exposed, dp
