@@ -224,7 +224,7 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     router_ar = ring("all_reduce", "x", mp_int * router * b)
     router_dw = ring("all_reduce", "z", hx * router * STAT_BYTES)
     nbytes["x"] += (n_fwd * mp_int * router * b + mp_int * spec.top_k * b) * on["x"]   # + the weights' gradient
-    nbytes["z"] += hx * router * STAT_BYTES * on["z"]
+    nbytes["z"] += (hx * router * STAT_BYTES + n_fwd * g.gz * mp_int * spec.experts * b) * on["z"]   # + the logits' AG_z
 
     # the all-to-alls over the EP group: ep ranks spaced as d's
     sent = all_to_all_bytes(spec, g.gx, mp_int, ep, b)
@@ -281,7 +281,8 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
                      forward: bool) -> list[tuple[str, str, int]]:
     """One MoE layer's collectives on one micro-batch for the step replay (``perfmodel.step``), as (dim, op,
     bytes), in posting order, as the runtime's ledger counts them (``axgrid.expert_parallel``; the dry run compares
-    them call by call): ``forward``: the router's AR_x, the per-expert counts' all-to-all (``E`` int64), the dispatch
+    them call by call): ``forward``: the router's AR_x, the router's logits all-gathered over z (``[Gz·m', E]``, for
+    the auxiliary loss), the per-expert counts' all-to-all (``E`` int64), the dispatch
     all-to-all, each local expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward
     all-to-all, the experts' layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z),
     the dispatch's backward all-to-all, the routing weights' gradient summed over x (``[m', k]``), the router's AR_z.
@@ -303,6 +304,7 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
     ev: list[tuple[str, str, int]] = []
     if forward:
         ev.append(("x", "all_reduce", mprime * router * b))
+        ev.append(("z", "all_gather", gz * mprime * spec.experts * b))    # the block's logits (the auxiliary loss)
         ev.append(("e", "all_to_all", spec.experts * 8))
         ev.append(("e", "all_to_all", stream))
         for _ in range(local):
