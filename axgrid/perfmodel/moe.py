@@ -43,7 +43,9 @@ import numpy as np
 
 from axgrid.spec import TransformerShape, ceil_div
 
-from .comm import PARAM_BYTES, STAT_BYTES, collective_time, dim_strides, layer_volumes, ring_alpha_beta
+from axgrid.spec import DEFAULT_BUCKET_BYTES
+
+from .comm import PARAM_BYTES, STAT_BYTES, collective_time, dim_strides, dp_events, layer_volumes, ring_alpha_beta
 from .compute import gemm_time
 from .errors import PerfModelError
 
@@ -267,8 +269,11 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     rows = mp_int * spec.top_k * hx
     buffers = n_fwd * (rows * PARAM_BYTES + rows * b + spec.experts * 8) + rows * (b + PARAM_BYTES)
     clip = 8.0 * bool(getattr(opt, "clip", False)) * (not opt.zero)      # the experts' norms summed over "e"
-    nbytes["d"] += (mbf * L * np.where(ep > 1, buffers, 0.0) + np.where(ep > 1, clip, 0.0)
-                    + np.where(replicas > 1, dp_bytes, 0.0))
+    # the experts' buckets over "r" (counted under d), as the replay posts them: padding and used-flags included
+    bucketed = np.array([sum(e[2] for e in expert_dp_events(spec, t, int(p), gb, int(opt.zero or 0), int(m),
+                                                             opt.bucket_bytes))
+                         for t, p, m in zip(g.tuples(), ep.tolist(), np.broadcast_to(np.asarray(mb), (n,)))], dtype=float)
+    nbytes["d"] += (mbf * L * np.where(ep > 1, buffers, 0.0) + np.where(ep > 1, clip, 0.0) + bucketed)
     for k in ("x", "y", "z"):                        # one MoE layer's above: every layer, every micro-batch
         nbytes[k] = mbf * L * nbytes[k]
     exposed["d_step"], raw["d_step"] = dp_exposed, dp
@@ -324,18 +329,20 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
 
 
 def expert_dp_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep: int, grad_dtype_bytes: int,
-                     zero: int, microbatches: int) -> list[tuple[str, str, int]]:
-    """The experts' gradients over their replica group (``Gd/ep`` ranks, posted on d) in one step: zero 0 one
-    all-reduce; zero 1 a reduce-scatter, zero 2 one per micro-batch, then the fp32 parameters' all-gather after the
-    optimizer step (unbucketed: one call of all a rank's expert gradients); none with ``Gd/ep`` = 1."""
+                     zero: int, microbatches: int,
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[tuple[str, str, int]]:
+    """The experts' gradients over their replica group ``"r"`` (``Gd/ep`` ranks) in one step, as the runtime's
+    experts' own buckets post them (``axgrid.data_parallel.gradients``: ``perfmodel.comm.dp_events`` over the expert
+    tensors in reverse model order, on ``"r"``): zero 0 an all-reduce per bucket and the used-flags'; zero 1 a
+    reduce-scatter per bucket (zero 2 in every micro-batch), the flags, then the fp32 parameters' all-gathers; none
+    with ``Gd/ep`` = 1."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if not spec.is_moe or gd // ep == 1:
         return []
-    elems = int(expert_elements(spec, gx, gy, gz, ep))
-    if zero == 0:
-        return [("d", "all_reduce", elems * grad_dtype_bytes)]
-    scatters = [("d", "reduce_scatter", elems * grad_dtype_bytes)] * (microbatches if zero == 2 else 1)
-    return scatters + [("d", "all_gather", elems * PARAM_BYTES)]
+    per_expert = [int(layer_volumes(layer, gx, gy, gz, 1).shard) * grad_dtype_bytes for layer in spec.expert_layers()]
+    sizes = (per_expert * (spec.moe_layers * (spec.experts // ep)))[::-1]
+    return [("r", op, nb) for _, op, nb in dp_events(sizes, gd // ep, grad_dtype_bytes, bucket_bytes, zero,
+                                                     microbatches)]
 
 
 def with_expert_memory(mem, spec: TransformerShape, gx, gy, gz, gd, ep, mprime, dtype_bytes: int, opt):
@@ -343,12 +350,17 @@ def with_expert_memory(mem, spec: TransformerShape, gx, gy, gz, gd, ep, mprime, 
     gradients and optimizer state (:func:`expert_static_bytes`) in ``static``; one MoE layer's gathered experts
     (:func:`expert_gathered_bytes`) in ``buffers``; their saved activations (:func:`expert_activation_bytes`) in
     ``activations`` for every MoE layer without recompute, with recompute in ``buffers`` for the one layer being
-    recomputed. ``mem`` itself for a dense model."""
+    recomputed; the experts' gathered blocks only where two of the largest exceed the dense part's. ``mem`` itself for a dense model."""
     if not spec.is_moe:
         return mem
     from dataclasses import replace
     params, grads, optimizer = expert_static_bytes(spec, gx, gy, gz, gd, ep, int(opt.zero or 0))
-    gathered = expert_gathered_bytes(spec, gx, gy, gz, ep, dtype_bytes)
+    # the experts' blocks pass through the same weight source one at a time (the current and the prefetched next),
+    # after the attention's: they add what two of the largest exceed the dense part's gathered peak (the dry run
+    # measures no more; all local experts' blocks at once is what expert_gathered_bytes gives, a bound)
+    largest = max(layer_volumes(layer, gx, gy, gz, 1).padded for layer in spec.expert_layers())
+    pair = np.where(np.asarray(gz) > 1, 2.0 * largest * dtype_bytes, 0.0)
+    gathered = pair if mem.gathered is None else np.maximum(pair - mem.gathered, 0.0)
     act = expert_activation_bytes(spec, gx, gy, mprime, dtype_bytes)
     static = mem.static + params + grads + optimizer
     buffers = mem.buffers + gathered + (act if opt.recompute else 0.0)

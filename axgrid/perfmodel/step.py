@@ -309,7 +309,7 @@ def step_collective_events(spec: TransformerShape, grid: tuple[int, int, int, in
     ev = step_events(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb, lora, ep)
     ev += cp_step_events(spec, gy, mprime, n_microbatches, dtype_bytes, cp, cp_exchange, recompute)
     dp = dp_events(step_gradient_sizes(spec, grid, gb, lora), gd, gb, bucket_bytes, zero, n_microbatches)
-    experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches) if spec.is_moe else []
+    experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches, bucket_bytes) if spec.is_moe else []
     tail = step_tail(dp + experts, grid, zero, clip)
     if clip and spec.is_moe and ep > 1 and not zero:     # the experts' squared norms summed over "e" (one fp64)
         first = next((i for i, e in enumerate(tail) if e[0] == "xyz"), len(tail))
