@@ -141,7 +141,7 @@ def test_the_time_models_bytes_per_dimension_equal_the_step_replay(case, keep):
     ev = pm.evaluate(pm.Problem(spec, batch, 16, "bf16", opt), H100, pm.Grids.of([(gx, gy, gz, gd, ep)]))
     events = step_collective_events(spec, (gx, gy, gz, gd), batch // mb * spec.seq, mb, 2, keep, recompute,
                                     opt.grad_bytes, opt.bucket_bytes, zero, clip=opt.clip, ep=ep)
-    within = {"d": ("d", "e")}          # the expert-parallel group "e" is a part of d
+    within = {"d": ("d", "e", "r")}     # the expert-parallel group "e" and the replica group "r" are parts of d
     for d in ("x", "y", "z", "d", "xyz"):
         assert ev.step_bytes[d][0] == pytest.approx(sum(n for dd, _, n in events if dd in within.get(d, (d,))),
                                                     rel=1e-12), d
