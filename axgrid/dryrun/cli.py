@@ -50,6 +50,9 @@ def build_parser(prog: str = "python -m axgrid.dryrun") -> argparse.ArgumentPars
     ap.add_argument("--cp-exchange", choices=("all_gather", "ring"), default="all_gather",
                     help="how attention exchanges keys and values under --cp (the GPT's; a Hugging Face plan "
                          "all-gathers)")
+    ap.add_argument("--ep", type=int, help="expert parallelism of a mixture of experts: its experts over N d-ranks "
+                    "(axgrid.init(..., ep=N); N divides Gd and the experts; default: perfmodel's for the grid it "
+                    "picks, 1 with --grid); a --grid of perfmodel's rank rows carries it as GXxGYxGZxGD/epN")
     ap.add_argument("--rank", type=int, action="append", dest="ranks",
                     help="dry-run this rank (repeatable; default: ranks covering every distinct role)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
@@ -65,14 +68,18 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     from axgrid.perfmodel.cli import split_cp
     try:
         grid, cp = split_cp(a.grid) if a.grid else (None, 1)
+        grid, ep = split_ep(grid) if grid else (None, None)
     except PerfModelError as e:
         raise DryRunError(f"--grid: {e}") from None
     if cp > 1 and a.cp > 1 and cp != a.cp:
         raise DryRunError(f"--grid {a.grid} names cp={cp} and --cp {a.cp}: give one")
+    if ep is not None and a.ep is not None and ep != a.ep:
+        raise DryRunError(f"--grid {a.grid} names ep={ep} and --ep {a.ep}: give one")
     cfg = resolve(a.config if a.config is not None else a.model, a.gpus, a.batch, grid=grid, machine=a.machine,
                   dtype=a.dtype, recompute=a.recompute, overlap=a.overlap, microbatches=a.microbatches, zero=a.zero, seq=a.seq, lora_r=a.lora_r,
                   lora_targets=tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
-                  if a.lora_targets else None, cp=max(cp, a.cp), cp_exchange=a.cp_exchange)
+                  if a.lora_targets else None, cp=max(cp, a.cp), cp_exchange=a.cp_exchange,
+                  ep=a.ep if ep is None else ep)
     ranks = a.ranks or role_ranks(cfg)
     bad = [r for r in ranks if not 0 <= r < cfg.gpus]
     if bad:
@@ -91,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
     prediction = predict(cfg)
     machine = pm.load_machine(cfg.machine)
     lora = f", LoRA r={cfg.lora_r} on {','.join(cfg.lora_layers)}" if cfg.lora_r else ""
-    print(f"dry run: {cfg.model.name} on {cfg.grid}{f'+cp{cfg.cp} ({cfg.cp_exchange})' if cfg.cp > 1 else ''} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
+    print(f"dry run: {cfg.model.name} on {cfg.grid}{f'+cp{cfg.cp} ({cfg.cp_exchange})' if cfg.cp > 1 else ''}{f'/ep{cfg.ep}' if cfg.ep > 1 else ''} ({cfg.gpus} GPUs of {machine.name}), batch {cfg.batch} in "
           f"{cfg.microbatches} micro-batch(es), {cfg.dtype}, recompute {'on' if cfg.recompute else 'off'}, overlap "
           f"{cfg.overlap}, zero {cfg.zero}{lora}; ranks {', '.join(map(str, ranks))}", flush=True)
     measures, problems = [], []
@@ -125,6 +132,19 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m axgrid.dry
               f"buckets within perfmodel's bound), "
               f"the peak within 5%; the peak fits {room}")
     return 1 if problems else 0
+
+
+def split_ep(grid: str) -> tuple[str, "int | None"]:
+    """``"1x1x1x64/ep8"`` (a rank row's grid with expert parallelism) -> ("1x1x1x64", 8); a grid without -> (grid,
+    None)."""
+    from axgrid.perfmodel import PerfModelError
+    if "/ep" not in grid:
+        return grid, None
+    head, _, tail = grid.partition("/ep")
+    if not tail.isdigit() or int(tail) < 1:
+        raise PerfModelError(f"{grid!r}: the expert-parallel size after /ep must be a positive integer, e.g. "
+                             f"1x1x1x64/ep8")
+    return head, int(tail)
 
 
 def _best_fitting(cfg, pm, machine) -> str:

@@ -24,6 +24,7 @@ from axgrid.perfmodel.memory import static_bytes
 from axgrid.perfmodel.step import step_collective_events, step_gradient_sizes
 from axgrid.perfmodel.lora import lora_plan
 from axgrid.perfmodel.memory import GPU, memory_per_gpu
+from axgrid.perfmodel.moe import ep_reasons, with_expert_memory
 from axgrid.perfmodel.space import Grids, describe, divisibility, enumerate_grids
 from axgrid.perfmodel.problem import DTYPE_BYTES
 from axgrid.spec import (CONFIG_SEQ, DEFAULT_BUCKET_BYTES, PUBLIC_MODELS, GridShape, OverlapConfig, TransformerShape,
@@ -63,6 +64,7 @@ class DryRunConfig:
     lora_targets: tuple[str, ...] = ()     # their target layers (empty: every block FC layer, perfmodel's default)
     cp: int = 1                            # context parallelism: each sequence split over cp z-ranks (group "c")
     cp_exchange: str = "all_gather"        # how attention exchanges keys and values under it ("all_gather", "ring")
+    ep: int = 1                            # expert parallelism: a mixture of experts' experts over ep d-ranks ("e")
 
     @property
     def lora_layers(self) -> tuple[str, ...]:
@@ -122,7 +124,7 @@ class DryRunConfig:
                 "microbatches": self.microbatches, "dtype": self.dtype, "recompute": self.recompute,
                 "overlap": self.overlap, "bucket_bytes": self.bucket_bytes, "zero": self.zero,
                 "lora_r": self.lora_r, "lora_targets": list(self.lora_layers), "cp": self.cp,
-                "cp_exchange": self.cp_exchange}
+                "cp_exchange": self.cp_exchange, "ep": self.ep}
 
 
 #: the memory categories of a rank's step, measured (:mod:`axgrid.dryrun.step`) and predicted
@@ -158,7 +160,7 @@ def step_time(cfg: "DryRunConfig") -> str:
     if cfg.hf and cfg.lora_r:
         return "s/batch not modelled for LoRA on a Hugging Face decoder (perfmodel prices LoRA on the GPT)"
     machine = pm.load_machine(cfg.machine)
-    row = pm.price_grid(cfg.problem(), machine, cfg.shape)
+    row = pm.price_grid(cfg.problem(), machine, cfg.shape, cfg.ep)
     if not row.feasible:
         return f"not priced on {machine.name}: {row.reason}"
     band = f"band {row.time_low:.3g}–{row.time_high:.3g} s" if row.time_high > row.time_low else "no band held"
@@ -174,6 +176,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     if cfg.hf and cfg.lora_r:
         return _predict_decoder(cfg)
     mem = memory_per_gpu(cfg.model, gx, gy, gz, gd, cfg.tokens_per_gpu, b, cfg.dtype == "fp32", opt, device=GPU)
+    mem = with_expert_memory(mem, cfg.model, gx, gy, gz, gd, cfg.ep, cfg.tokens_per_gpu, b, opt)
     memory = {"parameters": mem.params, "gradients": mem.grads, "optimizer": mem.optimizer,
               "buckets": mem.dp_buckets, "gathered": mem.gathered, "activations": mem.activations}
     memory = {k: int(round(float(v))) for k, v in memory.items()}
@@ -182,7 +185,7 @@ def predict(cfg: DryRunConfig) -> Prediction:
     args = (cfg.model, cfg.shape, cfg.sequences_per_microbatch * cfg.model.seq, cfg.microbatches, b)
     kw = dict(keep_gathered=opt.keep_gathered, recompute=opt.recompute, grad_dtype_bytes=opt.grad_bytes,
               bucket_bytes=opt.bucket_bytes, zero=cfg.zero, clip=opt.clip,      # the step clips (step.py)
-              lora=lora_plan(cfg.model, opt), cp=cfg.cp, cp_exchange=cfg.cp_exchange)
+              lora=lora_plan(cfg.model, opt), cp=cfg.cp, cp_exchange=cfg.cp_exchange, ep=cfg.ep)
     comm = _count(step_collective_events(*args, **kw))
     trained = step_gradient_sizes(cfg.model, cfg.shape, b, kw["lora"])
     flags = used_flag_bytes(trained) if cfg.zero == 0 and gd > 1 else 0
@@ -284,14 +287,18 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
             overlap: str = "all", microbatches: Optional[int] = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
             zero: Optional[int] = None, seq: Optional[int] = None, lora_r: int = 0,
             lora_targets: Optional[tuple[str, ...]] = None, cp: int = 1,
-            cp_exchange: str = "all_gather") -> DryRunConfig:
+            cp_exchange: str = "all_gather", ep: Optional[int] = None) -> DryRunConfig:
     """A checked :class:`DryRunConfig` (module docstring); ``zero=None``: the mode perfmodel picks for the grid (the
     fastest that fits). ``model``: a named size, a shape, or the path of a Hugging Face config.json (or its folder),
     trained on ``seq``-token sequences (default ``axgrid.spec.CONFIG_SEQ``). ``lora_r`` > 0: LoRA adapters of that rank on
     ``lora_targets`` (default: every FC layer of the block), the base frozen. Bad input raises
     :class:`DryRunError` naming the value and the valid choices (grids, micro-batch counts, layer names).
     ``cp``: context parallelism (``axgrid.init(..., cp=N)``: each sequence over ``cp`` z-ranks, so ``cp`` must divide
-    Gz and cut the sequence into ``2·cp`` chunks), attention exchanging keys and values by ``cp_exchange``."""
+    Gz and cut the sequence into ``2·cp`` chunks), attention exchanging keys and values by ``cp_exchange``.
+    ``ep``: a mixture of experts' expert-parallel size (``axgrid.init(..., ep=N)``: dividing Gd and the experts);
+    None: perfmodel's for the grid it picks, 1 on a grid given."""
+    if ep is not None and ep != 1 and lora_r:
+        raise DryRunError(f"--ep {ep} with --lora-r {lora_r}: LoRA under expert parallelism is not priced; drop one")
     if cp != 1 and lora_r:
         raise DryRunError(f"--cp {cp} with --lora-r {lora_r}: LoRA under context parallelism is not priced; drop one")
     if isinstance(model, str) and not is_config_path(model) and model.lower() in PUBLIC_MODELS:
@@ -301,7 +308,7 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
     if (isinstance(model, TransformerShape) and not model.is_gpt) or (isinstance(model, str) and is_config_path(model)):
         cfg = _resolve_decoder(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
                                overlap=overlap, microbatches=microbatches, bucket_bytes=bucket_bytes, zero=zero,
-                               seq=seq, cp=cp, cp_exchange=cp_exchange)
+                               seq=seq, cp=cp, cp_exchange=cp_exchange, ep=ep)
         return _with_lora(cfg, lora_r, lora_targets)
     if lora_r:
         return _with_lora(resolve(model, gpus, batch, grid=grid, machine=machine, dtype=dtype, recompute=recompute,
@@ -309,6 +316,9 @@ def resolve(model: str | TransformerShape, gpus: Optional[int], batch: int, *,
                                   seq=seq, lora_r=0) if grid is not None else
                           _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, microbatches,
                                              bucket_bytes, zero, lora_r, lora_targets), lora_r, lora_targets)
+    if ep not in (None, 1):
+        raise DryRunError(f"--ep {ep}: {model if isinstance(model, str) else model.name} has no experts; give --ep 1 "
+                          f"or a mixture of experts' config")
     if seq is not None:
         raise DryRunError(f"--seq {seq}: a named size has its own sequence length; --seq is for a config.json")
     try:
@@ -402,7 +412,7 @@ def _resolve_lora_grid(model, gpus, batch, machine, dtype, recompute, overlap, m
 def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: int, *, grid: Optional[str],
                      machine: str, dtype: str, recompute: bool, overlap: str, microbatches: Optional[int],
                      bucket_bytes: int, zero: Optional[int], seq: Optional[int], cp: int = 1,
-                     cp_exchange: str = "all_gather") -> DryRunConfig:
+                     cp_exchange: str = "all_gather", ep: Optional[int] = None) -> DryRunConfig:
     """:func:`resolve` for a Hugging Face config: the grid (default: perfmodel's best for ``gpus`` on the machine,
     with its micro-batches and zero mode) must divide the model (the plan's rules: hidden over Gx; the heads,
     key-value heads, intermediate size and vocabulary over Gy), the batch must split over Gz·Gd; with a grid given,
@@ -422,10 +432,13 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
             prob = pm.Problem(spec, batch, gpus, dtype, pm.Options(recompute=recompute, zero=zero,
                                                                    microbatches=microbatches, cp=cp,
                                                                    cp_exchange=cp_exchange))
-            row = pm.rank(prob, mach, tp_pp_dp=False).feasible[0]
+            feasible = [r for r in pm.rank(prob, mach, tp_pp_dp=False).feasible if ep is None or r.ep == ep]
+            if not feasible:
+                raise pm.NoFeasibleConfig(f"no grid of {gpus} GPUs with ep={ep} fits")
+            row = feasible[0]
         except (pm.PerfModelError, pm.NoFeasibleConfig) as e:
             raise DryRunError(f"--model {spec.path or spec.name}: {e}") from None
-        grid, microbatches = row.grid_str, microbatches or int(row.microbatches)
+        grid, microbatches, ep = "x".join(map(str, row.grid)), microbatches or int(row.microbatches), row.ep
         zero = row.zero if zero is None else zero
     microbatches = microbatches or 1
     if microbatches < 1 or batch % microbatches:
@@ -434,6 +447,8 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
     n = shape[0] * shape[1] * shape[2] * shape[3]
     problems = spec.divisibility(shape)
     gz, gd = shape[2], shape[3]
+    ep = 1 if ep is None else ep
+    problems += ep_reasons(spec, gd, ep)
     if cp > 1 and gz % cp:
         problems.append(f"cp={cp} does not divide Gz={gz} (a sequence spans cp z-ranks)")
     elif (batch // microbatches) % (gz * gd // cp):
@@ -451,7 +466,7 @@ def _resolve_decoder(model: str | TransformerShape, gpus: Optional[int], batch: 
         raise DryRunError(f"--zero {zero} on grid {grid}: Gd = 1, nothing to shard over d; use --zero 0 or a grid "
                           f"with Gd > 1")
     return DryRunConfig(spec, "x".join(map(str, shape)), batch, microbatches, dtype, recompute, overlap, machine,
-                        bucket_bytes, zero, cp=cp, cp_exchange=cp_exchange)
+                        bucket_bytes, zero, cp=cp, cp_exchange=cp_exchange, ep=ep)
 
 
 def _decoder_grids(spec: TransformerShape, gpus: int, sequences: int) -> list[str]:

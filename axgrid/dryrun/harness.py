@@ -371,11 +371,12 @@ class DryRun:
 
 
 @contextlib.contextmanager
-def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None, cp: int = 1) -> Iterator[DryRun]:
+def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None, cp: int = 1,
+            ep: int = 1) -> Iterator[DryRun]:
     """Rank ``rank`` of ``grid`` (e.g. "2x2x2x1") on a fake GPU: a fake world, ``FakeTensorMode`` (real tensors
     from outside, such as a model built on the CPU, are taken in as fake ones), ``axgrid.init`` with a
     :class:`FakeGpuDevice`. ``device``: "cuda" (forward only) or "fakegpu" (autograd too; see the module
-    docstring). ``cp``: the context-parallel size (``axgrid.init``'s). The grid is destroyed at the end."""
+    docstring). ``cp``, ``ep``: the context- and expert-parallel sizes (``axgrid.init``'s). The grid is destroyed at the end."""
     import axgrid
     from axgrid.spec.layout import GridShape
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -383,7 +384,7 @@ def dry_run(grid: str, rank: int = 0, device: str = "cuda", config: Any = None, 
     torch_device = accelerator() if device == FAKE_ACCELERATOR else cuda_guard()
     dev = FakeGpuDevice(torch_device)
     with fake_world(world, rank):
-        g = axgrid.init(grid, config=config or axgrid.RuntimeConfig(timeout_s=60, seed=0), device=dev, cp=cp)
+        g = axgrid.init(grid, config=config or axgrid.RuntimeConfig(timeout_s=60, seed=0), device=dev, cp=cp, ep=ep)
         try:
             with FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 yield DryRun(g, dev, mode)

@@ -109,7 +109,8 @@ def measure_rank(cfg: DryRunConfig, rank: int) -> RankMeasure:
     start = time.perf_counter()
     # the backward on the calling thread: the engine's device thread for fakegpu more than doubles the time (a
     # handover per node, fake dispatch holding the GIL)
-    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config(cfg), cp=cfg.cp) as run, \
+    with dry_run(cfg.grid, rank=rank, device="fakegpu", config=runtime_config(cfg), cp=cfg.cp,
+                 ep=cfg.ep) as run, \
             torch.autograd.set_multithreading_enabled(False):
         return measure_step(cfg, run.grid, run.autocast, run.host, init=False, start=start)
 
@@ -138,6 +139,12 @@ def _build(cfg: DryRunConfig, grid: Any, init: bool) -> _Model:
         model = causal_lm_from_config(cfg.model.path or cfg.model.hf_config(), grid, recompute=cfg.recompute,
                                       init=init, attention=hf_attention() if fake else "sdpa")
         decoder = model.get_decoder()
+        if fake:          # fake tensors hold no router choices to count: perfmodel's uniform routing
+            from axgrid.expert_parallel import ExpertParallelMoE
+            from axgrid.expert_parallel.dispatch import uniform_routing
+            for block in model.modules():
+                if isinstance(block, ExpertParallelMoE):
+                    block.planner = uniform_routing
         tags = {f"model.layers.{i}": b for i, b in enumerate(decoder.layers)}
         tags.update({"model.norm": decoder.norm, "lm_head": model.lm_head, "model.embed_tokens": decoder.embed_tokens})
 

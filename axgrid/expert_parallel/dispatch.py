@@ -76,6 +76,33 @@ def plan_routing(indices: torch.Tensor, num_experts: int, grid: Grid) -> Routing
     return Routing(order, send_sizes, recv_sizes, by_expert, expert_rows)
 
 
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` rows over ``parts`` as evenly as whole rows allow (the first ``total % parts`` get one more)."""
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def uniform_routing(indices: torch.Tensor, num_experts: int, grid: Grid) -> Routing:
+    """The routing of ``indices [T, k]`` as if every expert got the same share of the assignments (perfmodel's
+    assumption, ``perfmodel.moe``): each member of ``"e"`` is sent ``T·k/E_p`` rows, each local expert runs
+    ``T·k/E_l`` of those received (whole rows, the remainder to the first). The counts' all-to-all is posted as
+    :func:`plan_routing` posts it, so the collectives are the runtime's; the positions are a fixed permutation. For
+    the dry run, whose fake tensors hold no values to route by (``torch.bincount`` and ``tolist`` need data); a
+    real run routes with :func:`plan_routing`."""
+    ep = grid.size(EP_DIM)
+    local = num_experts // ep
+    rows = indices.numel()
+    counts = indices.new_zeros(num_experts)
+    if ep > 1:
+        grid.comm.all_to_all_uneven(counts, EP_DIM, [local] * ep, [local] * ep)
+    send = even_split(rows, ep)
+    recv = [send[grid.index(EP_DIM)]] * ep                       # every member sends this rank the same share
+    received = sum(recv)
+    order = torch.arange(rows, device=indices.device)
+    by_expert = torch.arange(received, device=indices.device)
+    return Routing(order, send, recv, by_expert, even_split(received, local))
+
+
 def dispatch_rows(x: torch.Tensor, routing: Routing, k: int, grid: Grid) -> torch.Tensor:
     """``x [T, h/Gx]`` -> this rank's experts' rows ``[R, h/Gx]``, grouped by local expert (differentiable)."""
     sent = x[routing.order // k]

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..core.grid import EP_DIM, Grid
-from .dispatch import combine_rows, dispatch_rows, plan_routing
+from .dispatch import Routing, combine_rows, dispatch_rows, plan_routing
 from .router import SharedExpertGate, TopKRouter, sum_grad_over_x
 
 
@@ -70,6 +70,10 @@ class ExpertParallelMoE(nn.Module):
     ``ModuleDict`` whose keys are the ids, so parameter names say which expert they are). ``shared_expert`` and
     ``shared_expert_gate`` (Qwen2-MoE): every token also gets ``sigmoid(gate(x)) · shared_expert(x)``.
 
+    ``planner(indices, num_experts, grid) -> Routing``: how the router's choices become the dispatch's sizes;
+    :func:`~axgrid.expert_parallel.dispatch.plan_routing` (the runtime's), or ``uniform_routing`` for a dry run's
+    fake tensors (``axgrid.dryrun.step``), which have no values to count.
+
     Forward: ``[..., h/Gx]`` -> ``[..., h/Gx]`` (the stream layout in and out)."""
 
     def __init__(self, gate: TopKRouter, experts: dict[int, ExpertMLP], grid: Grid,
@@ -89,12 +93,13 @@ class ExpertParallelMoE(nn.Module):
         if (shared_expert is None) != (shared_expert_gate is None):
             raise ValueError("ExpertParallelMoE: a shared expert comes with its gate (give both or neither)")
         self.shared_expert, self.shared_expert_gate = shared_expert, shared_expert_gate
+        self.planner: Callable[[torch.Tensor, int, Grid], Routing] = plan_routing
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         lead, f = hidden.shape[:-1], hidden.shape[-1]
         x = hidden.reshape(-1, f)                                                  # [T, h/Gx]
         _, weights, indices = self.gate(x)                                         # [T, k] each
-        routing = plan_routing(indices, self.num_experts, self.grid)
+        routing = self.planner(indices, self.num_experts, self.grid)
         rows = dispatch_rows(x, routing, self.top_k, self.grid)                    # [R, h/Gx]
         outs, start = [], 0
         for expert, n in zip(self.experts.values(), routing.expert_rows):

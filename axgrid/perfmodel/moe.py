@@ -43,7 +43,9 @@ import numpy as np
 
 from axgrid.spec import TransformerShape, ceil_div
 
-from .comm import PARAM_BYTES, STAT_BYTES, collective_time, dim_strides, layer_volumes, ring_alpha_beta
+from axgrid.spec import DEFAULT_BUCKET_BYTES
+
+from .comm import PARAM_BYTES, STAT_BYTES, collective_time, dim_strides, dp_events, layer_volumes, ring_alpha_beta
 from .compute import gemm_time
 from .errors import PerfModelError
 
@@ -223,8 +225,8 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     bwd += 2 * gemm_time(np.asarray(mprime, float), hx, router, machine, dtype)
     router_ar = ring("all_reduce", "x", mp_int * router * b)
     router_dw = ring("all_reduce", "z", hx * router * STAT_BYTES)
-    nbytes["x"] += n_fwd * mp_int * router * b * on["x"]
-    nbytes["z"] += hx * router * STAT_BYTES * on["z"]
+    nbytes["x"] += (n_fwd * mp_int * router * b + mp_int * spec.top_k * b) * on["x"]   # + the weights' gradient
+    nbytes["z"] += (hx * router * STAT_BYTES + n_fwd * g.gz * mp_int * spec.experts * b) * on["z"]   # + the logits' AG_z
 
     # the all-to-alls over the EP group: ep ranks spaced as d's
     sent = all_to_all_bytes(spec, g.gx, mp_int, ep, b)
@@ -262,7 +264,16 @@ def price_moe(spec: TransformerShape, g, ep, mprime, mp_int, mb, dtype_bytes: in
     dp = np.where(replicas > 1, dp, 0.0)
     dp_exposed = np.maximum(dp - compute_bwd, 0.0) if opt.overlap_dp else dp
     mbf = np.asarray(mb, float)
-    nbytes["d"] += (mbf * L * calls * sent + np.where(replicas > 1, dp_bytes, 0.0))
+    # the ledger's all-to-all bytes (group "e", counted under d here): whole send buffers, the dispatch's in the fp32
+    # stream and the combine's in the compute dtype, forward (again with recompute) and backward; the counts' E int64
+    rows = mp_int * spec.top_k * hx
+    buffers = n_fwd * (rows * PARAM_BYTES + rows * b + spec.experts * 8) + rows * (b + PARAM_BYTES)
+    clip = 8.0 * bool(getattr(opt, "clip", False)) * (not opt.zero)      # the experts' norms summed over "e"
+    # the experts' buckets over "r" (counted under d), as the replay posts them: padding and used-flags included
+    bucketed = np.array([sum(e[2] for e in expert_dp_events(spec, t, int(p), gb, int(opt.zero or 0), int(m),
+                                                             opt.bucket_bytes))
+                         for t, p, m in zip(g.tuples(), ep.tolist(), np.broadcast_to(np.asarray(mb), (n,)))], dtype=float)
+    nbytes["d"] += (mbf * L * np.where(ep > 1, buffers, 0.0) + np.where(ep > 1, clip, 0.0) + bucketed)
     for k in ("x", "y", "z"):                        # one MoE layer's above: every layer, every micro-batch
         nbytes[k] = mbf * L * nbytes[k]
     exposed["d_step"], raw["d_step"] = dp_exposed, dp
@@ -274,16 +285,23 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
                      dtype_bytes: int, grad_dtype_bytes: int, keep_gathered: bool,
                      forward: bool) -> list[tuple[str, str, int]]:
     """One MoE layer's collectives on one micro-batch for the step replay (``perfmodel.step``), as (dim, op,
-    bytes), in posting order (module docstring); ``forward``: the router's AR_x, the dispatch all-to-all, each local
-    expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward all-to-all, the experts'
-    layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z), the dispatch's backward
-    all-to-all, the router's AR_z. An all-to-all's bytes are those a rank sends off itself (uniform routing, whole
-    bytes); dimensions of size 1 post nothing."""
+    bytes), in posting order, as the runtime's ledger counts them (``axgrid.expert_parallel``; the dry run compares
+    them call by call): ``forward``: the router's AR_x, the router's logits all-gathered over z (``[Gz·m', E]``, for
+    the auxiliary loss), the per-expert counts' all-to-all (``E`` int64), the dispatch
+    all-to-all, each local expert's layers (AG_z, forward AR), the combine all-to-all; else the combine's backward
+    all-to-all, the experts' layers in reverse (AG_z again unless ``keep_gathered``, the input gradient's AR, RS_z),
+    the dispatch's backward all-to-all, the routing weights' gradient summed over x (``[m', k]``), the router's AR_z.
+    The all-to-alls are posted on the expert-parallel group ``"e"`` (``ep`` ranks of d), and their bytes are the
+    ledger's: a rank's whole send buffer (uniform routing: ``m'·k`` rows of ``⌈h/Gx⌉``), the dispatch's in the
+    residual stream's fp32 (the decoder's norm output under autocast), the combine's in the compute dtype, each
+    backward in its forward's (:func:`all_to_all_bytes` is what leaves the rank, for the time); dimensions of size 1
+    post nothing."""
     gx, gy, gz, _ = (int(v) for v in grid)
-    size = {"x": gx, "y": gy, "z": gz, "d": ep}
+    size = {"x": gx, "y": gy, "z": gz, "e": ep}
     b, gb = dtype_bytes, grad_dtype_bytes
     me = max(int(expert_tokens(spec, mprime, ep)), 1)
-    sent = int(round(float(all_to_all_bytes(spec, gx, mprime, ep, b))))
+    rows = mprime * spec.top_k * ceil_div(spec.hidden, gx)          # a rank's send buffer, in elements
+    stream, computed = rows * PARAM_BYTES, rows * b                 # the dispatch's (fp32 stream), the combine's
     router = spec.router_parameters() // spec.hidden
     hx = ceil_div(spec.hidden, gx)
     local = spec.experts // ep
@@ -291,35 +309,40 @@ def moe_layer_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep
     ev: list[tuple[str, str, int]] = []
     if forward:
         ev.append(("x", "all_reduce", mprime * router * b))
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("z", "all_gather", gz * mprime * spec.experts * b))    # the block's logits (the auxiliary loss)
+        ev.append(("e", "all_to_all", spec.experts * 8))
+        ev.append(("e", "all_to_all", stream))
         for _ in range(local):
             for _, v in layers:
                 ev += [("z", "all_gather", int(v.padded) * b), (v.fwd_ar_dim, "all_reduce", int(v.fwd_ar) * b)]
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", computed))
     else:
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", computed))
         for _ in range(local):
             for _, v in reversed(layers):
                 ev += [] if keep_gathered else [("z", "all_gather", int(v.padded) * b)]
                 ev += [(v.bwd_ar_dim, "all_reduce", int(v.bwd_ar) * b), ("z", "reduce_scatter", int(v.padded) * gb)]
-        ev.append(("d", "all_to_all", sent))
+        ev.append(("e", "all_to_all", stream))
+        ev.append(("x", "all_reduce", mprime * spec.top_k * b))
         ev.append(("z", "all_reduce", hx * router * STAT_BYTES))
     return [e for e in ev if size[e[0]] > 1 and e[2] > 0]
 
 
 def expert_dp_events(spec: TransformerShape, grid: tuple[int, int, int, int], ep: int, grad_dtype_bytes: int,
-                     zero: int, microbatches: int) -> list[tuple[str, str, int]]:
-    """The experts' gradients over their replica group (``Gd/ep`` ranks, posted on d) in one step: zero 0 one
-    all-reduce; zero 1 a reduce-scatter, zero 2 one per micro-batch, then the fp32 parameters' all-gather after the
-    optimizer step (unbucketed: one call of all a rank's expert gradients); none with ``Gd/ep`` = 1."""
+                     zero: int, microbatches: int,
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[tuple[str, str, int]]:
+    """The experts' gradients over their replica group ``"r"`` (``Gd/ep`` ranks) in one step, as the runtime's
+    experts' own buckets post them (``axgrid.data_parallel.gradients``: ``perfmodel.comm.dp_events`` over the expert
+    tensors in reverse model order, on ``"r"``): zero 0 an all-reduce per bucket and the used-flags'; zero 1 a
+    reduce-scatter per bucket (zero 2 in every micro-batch), the flags, then the fp32 parameters' all-gathers; none
+    with ``Gd/ep`` = 1."""
     gx, gy, gz, gd = (int(v) for v in grid)
     if not spec.is_moe or gd // ep == 1:
         return []
-    elems = int(expert_elements(spec, gx, gy, gz, ep))
-    if zero == 0:
-        return [("d", "all_reduce", elems * grad_dtype_bytes)]
-    scatters = [("d", "reduce_scatter", elems * grad_dtype_bytes)] * (microbatches if zero == 2 else 1)
-    return scatters + [("d", "all_gather", elems * PARAM_BYTES)]
+    per_expert = [int(layer_volumes(layer, gx, gy, gz, 1).shard) * grad_dtype_bytes for layer in spec.expert_layers()]
+    sizes = (per_expert * (spec.moe_layers * (spec.experts // ep)))[::-1]
+    return [("r", op, nb) for _, op, nb in dp_events(sizes, gd // ep, grad_dtype_bytes, bucket_bytes, zero,
+                                                     microbatches)]
 
 
 def with_expert_memory(mem, spec: TransformerShape, gx, gy, gz, gd, ep, mprime, dtype_bytes: int, opt):

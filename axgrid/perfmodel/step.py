@@ -152,7 +152,7 @@ class StepReplay:
         self.spec, self.family, self.lora, self.keep_gathered = spec, step_family(spec), lora, keep_gathered
         self.grid, self.ep = tuple(int(v) for v in grid), int(ep)
         self.gx, self.gy, self.gz, self.gd = (int(v) for v in grid)
-        self.size = {"x": self.gx, "y": self.gy, "z": self.gz, "d": self.gd}
+        self.size = {"x": self.gx, "y": self.gy, "z": self.gz, "d": self.gd, "e": self.ep}      # "e": the expert-parallel group
         self.mprime, self.b, self.gb = int(mprime), dtype_bytes, grad_dtype_bytes or dtype_bytes
         self.hx = ceil_div(spec.hidden, self.gx)
         self.layers = spec.block_layers()
@@ -309,8 +309,12 @@ def step_collective_events(spec: TransformerShape, grid: tuple[int, int, int, in
     ev = step_events(spec, grid, mprime, n_microbatches, dtype_bytes, keep_gathered, recompute, gb, lora, ep)
     ev += cp_step_events(spec, gy, mprime, n_microbatches, dtype_bytes, cp, cp_exchange, recompute)
     dp = dp_events(step_gradient_sizes(spec, grid, gb, lora), gd, gb, bucket_bytes, zero, n_microbatches)
-    experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches) if spec.is_moe else []
-    return ev + step_tail(dp + experts, grid, zero, clip)
+    experts = expert_dp_events(spec, grid, ep, gb, zero, n_microbatches, bucket_bytes) if spec.is_moe else []
+    tail = step_tail(dp + experts, grid, zero, clip)
+    if clip and spec.is_moe and ep > 1 and not zero:     # the experts' squared norms summed over "e" (one fp64)
+        first = next((i for i, e in enumerate(tail) if e[0] == "xyz"), len(tail))
+        tail.insert(first, ("e", "all_reduce", 8))
+    return ev + tail
 
 
 __all__ = ["STAT_BYTES", "StepFamily", "StepReplay", "block_liveness", "layer_groups", "loss_elements",

@@ -137,10 +137,19 @@ def test_the_time_models_bytes_per_dimension_equal_the_step_replay(case, keep):
     ev = pm.evaluate(pm.Problem(spec, batch, 16, "bf16", opt), H100, pm.Grids.of([(gx, gy, gz, gd, ep)]))
     events = step_collective_events(spec, (gx, gy, gz, gd), batch // mb * spec.seq, mb, 2, keep, recompute,
                                     opt.grad_bytes, opt.bucket_bytes, zero, clip=opt.clip, ep=ep)
+    within = {"d": ("d", "e", "r")}     # the expert-parallel group "e" and the replica group "r" are parts of d
     for d in ("x", "y", "z", "d", "xyz"):
-        assert ev.step_bytes[d][0] == pytest.approx(sum(n for dd, _, n in events if dd == d), rel=1e-12), d
-    sent = sum(n for _, op, n in events if op == "all_to_all")
-    assert ev.extra["all_to_all_bytes"][0] == pytest.approx(sent, rel=1e-12)
+        assert ev.step_bytes[d][0] == pytest.approx(sum(n for dd, _, n in events if dd in within.get(d, (d,))),
+                                                    rel=1e-12), d
+    # the ledger counts an all-to-all's whole send buffer (the dispatch's in the fp32 stream, the combine's in bf16,
+    # the counts' E int64 per forward); the time prices what leaves the rank, (ep-1)/ep of the rows' buffers
+    mprime = batch // mb * spec.seq // (gd * gz)
+    fp32, computed = mprime * spec.top_k * (spec.hidden // gx) * 4, mprime * spec.top_k * (spec.hidden // gx) * 2
+    forwards, backwards = mb * spec.layers * (1 + int(recompute)), mb * spec.layers
+    ledger = forwards * (fp32 + computed + spec.experts * 8) + backwards * (fp32 + computed)
+    assert sum(n for _, op, n in events if op == "all_to_all") == (ledger if ep > 1 else 0)
+    calls = 2 * (forwards + backwards)
+    assert ev.extra["all_to_all_bytes"][0] == pytest.approx((ep - 1) / ep * calls * computed, rel=1e-12)
 
 
 #: the commands docs/perfmodel.md and docs/results.md print the figures of (the arguments after ``rank``), and a
