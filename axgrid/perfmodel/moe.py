@@ -350,12 +350,18 @@ def with_expert_memory(mem, spec: TransformerShape, gx, gy, gz, gd, ep, mprime, 
     gradients and optimizer state (:func:`expert_static_bytes`) in ``static``; one MoE layer's gathered experts
     (:func:`expert_gathered_bytes`) in ``buffers``; their saved activations (:func:`expert_activation_bytes`) in
     ``activations`` for every MoE layer without recompute, with recompute in ``buffers`` for the one layer being
-    recomputed. ``mem`` itself for a dense model."""
+    recomputed; the experts' gathered blocks only where two of the largest exceed the dense part's. ``mem`` itself for a dense model."""
     if not spec.is_moe:
         return mem
     from dataclasses import replace
     params, grads, optimizer = expert_static_bytes(spec, gx, gy, gz, gd, ep, int(opt.zero or 0))
-    gathered = expert_gathered_bytes(spec, gx, gy, gz, ep, dtype_bytes)
+    # the experts' blocks pass through the same weight source one at a time (the current and the prefetched next),
+    # after the attention's: they add what two of the largest exceed the dense part's gathered peak (the dry run
+    # measures no more; all local experts' blocks at once is what expert_gathered_bytes gives, a bound)
+    largest = np.maximum.reduce([np.asarray(layer_volumes(layer, gx, gy, gz, 1).padded, dtype=float)
+                                 for layer in spec.expert_layers()])
+    pair = np.where(np.asarray(gz) > 1, 2.0 * largest * dtype_bytes, 0.0)
+    gathered = pair if mem.gathered is None else np.maximum(pair - mem.gathered, 0.0)
     act = expert_activation_bytes(spec, gx, gy, mprime, dtype_bytes)
     static = mem.static + params + grads + optimizer
     buffers = mem.buffers + gathered + (act if opt.recompute else 0.0)

@@ -157,7 +157,7 @@ def test_the_time_models_bytes_per_dimension_equal_the_step_replay(case, keep):
 DOCUMENTED_RANKS = {
     "--model mixtral-8x7b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d --top 5": "1x1x8x8 zero2",
     "--model qwen3-30b-a3b --gpus 64 --machine dgx-h100 --batch 512 --layouts 4d --top 5": "1x1x1x64/ep8 zero1",
-    "--model mixtral-8x7b --gpus 64 --machine frontier --batch 512 --layouts 4d --top 5": "1x1x32x2 zero1",
+    "--model mixtral-8x7b --gpus 64 --machine frontier --batch 512 --layouts 4d --top 5": "1x1x16x4 zero2",
     "--model qwen3-30b-a3b --gpus 64 --machine frontier --batch 512 --layouts 4d --top 5": "1x1x2x32/ep4 zero1",
     "--model qwen3-30b-a3b --gpus 8 --machine dgx-h100 --batch 512 --microbatches 16 --zero 2 --grid 1x1x1x8 --ep 8":
         "memory 97.7 GiB > 72.0 GiB",
