@@ -51,8 +51,9 @@ optimizer step: no temporaries. The drivers and the dry run build AdamW with :fu
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
          which is in backward: static + all stored activations + the larger of the loss gradient at the start of
          backward (Gy > 1: two fp32 ``[m', Vy]`` and under autocast a copy in b bytes; Gy = 1: torch's two fp32
-         ``[m', V]``) with only the gathered blocks kept from the forward (none without keep: the head's backward
-         gathers its block after it), and the gathered blocks live in backward + the last block's backward
+         ``[m', V]``) with, for Gy = 1, only the gathered blocks kept from the forward (none without keep: the head's
+         backward gathers its block after it), for Gy > 1 the gathered blocks live in backward, and the gathered
+         blocks live in backward + the last block's backward
          (with ``zero=2``'s dp buckets) with its saved set (recomputed under recompute), the fp32 residual
          gradient and either MLP-down's backward (input gradient ``[m', fy]``, weight gradient ``[fy, hx]`` in b
          bytes and fp32, the weight block's low-precision copy, and what the
@@ -418,11 +419,13 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     static = params + grads + optimizer
     # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest
     transient = np.maximum(transient, dp_end - in_backward - act)
-    # the loss gradient comes before the head's backward gathers its block: only the blocks kept from the forward
-    # are alive then (keep: every layer's, or with recompute the head's; without keep none: measured on the dry run
-    # of LLaMA-3.1-70B on 1x1x16x4, whose peak is there, docs/results.md)
-    at_loss = np.where(gz > 1, in_backward if opt.keep_gathered and not opt.recompute
-                       else (head_blk if opt.keep_gathered else 0.0), 0.0)
+    # Gy = 1: torch's loss gradient comes before the head's backward gathers its block, and is freed by then: only
+    # the blocks kept from the forward are alive with it (keep: every layer's, or with recompute the head's; without
+    # keep none: measured on the dry run of LLaMA-3.1-70B on 1x1x16x4, whose peak is there, docs/results.md).
+    # Gy > 1: the vocabulary-parallel loss gradient's buffers are still alive at the head's backward, with its
+    # gathered block (the LoRA dry runs' peaks at 2x2x2x2, tests/ranks/test_lora_dryrun.py, equal to the byte)
+    kept = in_backward if opt.keep_gathered and not opt.recompute else (head_blk if opt.keep_gathered else 0.0)
+    at_loss = np.where((gz > 1) & (gy == 1), kept, in_backward)
     buffers = np.maximum(in_backward + transient, at_loss + loss_grad)   # the peak is in backward (the docstring)
     transient = buffers - in_backward
     dp_buckets = np.maximum(dp_block, dp_end)
