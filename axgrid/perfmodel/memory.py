@@ -49,9 +49,11 @@ optimizer step: no temporaries. The drivers and the dry run build AdamW with :fu
          ``exp_avg_sq.sqrt()`` list; ``tests/ranks/test_optimizer_choice.py`` measures both), which this model
          does not price.
 peak:    the total is the peak of a micro-batch that starts with gradients already accumulated (micro-batch 2 on),
-         which is in backward: static + the gathered blocks live in backward + all stored activations + the
-         largest transient: the loss gradient at the start of backward, with no gathered block alive (Gy > 1: two fp32 ``[m', Vy]`` and
-         under autocast a copy in b bytes; Gy = 1: torch's two fp32 ``[m', V]``), or the last block's backward
+         which is in backward: static + all stored activations + the larger of the loss gradient at the start of
+         backward (Gy > 1: two fp32 ``[m', Vy]`` and under autocast a copy in b bytes; Gy = 1: torch's two fp32
+         ``[m', V]``) with, for Gy = 1, only the gathered blocks kept from the forward (none without keep: the head's
+         backward gathers its block after it), for Gy > 1 the gathered blocks live in backward, and the gathered
+         blocks live in backward + the last block's backward
          (with ``zero=2``'s dp buckets) with its saved set (recomputed under recompute), the fp32 residual
          gradient and either MLP-down's backward (input gradient ``[m', fy]``, weight gradient ``[fy, hx]`` in b
          bytes and fp32, the weight block's low-precision copy, and what the
@@ -413,17 +415,19 @@ def memory_per_gpu(spec: TransformerShape, gx, gy, gz, gd, mprime, dtype_bytes: 
     ln_bwd = mp * (24.0 * hx - 2.0 * b * fy - b * hx)
     block_bwd = (blk - stored_blk) + mp * 4.0 * hx + np.maximum(
         np.maximum(mlp_bwd, ln_bwd), backward_transient_bytes(spec, gy, mp, opt.cp, opt.cp_exchange, b))   # CP's softmax
-    # the loss gradient is taken before the head's backward gathers its weight again: no gathered block is alive
-    # then (the forward's were freed), so it competes with the gathered blocks + a block's backward, not on top of them
-    # (full training without keep_gathered, measured: LLaMA-3.1-70B on 1x1x16x4, test_dryrun's
-    # test_the_loss_gradient_peak_holds_no_gathered_block). With keep_gathered the kept blocks are alive then; under
-    # LoRA the dry run's peak still equals the sum (tests/ranks/test_lora_dryrun.py; why is not established).
-    at_loss = 0.0 if (opt.keep_gathered or plan is not None) else in_backward
-    transient = np.maximum(loss_grad - at_loss, block_bwd - head_act + dp_block)
+    transient = block_bwd - head_act + dp_block
     static = params + grads + optimizer
     # zero=2: the end of the backward, when the last buckets are reduce-scattered, may hold more than the rest
     transient = np.maximum(transient, dp_end - in_backward - act)
-    buffers = in_backward + transient     # the peak is in backward (see the module docstring)
+    # Gy = 1: torch's loss gradient comes before the head's backward gathers its block, and is freed by then: only
+    # the blocks kept from the forward are alive with it (keep: every layer's, or with recompute the head's; without
+    # keep none: measured on the dry run of LLaMA-3.1-70B on 1x1x16x4, whose peak is there, docs/results.md).
+    # Gy > 1: the vocabulary-parallel loss gradient's buffers are still alive at the head's backward, with its
+    # gathered block (the LoRA dry runs' peaks at 2x2x2x2, tests/ranks/test_lora_dryrun.py, equal to the byte)
+    kept = in_backward if opt.keep_gathered and not opt.recompute else (head_blk if opt.keep_gathered else 0.0)
+    at_loss = np.where((gz > 1) & (gy == 1), kept, in_backward)
+    buffers = np.maximum(in_backward + transient, at_loss + loss_grad)   # the peak is in backward (the docstring)
+    transient = buffers - in_backward
     dp_buckets = np.maximum(dp_block, dp_end)
     shape = np.broadcast_shapes(np.shape(act), np.shape(static), np.shape(buffers))
     bc = lambda a: np.broadcast_to(np.asarray(a, dtype=float), shape).astype(float)  # noqa: E731

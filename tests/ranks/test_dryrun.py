@@ -273,6 +273,21 @@ def test_a_tied_decoders_zero_2_peak_agrees_with_the_dry_run(tmp_path):
     assert abs(d.peak / p.peak - 1) <= PEAK_TOLERANCE, (d.peak, p.peak, d.moment, d.memory, p.memory)
 
 
+def test_a_peak_at_the_loss_gradient_holds_no_gathered_block(tmp_path):
+    """A Llama whose peak is the loss gradient (two fp32 ``[m', V]``, vocabulary 2,048 against hidden 32) on a grid
+    with Gz > 1, without keep: the head's backward gathers its block after the log-softmax's backward, so nothing
+    gathered is alive at the peak. perfmodel added the blocks gathered in backward to it: 2.9% over the dry run's
+    peak here, 3.4% on LLaMA-3.1-70B's best grid (docs/results.md); now within 0.5%."""
+    path = _llama_config(tmp_path / "wide", False, vocab=2048)
+    cfg = resolve(path, None, 16, grid="1x1x2x2", machine="local-4", dtype="bf16", recompute=True, overlap="all",
+                  microbatches=2, zero=2, seq=64)
+    (d,) = run_isolated(dry_ranks, cfg, [0], timeout_s=300)
+    p = predict(cfg)
+    assert "LogSoftmaxBackward" in d.moment, d.moment
+    assert d.memory["gathered"] == p.memory["gathered"] > 0, (d.memory, p.memory)
+    assert abs(d.peak / p.peak - 1) <= 0.005, (d.peak, p.peak, d.moment, d.memory, p.memory)
+
+
 def test_a_hugging_face_config_is_refused_before_anything_is_allocated(tmp_path):
     ok = _llama_config(tmp_path / "ok", False)
     with pytest.raises(DryRunError, match=r"model_type 'gpt2' .* not a family the dry run models; use a config of "
@@ -379,19 +394,3 @@ def test_a_peak_inside_the_memory_but_over_perfmodels_usable_part_does_not_fit(t
     peak, code, out = run_isolated(peak_then_tight_machine, argv, str(tmp_path), timeout_s=300)
     line = [x for x in out.splitlines() if x.startswith("DOES NOT FIT")]
     assert code == 1 and line and "does not fit tight's usable" in line[0] and "(90% of" in line[0], out
-
-
-def test_the_loss_gradient_peak_holds_no_gathered_block(tmp_path):
-    """Depth-sharded weights (Gz > 1) and a vocabulary large enough that the loss gradient's two fp32 ``[m', V]``
-    are the peak (the dry run's is at the log-softmax's backward, as LLaMA-3.1-70B's on 1x1x16x4): the forward's
-    gathered blocks are freed by then and the head's weight is gathered again only in the head's backward, so
-    perfmodel prices that moment without them. It added the gathered blocks of a block's backward on top: 4.7% over
-    the dry run here, 3.4% (2.39 GiB) for the 70B; within 1% now."""
-    path = _llama_config(tmp_path / "wide-vocab", False, heads=4, kv_heads=2, ffn=64, vocab=4096)
-    cfg = resolve(path, None, 4, grid="1x1x2x2", machine="dgx-h100", microbatches=1, zero=2, seq=64)
-    (d,) = run_isolated(dry_ranks, cfg, [0], timeout_s=300)
-    p = predict(cfg)
-    assert "LogSoftmaxBackward0" in d.moment, d.moment       # the term this test is about is the peak
-    for k in ("parameters", "gradients", "optimizer", "activations", "gathered"):
-        assert d.memory[k] == p.memory[k], (k, d.memory[k], p.memory[k])
-    assert abs(d.peak / p.peak - 1) <= 0.01, (d.peak, p.peak, d.moment, d.memory, p.memory)

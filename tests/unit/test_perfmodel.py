@@ -204,6 +204,23 @@ def test_memory_by_hand():
     assert float(rec.activations) < float(mem.activations) and float(rec.stored_block) == 4 * h * m
 
 
+def test_the_loss_gradients_peak_holds_only_the_blocks_kept_from_the_forward():
+    """Where the loss gradient (two fp32 [m', V]) is the largest transient, the peak holds the gathered blocks kept
+    from the forward and no others: none without keep (the head's backward gathers after it; the dry run measures
+    it, tests/ranks/test_dryrun.py), the head's with keep and recompute, every layer's with keep alone."""
+    spec = pm.get_model("gpt-tiny")                      # L 2, h 64, V 256: the head's block 256×64 is the largest
+    m, V, b = 4096, 256, 2
+    base = pm.Options(recompute=True, overlap_ag=False, overlap_rs=False)
+    z1 = memory_per_gpu(spec, 1, 1, 1, 1, m, b, False, base)
+    for opt, kept in ((base, 0.0), (base.with_(keep_gathered=True), 256 * 64 * b)):
+        z2 = memory_per_gpu(spec, 1, 1, 2, 1, m, b, False, opt)
+        assert float(z2.gathered) > 0
+        assert float(z2.total - z2.static - z2.activations) == 8 * m * V + kept
+        assert float(z1.total - z1.static - z1.activations) == 8 * m * V
+    keep = memory_per_gpu(spec, 1, 1, 2, 1, m, b, False, base.with_(keep_gathered=True, recompute=False))
+    assert float(keep.buffers) == 8 * m * V + float(keep.gathered)
+
+
 def test_enumeration_all_divisors():
     g = enumerate_grids(12)
     t = g.tuples()
